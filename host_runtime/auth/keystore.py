@@ -1,0 +1,122 @@
+"""API keys: generated once, shown once, stored only as SHA-256 hashes in a 0600 file.
+
+Keys are 256-bit random tokens, so a plain SHA-256 is enough to make the file
+useless to a reader (no dictionary to attack); comparisons are constant-time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from host_runtime.common.atomic_file import atomic_write
+
+KEY_PREFIX = "ec-"
+FILE_VERSION = 1
+
+
+class KeyStoreError(Exception):
+    """The key file is missing, unreadable, malformed or unsafe."""
+
+
+@dataclass(frozen=True)
+class StoredKey:
+    name: str
+    sha256: str
+    hint: str
+    created: float
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def key_hint(key: str) -> str:
+    """What may be shown after creation: enough to tell keys apart, useless to an attacker."""
+    return f"{key[:len(KEY_PREFIX) + 4]}…{key[-4:]}"
+
+
+def load_keys(path: str | os.PathLike) -> list[StoredKey]:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise KeyStoreError(f"cannot read key file {p}: {exc.strerror}") from exc
+    try:
+        doc = json.loads(raw)
+        if doc.get("version") != FILE_VERSION or not isinstance(doc.get("keys"), list):
+            raise ValueError("expected {'version': 1, 'keys': [...]}")
+        return [
+            StoredKey(str(k["name"]), str(k["sha256"]), str(k.get("hint", "")), float(k.get("created", 0)))
+            for k in doc["keys"]
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise KeyStoreError(f"key file {p} is malformed: {exc}") from exc
+
+
+def check_permissions(path: str | os.PathLike) -> None:
+    """Refuse a key file that others can read or write: hashes are secrets too."""
+    st = os.stat(path)
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyStoreError(
+            f"key file {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0600 (chmod 600 {path})"
+        )
+
+
+def create_key(path: str | os.PathLike, name: str) -> str:
+    """Add a new key named `name` to the file at `path` and return it (the only time it exists in clear)."""
+    name = name.strip()
+    if not name:
+        raise KeyStoreError("NAME must not be empty")
+    keys = load_keys(path)
+    if any(k.name == name for k in keys):
+        raise KeyStoreError(f"a key named {name!r} already exists in {path}")
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    keys.append(StoredKey(name, hash_key(key), key_hint(key), time.time()))
+    doc = {"version": FILE_VERSION, "keys": [k.__dict__ for k in keys]}
+    atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode(), mode=0o600)
+    return key
+
+
+class KeyVerifier:
+    """Checks bearer tokens against the key file, re-reading it when it changes on disk."""
+
+    def __init__(self, path: str | os.PathLike):
+        self._path = Path(path)
+        self._stamp: tuple[int, int] | None = None
+        self._hashes: dict[str, str] = {}
+        self._reload_if_changed()
+
+    def _reload_if_changed(self) -> None:
+        try:
+            st = self._path.stat()
+        except FileNotFoundError:
+            self._stamp, self._hashes = None, {}
+            return
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp != self._stamp:
+            check_permissions(self._path)
+            self._hashes = {k.sha256: k.name for k in load_keys(self._path)}
+            self._stamp = stamp
+
+    def verify(self, token: str) -> str | None:
+        """The key's name if `token` is a valid key, else None."""
+        try:
+            self._reload_if_changed()
+        except KeyStoreError:
+            # Keep serving with the last good set rather than locking everyone out.
+            pass
+        digest = hash_key(token)
+        for stored, name in self._hashes.items():
+            if hmac.compare_digest(stored, digest):
+                return name
+        return None

@@ -1,0 +1,173 @@
+"""`everycycle`: one entry point, a subcommand per service of the box."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from host_runtime import __version__
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="PATH", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--threads", type=_non_negative, default=0, metavar="N", help="CPU threads for llama.cpp (0: all cores)")
+    p.add_argument("--ctx-size", type=_positive, default=4096, metavar="N", help="context tokens per sequence (default 4096)")
+    p.add_argument("--parallel", type=_positive, default=4, metavar="N", help="sequences decoded together (default 4)")
+    p.add_argument("--gpu-layers", type=_non_negative, default=0, metavar="N", help="layers to offload to a GPU (default 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="everycycle", description="EveryCycle inference box services.")
+    parser.add_argument("--version", action="version", version=f"everycycle {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible serving API in the foreground",
+                           description="Run the OpenAI-compatible API (gunicorn) and its inference engine.")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for the LAN)")
+    serve.add_argument("--port", type=_port, default=8080, help="port to bind (default 8080)")
+    serve.add_argument("--keys", metavar="FILE", help="API key file (from 'everycycle keys create'); without it the API is open")
+    serve.add_argument("--workers", type=_positive, default=2, metavar="N", help="HTTP worker processes (default 2)")
+    serve.add_argument("--http-threads", type=_positive, default=32, metavar="N", help="threads per HTTP worker (default 32)")
+    serve.add_argument("--max-body-bytes", type=_positive, default=1 << 20, metavar="N", help="request body limit (default 1 MiB)")
+    serve.add_argument("--run-dir", metavar="DIR", help="where the engine socket lives (default: a private temp dir)")
+    serve.add_argument("--engine-socket", metavar="PATH",
+                       help="use an engine already running at this socket instead of starting one")
+    _add_engine_options(serve)
+
+    engine = sub.add_parser("engine", help="run only the inference engine, listening on a Unix socket")
+    engine.add_argument("--socket", required=True, metavar="PATH", help="Unix socket to listen on")
+    _add_engine_options(engine)
+
+    keys = sub.add_parser("keys", help="manage API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    create = keys_sub.add_parser("create", help="create a key, print it once, store only its hash")
+    create.add_argument("--keys", required=True, metavar="FILE", help="key file (created 0600 if missing)")
+    create.add_argument("name", metavar="NAME", help="a label for the key, e.g. the client that will use it")
+    listing = keys_sub.add_parser("list", help="list key names and hints (never the keys)")
+    listing.add_argument("--keys", required=True, metavar="FILE", help="key file")
+    return parser
+
+
+def _resolve_model(parser: argparse.ArgumentParser, model: str | None) -> str:
+    from host_runtime.engine.model import ModelLoadError, check_gguf_file, default_model_path
+
+    try:
+        path = Path(model) if model else default_model_path()
+        return str(check_gguf_file(path).resolve())
+    except ModelLoadError as exc:
+        parser.error(f"--model: {exc}")
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+
+def cmd_serve(parser, args) -> int:
+    from host_runtime.auth.keystore import KeyStoreError, check_permissions, load_keys
+    from host_runtime.serving.app import AppConfig
+    from host_runtime.serving.gunicorn_runner import EngineChild, ServingApplication, engine_argv
+
+    if args.keys:
+        try:
+            if not os.path.exists(args.keys):
+                parser.error(f"--keys: {args.keys} does not exist (create one: everycycle keys create --keys {args.keys} NAME)")
+            check_permissions(args.keys)
+            load_keys(args.keys)
+        except KeyStoreError as exc:
+            parser.error(f"--keys: {exc}")
+    engine = None
+    socket_path = args.engine_socket
+    if socket_path is None:
+        model = _resolve_model(parser, args.model)
+        run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="everycycle-"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        socket_path = str(run_dir / "engine.sock")
+        engine = EngineChild(engine_argv(socket_path, model, args.threads, args.ctx_size, args.parallel, args.gpu_layers))
+    elif args.model:
+        parser.error("--model: not used with --engine-socket (the running engine has its model)")
+    config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes)
+    if not args.keys:
+        logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
+    ServingApplication(config, bind=f"{args.host}:{args.port}", workers=args.workers, threads=args.http_threads,
+                       engine=engine).run()
+    return 0
+
+
+def cmd_engine(parser, args) -> int:
+    from host_runtime.engine.model import ContextConfig
+    from host_runtime.engine.service import EngineService, serve_engine
+
+    model = _resolve_model(parser, args.model)
+    config = ContextConfig(n_ctx_per_seq=args.ctx_size, n_parallel=args.parallel, n_threads=args.threads,
+                           n_gpu_layers=args.gpu_layers)
+    service = EngineService(model, config)
+    serve_engine(args.socket, service)
+    return 0 if service.state != "failed" else 1
+
+
+def cmd_keys(parser, args) -> int:
+    from host_runtime.auth.keystore import KeyStoreError, create_key, load_keys
+
+    try:
+        if args.keys_command == "create":
+            key = create_key(args.keys, args.name)
+            print(key)
+            print(f"stored the hash of key {args.name!r} in {args.keys}; this is the only time the key is shown",
+                  file=sys.stderr)
+        else:
+            for k in load_keys(args.keys):
+                print(f"{k.name}\t{k.hint}")
+    except KeyStoreError as exc:
+        print(f"everycycle keys: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging()
+    handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys}
+    try:
+        return handlers[args.command](parser, args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

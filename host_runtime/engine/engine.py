@@ -1,0 +1,313 @@
+"""The generation loop: one thread owns the llama.cpp context and runs one decode per step.
+
+Requests arrive from any thread (`submit`), wait in arrival order for free
+sequence slots, join the running batch at the next step, and leave it when they
+finish or are cancelled; their events go to the request's own sink.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import ctypes
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine.metrics import EngineMetrics
+from host_runtime.engine.sampling import SamplingParams, build_sampler_chain, token_logprobs
+from host_runtime.engine.step_plan import plan_step
+from host_runtime.engine.stop_matcher import StopMatcher
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[dict], None]
+
+
+@dataclass
+class GenerationRequest:
+    prompt_tokens: list[int]
+    max_tokens: int
+    sink: EventSink
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stops: list[str] = field(default_factory=list)
+    n: int = 1
+    arrived: float = field(default_factory=time.monotonic)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    first_token_seen: bool = False
+    open_choices: int = 0
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class Sequence:
+    """One choice of one request, bound to a llama.cpp seq_id while it runs."""
+
+    def __init__(self, engine: "Engine", request: GenerationRequest, index: int, seq_id: int):
+        self.request = request
+        self.index = index
+        self.seq_id = seq_id
+        self.n_past = 0
+        self.next_token: int | None = None
+        self.generated = 0
+        self.stop = StopMatcher(request.stops)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.sampler = build_sampler_chain(engine.model.model, request.sampling, index)
+        self.last_token_at: float | None = None
+
+    def is_prefilling(self) -> bool:
+        return self.n_past < len(self.request.prompt_tokens)
+
+    def pending_tokens(self):
+        if self.is_prefilling():
+            return self.request.prompt_tokens[self.n_past:]
+        return [self.next_token] if self.next_token is not None else []
+
+
+class Engine:
+    def __init__(self, model, *, max_waiting: int = 64):
+        self.model = model
+        self.metrics = EngineMetrics()
+        self.max_waiting = max_waiting
+        self._cv = threading.Condition()
+        self._waiting: collections.deque[GenerationRequest] = collections.deque()
+        self._active: list[Sequence] = []
+        self._free_seq_ids = list(range(model.n_parallel))
+        self._stopping = False
+        self.last_step_at = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._embed_lock = threading.Lock()
+        from llama_cpp._internals import LlamaBatch
+
+        self._batch = LlamaBatch(n_tokens=model.n_batch, embd=0, n_seq_max=1, verbose=False)
+
+    # ---- public, any thread -------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        self._thread.join(timeout=10)
+
+    def check_fits(self, n_prompt: int, max_tokens: int | None, prompt_param: str) -> int:
+        """Validate lengths against the per-sequence context; return the effective max_tokens."""
+        n_ctx = self.model.n_ctx_per_seq
+        if n_prompt == 0:
+            raise RequestRejected(400, "the prompt is empty", param=prompt_param)
+        if n_prompt >= n_ctx:
+            raise RequestRejected(
+                400,
+                f"the prompt is {n_prompt} tokens but this model's context holds {n_ctx} tokens; shorten it",
+                param=prompt_param, code="context_length_exceeded")
+        if max_tokens is None:
+            return n_ctx - n_prompt
+        if n_prompt + max_tokens > n_ctx:
+            raise RequestRejected(
+                400,
+                f"this model's context holds {n_ctx} tokens; you asked for {n_prompt + max_tokens} "
+                f"({n_prompt} in the prompt, {max_tokens} to generate); lower max_tokens to at most {n_ctx - n_prompt}",
+                param="max_tokens", code="context_length_exceeded")
+        return max_tokens
+
+    def submit(self, request: GenerationRequest) -> None:
+        if request.n > self.model.n_parallel:
+            raise RequestRejected(400, f"n is {request.n}; this server runs at most {self.model.n_parallel} "
+                                  "sequences at once", param="n")
+        with self._cv:
+            if len(self._waiting) >= self.max_waiting:
+                self.metrics.add("requests_rejected_total")
+                raise RequestRejected(503, f"the server is at capacity ({len(self._waiting)} requests waiting); "
+                                      "retry shortly", error_type="server_busy", code="queue_full", retry_after=2)
+            request.open_choices = request.n
+            self._waiting.append(request)
+            self.metrics.add("requests_total")
+            self._publish_queue_locked()
+            self._cv.notify_all()
+
+    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        """Mean-pooled, unit-length embeddings and the total token count."""
+        from llama_cpp._internals import LlamaBatch
+
+        token_lists = [self.model.tokenize(t, add_bos=self.model.add_bos(), special=False) for t in texts]
+        for i, tokens in enumerate(token_lists):
+            if not tokens:
+                raise RequestRejected(400, f"input[{i}] is empty", param="input")
+            if len(tokens) > self.model.n_ctx_per_seq:
+                raise RequestRejected(400, f"input[{i}] is {len(tokens)} tokens; the limit is "
+                                      f"{self.model.n_ctx_per_seq}", param="input", code="context_length_exceeded")
+        n_embd = self.model.model.n_embd()
+        vectors = []
+        with self._embed_lock:
+            ctx = self.model.embeddings_context()
+            for tokens in token_lists:
+                ctx.kv_cache_clear()
+                batch = LlamaBatch(n_tokens=len(tokens), embd=0, n_seq_max=1, verbose=False)
+                batch.add_sequence(tokens, 0, logits_all=True)
+                ctx.decode(batch)
+                vec = np.ctypeslib.as_array(ctx.get_embeddings_seq(0), shape=(n_embd,)).astype(np.float64)
+                norm = np.linalg.norm(vec)
+                vectors.append((vec / norm if norm > 0 else vec).tolist())
+            ctx.kv_cache_clear()
+        return vectors, sum(len(t) for t in token_lists)
+
+    # ---- the loop ------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and not self._active and not self._waiting:
+                    self._cv.wait(timeout=1.0)
+                    self.last_step_at = time.monotonic()
+                if self._stopping:
+                    return
+                self._drop_cancelled_locked()
+                self._admit_locked()
+                self._publish_queue_locked()
+            if self._active:
+                try:
+                    self._step()
+                except Exception:  # a bug here must not wedge every client: fail the batch, keep serving
+                    log.exception("decode step failed")
+                    for seq in list(self._active):
+                        self._finish(seq, None, error=RequestRejected(500, "internal error while generating",
+                                                                      error_type="server_error"))
+            self.last_step_at = time.monotonic()
+
+    def _admit_locked(self) -> None:
+        while self._waiting and len(self._free_seq_ids) >= self._waiting[0].n:
+            request = self._waiting.popleft()
+            for index in range(request.n):
+                self._active.append(Sequence(self, request, index, self._free_seq_ids.pop(0)))
+
+    def _drop_cancelled_locked(self) -> None:
+        for request in [r for r in self._waiting if r.cancelled.is_set()]:
+            self._waiting.remove(request)
+            self.metrics.add("requests_cancelled_total")
+        cancelled = {id(s.request) for s in self._active if s.request.cancelled.is_set()}
+        for seq in [s for s in self._active if id(s.request) in cancelled]:
+            self._release(seq)
+        for _ in cancelled:
+            self.metrics.add("requests_cancelled_total")
+
+    def _publish_queue_locked(self) -> None:
+        running = len({id(s.request) for s in self._active})
+        kv_used = sum(s.n_past for s in self._active)
+        self.metrics.set_queue(running, len(self._waiting), kv_used, self.model.n_ctx_per_seq * self.model.n_parallel)
+
+    def _release(self, seq: Sequence) -> None:
+        import llama_cpp
+
+        llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, seq.seq_id, -1, -1)
+        with self._cv:
+            if seq in self._active:
+                self._active.remove(seq)
+                self._free_seq_ids.append(seq.seq_id)
+                self._free_seq_ids.sort()
+        seq.sampler.close()
+
+    def _step(self) -> None:
+        import llama_cpp
+
+        plan = plan_step(self._active, self.model.n_batch)
+        batch = self._batch.batch
+        batch.n_tokens = 0
+        sample_at: list[tuple[Sequence, int]] = []
+        has_prompt = False
+        for part in plan:
+            has_prompt |= part.seq.is_prefilling()
+            for offset, token in enumerate(part.tokens):
+                j = batch.n_tokens
+                batch.token[j] = token
+                batch.pos[j] = part.start_pos + offset
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = part.seq.seq_id
+                last = offset == len(part.tokens) - 1
+                batch.logits[j] = part.wants_logits and last
+                batch.n_tokens += 1
+            if part.wants_logits:
+                sample_at.append((part.seq, batch.n_tokens - 1))
+        started = time.monotonic()
+        rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
+        elapsed = time.monotonic() - started
+        self.metrics.add("n_decode_total")
+        self.metrics.add("n_busy_slots_total", len(plan))
+        self.metrics.add("prompt_seconds_total" if has_prompt else "predicted_seconds_total", elapsed)
+        if rc != 0:
+            reason = "no free KV cache cells" if rc == 1 else f"llama_decode returned {rc}"
+            raise RuntimeError(reason)
+        for part in plan:
+            part.seq.n_past += len(part.tokens)
+            if part.seq.request.prompt_tokens and part.start_pos < len(part.seq.request.prompt_tokens):
+                self.metrics.add("prompt_tokens_total", len(part.tokens))
+        for seq, index in sample_at:
+            if seq.request.cancelled.is_set():
+                continue
+            self._sample(seq, index)
+
+    def _sample(self, seq: Sequence, batch_index: int) -> None:
+        import llama_cpp
+
+        request = seq.request
+        token = seq.sampler.sample(self.model.ctx, batch_index)
+        now = time.monotonic()
+        seq.generated += 1
+        self.metrics.add("tokens_predicted_total")
+        if not request.first_token_seen:
+            request.first_token_seen = True
+            self.metrics.observe_ttft(now - request.arrived)
+        if seq.last_token_at is not None:
+            self.metrics.observe_token_gap(now - seq.last_token_at)
+        seq.last_token_at = now
+
+        if self.model.is_end_of_generation(token) and not request.sampling.ignore_eos:
+            self._emit_text(seq, seq.decoder.decode(b"", final=True) + seq.stop.flush(), None)
+            self._finish(seq, "stop")
+            return
+        logprob_entry = None
+        if request.sampling.top_logprobs is not None:
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.model.ctx.ctx, batch_index),
+                                           shape=(self.model.n_vocab,))
+            chosen, top = token_logprobs(logits, token, request.sampling.top_logprobs)
+            logprob_entry = {"token": self._piece_text(token), "bytes": list(self.model.token_piece(token)),
+                             "logprob": chosen,
+                             "top": [{"token": self._piece_text(t), "bytes": list(self.model.token_piece(t)),
+                                      "logprob": lp} for t, lp in top]}
+        text, hit_stop = seq.stop.feed(seq.decoder.decode(self.model.token_piece(token)))
+        self._emit_text(seq, text, logprob_entry)
+        if hit_stop:
+            self._finish(seq, "stop")
+        elif seq.generated >= request.max_tokens or seq.n_past + 1 >= self.model.n_ctx_per_seq:
+            self._emit_text(seq, seq.decoder.decode(b"", final=True) + seq.stop.flush(), None)
+            self._finish(seq, "length")
+        else:
+            seq.next_token = token
+
+    def _piece_text(self, token: int) -> str:
+        return self.model.token_piece(token).decode("utf-8", errors="replace")
+
+    def _emit_text(self, seq: Sequence, text: str, logprob_entry: dict | None) -> None:
+        if text or logprob_entry is not None:
+            seq.request.sink({"type": "token", "index": seq.index, "text": text, "logprob": logprob_entry})
+
+    def _finish(self, seq: Sequence, reason: str | None, error: RequestRejected | None = None) -> None:
+        request = seq.request
+        self._release(seq)
+        if error is not None:
+            if not request.cancelled.is_set():
+                request.cancel()
+                request.sink({"type": "error", "error": error.to_wire()})
+            return
+        request.sink({"type": "finish", "index": seq.index, "finish_reason": reason,
+                      "completion_tokens": seq.generated})
+        request.open_choices -= 1
+        if request.open_choices == 0:
+            request.sink({"type": "done", "prompt_tokens": len(request.prompt_tokens)})

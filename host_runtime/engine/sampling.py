@@ -1,0 +1,66 @@
+"""Per-request sampling: parameters, the llama.cpp sampler chain, and logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    grammar: str | None = None  # GBNF, from response_format
+    top_logprobs: int | None = None  # None: no logprobs; 0..N: chosen token plus N alternatives
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
+
+
+def build_sampler_chain(model, params: SamplingParams, choice_index: int = 0):
+    """A fresh llama.cpp sampler chain for one sequence; it owns its RNG and penalty state."""
+    from llama_cpp._internals import LlamaSampler
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    chain = LlamaSampler()
+    if params.grammar:
+        chain.add_grammar(model, LlamaGrammar.from_string(params.grammar, verbose=False))
+    if params.presence_penalty or params.frequency_penalty:
+        chain.add_penalties(
+            model.n_vocab(),
+            penalty_last_n=64,
+            penalty_repeat=1.0,
+            penalty_freq=params.frequency_penalty,
+            penalty_present=params.presence_penalty,
+        )
+    if params.greedy:
+        chain.add_greedy()
+    else:
+        if params.top_p < 1.0:
+            chain.add_top_p(params.top_p, 1)
+        chain.add_temp(params.temperature)
+        seed = DEFAULT_SEED if params.seed is None else (params.seed + choice_index) & 0xFFFFFFFF
+        chain.add_dist(seed)
+    return chain
+
+
+def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> tuple[float, list[tuple[int, float]]]:
+    """Log-probability of `token` under the model's raw distribution, and the top `top_n` alternatives."""
+    logits = logits.astype(np.float64, copy=False)
+    peak = logits.max()
+    log_z = peak + np.log(np.exp(logits - peak).sum())
+    chosen = float(logits[token] - log_z)
+    if top_n <= 0:
+        return chosen, []
+    top = np.argpartition(-logits, top_n - 1)[:top_n]
+    top = top[np.argsort(-logits[top])]
+    return chosen, [(int(t), float(logits[t] - log_z)) for t in top]

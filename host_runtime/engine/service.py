@@ -1,0 +1,216 @@
+"""The engine process: loads the model, runs the loop, answers workers on a Unix socket."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import select
+import socket
+import socketserver
+import threading
+import time
+from pathlib import Path
+
+from host_runtime.engine.engine import Engine, GenerationRequest
+from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine.ipc import LineReader, send_message
+from host_runtime.engine.model import ContextConfig, LoadedModel, ModelLoadError, model_id_for
+from host_runtime.engine.prompt import PromptBuilder
+from host_runtime.engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+CANARY_PROMPT = "The capital of France is"
+EVENT_POLL_S = 0.05  # how often a waiting handler checks whether its worker hung up
+
+
+class EngineService:
+    def __init__(self, model_path: str, config: ContextConfig, max_waiting: int = 64):
+        self.model_path = model_path
+        self.config = config
+        self.max_waiting = max_waiting
+        self.model_id = model_id_for(model_path)
+        self.state = "loading"
+        self.state_reason = "loading the model"
+        self.model: LoadedModel | None = None
+        self.engine: Engine | None = None
+        self.prompts: PromptBuilder | None = None
+        self._canary_lock = threading.Lock()
+        self._canary_ok_at = 0.0
+
+    def load(self) -> None:
+        started = time.monotonic()
+        try:
+            self.model = LoadedModel(self.model_path, self.config)
+            self.prompts = PromptBuilder(self.model)
+            self.engine = Engine(self.model, max_waiting=self.max_waiting)
+            self.engine.start()
+        except ModelLoadError as exc:
+            self.state, self.state_reason = "failed", str(exc)
+            log.error("%s", exc)
+            return
+        self.state, self.state_reason = "ready", "model loaded"
+        log.info("loaded %s in %.1fs: context %d tokens per sequence, %d sequences, %d threads",
+                 self.model_id, time.monotonic() - started, self.model.n_ctx_per_seq,
+                 self.model.n_parallel, self.model.n_threads)
+
+    # ---- ops -------------------------------------------------------------------
+
+    def info(self) -> dict:
+        m = self.model
+        return {"state": self.state, "reason": self.state_reason, "model_id": self.model_id,
+                "n_ctx": m.n_ctx_per_seq if m else None, "n_parallel": m.n_parallel if m else None,
+                "pid": os.getpid()}
+
+    def metrics_text(self) -> str:
+        if self.engine is None:
+            return f'everycycle_model_info{{model="{self.model_id}",state="{self.state}"}} 1\n'
+        return self.engine.metrics.render(self.model_id, self.state)
+
+    def readiness(self, max_age: float, deadline: float) -> dict:
+        if self.state != "ready":
+            return {"ready": False, "reason": self.state_reason}
+        with self._canary_lock:
+            if time.monotonic() - self._canary_ok_at < max_age:
+                return {"ready": True, "reason": "canary passed recently"}
+            events: queue.Queue = queue.Queue()
+            tokens = self.prompts.completion_tokens(CANARY_PROMPT)
+            canary = GenerationRequest(prompt_tokens=tokens, max_tokens=2, sink=events.put,
+                                       sampling=SamplingParams(temperature=0.0, ignore_eos=True))
+            started = time.monotonic()
+            try:
+                self.engine.submit(canary)
+            except RequestRejected as exc:
+                return {"ready": False, "reason": f"canary refused: {exc.message}"}
+            end = started + deadline
+            while True:
+                left = end - time.monotonic()
+                if left <= 0:
+                    canary.cancel()
+                    return {"ready": False, "reason": f"wedged: the canary generation did not finish within {deadline:g}s"}
+                try:
+                    event = events.get(timeout=left)
+                except queue.Empty:
+                    continue
+                if event["type"] == "done":
+                    self._canary_ok_at = time.monotonic()
+                    return {"ready": True, "reason": f"canary finished in {self._canary_ok_at - started:.3f}s"}
+                if event["type"] == "error":
+                    return {"ready": False, "reason": f"canary failed: {event['error']['message']}"}
+
+    def build_request(self, message: dict, sink) -> GenerationRequest:
+        if self.state != "ready":
+            raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
+                                  code="model_not_ready", retry_after=5)
+        prompt = message["prompt"]
+        stops = list(message.get("stop") or [])
+        if "messages" in prompt:
+            tokens, template_stops = self.prompts.chat_tokens(prompt["messages"])
+            stops += [s for s in template_stops if s not in stops]
+            param = "messages"
+        else:
+            tokens = self.prompts.completion_tokens(prompt["text"])
+            param = "prompt"
+        max_tokens = self.engine.check_fits(len(tokens), message.get("max_tokens"), param)
+        return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink,
+                                 sampling=SamplingParams(**message.get("sampling", {})), stops=stops,
+                                 n=int(message.get("n", 1)))
+
+    def embed(self, message: dict) -> dict:
+        if self.state != "ready":
+            raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
+                                  code="model_not_ready", retry_after=5)
+        vectors, n_tokens = self.engine.embed(list(message["inputs"]))
+        return {"type": "result", "data": vectors, "prompt_tokens": n_tokens}
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    readable, _, _ = select.select([sock], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    service: EngineService
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        try:
+            message = LineReader(sock).read()
+        except (OSError, ValueError):
+            return
+        if not message:
+            return
+        op = message.get("op")
+        try:
+            if op == "info":
+                send_message(sock, self.service.info())
+            elif op == "metrics":
+                send_message(sock, {"text": self.service.metrics_text()})
+            elif op == "ready":
+                send_message(sock, self.service.readiness(float(message.get("max_age", 5)),
+                                                          float(message.get("deadline", 10))))
+            elif op == "embed":
+                try:
+                    send_message(sock, self.service.embed(message))
+                except RequestRejected as exc:
+                    send_message(sock, {"type": "error", "error": exc.to_wire()})
+            elif op == "generate":
+                self._generate(sock, message)
+            else:
+                send_message(sock, {"type": "error", "error": RequestRejected(500, f"unknown engine op {op!r}").to_wire()})
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _generate(self, sock: socket.socket, message: dict) -> None:
+        events: queue.Queue = queue.Queue()
+        try:
+            request = self.service.build_request(message, events.put)
+            self.service.engine.submit(request)
+        except RequestRejected as exc:
+            send_message(sock, {"type": "error", "error": exc.to_wire()})
+            return
+        try:
+            send_message(sock, {"type": "accepted", "prompt_tokens": len(request.prompt_tokens)})
+            while True:
+                try:
+                    event = events.get(timeout=EVENT_POLL_S)
+                except queue.Empty:
+                    if _peer_closed(sock):
+                        request.cancel()
+                        return
+                    continue
+                send_message(sock, event)
+                if event["type"] in ("done", "error"):
+                    return
+        except OSError:
+            request.cancel()
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+
+def serve_engine(socket_path: str, service: EngineService) -> None:
+    """Listen first (so workers can tell "loading" from "down"), then load, then serve until killed."""
+    path = Path(socket_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.unlink()
+    handler = type("Handler", (_Handler,), {"service": service})
+    server = _Server(str(path), handler)
+    os.chmod(path, 0o600)
+    thread = threading.Thread(target=server.serve_forever, name="engine-ipc", daemon=True)
+    thread.start()
+    log.info("engine listening on %s", path)
+    service.load()
+    try:
+        thread.join()
+    finally:
+        server.server_close()

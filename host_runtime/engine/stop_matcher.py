@@ -1,0 +1,39 @@
+"""Stop strings over a token stream (pure).
+
+Text that could be the start of a stop string is held back until it either
+completes the stop (and is dropped) or diverges (and is released), so a client
+never sees part of a stop string.
+"""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    def __init__(self, stops: list[str]):
+        self._stops = [s for s in stops if s]
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Add generated text; return (text safe to emit, whether a stop string was hit)."""
+        buf = self._held + text
+        if not self._stops:
+            self._held = ""
+            return buf, False
+        first = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
+        if first >= 0:
+            self._held = ""
+            return buf[:first], True
+        keep = 0
+        for stop in self._stops:
+            # Longest suffix of buf that is a proper prefix of this stop string.
+            for n in range(min(len(stop) - 1, len(buf)), 0, -1):
+                if buf.endswith(stop[:n]):
+                    keep = max(keep, n)
+                    break
+        self._held = buf[len(buf) - keep:] if keep else ""
+        return buf[: len(buf) - keep], False
+
+    def flush(self) -> str:
+        """At the end of generation, whatever was held back is real output."""
+        held, self._held = self._held, ""
+        return held

@@ -1,0 +1,182 @@
+"""HTTP routing: the falcon app and its resources. No serving logic and no schema here."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+
+import falcon
+
+from host_runtime.auth.keystore import KeyVerifier
+from host_runtime.engine.ipc import EngineClient, EngineUnavailable
+from host_runtime.serving import protocol
+from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
+from host_runtime.serving.handlers import ServingLogic, engine_down
+
+OPEN_PATHS = {"/health", "/ready", "/metrics"}  # probes and scrapers carry no key
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    engine_socket: str
+    keys_file: str | None = None
+    max_body_bytes: int = 1 << 20
+    ready_max_age_s: float = 5.0
+    ready_deadline_s: float = 10.0
+
+
+class AuthMiddleware:
+    def __init__(self, verifier: KeyVerifier):
+        self._verifier = verifier
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if req.path in OPEN_PATHS:
+            return
+        header = req.get_header("Authorization") or ""
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise APIError(401, "no API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
+        if self._verifier.verify(token.strip()) is None:
+            raise APIError(401, "the API key is not valid for this box", code="invalid_api_key")
+
+
+class ModelIdentity:
+    """The served model's id, learnt from the engine once and then kept."""
+
+    def __init__(self, client: EngineClient):
+        self._client = client
+        self._model_id: str | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> str:
+        if self._model_id is None:
+            with self._lock:
+                if self._model_id is None:
+                    try:
+                        self._model_id = self._client.call({"op": "info"}, timeout=5.0)["model_id"]
+                    except EngineUnavailable as exc:
+                        raise engine_down(exc) from None
+        return self._model_id
+
+
+def read_json(req: falcon.Request, limit: int) -> dict:
+    if req.content_length is not None and req.content_length > limit:
+        raise APIError(413, f"the request body is {req.content_length} bytes; the limit is {limit}",
+                       code="request_too_large")
+    raw = req.bounded_stream.read(limit + 1)
+    if len(raw) > limit:
+        raise APIError(413, f"the request body is over the limit of {limit} bytes", code="request_too_large")
+    return protocol.parse_json_body(raw)
+
+
+def _json(resp: falcon.Response, doc: dict, status: int = 200) -> None:
+    resp.status = falcon.code_to_http_status(status)
+    resp.content_type = falcon.MEDIA_JSON
+    resp.text = json.dumps(doc)
+
+
+class Health:
+    def __init__(self, client: EngineClient):
+        self._client = client
+
+    def on_get(self, req, resp):
+        try:
+            engine = self._client.call({"op": "info"}, timeout=1.0)["state"]
+        except EngineUnavailable:
+            engine = "unreachable"
+        _json(resp, {"status": "ok", "engine": engine})
+
+
+class Ready:
+    def __init__(self, client: EngineClient, config: AppConfig):
+        self._client = client
+        self._config = config
+
+    def on_get(self, req, resp):
+        try:
+            reply = self._client.call({"op": "ready", "max_age": self._config.ready_max_age_s,
+                                       "deadline": self._config.ready_deadline_s},
+                                      timeout=self._config.ready_deadline_s + 2.0)
+        except EngineUnavailable as exc:
+            reply = {"ready": False, "reason": str(exc)}
+        _json(resp, {"status": "ready" if reply["ready"] else "not_ready", "reason": reply["reason"]},
+              200 if reply["ready"] else 503)
+        if not reply["ready"]:
+            resp.set_header("Retry-After", "5")
+
+
+class Metrics:
+    def __init__(self, client: EngineClient):
+        self._client = client
+
+    def on_get(self, req, resp):
+        resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
+        try:
+            resp.text = self._client.call({"op": "metrics"}, timeout=5.0)["text"]
+        except EngineUnavailable:
+            resp.status = falcon.HTTP_503
+            resp.text = "everycycle_up 0\n"
+            return
+        resp.text = "# TYPE everycycle_up gauge\neverycycle_up 1\n" + resp.text
+
+
+class Models:
+    def __init__(self, identity: ModelIdentity):
+        self._identity = identity
+
+    def on_get(self, req, resp):
+        _json(resp, {"object": "list", "data": [
+            {"id": self._identity.get(), "object": "model", "created": 0, "owned_by": "everycycle"}]})
+
+
+class Generation:
+    def __init__(self, logic: ServingLogic, identity: ModelIdentity, config: AppConfig, kind: str):
+        self._logic = logic
+        self._identity = identity
+        self._config = config
+        self._kind = kind
+
+    def on_post(self, req, resp):
+        body = read_json(req, self._config.max_body_bytes)
+        model_id = self._identity.get()
+        parse = protocol.parse_chat if self._kind == "chat" else protocol.parse_completion
+        call = parse(body, model_id)
+        if call.stream:
+            resp.content_type = "text/event-stream"
+            resp.set_header("Cache-Control", "no-cache")
+            resp.stream = self._logic.stream(call, self._kind, model_id)
+        else:
+            _json(resp, self._logic.complete(call, self._kind, model_id))
+
+
+class Embeddings:
+    def __init__(self, logic: ServingLogic, identity: ModelIdentity, config: AppConfig):
+        self._logic = logic
+        self._identity = identity
+        self._config = config
+
+    def on_post(self, req, resp):
+        body = read_json(req, self._config.max_body_bytes)
+        model_id = self._identity.get()
+        _json(resp, self._logic.embed(protocol.parse_embeddings(body, model_id), model_id))
+
+
+def create_app(config: AppConfig) -> falcon.App:
+    client = EngineClient(config.engine_socket)
+    middleware = [AuthMiddleware(KeyVerifier(config.keys_file))] if config.keys_file else []
+    app = falcon.App(middleware=middleware)
+    identity = ModelIdentity(client)
+    logic = ServingLogic(client)
+    app.add_route("/health", Health(client))
+    app.add_route("/ready", Ready(client, config))
+    app.add_route("/metrics", Metrics(client))
+    app.add_route("/v1/models", Models(identity))
+    app.add_route("/v1/chat/completions", Generation(logic, identity, config, "chat"))
+    app.add_route("/v1/completions", Generation(logic, identity, config, "completion"))
+    app.add_route("/v1/embeddings", Embeddings(logic, identity, config))
+    # Most specific last: falcon picks the handler registered for the closest class.
+    app.add_error_handler(Exception, handle_unexpected)
+    app.add_error_handler(falcon.HTTPError, handle_falcon_error)
+    app.add_error_handler(APIError, handle_api_error)
+    return app

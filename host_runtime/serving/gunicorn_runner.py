@@ -1,0 +1,107 @@
+"""Runs the falcon app under gunicorn, with the engine as the master's child process.
+
+The engine (and so the model's weights) exists once, whatever the number of
+HTTP workers; workers reach it over a Unix socket. If the engine dies, the
+master shuts down too, so the supervisor restarts the pair as one service.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from gunicorn.app.base import BaseApplication
+
+from host_runtime.serving.app import AppConfig, create_app
+
+log = logging.getLogger("everycycle.serve")
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # The engine must not outlive a master killed with SIGKILL: it would hold the model and the socket.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class EngineChild:
+    def __init__(self, argv: list[str]):
+        self.argv = argv
+        self.proc: subprocess.Popen | None = None
+        self.stopping = False
+
+    def start(self, on_unexpected_exit) -> None:
+        self.proc = subprocess.Popen(self.argv, preexec_fn=_die_with_parent)
+        log.info("engine started (pid %d)", self.proc.pid)
+
+        def watch():
+            code = self.proc.wait()
+            if not self.stopping:
+                log.error("the engine exited unexpectedly (code %s); stopping the server", code)
+                on_unexpected_exit()
+
+        threading.Thread(target=watch, name="engine-watch", daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class ServingApplication(BaseApplication):
+    def __init__(self, app_config: AppConfig, *, bind: str, workers: int, threads: int,
+                 engine: EngineChild | None):
+        self.app_config = app_config
+        self.bind = bind
+        self.workers = workers
+        self.threads = threads
+        self.engine = engine
+        super().__init__()
+
+    def load_config(self) -> None:
+        engine = self.engine
+
+        def on_starting(server):
+            if engine is not None:
+                engine.start(lambda: os.kill(os.getpid(), signal.SIGTERM))
+
+        def on_exit(server):
+            if engine is not None:
+                engine.stop()
+
+        settings = {
+            "bind": self.bind,
+            "workers": self.workers,
+            "worker_class": "gthread",
+            "threads": self.threads,  # each streaming request holds a thread for its whole life
+            "timeout": 60,
+            "graceful_timeout": 10,
+            "keepalive": 5,
+            "accesslog": "-",
+            "errorlog": "-",
+            "loglevel": "info",
+            "proc_name": "everycycle-serve",
+            "on_starting": on_starting,
+            "on_exit": on_exit,
+        }
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        return create_app(self.app_config)
+
+
+def engine_argv(socket_path: str, model: str, threads: int, ctx_size: int, parallel: int, gpu_layers: int) -> list[str]:
+    return [sys.executable, "-m", "host_runtime.cli", "engine", "--socket", socket_path, "--model", model,
+            "--threads", str(threads), "--ctx-size", str(ctx_size), "--parallel", str(parallel),
+            "--gpu-layers", str(gpu_layers)]

@@ -1,0 +1,196 @@
+"""Serving logic: drive one engine generation and shape its events into OpenAI responses."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import time
+import uuid
+from typing import Iterator
+
+from host_runtime.engine.ipc import EngineClient, EngineUnavailable, EventStream
+from host_runtime.serving.errors import APIError
+from host_runtime.serving.protocol import EmbeddingCall, GenerationCall
+
+FIRST_EVENT_TIMEOUT_S = 15.0
+# Between two events of one generation; long, because a queued request sees none until it gets a slot.
+IDLE_EVENT_TIMEOUT_S = 600.0
+
+
+def engine_down(exc: EngineUnavailable) -> APIError:
+    return APIError(503, f"the inference engine is unavailable: {exc}", error_type="server_error",
+                    code="engine_unavailable", retry_after=5)
+
+
+class _Choices:
+    """Accumulates one generation's events per choice."""
+
+    def __init__(self, n: int):
+        self.text = [""] * n
+        self.logprobs: list[list[dict]] = [[] for _ in range(n)]
+        self.finish: list[str | None] = [None] * n
+        self.completion_tokens = 0
+        self.prompt_tokens = 0
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+def chat_logprobs(entries: list[dict]) -> dict:
+    return {"content": [{"token": e["token"], "logprob": e["logprob"], "bytes": e["bytes"],
+                         "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
+                                          for t in e["top"]]} for e in entries]}
+
+
+def completion_logprobs(entries: list[dict], offset: int = 0) -> dict:
+    tokens, token_logprobs, top, text_offset = [], [], [], []
+    for e in entries:
+        text_offset.append(offset)
+        offset += len(e["token"])
+        tokens.append(e["token"])
+        token_logprobs.append(e["logprob"])
+        top.append({t["token"]: t["logprob"] for t in e["top"]})
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": text_offset}
+
+
+class ServingLogic:
+    def __init__(self, client: EngineClient):
+        self.client = client
+
+    def _open(self, call: GenerationCall) -> tuple[EventStream, int]:
+        """Start the generation and wait for the engine to accept or refuse it."""
+        try:
+            stream = self.client.stream(call.engine_message, FIRST_EVENT_TIMEOUT_S, IDLE_EVENT_TIMEOUT_S)
+        except EngineUnavailable as exc:
+            raise engine_down(exc) from None
+        try:
+            first = stream.next_event()
+        except EngineUnavailable as exc:
+            stream.close()
+            raise engine_down(exc) from None
+        if first["type"] == "error":
+            stream.close()
+            raise APIError.from_engine(first["error"])
+        return stream, int(first.get("prompt_tokens", 0))
+
+    def complete(self, call: GenerationCall, kind: str, model_id: str) -> dict:
+        stream, prompt_tokens = self._open(call)
+        choices = _Choices(call.n)
+        choices.prompt_tokens = prompt_tokens
+        with stream:
+            try:
+                for event in stream:
+                    self._absorb(choices, event)
+            except EngineUnavailable as exc:
+                raise engine_down(exc) from None
+        created = int(time.time())
+        if kind == "chat":
+            return {
+                "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": created,
+                "model": model_id,
+                "choices": [{"index": i, "message": {"role": "assistant", "content": choices.text[i]},
+                             "logprobs": chat_logprobs(choices.logprobs[i]) if call.logprobs else None,
+                             "finish_reason": choices.finish[i]} for i in range(call.n)],
+                "usage": choices.usage(),
+            }
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": created, "model": model_id,
+            "choices": [{"index": i, "text": choices.text[i],
+                         "logprobs": completion_logprobs(choices.logprobs[i]) if call.logprobs else None,
+                         "finish_reason": choices.finish[i]} for i in range(call.n)],
+            "usage": choices.usage(),
+        }
+
+    @staticmethod
+    def _absorb(choices: _Choices, event: dict) -> None:
+        kind = event["type"]
+        if kind == "token":
+            choices.text[event["index"]] += event["text"]
+            if event.get("logprob"):
+                choices.logprobs[event["index"]].append(event["logprob"])
+        elif kind == "finish":
+            choices.finish[event["index"]] = event["finish_reason"]
+            choices.completion_tokens += event["completion_tokens"]
+        elif kind == "error":
+            raise APIError.from_engine(event["error"])
+
+    def stream(self, call: GenerationCall, kind: str, model_id: str) -> Iterator[bytes]:
+        """Open the generation now (so refusals are real HTTP errors), then stream SSE chunks.
+
+        When the client goes away the WSGI server closes this generator; closing the
+        engine stream in `finally` is what cancels the generation.
+        """
+        stream, prompt_tokens = self._open(call)
+        return self._sse(stream, prompt_tokens, call, kind, model_id)
+
+    def _sse(self, stream: EventStream, prompt_tokens: int, call: GenerationCall, kind: str,
+             model_id: str) -> Iterator[bytes]:
+        created = int(time.time())
+        is_chat = kind == "chat"
+        chunk_id = f"chatcmpl-{uuid.uuid4().hex}" if is_chat else f"cmpl-{uuid.uuid4().hex}"
+        obj = "chat.completion.chunk" if is_chat else "text_completion"
+        offsets = [0] * call.n
+        choices = _Choices(call.n)
+        choices.prompt_tokens = prompt_tokens
+
+        def chunk(choice_list: list[dict], **extra) -> bytes:
+            doc = {"id": chunk_id, "object": obj, "created": created, "model": model_id, "choices": choice_list, **extra}
+            return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+
+        try:
+            if is_chat:
+                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None} for i in range(call.n)])
+            for event in stream:
+                kind_ = event["type"]
+                if kind_ == "token":
+                    i = event["index"]
+                    lp = [event["logprob"]] if event.get("logprob") else []
+                    if is_chat:
+                        yield chunk([{"index": i, "delta": {"content": event["text"]},
+                                      "logprobs": chat_logprobs(lp) if call.logprobs else None,
+                                      "finish_reason": None}])
+                    else:
+                        yield chunk([{"index": i, "text": event["text"],
+                                      "logprobs": completion_logprobs(lp, offsets[i]) if call.logprobs else None,
+                                      "finish_reason": None}])
+                        offsets[i] += len(event["text"])
+                elif kind_ == "finish":
+                    i = event["index"]
+                    choices.completion_tokens += event["completion_tokens"]
+                    if is_chat:
+                        yield chunk([{"index": i, "delta": {}, "logprobs": None,
+                                      "finish_reason": event["finish_reason"]}])
+                    else:
+                        yield chunk([{"index": i, "text": "", "logprobs": None,
+                                      "finish_reason": event["finish_reason"]}])
+                elif kind_ == "error":
+                    yield b"data: " + json.dumps(APIError.from_engine(event["error"]).body()).encode() + b"\n\n"
+                    return
+            if call.include_usage:
+                yield chunk([], usage=choices.usage())
+            yield b"data: [DONE]\n\n"
+        except EngineUnavailable as exc:
+            yield b"data: " + json.dumps(engine_down(exc).body()).encode() + b"\n\n"
+        finally:
+            stream.close()
+
+    def embed(self, call: EmbeddingCall, model_id: str) -> dict:
+        try:
+            reply = self.client.call({"op": "embed", "inputs": call.inputs}, timeout=IDLE_EVENT_TIMEOUT_S)
+        except EngineUnavailable as exc:
+            raise engine_down(exc) from None
+        if reply.get("type") == "error":
+            raise APIError.from_engine(reply["error"])
+        data = []
+        for i, vector in enumerate(reply["data"]):
+            if call.encoding_format == "base64":
+                # What the openai client asks for by default: little-endian float32, base64.
+                value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            else:
+                value = vector
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        return {"object": "list", "data": data, "model": model_id,
+                "usage": {"prompt_tokens": reply["prompt_tokens"], "total_tokens": reply["prompt_tokens"]}}

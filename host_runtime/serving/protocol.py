@@ -1,0 +1,268 @@
+"""The wire schema (pure): OpenAI request bodies checked field by field into engine calls.
+
+Every refusal names the field (`param`) and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from host_runtime.serving.errors import APIError
+
+MAX_N = 4
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_STRINGS = 4
+MAX_STOP_LENGTH = 256
+MAX_EMBEDDING_INPUTS = 64
+CHAT_ROLES = {"system", "developer", "user", "assistant"}
+UNSUPPORTED_ROLES = {"tool", "function"}
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def bad(message: str, param: str, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def _type_name(types) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+             dict: "an object"}
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def field_of(body: dict, name: str, types, default=None):
+    """body[name] if present and of `types` (bool is never an int here), else the default."""
+    if name not in body or body[name] is None:
+        return default
+    value = body[name]
+    types_t = types if isinstance(types, tuple) else (types,)
+    if isinstance(value, bool) and bool not in types_t:
+        ok = False
+    elif float in types_t and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    else:
+        ok = isinstance(value, types_t)
+    if not ok:
+        raise bad(f"'{name}' must be {_type_name(types)}, got {type(value).__name__}", name, "invalid_type")
+    return value
+
+
+def number_in(body: dict, name: str, low: float, high: float, default):
+    value = field_of(body, name, float, default)
+    if value is not None and not (low <= value <= high):
+        raise bad(f"'{name}' must be between {low:g} and {high:g}, got {value}", name)
+    return value
+
+
+def int_in(body: dict, name: str, low: int, high: int | None, default):
+    value = field_of(body, name, int, default)
+    if value is not None and (value < low or (high is not None and value > high)):
+        limit = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise bad(f"'{name}' must be {limit}, got {value}", name)
+    return value
+
+
+def parse_json_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def check_model(body: dict, served: str) -> str:
+    model = field_of(body, "model", str)
+    if model is None:
+        raise bad("'model' is required", "model", "missing_required_parameter")
+    if model != served:
+        raise APIError(404, f"the model '{model}' does not exist; this box serves '{served}'", param="model",
+                       code="model_not_found")
+    return model
+
+
+@dataclass
+class GenerationCall:
+    """What the serving logic needs: the engine message plus how to shape the answer."""
+    engine_message: dict
+    stream: bool
+    include_usage: bool
+    n: int
+    logprobs: bool
+    extra: dict = field(default_factory=dict)
+
+
+def _stop_strings(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise bad("'stop' must be a string or an array of strings", "stop", "invalid_type")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad(f"'stop' has {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed", "stop")
+    for s in stop:
+        if not s or len(s) > MAX_STOP_LENGTH:
+            raise bad(f"each stop string must be 1 to {MAX_STOP_LENGTH} characters", "stop")
+    return stop
+
+
+def _response_format_grammar(body: dict) -> str | None:
+    fmt = field_of(body, "response_format", dict)
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind in (None, "text"):
+        return None
+    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+
+    if kind == "json_object":
+        return JSON_GBNF
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise bad("'response_format.json_schema.schema' must be a JSON Schema object",
+                      "response_format.json_schema.schema", "invalid_type")
+        try:
+            return LlamaGrammar.from_json_schema(json.dumps(spec["schema"]), verbose=False)._grammar
+        except Exception as exc:  # the converter raises bare Exceptions for unsupported keywords
+            raise bad(f"this JSON Schema cannot be turned into a grammar: {exc}",
+                      "response_format.json_schema.schema") from None
+    raise bad(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+              "response_format.type")
+
+
+def _sampling_and_common(body: dict, default_max_tokens: int | None) -> tuple[dict, int, bool, bool]:
+    max_tokens = int_in(body, "max_completion_tokens", 1, None, None)
+    if max_tokens is None:
+        max_tokens = int_in(body, "max_tokens", 1, None, default_max_tokens)
+    n = int_in(body, "n", 1, MAX_N, 1)
+    stream = field_of(body, "stream", bool, False)
+    options = field_of(body, "stream_options", dict)
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
+        include_usage = field_of(options, "include_usage", bool, False)
+    temperature = number_in(body, "temperature", 0.0, 2.0, 1.0)
+    sampling = {
+        "temperature": temperature,
+        "top_p": number_in(body, "top_p", 0.0, 1.0, 1.0),
+        "presence_penalty": number_in(body, "presence_penalty", -2.0, 2.0, 0.0),
+        "frequency_penalty": number_in(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        "seed": field_of(body, "seed", int),
+        "grammar": _response_format_grammar(body),
+    }
+    if sampling["top_p"] == 0.0:
+        raise bad("'top_p' must be greater than 0", "top_p")
+    message = {"op": "generate", "max_tokens": max_tokens, "n": n, "stop": _stop_strings(body), "sampling": sampling}
+    return message, n, stream, include_usage
+
+
+def _message_content(message: dict, i: int) -> str:
+    content = message.get("content")
+    if content is None:
+        if message.get("role") == "assistant":
+            return ""
+        raise bad(f"'messages[{i}].content' is required", f"messages[{i}].content", "missing_required_parameter")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad(f"'messages[{i}].content[{j}]' must be a text part ({{\"type\": \"text\", \"text\": ...}}); "
+                          "this model reads text only", f"messages[{i}].content[{j}]")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad(f"'messages[{i}].content' must be a string or an array of text parts", f"messages[{i}].content",
+              "invalid_type")
+
+
+def parse_chat(body: dict, served_model: str) -> GenerationCall:
+    check_model(body, served_model)
+    messages = body.get("messages")
+    if messages is None:
+        raise bad("'messages' is required", "messages", "missing_required_parameter")
+    if not isinstance(messages, list):
+        raise bad("'messages' must be an array of messages", "messages", "invalid_type")
+    if not messages:
+        raise bad("'messages' must contain at least one message", "messages")
+    if body.get("tools") or body.get("functions"):
+        raise bad("tools and function calling are not supported by this server", "tools", "unsupported_parameter")
+    rendered = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise bad(f"'messages[{i}]' must be an object with 'role' and 'content'", f"messages[{i}]", "invalid_type")
+        role = message.get("role")
+        if role in UNSUPPORTED_ROLES:
+            raise bad(f"'messages[{i}].role' is {role!r}: tool messages are not supported by this server",
+                      f"messages[{i}].role")
+        if role not in CHAT_ROLES:
+            raise bad(f"'messages[{i}].role' must be one of {sorted(CHAT_ROLES)}, got {role!r}", f"messages[{i}].role")
+        # 'developer' is OpenAI's newer name for the system role; templates know only 'system'.
+        rendered.append({"role": "system" if role == "developer" else role, "content": _message_content(message, i)})
+    message, n, stream, include_usage = _sampling_and_common(body, None)
+    logprobs = field_of(body, "logprobs", bool, False)
+    top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
+    if top_logprobs is not None and not logprobs:
+        raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
+    message["sampling"]["top_logprobs"] = (top_logprobs or 0) if logprobs else None
+    message["prompt"] = {"messages": rendered}
+    return GenerationCall(message, stream, include_usage, n, logprobs)
+
+
+def parse_completion(body: dict, served_model: str) -> GenerationCall:
+    check_model(body, served_model)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if prompt is None:
+        raise bad("'prompt' is required", "prompt", "missing_required_parameter")
+    if isinstance(prompt, list):
+        raise bad("'prompt' must be a single string; send one request per prompt", "prompt", "unsupported_value")
+    if not isinstance(prompt, str):
+        raise bad("'prompt' must be a string", "prompt", "invalid_type")
+    if not prompt:
+        raise bad("'prompt' must not be empty", "prompt")
+    if field_of(body, "echo", bool, False):
+        raise bad("'echo' is not supported by this server", "echo", "unsupported_parameter")
+    if body.get("suffix") is not None:
+        raise bad("'suffix' is not supported by this server", "suffix", "unsupported_parameter")
+    if int_in(body, "best_of", 1, None, 1) > 1:
+        raise bad("'best_of' greater than 1 is not supported; use 'n'", "best_of", "unsupported_parameter")
+    message, n, stream, include_usage = _sampling_and_common(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    top_logprobs = int_in(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
+    message["sampling"]["top_logprobs"] = top_logprobs
+    message["prompt"] = {"text": prompt}
+    return GenerationCall(message, stream, include_usage, n, top_logprobs is not None)
+
+
+@dataclass
+class EmbeddingCall:
+    inputs: list[str]
+    encoding_format: str
+
+
+def parse_embeddings(body: dict, served_model: str) -> EmbeddingCall:
+    check_model(body, served_model)
+    data = body.get("input")
+    if data is None:
+        raise bad("'input' is required", "input", "missing_required_parameter")
+    inputs = [data] if isinstance(data, str) else data
+    if not isinstance(inputs, list) or not all(isinstance(s, str) for s in inputs):
+        raise bad("'input' must be a string or an array of strings", "input", "invalid_type")
+    if not inputs:
+        raise bad("'input' must not be empty", "input")
+    if len(inputs) > MAX_EMBEDDING_INPUTS:
+        raise bad(f"'input' has {len(inputs)} items; at most {MAX_EMBEDDING_INPUTS} are allowed", "input")
+    fmt = field_of(body, "encoding_format", str, "float")
+    if fmt not in ("float", "base64"):
+        raise bad(f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", "encoding_format")
+    if body.get("dimensions") is not None:
+        raise bad("'dimensions' is not supported: this model's embeddings have a fixed size", "dimensions",
+                  "unsupported_parameter")
+    return EmbeddingCall(inputs, fmt)

@@ -1,0 +1,1 @@
+"""Provisioning bundles applied at first boot. Arrives with its issue."""
