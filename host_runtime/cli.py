@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=_positive, default=2, metavar="N", help="HTTP worker processes (default 2)")
     serve.add_argument("--http-threads", type=_positive, default=32, metavar="N", help="threads per HTTP worker (default 32)")
     serve.add_argument("--max-body-bytes", type=_positive, default=1 << 20, metavar="N", help="request body limit (default 1 MiB)")
+    serve.add_argument("--ready-timeout", type=float, default=10.0, metavar="S",
+                       help="how long /ready's canary generation may take before the engine counts as wedged (default 10)")
     serve.add_argument("--run-dir", metavar="DIR", help="where the engine socket lives (default: a private temp dir)")
     serve.add_argument("--engine-socket", metavar="PATH",
                        help="use an engine already running at this socket instead of starting one")
@@ -77,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     create = keys_sub.add_parser("create", help="create a key, print it once, store only its hash")
     create.add_argument("--keys", required=True, metavar="FILE", help="key file (created 0600 if missing)")
     create.add_argument("name", metavar="NAME", help="a label for the key, e.g. the client that will use it")
+    revoke = keys_sub.add_parser("revoke", help="remove a key; clients using it get 401 from then on")
+    revoke.add_argument("--keys", required=True, metavar="FILE", help="key file")
+    revoke.add_argument("--missing-ok", action="store_true", help="succeed even if no key has that name")
+    revoke.add_argument("name", metavar="NAME", help="the key's name")
     listing = keys_sub.add_parser("list", help="list key names and hints (never the keys)")
     listing.add_argument("--keys", required=True, metavar="FILE", help="key file")
     return parser
@@ -120,7 +126,8 @@ def cmd_serve(parser, args) -> int:
         engine = EngineChild(engine_argv(socket_path, model, args.threads, args.ctx_size, args.parallel, args.gpu_layers))
     elif args.model:
         parser.error("--model: not used with --engine-socket (the running engine has its model)")
-    config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes)
+    config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes,
+                       ready_deadline_s=args.ready_timeout)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     ServingApplication(config, bind=f"{args.host}:{args.port}", workers=args.workers, threads=args.http_threads,
@@ -141,7 +148,7 @@ def cmd_engine(parser, args) -> int:
 
 
 def cmd_keys(parser, args) -> int:
-    from host_runtime.auth.keystore import KeyStoreError, create_key, load_keys
+    from host_runtime.auth.keystore import KeyStoreError, create_key, load_keys, revoke_key
 
     try:
         if args.keys_command == "create":
@@ -149,6 +156,10 @@ def cmd_keys(parser, args) -> int:
             print(key)
             print(f"stored the hash of key {args.name!r} in {args.keys}; this is the only time the key is shown",
                   file=sys.stderr)
+        elif args.keys_command == "revoke":
+            if not revoke_key(args.keys, args.name) and not args.missing_ok:
+                print(f"everycycle keys: no key named {args.name!r} in {args.keys}", file=sys.stderr)
+                return 2
         else:
             for k in load_keys(args.keys):
                 print(f"{k.name}\t{k.hint}")

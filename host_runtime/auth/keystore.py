@@ -72,6 +72,21 @@ def check_permissions(path: str | os.PathLike) -> None:
         )
 
 
+def _save(path: str | os.PathLike, keys: list[StoredKey]) -> None:
+    doc = {"version": FILE_VERSION, "keys": [k.__dict__ for k in keys]}
+    atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode(), mode=0o600)
+
+
+def revoke_key(path: str | os.PathLike, name: str) -> bool:
+    """Remove the key named `name`; False if there was none."""
+    keys = load_keys(path)
+    kept = [k for k in keys if k.name != name]
+    if len(kept) == len(keys):
+        return False
+    _save(path, kept)
+    return True
+
+
 def create_key(path: str | os.PathLike, name: str) -> str:
     """Add a new key named `name` to the file at `path` and return it (the only time it exists in clear)."""
     name = name.strip()
@@ -82,8 +97,7 @@ def create_key(path: str | os.PathLike, name: str) -> str:
         raise KeyStoreError(f"a key named {name!r} already exists in {path}")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     keys.append(StoredKey(name, hash_key(key), key_hint(key), time.time()))
-    doc = {"version": FILE_VERSION, "keys": [k.__dict__ for k in keys]}
-    atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode(), mode=0o600)
+    _save(path, keys)
     return key
 
 

@@ -180,6 +180,9 @@ class Engine:
                     for seq in list(self._active):
                         self._finish(seq, None, error=RequestRejected(500, "internal error while generating",
                                                                       error_type="server_error"))
+            with self._cv:
+                # Finished sequences left during the step: the gauges must say so even if the loop now idles.
+                self._publish_queue_locked()
             self.last_step_at = time.monotonic()
 
     def _admit_locked(self) -> None:

@@ -91,6 +91,7 @@ class ServingApplication(BaseApplication):
             "errorlog": "-",
             "loglevel": "info",
             "proc_name": "everycycle-serve",
+            "control_socket_disable": True,  # supervisord manages us; a shared ~/.gunicorn socket would collide
             "on_starting": on_starting,
             "on_exit": on_exit,
         }

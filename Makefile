@@ -1,0 +1,50 @@
+# EveryCycle: `make run` serves the default model locally under supervisord; `make test` runs every test.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.everycycle-installed
+VAR := $(CURDIR)/var
+HOST ?= 127.0.0.1
+PORT ?= 8080
+# Extra `everycycle serve` options, e.g. SERVE_ARGS="--model /models/x.gguf --ctx-size 8192"
+SERVE_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install run test clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml image/install-venv.sh
+	@bash image/install-venv.sh $(VENV) $(VAR)/log
+	@touch $@
+
+run: $(STAMP)
+	@mkdir -p $(VAR)/run $(VAR)/log $(VAR)/state && chmod 700 $(VAR)/state
+	@# A fresh development key each run: keys are stored only as hashes, so an old one cannot be shown again.
+	@$(VENV)/bin/everycycle keys revoke --keys $(VAR)/state/api_keys.json --missing-ok dev
+	@key=$$($(VENV)/bin/everycycle keys create --keys $(VAR)/state/api_keys.json dev 2>/dev/null); \
+	export EVERYCYCLE_BIN=$(CURDIR)/$(VENV)/bin EVERYCYCLE_HOST=$(HOST) EVERYCYCLE_PORT=$(PORT) \
+	       EVERYCYCLE_STATE_DIR=$(VAR)/state EVERYCYCLE_RUN_DIR=$(VAR)/run EVERYCYCLE_LOG_DIR=$(VAR)/log \
+	       EVERYCYCLE_SERVE_ARGS="$(SERVE_ARGS)"; \
+	$(VENV)/bin/supervisord -c supervisor.d/supervisord.conf & sup=$$!; \
+	trap 'echo; echo "==> stopping"; kill -TERM $$sup 2>/dev/null; wait $$sup; exit 0' INT TERM; \
+	echo "==> starting the box's services under supervisord (logs: var/log/)"; \
+	for i in $$(seq 1 240); do \
+	  if curl -sf -o /dev/null http://$(HOST):$(PORT)/ready; then break; fi; \
+	  kill -0 $$sup 2>/dev/null || { echo "supervisord exited; see var/log/" >&2; exit 1; }; sleep 0.5; \
+	done; \
+	curl -sf -o /dev/null http://$(HOST):$(PORT)/ready || echo "!! not ready yet; see var/log/serving.log" >&2; \
+	echo ""; \
+	echo "  EveryCycle is serving on  http://$(HOST):$(PORT)/v1"; \
+	echo "  development API key:      $$key"; \
+	echo "  try: curl http://$(HOST):$(PORT)/v1/chat/completions -H \"Authorization: Bearer $$key\" \\"; \
+	echo "         -d '{\"model\": \"SmolLM2-135M-Instruct.Q4_1\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'"; \
+	echo "  status: $(VENV)/bin/supervisorctl -s unix://$(VAR)/run/supervisor.sock status   (Ctrl-C stops everything)"; \
+	echo ""; \
+	wait $$sup
+
+test: $(STAMP)
+	@$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VAR) .pytest_cache

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the project's virtual environment: used by `make run`, `make test`, CI, and the image build.
+# Usage: image/install-venv.sh VENV_DIR LOG_DIR
+set -euo pipefail
+venv=${1:-.venv}
+logdir=${2:-var/log}
+llama_pin=$(grep -oE 'llama-cpp-python==[0-9.]+' pyproject.toml)
+mkdir -p "$logdir"
+
+need_apt=()
+command -v python3 >/dev/null || need_apt+=(python3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
+command -v cc >/dev/null && command -v c++ >/dev/null || need_apt+=(build-essential)
+python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  2>/dev/null || need_apt+=(python3-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "==> installing system packages: ${need_apt[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "missing system packages: ${need_apt[*]}" >&2
+    echo "install them with: sudo apt-get install -y ${need_apt[*]}" >&2
+    exit 1
+  fi
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "==> creating $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+fi
+
+if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('llama-cpp-python') != '${llama_pin#*==}')" 2>/dev/null; then
+  echo "==> building llama.cpp ($llama_pin) from source: several minutes on 2 cores (full log: $logdir/llama-build.log)"
+  # ninja prints [done/total] per compiled file; show every tenth so the wait has a visible end.
+  if ! CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$venv/bin/pip" install -v "$llama_pin" 2>&1 \
+      | tee "$logdir/llama-build.log" \
+      | awk 'match($0, /^ *\[[0-9]+\/[0-9]+\]/) { s = substr($0, RSTART, RLENGTH); gsub(/[ \[\]]/, "", s);
+               split(s, p, "/"); if (p[1] % 10 == 0 || p[1] == p[2]) { printf "    compiled %s of %s files\n", p[1], p[2]; fflush() } }'; then
+    echo "llama-cpp-python failed to build; the end of $logdir/llama-build.log:" >&2
+    tail -30 "$logdir/llama-build.log" >&2
+    exit 1
+  fi
+  [ "${PIPESTATUS[0]:-0}" = 0 ] || { tail -30 "$logdir/llama-build.log" >&2; exit 1; }
+fi
+
+echo "==> installing the project and its pinned dependencies"
+"$venv/bin/pip" install -q -e '.[test]' 2>&1 | grep -vE '^(WARNING: Location|  |!!|$)' || true
+"$venv/bin/python" -c 'import host_runtime, llama_cpp, falcon, gunicorn, supervisor, openai' \
+  || { echo "the virtual environment is incomplete" >&2; exit 1; }

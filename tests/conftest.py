@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import subprocess
+
+import openai
+import pytest
+
+from tests.servers import Proc, everycycle, free_port, ready, wait_for
+
+MODEL_ID = "SmolLM2-135M-Instruct.Q4_1"
+
+
+@pytest.fixture(scope="session")
+def api_key(tmp_path_factory) -> tuple[str, str]:
+    keys = tmp_path_factory.mktemp("keys") / "api_keys.json"
+    out = subprocess.run(everycycle("keys", "create", "--keys", str(keys), "tests"), capture_output=True, text=True,
+                         check=True)
+    return str(keys), out.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, api_key):
+    """One real server for the session: gunicorn (2 workers) plus the engine, default model."""
+    keys_file, _ = api_key
+    port = free_port()
+    logdir = tmp_path_factory.mktemp("serve")
+    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--threads", "2",
+                           "--ctx-size", "2048", "--parallel", "4", "--run-dir", str(logdir)), logdir / "serve.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(base), 120, "the server to become ready", proc)
+        yield base
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def client(server, api_key) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server + "/v1", api_key=api_key[1], max_retries=0, timeout=120)

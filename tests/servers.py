@@ -1,0 +1,76 @@
+"""Starting and stopping real `everycycle` processes for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def everycycle(*args: str) -> list[str]:
+    return [sys.executable, "-m", "host_runtime.cli", *args]
+
+
+class Proc:
+    """A child process in its own process group, logged to a file, always killed at the end."""
+
+    def __init__(self, argv: list[str], log_path: Path):
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.popen = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        self._log.close()
+
+
+def wait_for(predicate, timeout: float, what: str, proc: Proc | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.popen.poll() is not None:
+            raise AssertionError(f"process exited ({proc.popen.returncode}) while waiting for {what}:\n{proc.log()[-3000:]}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" +
+                         (f":\n{proc.log()[-3000:]}" if proc else ""))
+
+
+def ready(base: str) -> bool:
+    try:
+        return http_get(base + "/ready")[0] == 200
+    except OSError:
+        return False

@@ -1,0 +1,204 @@
+"""Bad input and bad credentials: a 4xx with an OpenAI-style body naming the field, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import openai
+import pytest
+
+from tests.conftest import MODEL_ID
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def post_raw(server: str, path: str, data: bytes, key: str | None, headers: dict | None = None):
+    h = {"Content-Type": "application/json", **(headers or {})}
+    if key:
+        h["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(server + path, data=data, headers=h, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read()), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), e.headers
+
+
+def assert_openai_error(body: dict, param: str | None):
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"] and "Traceback" not in err["message"]
+    assert err["param"] == param
+
+
+BAD_CHAT = [
+    ("wrong type: messages", {"model": MODEL_ID, "messages": "hello"}, "messages"),
+    ("missing messages", {"model": MODEL_ID}, "messages"),
+    ("empty messages", {"model": MODEL_ID, "messages": []}, "messages"),
+    ("unknown role", {"model": MODEL_ID, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ("message not an object", {"model": MODEL_ID, "messages": ["hi"]}, "messages[0]"),
+    ("content wrong type", {"model": MODEL_ID, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("image part", {"model": MODEL_ID, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content[0]"),
+    ("max_tokens zero", {"model": MODEL_ID, "messages": MSGS, "max_tokens": 0}, "max_tokens"),
+    ("max_tokens negative", {"model": MODEL_ID, "messages": MSGS, "max_tokens": -5}, "max_tokens"),
+    ("max_tokens string", {"model": MODEL_ID, "messages": MSGS, "max_tokens": "10"}, "max_tokens"),
+    ("max_tokens bool", {"model": MODEL_ID, "messages": MSGS, "max_tokens": True}, "max_tokens"),
+    ("max_tokens past context", {"model": MODEL_ID, "messages": MSGS, "max_tokens": 100000}, "max_tokens"),
+    ("temperature too high", {"model": MODEL_ID, "messages": MSGS, "temperature": 7}, "temperature"),
+    ("temperature string", {"model": MODEL_ID, "messages": MSGS, "temperature": "hot"}, "temperature"),
+    ("top_p out of range", {"model": MODEL_ID, "messages": MSGS, "top_p": 1.5}, "top_p"),
+    ("n past ceiling", {"model": MODEL_ID, "messages": MSGS, "n": 50}, "n"),
+    ("top_logprobs past ceiling", {"model": MODEL_ID, "messages": MSGS, "logprobs": True, "top_logprobs": 99},
+     "top_logprobs"),
+    ("top_logprobs without logprobs", {"model": MODEL_ID, "messages": MSGS, "top_logprobs": 2}, "top_logprobs"),
+    ("too many stop strings", {"model": MODEL_ID, "messages": MSGS, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ("stop wrong type", {"model": MODEL_ID, "messages": MSGS, "stop": 3}, "stop"),
+    ("unsupported response_format", {"model": MODEL_ID, "messages": MSGS, "response_format": {"type": "xml"}},
+     "response_format.type"),
+    ("json_schema without schema", {"model": MODEL_ID, "messages": MSGS,
+                                    "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema"),
+    ("stream_options without stream", {"model": MODEL_ID, "messages": MSGS, "stream_options": {"include_usage": True}},
+     "stream_options"),
+    ("penalty out of range", {"model": MODEL_ID, "messages": MSGS, "presence_penalty": 5}, "presence_penalty"),
+    ("tools", {"model": MODEL_ID, "messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools"),
+    ("seed wrong type", {"model": MODEL_ID, "messages": MSGS, "seed": 1.5}, "seed"),
+    ("stream wrong type", {"model": MODEL_ID, "messages": MSGS, "stream": "yes"}, "stream"),
+]
+
+
+@pytest.mark.parametrize("case,body,param", BAD_CHAT, ids=[c[0] for c in BAD_CHAT])
+def test_bad_chat_bodies_get_400_naming_the_field(server, api_key, case, body, param):
+    status, doc, _ = post_raw(server, CHAT, json.dumps(body).encode(), api_key[1])
+    assert status == 400, doc
+    assert_openai_error(doc, param)
+
+
+BAD_COMPLETIONS = [
+    ("missing prompt", {"model": MODEL_ID}, "prompt"),
+    ("empty prompt", {"model": MODEL_ID, "prompt": ""}, "prompt"),
+    ("prompt number", {"model": MODEL_ID, "prompt": 12}, "prompt"),
+    ("several prompts", {"model": MODEL_ID, "prompt": ["a", "b"]}, "prompt"),
+    ("logprobs past ceiling", {"model": MODEL_ID, "prompt": "x", "logprobs": 50}, "logprobs"),
+    ("echo", {"model": MODEL_ID, "prompt": "x", "echo": True}, "echo"),
+    ("best_of", {"model": MODEL_ID, "prompt": "x", "best_of": 3}, "best_of"),
+    ("stream with n past ceiling", {"model": MODEL_ID, "prompt": "x", "n": 5, "stream": True}, "n"),
+]
+
+
+@pytest.mark.parametrize("case,body,param", BAD_COMPLETIONS, ids=[c[0] for c in BAD_COMPLETIONS])
+def test_bad_completion_bodies_get_400_naming_the_field(server, api_key, case, body, param):
+    status, doc, _ = post_raw(server, COMPLETIONS, json.dumps(body).encode(), api_key[1])
+    assert status == 400, doc
+    assert_openai_error(doc, param)
+
+
+BAD_EMBEDDINGS = [
+    ("missing input", {"model": MODEL_ID}, "input"),
+    ("input number", {"model": MODEL_ID, "input": 3}, "input"),
+    ("empty list", {"model": MODEL_ID, "input": []}, "input"),
+    ("empty string", {"model": MODEL_ID, "input": ""}, "input"),
+    ("encoding_format", {"model": MODEL_ID, "input": "x", "encoding_format": "hex"}, "encoding_format"),
+    ("dimensions", {"model": MODEL_ID, "input": "x", "dimensions": 64}, "dimensions"),
+]
+
+
+@pytest.mark.parametrize("case,body,param", BAD_EMBEDDINGS, ids=[c[0] for c in BAD_EMBEDDINGS])
+def test_bad_embedding_bodies_get_400_naming_the_field(server, api_key, case, body, param):
+    status, doc, _ = post_raw(server, EMBEDDINGS, json.dumps(body).encode(), api_key[1])
+    assert status == 400, doc
+    assert_openai_error(doc, param)
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, EMBEDDINGS])
+def test_malformed_json_gets_400(server, api_key, path):
+    status, doc, _ = post_raw(server, path, b'{"model": "x", "messages": [', api_key[1])
+    assert status == 400
+    assert_openai_error(doc, None)
+    assert doc["error"]["code"] == "invalid_json"
+
+
+def test_non_object_json_gets_400(server, api_key):
+    status, doc, _ = post_raw(server, CHAT, b"[1, 2]", api_key[1])
+    assert status == 400 and doc["error"]["code"] == "invalid_json"
+
+
+def test_unknown_model_gets_404_naming_model(server, api_key):
+    status, doc, _ = post_raw(server, CHAT, json.dumps({"model": "gpt-17", "messages": MSGS}).encode(), api_key[1])
+    assert status == 404
+    assert_openai_error(doc, "model")
+    assert doc["error"]["code"] == "model_not_found"
+    assert MODEL_ID in doc["error"]["message"]
+
+
+def test_prompt_longer_than_context_states_both_counts(server, api_key):
+    long_prompt = "word " * 3000  # past the 2048-token context the test server runs with
+    status, doc, _ = post_raw(server, COMPLETIONS, json.dumps({"model": MODEL_ID, "prompt": long_prompt}).encode(),
+                              api_key[1])
+    assert status == 400
+    assert_openai_error(doc, "prompt")
+    assert doc["error"]["code"] == "context_length_exceeded"
+    assert "2048" in doc["error"]["message"] and "300" in doc["error"]["message"]
+
+
+def test_prompt_plus_max_tokens_past_context(server, api_key):
+    body = {"model": MODEL_ID, "prompt": "word " * 1500, "max_tokens": 1000}
+    status, doc, _ = post_raw(server, COMPLETIONS, json.dumps(body).encode(), api_key[1])
+    assert status == 400
+    assert_openai_error(doc, "max_tokens")
+    assert "2048" in doc["error"]["message"]
+
+
+def test_streamed_request_refused_before_the_stream_starts(server, api_key):
+    body = {"model": MODEL_ID, "prompt": "word " * 3000, "stream": True}
+    status, doc, _ = post_raw(server, COMPLETIONS, json.dumps(body).encode(), api_key[1])
+    assert status == 400 and doc["error"]["code"] == "context_length_exceeded"
+
+
+def test_body_over_the_limit_gets_413(server, api_key):
+    big = json.dumps({"model": MODEL_ID, "prompt": "x" * (2 << 20)}).encode()
+    status, doc, _ = post_raw(server, COMPLETIONS, big, api_key[1])
+    assert status == 413
+    assert_openai_error(doc, None)
+
+
+def test_unknown_route_and_method_are_openai_errors(server, api_key):
+    status, doc, _ = post_raw(server, "/v1/nothing", b"{}", api_key[1])
+    assert status == 404 and "error" in doc
+    req = urllib.request.Request(server + "/v1/models", data=b"{}", method="DELETE",
+                                 headers={"Authorization": f"Bearer {api_key[1]}"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 405 and "error" in json.loads(exc.value.read())
+
+
+def test_missing_key_gets_401(server):
+    status, doc, headers = post_raw(server, CHAT, json.dumps({"model": MODEL_ID, "messages": MSGS}).encode(), None)
+    assert status == 401
+    assert_openai_error(doc, None)
+    assert headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_wrong_key_gets_401_through_the_openai_client(server):
+    bad = openai.OpenAI(base_url=server + "/v1", api_key="ec-not-a-real-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as exc:
+        bad.chat.completions.create(model=MODEL_ID, messages=MSGS, max_tokens=2)
+    assert exc.value.status_code == 401
+    assert exc.value.body["code"] == "invalid_api_key"
+
+
+def test_openai_client_sees_bad_request_error(client):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL_ID, messages=[], max_tokens=2)
+    assert exc.value.body["param"] == "messages"
+
+
+def test_server_still_serves_after_all_that(client):
+    r = client.chat.completions.create(model=MODEL_ID, messages=MSGS, max_tokens=3)
+    assert r.choices[0].message.content
