@@ -36,11 +36,11 @@ def everycycle(*args: str) -> list[str]:
 class Proc:
     """A child process in its own process group, logged to a file, always killed at the end."""
 
-    def __init__(self, argv: list[str], log_path: Path):
+    def __init__(self, argv: list[str], log_path: Path, env: dict | None = None):
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.popen = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+                                      start_new_session=True, env=env)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

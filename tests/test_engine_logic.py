@@ -1,0 +1,112 @@
+"""The engine's pure parts, without a model: stop strings, step planning, logprobs, metrics text."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from host_runtime.engine.metrics import EngineMetrics, Histogram
+from host_runtime.engine.sampling import token_logprobs
+from host_runtime.engine.step_plan import plan_step
+from host_runtime.engine.stop_matcher import StopMatcher
+
+
+def feed_all(matcher: StopMatcher, pieces: list[str]) -> tuple[str, bool]:
+    out = ""
+    for piece in pieces:
+        text, hit = matcher.feed(piece)
+        out += text
+        if hit:
+            return out, True
+    return out + matcher.flush(), False
+
+
+@pytest.mark.parametrize("pieces,stops,expected,hit", [
+    (["Hello", " wor", "ld"], ["world"], "Hello ", True),
+    (["a", "b", "c"], [], "abc", False),
+    (["ab", "<|im", "_end|>", "tail"], ["<|im_end|>"], "ab", True),
+    (["ab", "<|im", "x"], ["<|im_end|>"], "ab<|imx", False),   # held back, then released when it diverges
+    (["x", "END"], ["END", "STOP"], "x", True),
+    (["xST", "OP!"], ["END", "STOP"], "x", True),
+    (["aa", "a"], ["aaaa"], "aaa", False),                    # a held prefix is real output at the end
+])
+def test_stop_matcher(pieces, stops, expected, hit):
+    assert feed_all(StopMatcher(stops), pieces) == (expected, hit)
+
+
+def test_stop_matcher_never_emits_part_of_a_stop():
+    m = StopMatcher(["STOP"])
+    assert m.feed("abcS") == ("abc", False)
+    assert m.feed("T") == ("", False)
+    assert m.feed("OP") == ("", True)
+
+
+@dataclass
+class FakeSeq:
+    seq_id: int
+    prompt: list[int]
+    n_past: int = 0
+    next_token: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def is_prefilling(self):
+        return self.n_past < len(self.prompt)
+
+    def pending_tokens(self):
+        return self.prompt[self.n_past:] if self.is_prefilling() else ([self.next_token] if self.next_token is not None else [])
+
+
+def test_decoders_go_first_and_prefill_is_chunked_to_the_budget():
+    decoding = [FakeSeq(i, [1, 2], n_past=2, next_token=9) for i in range(3)]
+    long_prompt = FakeSeq(7, list(range(100)))
+    plan = plan_step(decoding + [long_prompt], token_budget=16)
+    assert [p.seq.seq_id for p in plan] == [0, 1, 2, 7]
+    assert all(len(p.tokens) == 1 and p.wants_logits for p in plan[:3])
+    assert len(plan[3].tokens) == 13 and not plan[3].wants_logits  # 16 - 3 decoders; more prompt to come
+    assert sum(len(p.tokens) for p in plan) == 16
+
+
+def test_last_prefill_chunk_asks_for_logits_at_the_right_position():
+    seq = FakeSeq(0, list(range(10)), n_past=8)
+    (part,) = plan_step([seq], token_budget=64)
+    assert list(part.tokens) == [8, 9] and part.start_pos == 8 and part.wants_logits
+
+
+def test_prefill_goes_oldest_first_when_the_budget_is_short():
+    a, b = FakeSeq(0, list(range(30))), FakeSeq(1, list(range(30)))
+    plan = plan_step([a, b], token_budget=40)
+    assert [(p.seq.seq_id, len(p.tokens)) for p in plan] == [(0, 30), (1, 10)]
+
+
+def test_token_logprobs_match_a_softmax():
+    logits = np.array([2.0, 1.0, 0.5, -1.0], dtype=np.float32)
+    chosen, top = token_logprobs(logits, 1, 2)
+    probs = np.exp(logits) / np.exp(logits).sum()
+    assert math.isclose(chosen, math.log(probs[1]), rel_tol=1e-6)
+    assert [t for t, _ in top] == [0, 1]
+    assert math.isclose(top[0][1], math.log(probs[0]), rel_tol=1e-6)
+    assert token_logprobs(logits, 3, 0)[1] == []
+
+
+def test_histogram_buckets_are_cumulative():
+    h = Histogram((0.1, 1.0))
+    for v in (0.05, 0.5, 0.7, 3.0):
+        h.observe(v)
+    lines = h.render("x", "help")
+    assert 'x_bucket{le="0.1"} 1' in lines and 'x_bucket{le="1.0"} 3' in lines and 'x_bucket{le="+Inf"} 4' in lines
+    assert "x_count 4" in lines
+
+
+def test_metrics_text_has_types_and_the_kv_ratio():
+    m = EngineMetrics()
+    m.set_queue(2, 5, 100, 400)
+    m.add("tokens_predicted_total", 7)
+    text = m.render("model-x", "ready")
+    assert "# TYPE everycycle_tokens_predicted_total counter" in text
+    assert "everycycle_tokens_predicted_total 7" in text
+    assert "everycycle_requests_deferred 5" in text
+    assert "everycycle_kv_cache_usage_ratio 0.25" in text
+    assert 'everycycle_model_info{model="model-x",state="ready"} 1' in text

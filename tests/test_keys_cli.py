@@ -1,0 +1,99 @@
+"""`everycycle keys` and the key file: shown once, stored hashed, 0600, atomic."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+
+import pytest
+
+from host_runtime.auth.keystore import KeyStoreError, KeyVerifier, create_key, load_keys, revoke_key
+from host_runtime.common.atomic_file import atomic_write
+from tests.servers import everycycle
+
+
+def run(*args):
+    return subprocess.run(everycycle(*args), capture_output=True, text=True, timeout=60)
+
+
+def test_keys_create_prints_once_and_stores_only_a_hash(tmp_path):
+    keys = tmp_path / "keys.json"
+    out = run("keys", "create", "--keys", str(keys), "laptop")
+    assert out.returncode == 0
+    key = out.stdout.strip()
+    assert key.startswith("ec-") and len(key) > 40
+    assert "only time" in out.stderr
+    assert stat.S_IMODE(os.stat(keys).st_mode) == 0o600
+    raw = keys.read_text()
+    assert key not in raw
+    (stored,) = json.loads(raw)["keys"]
+    assert stored["name"] == "laptop" and len(stored["sha256"]) == 64
+    listing = run("keys", "list", "--keys", str(keys))
+    assert listing.stdout.startswith("laptop\t") and key not in listing.stdout
+
+
+def test_duplicate_name_and_empty_name_are_refused(tmp_path):
+    keys = tmp_path / "keys.json"
+    create_key(keys, "a")
+    dup = run("keys", "create", "--keys", str(keys), "a")
+    assert dup.returncode == 2 and "already exists" in dup.stderr and "Traceback" not in dup.stderr
+    with pytest.raises(KeyStoreError):
+        create_key(keys, "  ")
+
+
+def test_verifier_accepts_current_keys_and_follows_the_file(tmp_path):
+    keys = tmp_path / "keys.json"
+    a = create_key(keys, "a")
+    verifier = KeyVerifier(keys)
+    assert verifier.verify(a) == "a"
+    assert verifier.verify(a + "x") is None
+    b = create_key(keys, "b")
+    assert verifier.verify(b) == "b"  # picked up without a restart
+    assert revoke_key(keys, "a")
+    assert verifier.verify(a) is None
+    assert not revoke_key(keys, "a")
+
+
+def test_revoke_cli(tmp_path):
+    keys = tmp_path / "keys.json"
+    create_key(keys, "a")
+    assert run("keys", "revoke", "--keys", str(keys), "a").returncode == 0
+    missing = run("keys", "revoke", "--keys", str(keys), "a")
+    assert missing.returncode == 2 and "no key named" in missing.stderr
+    assert run("keys", "revoke", "--keys", str(keys), "--missing-ok", "a").returncode == 0
+
+
+def test_malformed_key_file_is_a_clear_error(tmp_path):
+    keys = tmp_path / "keys.json"
+    keys.write_text("{not json")
+    with pytest.raises(KeyStoreError, match="malformed"):
+        load_keys(keys)
+    out = run("keys", "list", "--keys", str(keys))
+    assert out.returncode == 2 and "malformed" in out.stderr
+
+
+def test_serve_refuses_a_readable_key_file(tmp_path):
+    keys = tmp_path / "keys.json"
+    create_key(keys, "a")
+    os.chmod(keys, 0o644)
+    out = run("serve", "--keys", str(keys), "--port", "0")
+    assert out.returncode == 2 and "--keys" in out.stderr and "0600" in out.stderr
+
+
+def test_serve_argument_errors_name_the_option():
+    out = run("serve", "--port", "99999")
+    assert out.returncode == 2 and "--port" in out.stderr
+    out = run("serve", "--parallel", "0")
+    assert out.returncode == 2 and "--parallel" in out.stderr
+    assert run("serve", "--help").returncode == 0
+
+
+def test_atomic_write_replaces_whole_and_sets_mode_first(tmp_path):
+    target = tmp_path / "sub" / "secret"
+    atomic_write(target, b"one", mode=0o600)
+    atomic_write(target, b"two", mode=0o600)
+    assert target.read_bytes() == b"two"
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
+    assert [p.name for p in target.parent.iterdir()] == ["secret"]  # no temp files left behind
