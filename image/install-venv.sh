@@ -42,7 +42,6 @@ if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.vers
     tail -30 "$logdir/llama-build.log" >&2
     exit 1
   fi
-  [ "${PIPESTATUS[0]:-0}" = 0 ] || { tail -30 "$logdir/llama-build.log" >&2; exit 1; }
 fi
 
 echo "==> installing the project and its pinned dependencies"

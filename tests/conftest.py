@@ -18,6 +18,11 @@ def api_key(tmp_path_factory) -> tuple[str, str]:
     return str(keys), out.stdout.strip()
 
 
+class ServerURL(str):
+    """The base URL, carrying the process it belongs to."""
+    proc: Proc
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, api_key):
     """One real server for the session: gunicorn (2 workers) plus the engine, default model."""
@@ -26,7 +31,8 @@ def server(tmp_path_factory, api_key):
     logdir = tmp_path_factory.mktemp("serve")
     proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--threads", "2",
                            "--ctx-size", "2048", "--parallel", "4", "--run-dir", str(logdir)), logdir / "serve.log")
-    base = f"http://127.0.0.1:{port}"
+    base = ServerURL(f"http://127.0.0.1:{port}")
+    base.proc = proc
     try:
         wait_for(lambda: ready(base), 120, "the server to become ready", proc)
         yield base

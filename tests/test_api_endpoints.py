@@ -188,3 +188,17 @@ def test_metrics_expose_the_everycycle_set(server, client):
         assert name in text
     predicted = next(float(l.split()[-1]) for l in text.splitlines() if l.startswith("everycycle_tokens_predicted_total"))
     assert predicted >= 2
+
+
+def test_exactly_one_process_maps_the_weights(server):
+    import psutil
+
+    from host_runtime.engine.model import default_model_path
+
+    weights = str(default_model_path().resolve())
+    master = psutil.Process(server.proc.popen.pid)
+    family = [master, *master.children(recursive=True)]
+    assert len(family) >= 4  # master, two HTTP workers, the engine
+    holders = [p for p in family if any(m.path == weights for m in p.memory_maps(grouped=True))]
+    assert len(holders) == 1
+    assert "engine" in " ".join(holders[0].cmdline())

@@ -60,8 +60,16 @@ class ModelIdentity:
         return self._model_id
 
 
+DRAIN_FACTOR = 16  # read and drop an oversized body up to this multiple of the limit, so the client sees the 413
+
+
 def read_json(req: falcon.Request, limit: int) -> dict:
     if req.content_length is not None and req.content_length > limit:
+        # A client still sending when we answer gets a broken pipe instead of our error: drain
+        # moderately oversized bodies first; past that, answer at once and drop the connection.
+        if req.content_length <= limit * DRAIN_FACTOR:
+            while req.bounded_stream.read(1 << 16):
+                pass
         raise APIError(413, f"the request body is {req.content_length} bytes; the limit is {limit}",
                        code="request_too_large")
     raw = req.bounded_stream.read(limit + 1)
