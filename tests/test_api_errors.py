@@ -73,13 +73,6 @@ BAD_CHAT = [
 ]
 
 
-@pytest.mark.parametrize("case,body,param", BAD_CHAT, ids=[c[0] for c in BAD_CHAT])
-def test_bad_chat_bodies_get_400_naming_the_field(server, api_key, case, body, param):
-    status, doc, _ = post_raw(server, CHAT, json.dumps(body).encode(), api_key[1])
-    assert status == 400, doc
-    assert_openai_error(doc, param)
-
-
 BAD_COMPLETIONS = [
     ("missing prompt", {"model": MODEL_ID}, "prompt"),
     ("empty prompt", {"model": MODEL_ID, "prompt": ""}, "prompt"),
@@ -92,13 +85,6 @@ BAD_COMPLETIONS = [
 ]
 
 
-@pytest.mark.parametrize("case,body,param", BAD_COMPLETIONS, ids=[c[0] for c in BAD_COMPLETIONS])
-def test_bad_completion_bodies_get_400_naming_the_field(server, api_key, case, body, param):
-    status, doc, _ = post_raw(server, COMPLETIONS, json.dumps(body).encode(), api_key[1])
-    assert status == 400, doc
-    assert_openai_error(doc, param)
-
-
 BAD_EMBEDDINGS = [
     ("missing input", {"model": MODEL_ID}, "input"),
     ("input number", {"model": MODEL_ID, "input": 3}, "input"),
@@ -109,9 +95,13 @@ BAD_EMBEDDINGS = [
 ]
 
 
-@pytest.mark.parametrize("case,body,param", BAD_EMBEDDINGS, ids=[c[0] for c in BAD_EMBEDDINGS])
-def test_bad_embedding_bodies_get_400_naming_the_field(server, api_key, case, body, param):
-    status, doc, _ = post_raw(server, EMBEDDINGS, json.dumps(body).encode(), api_key[1])
+BAD_BODIES = ([(CHAT, *c) for c in BAD_CHAT] + [(COMPLETIONS, *c) for c in BAD_COMPLETIONS]
+              + [(EMBEDDINGS, *c) for c in BAD_EMBEDDINGS])
+
+
+@pytest.mark.parametrize("path,case,body,param", BAD_BODIES, ids=[f"{p.rsplit('/', 1)[-1]}: {c}" for p, c, _, _ in BAD_BODIES])
+def test_bad_bodies_get_400_naming_the_field(server, api_key, path, case, body, param):
+    status, doc, _ = post_raw(server, path, json.dumps(body).encode(), api_key[1])
     assert status == 400, doc
     assert_openai_error(doc, param)
 

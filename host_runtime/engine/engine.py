@@ -249,7 +249,7 @@ class Engine:
             raise RuntimeError(reason)
         for part in plan:
             part.seq.n_past += len(part.tokens)
-            if part.seq.request.prompt_tokens and part.start_pos < len(part.seq.request.prompt_tokens):
+            if part.start_pos < len(part.seq.request.prompt_tokens):  # a prompt chunk, not a generated token
                 self.metrics.add("prompt_tokens_total", len(part.tokens))
         for seq, index in sample_at:
             if seq.request.cancelled.is_set():
