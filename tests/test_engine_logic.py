@@ -59,26 +59,40 @@ class FakeSeq:
         return self.prompt[self.n_past:] if self.is_prefilling() else ([self.next_token] if self.next_token is not None else [])
 
 
-def test_decoders_go_first_and_prefill_is_chunked_to_the_budget():
+def flat(calls):
+    return [(p.seq.seq_id, len(p.tokens), p.start_pos, p.wants_logits) for call in calls for p in call]
+
+
+def test_decoders_go_first_in_their_own_call_and_prefill_is_chunked():
     decoding = [FakeSeq(i, [1, 2], n_past=2, next_token=9) for i in range(3)]
     long_prompt = FakeSeq(7, list(range(100)))
-    plan = plan_step(decoding + [long_prompt], token_budget=16)
-    assert [p.seq.seq_id for p in plan] == [0, 1, 2, 7]
-    assert all(len(p.tokens) == 1 and p.wants_logits for p in plan[:3])
-    assert len(plan[3].tokens) == 13 and not plan[3].wants_logits  # 16 - 3 decoders; more prompt to come
-    assert sum(len(p.tokens) for p in plan) == 16
+    calls = plan_step(decoding + [long_prompt], chunk=16, prefill_budget=16)
+    assert [[p.seq.seq_id for p in call] for call in calls] == [[0, 1, 2], [7]]
+    assert all(len(p.tokens) == 1 and p.wants_logits for p in calls[0])
+    assert flat(calls[1:]) == [(7, 16, 0, False)]  # a whole chunk: more prompt to come, no logits
 
 
-def test_last_prefill_chunk_asks_for_logits_at_the_right_position():
-    seq = FakeSeq(0, list(range(10)), n_past=8)
-    (part,) = plan_step([seq], token_budget=64)
-    assert list(part.tokens) == [8, 9] and part.start_pos == 8 and part.wants_logits
+def test_chunks_are_cut_at_fixed_multiples_whatever_the_budget_left():
+    # A prompt resumed mid-chunk (after a cache hit, say) first runs up to the next boundary.
+    seq = FakeSeq(0, list(range(50)), n_past=5)
+    assert flat(plan_step([seq], chunk=16, prefill_budget=16)) == [(0, 11, 5, False)]
+    seq.n_past = 48
+    assert flat(plan_step([seq], chunk=16, prefill_budget=16)) == [(0, 2, 48, True)]
 
 
-def test_prefill_goes_oldest_first_when_the_budget_is_short():
-    a, b = FakeSeq(0, list(range(30))), FakeSeq(1, list(range(30)))
-    plan = plan_step([a, b], token_budget=40)
-    assert [(p.seq.seq_id, len(p.tokens)) for p in plan] == [(0, 30), (1, 10)]
+def test_a_step_always_advances_one_prompt_and_never_overtakes():
+    a, b, c = FakeSeq(0, list(range(30))), FakeSeq(1, list(range(30))), FakeSeq(2, list(range(3)))
+    # a's chunk fills the budget; b may not go, and c (which would fit) may not overtake b.
+    assert flat(plan_step([a, b, c], chunk=16, prefill_budget=16)) == [(0, 16, 0, False)]
+    # A budget of two chunks takes a and b; equal lengths share one call.
+    calls = plan_step([a, b, c], chunk=16, prefill_budget=32)
+    assert [[p.seq.seq_id for p in call] for call in calls] == [[0, 1]]
+
+
+def test_calls_hold_equal_token_counts_per_sequence():
+    a, b = FakeSeq(0, list(range(20)), n_past=16), FakeSeq(1, list(range(40)))
+    calls = plan_step([a, b], chunk=16, prefill_budget=64)
+    assert [[(p.seq.seq_id, len(p.tokens)) for p in call] for call in calls] == [[(0, 4)], [(1, 16)]]
 
 
 def test_token_logprobs_match_a_softmax():

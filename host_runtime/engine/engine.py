@@ -218,43 +218,44 @@ class Engine:
         seq.sampler.close()
 
     def _step(self) -> None:
+        for call in plan_step(self._active, self.model.prefill_chunk, self.model.prefill_chunk):
+            self._decode_call(call)
+
+    def _decode_call(self, call) -> None:
         import llama_cpp
 
-        plan = plan_step(self._active, self.model.n_batch)
         batch = self._batch.batch
         batch.n_tokens = 0
         sample_at: list[tuple[Sequence, int]] = []
-        has_prompt = False
-        for part in plan:
-            has_prompt |= part.seq.is_prefilling()
+        for part in call:
             for offset, token in enumerate(part.tokens):
                 j = batch.n_tokens
                 batch.token[j] = token
                 batch.pos[j] = part.start_pos + offset
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = part.seq.seq_id
-                last = offset == len(part.tokens) - 1
-                batch.logits[j] = part.wants_logits and last
+                batch.logits[j] = part.wants_logits and offset == len(part.tokens) - 1
                 batch.n_tokens += 1
             if part.wants_logits:
                 sample_at.append((part.seq, batch.n_tokens - 1))
+        has_prompt = any(p.seq.is_prefilling() for p in call)
         started = time.monotonic()
         rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
         elapsed = time.monotonic() - started
         self.metrics.add("n_decode_total")
-        self.metrics.add("n_busy_slots_total", len(plan))
+        self.metrics.add("n_busy_slots_total", len(call))
         self.metrics.add("prompt_seconds_total" if has_prompt else "predicted_seconds_total", elapsed)
         if rc != 0:
             reason = "no free KV cache cells" if rc == 1 else f"llama_decode returned {rc}"
             raise RuntimeError(reason)
-        for part in plan:
-            part.seq.n_past += len(part.tokens)
+        for part in call:
             if part.start_pos < len(part.seq.request.prompt_tokens):  # a prompt chunk, not a generated token
                 self.metrics.add("prompt_tokens_total", len(part.tokens))
+            part.seq.n_past += len(part.tokens)
+        # Logits are valid only until the next decode call: sample now.
         for seq, index in sample_at:
-            if seq.request.cancelled.is_set():
-                continue
-            self._sample(seq, index)
+            if not seq.request.cancelled.is_set():
+                self._sample(seq, index)
 
     def _sample(self, seq: Sequence, batch_index: int) -> None:
         import llama_cpp

@@ -61,8 +61,10 @@ class ContextConfig:
     n_ctx_per_seq: int = 4096
     n_parallel: int = 4
     n_batch: int = 512
+    prefill_chunk: int = 256  # prompt tokens per chunk; also a step's prefill budget
     n_threads: int = 0  # 0: every core
     n_gpu_layers: int = 0
+    batch_invariant: bool = True  # temperature-0 output independent of what else is batched
 
 
 class LoadedModel:
@@ -88,18 +90,26 @@ class LoadedModel:
         n_ctx_train = self.model.n_ctx_train()
         self.n_ctx_per_seq = min(config.n_ctx_per_seq, n_ctx_train) if n_ctx_train > 0 else config.n_ctx_per_seq
         self.n_parallel = config.n_parallel
-        self.n_batch = config.n_batch
+        self.prefill_chunk = min(config.prefill_chunk, config.n_batch)
+        # One call may carry a full prefill chunk or a decode token per sequence.
+        self.n_batch = max(config.n_batch, self.prefill_chunk, self.n_parallel)
         self.n_threads = config.n_threads or os.cpu_count() or 1
         cparams = llama_cpp.llama_context_default_params()
-        # One unified KV buffer shared by all sequences: each may use up to n_ctx_per_seq.
+        # A KV stream per sequence (not one unified buffer): a sequence's cells then sit at the same
+        # indices whatever else runs, so attention sums in the same order alone or batched.
         cparams.n_ctx = self.n_ctx_per_seq * self.n_parallel
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_batch
         cparams.n_seq_max = self.n_parallel
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
-        cparams.kv_unified = True
+        cparams.kv_unified = not config.batch_invariant
         cparams.no_perf = True
+        # Batch invariance: llama.cpp's CPU flash-attention switches to a tiled kernel once a batch
+        # holds ~64+ tokens, which moves logits by up to ~0.8 and flips greedy tokens; without it,
+        # a sequence's logits are bit-identical whatever shares its batch (measured; see tests).
+        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED if config.batch_invariant \
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
         try:
             self.ctx = LlamaContext(model=self.model, params=cparams, verbose=False)
         except ValueError as exc:

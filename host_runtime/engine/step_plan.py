@@ -1,8 +1,15 @@
-"""Which tokens go into the next llama_decode call (pure; no llama.cpp here).
+"""Which tokens go into the next decode calls (pure; no llama.cpp here).
 
 Every decoding sequence contributes its one pending token first, so streams
-already running never wait behind a prompt; the rest of the per-step token
-budget goes to prompt chunks (chunked prefill), oldest request first.
+already running never wait behind a prompt; then prompts advance by whole
+chunks (chunked prefill), oldest request first, up to the step's prefill budget.
+
+Chunks are cut at fixed multiples of `chunk` counted from position 0, never
+where a budget happens to run out: llama.cpp's results for a sequence are
+bit-identical only if its prompt is cut at the same places, so this is what
+makes a request's output the same alone or batched. For the same reason the
+calls are grouped so that each holds sequences with equal token counts
+(llama.cpp sub-splits a call whose sequences have unequal counts).
 """
 
 from __future__ import annotations
@@ -24,25 +31,34 @@ class BatchSlice:
     seq: Schedulable
     tokens: Sequence[int]
     start_pos: int
-    wants_logits: bool  # True when this slice ends at the point the sequence samples from
+    wants_logits: bool  # True when this slice ends where the sequence samples its next token
 
 
-def plan_step(active: Sequence[Schedulable], token_budget: int) -> list[BatchSlice]:
-    """Slices for one decode call, at most `token_budget` tokens in all (at least one per decoder)."""
-    plan: list[BatchSlice] = []
-    used = 0
+def plan_step(active: Sequence[Schedulable], chunk: int, prefill_budget: int) -> list[list[BatchSlice]]:
+    """The decode calls for one step: first all decode tokens, then prompt chunks grouped by length.
+
+    At least one prompt chunk is planned whenever a sequence is prefilling, so prompts always progress.
+    """
+    decodes: list[BatchSlice] = []
     for seq in active:
         if not seq.is_prefilling():
             pending = seq.pending_tokens()
             if pending:
-                plan.append(BatchSlice(seq, pending[:1], seq.n_past, True))
-                used += 1
+                decodes.append(BatchSlice(seq, pending[:1], seq.n_past, True))
+    prefills: list[BatchSlice] = []
+    used = 0
     for seq in active:
-        if seq.is_prefilling() and used < token_budget:
-            pending = seq.pending_tokens()
-            take = min(len(pending), token_budget - used)
-            if take <= 0:
-                continue
-            plan.append(BatchSlice(seq, pending[:take], seq.n_past, take == len(pending)))
-            used += take
-    return plan
+        if not seq.is_prefilling():
+            continue
+        pending = seq.pending_tokens()
+        take = min(chunk - seq.n_past % chunk, len(pending))
+        if prefills and used + take > prefill_budget:
+            break  # arrival order: a later prompt does not overtake an earlier one
+        prefills.append(BatchSlice(seq, pending[:take], seq.n_past, take == len(pending)))
+        used += take
+    calls = [decodes] if decodes else []
+    by_length: dict[int, list[BatchSlice]] = {}
+    for part in prefills:
+        by_length.setdefault(len(part.tokens), []).append(part)
+    calls.extend(by_length.values())
+    return calls

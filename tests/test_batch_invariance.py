@@ -1,0 +1,70 @@
+"""Temperature-0 output of a request is the same alone or batched with others (chunked prefill included)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+
+from host_runtime.engine.engine import Engine, GenerationRequest
+from host_runtime.engine.model import ContextConfig, LoadedModel, default_model_path
+from host_runtime.engine.prompt import PromptBuilder
+from host_runtime.engine.sampling import SamplingParams
+from tests.conftest import MODEL_ID
+
+QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Explain gravity briefly.",
+             "Write a haiku about rain. " * 12]  # the last is longer than a 64-token step: prefilled in chunks
+
+
+@pytest.fixture(scope="module")
+def small_steps():
+    model = LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_parallel=4, n_batch=64,
+                                                            n_threads=2))
+    return model, PromptBuilder(model)
+
+
+def generate(model, prompts, batch: list[int]) -> list[str]:
+    engine = Engine(model)
+    sinks = []
+    for i in batch:
+        sink: queue.Queue = queue.Queue()
+        tokens, stops = prompts.chat_tokens([{"role": "user", "content": QUESTIONS[i]}])
+        engine.submit(GenerationRequest(prompt_tokens=tokens, max_tokens=40, sink=sink.put, stops=stops,
+                                        sampling=SamplingParams(temperature=0.0)))
+        sinks.append(sink)
+    engine.start()  # everything submitted first: all requests share their first steps
+    texts = []
+    for sink in sinks:
+        text = ""
+        while (event := sink.get(timeout=120))["type"] != "done":
+            text += event.get("text", "")
+        texts.append(text)
+    engine.stop()
+    return texts
+
+
+def test_batched_equals_alone_in_the_engine(small_steps):
+    model, prompts = small_steps
+    alone = [generate(model, prompts, [i])[0] for i in range(len(QUESTIONS))]
+    together = generate(model, prompts, list(range(len(QUESTIONS))))
+    assert together == alone
+    assert all(alone)
+    twins = generate(model, prompts, [0, 0, 0])
+    assert twins == [alone[0]] * 3
+
+
+def test_batched_equals_alone_through_the_api(client):
+    def ask(q: str) -> str:
+        return client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": q}],
+                                              max_tokens=40, temperature=0).choices[0].message.content
+
+    alone = [ask(q) for q in QUESTIONS]
+    results: dict[int, str] = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, ask(QUESTIONS[i])))
+               for i in range(len(QUESTIONS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(len(QUESTIONS))] == alone
