@@ -43,7 +43,12 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=_non_negative, default=0, metavar="N", help="CPU threads for llama.cpp (0: all cores)")
     p.add_argument("--ctx-size", type=_positive, default=4096, metavar="N", help="context tokens per sequence (default 4096)")
-    p.add_argument("--parallel", type=_positive, default=4, metavar="N", help="sequences decoded together (default 4)")
+    p.add_argument("--parallel", type=_positive, metavar="N",
+                   help="sequences decoded together (default: as many as --kv-budget-mib holds at full context, up to 16)")
+    p.add_argument("--kv-budget-mib", type=_positive, default=1024, metavar="MIB",
+                   help="memory for the KV cache of running sequences (default 1024)")
+    p.add_argument("--max-queue", type=_non_negative, metavar="N",
+                   help="requests allowed to wait for a sequence before new ones get 503 (default 4 per sequence)")
     p.add_argument("--gpu-layers", type=_non_negative, default=0, metavar="N", help="layers to offload to a GPU (default 0)")
 
 
@@ -120,7 +125,7 @@ def cmd_serve(parser, args) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="everycycle-"))
         run_dir.mkdir(parents=True, exist_ok=True)
         socket_path = str(run_dir / "engine.sock")
-        engine = EngineChild(engine_argv(socket_path, model, args.threads, args.ctx_size, args.parallel, args.gpu_layers))
+        engine = EngineChild(engine_argv(socket_path, model, args))
     elif args.model:
         parser.error("--model: not used with --engine-socket (the running engine has its model)")
     config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes,
@@ -138,7 +143,8 @@ def cmd_engine(parser, args) -> int:
 
     model = _resolve_model(parser, args.model)
     config = ContextConfig(n_ctx_per_seq=args.ctx_size, n_parallel=args.parallel, n_threads=args.threads,
-                           n_gpu_layers=args.gpu_layers)
+                           n_gpu_layers=args.gpu_layers, kv_budget_bytes=args.kv_budget_mib << 20,
+                           max_waiting=args.max_queue)
     service = EngineService(model, config)
     serve_engine(args.socket, service)
     return 0 if service.state != "failed" else 1

@@ -59,7 +59,9 @@ def model_id_for(path: str | os.PathLike) -> str:
 @dataclass(frozen=True)
 class ContextConfig:
     n_ctx_per_seq: int = 4096
-    n_parallel: int = 4
+    n_parallel: int | None = None  # None: as many as the KV budget holds at full context
+    kv_budget_bytes: int = 1 << 30
+    max_waiting: int | None = None  # None: follows n_parallel
     n_batch: int = 512
     prefill_chunk: int = 256  # prompt tokens per chunk; also a step's prefill budget
     n_threads: int = 0  # 0: every core
@@ -89,7 +91,16 @@ class LoadedModel:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {exc}") from None
         n_ctx_train = self.model.n_ctx_train()
         self.n_ctx_per_seq = min(config.n_ctx_per_seq, n_ctx_train) if n_ctx_train > 0 else config.n_ctx_per_seq
-        self.n_parallel = config.n_parallel
+        import llama_cpp as lc
+
+        from host_runtime.engine.capacity import kv_bytes_per_token, plan_capacity
+
+        m = self.model.model
+        per_token = kv_bytes_per_token(lc.llama_model_n_layer(m), lc.llama_model_n_head_kv(m),
+                                       lc.llama_model_n_embd(m) // max(1, lc.llama_model_n_head(m)))
+        self.capacity = plan_capacity(per_token, self.n_ctx_per_seq, config.kv_budget_bytes, config.n_parallel,
+                                      config.max_waiting)
+        self.n_parallel = self.capacity.n_parallel
         self.prefill_chunk = min(config.prefill_chunk, config.n_batch)
         # One call may carry a full prefill chunk or a decode token per sequence.
         self.n_batch = max(config.n_batch, self.prefill_chunk, self.n_parallel)

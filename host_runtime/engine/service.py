@@ -26,10 +26,9 @@ EVENT_POLL_S = 0.05  # how often a waiting handler checks whether its worker hun
 
 
 class EngineService:
-    def __init__(self, model_path: str, config: ContextConfig, max_waiting: int = 64):
+    def __init__(self, model_path: str, config: ContextConfig):
         self.model_path = model_path
         self.config = config
-        self.max_waiting = max_waiting
         self.model_id = model_id_for(model_path)
         self.state = "loading"
         self.state_reason = "loading the model"
@@ -44,16 +43,17 @@ class EngineService:
         try:
             self.model = LoadedModel(self.model_path, self.config)
             self.prompts = PromptBuilder(self.model)
-            self.engine = Engine(self.model, max_waiting=self.max_waiting)
+            self.engine = Engine(self.model, max_waiting=self.model.capacity.max_waiting)
             self.engine.start()
         except ModelLoadError as exc:
             self.state, self.state_reason = "failed", str(exc)
             log.error("%s", exc)
             return
         self.state, self.state_reason = "ready", "model loaded"
-        log.info("loaded %s in %.1fs: context %d tokens per sequence, %d sequences, %d threads",
-                 self.model_id, time.monotonic() - started, self.model.n_ctx_per_seq,
-                 self.model.n_parallel, self.model.n_threads)
+        cap = self.model.capacity
+        log.info("loaded %s in %.1fs: context %d tokens per sequence, %d sequences (KV %.0f MiB), "
+                 "queue %d, %d threads", self.model_id, time.monotonic() - started, self.model.n_ctx_per_seq,
+                 cap.n_parallel, cap.kv_bytes_total / 2**20, cap.max_waiting, self.model.n_threads)
 
     # ---- ops -------------------------------------------------------------------
 
@@ -61,6 +61,7 @@ class EngineService:
         m = self.model
         return {"state": self.state, "reason": self.state_reason, "model_id": self.model_id,
                 "n_ctx": m.n_ctx_per_seq if m else None, "n_parallel": m.n_parallel if m else None,
+                "max_waiting": m.capacity.max_waiting if m else None,
                 "pid": os.getpid()}
 
     def metrics_text(self) -> str:

@@ -102,7 +102,14 @@ class ServingApplication(BaseApplication):
         return create_app(self.app_config)
 
 
-def engine_argv(socket_path: str, model: str, threads: int, ctx_size: int, parallel: int, gpu_layers: int) -> list[str]:
-    return [sys.executable, "-m", "host_runtime.cli", "engine", "--socket", socket_path, "--model", model,
-            "--threads", str(threads), "--ctx-size", str(ctx_size), "--parallel", str(parallel),
-            "--gpu-layers", str(gpu_layers)]
+ENGINE_OPTIONS = ("threads", "ctx_size", "parallel", "kv_budget_mib", "max_queue", "gpu_layers")
+
+
+def engine_argv(socket_path: str, model: str, args) -> list[str]:
+    """The engine's command line: the serve options that belong to the engine, passed through."""
+    argv = [sys.executable, "-m", "host_runtime.cli", "engine", "--socket", socket_path, "--model", model]
+    for name in ENGINE_OPTIONS:
+        value = getattr(args, name)
+        if value is not None:
+            argv += ["--" + name.replace("_", "-"), str(value)]
+    return argv

@@ -1,0 +1,159 @@
+"""The scheduler against the real model: admission, order, chunked prefill beside running streams, cancel."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import urllib.request
+
+import pytest
+
+from host_runtime.engine.capacity import kv_bytes_per_token, plan_capacity
+from host_runtime.engine.engine import Engine, GenerationRequest
+from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine.model import ContextConfig, LoadedModel, default_model_path
+from host_runtime.engine.sampling import SamplingParams
+from tests.conftest import MODEL_ID
+from tests.servers import Proc, everycycle, free_port, http_get, ready, wait_for
+
+
+def test_capacity_follows_the_kv_budget():
+    per_token = kv_bytes_per_token(n_layer=30, n_head_kv=3, head_dim=64)
+    assert per_token == 23040  # SmolLM2-135M: 30 layers, 3 KV heads of 64, f16
+    cap = plan_capacity(per_token, 4096, budget_bytes=1 << 30)
+    assert cap.n_parallel == (1 << 30) // (per_token * 4096) == 11
+    assert cap.max_waiting == 44
+    assert plan_capacity(per_token, 4096, budget_bytes=1).n_parallel == 1  # always at least one
+    assert plan_capacity(per_token, 128, budget_bytes=1 << 40).n_parallel == 16  # capped
+    assert plan_capacity(per_token, 4096, 1 << 30, n_parallel=3, max_waiting=0) == plan_capacity(
+        per_token, 4096, 1, n_parallel=3, max_waiting=0)  # the operator's numbers win
+
+
+@pytest.fixture(scope="module")
+def model():
+    return LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_parallel=2, n_batch=32,
+                                                           prefill_chunk=32, n_threads=2))
+
+
+class Log:
+    """One sink for several requests, keeping the global order of events."""
+
+    def __init__(self):
+        self.events: list[tuple[str, dict]] = []
+        self.lock = threading.Lock()
+        self.done = {}
+
+    def sink(self, name: str):
+        self.done[name] = threading.Event()
+
+        def put(event):
+            with self.lock:
+                self.events.append((name, event))
+            if event["type"] in ("done", "error"):
+                self.done[name].set()
+        return put
+
+
+def request(model, log: Log, name: str, prompt: str, max_tokens: int) -> GenerationRequest:
+    return GenerationRequest(prompt_tokens=model.tokenize(prompt, add_bos=False, special=False), max_tokens=max_tokens,
+                             sink=log.sink(name), sampling=SamplingParams(temperature=0.0, ignore_eos=True))
+
+
+def test_waiting_requests_are_served_in_arrival_order(model):
+    engine = Engine(model, max_waiting=8)
+    log = Log()
+    names = [f"r{i}" for i in range(5)]
+    for name in names:
+        engine.submit(request(model, log, name, "Once upon a time", 4))
+    engine.start()
+    for name in names:
+        assert log.done[name].wait(60)
+    engine.stop()
+    finished = [name for name, e in log.events if e["type"] == "done"]
+    # Two slots: r0 and r1 run together, then r2 and r3, then r4.
+    assert sorted(finished[:2]) == ["r0", "r1"]
+    assert sorted(finished[2:4]) == ["r2", "r3"] and finished[4] == "r4"
+
+
+def test_full_queue_refuses_at_once(model):
+    engine = Engine(model, max_waiting=1)  # not started: nothing leaves the queue
+    log = Log()
+    engine.submit(request(model, log, "a", "hi", 2))
+    with pytest.raises(RequestRejected) as exc:
+        engine.submit(request(model, log, "b", "hi", 2))
+    assert exc.value.status == 503 and exc.value.retry_after and exc.value.code == "queue_full"
+
+
+def test_a_long_prompt_does_not_stop_running_streams(model):
+    engine = Engine(model, max_waiting=8)
+    log = Log()
+    engine.start()
+    engine.submit(request(model, log, "stream", "1, 2, 3, 4,", 120))
+    wait_for(lambda: sum(1 for n, e in log.events if n == "stream" and e["type"] == "token") >= 3, 60,
+             "the stream to start")
+    long_prompt = "The history of the river valley begins long before written records. " * 30  # ~400 tokens
+    n_chunks = -(-len(model.tokenize(long_prompt, add_bos=False, special=False)) // model.prefill_chunk)
+    with log.lock:
+        submitted_at = len(log.events)
+    engine.submit(request(model, log, "long", long_prompt, 2))
+    assert log.done["long"].wait(120) and log.done["stream"].wait(120)
+    engine.stop()
+    # Between the long request's arrival and its first token, the stream got a token in every
+    # step: one per prefill chunk (the chunk is the most it ever waits).
+    order = [(n, e["type"]) for n, e in log.events]
+    first_long = order.index(("long", "token"))
+    tokens_during_prefill = sum(1 for n, t in order[submitted_at:first_long] if n == "stream" and t == "token")
+    assert n_chunks >= 10
+    assert tokens_during_prefill >= n_chunks - 1
+
+
+def test_cancel_frees_the_sequence_within_a_step(model):
+    engine = Engine(model, max_waiting=8)
+    log = Log()
+    engine.start()
+    r = request(model, log, "c", "1, 2, 3,", 500)
+    engine.submit(r)
+    wait_for(lambda: any(n == "c" and e["type"] == "token" for n, e in log.events), 60, "a first token")
+    decodes_at_cancel = engine.metrics.snapshot()["n_decode_total"]
+    r.cancel()
+    wait_for(lambda: engine.metrics.snapshot()["requests_processing"] == 0, 10, "the sequence to be freed")
+    assert engine.metrics.snapshot()["n_decode_total"] - decodes_at_cancel <= 1
+    assert engine.metrics.snapshot()["requests_cancelled_total"] == 1
+    engine.stop()
+
+
+def test_queue_full_is_503_with_retry_after_over_http(tmp_path):
+    port = free_port()
+    proc = Proc(everycycle("serve", "--port", str(port), "--parallel", "1", "--max-queue", "1", "--threads", "2",
+                           "--workers", "1", "--ctx-size", "2048", "--run-dir", str(tmp_path)), tmp_path / "s.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(base), 60, "server", proc)
+
+        def post(body: dict):
+            req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            return urllib.request.urlopen(req, timeout=120)
+
+        def metric(name):
+            text = http_get(base + "/metrics")[1].decode()
+            return float(next(l.split()[-1] for l in text.splitlines() if l.startswith(name + " ")))
+
+        holder = post({"model": MODEL_ID, "prompt": "1, 2, 3,", "max_tokens": 1500, "stream": True})
+        holder.readline()
+        wait_for(lambda: metric("everycycle_requests_processing") == 1, 10, "the slot to be taken")
+        waiting: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: waiting.put(json.loads(post(
+            {"model": MODEL_ID, "prompt": "Hello", "max_tokens": 3}).read())), daemon=True).start()
+        wait_for(lambda: metric("everycycle_requests_deferred") == 1, 10, "the second request to queue")
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            post({"model": MODEL_ID, "prompt": "Hello", "max_tokens": 3})
+        assert exc.value.code == 503
+        assert int(exc.value.headers["Retry-After"]) > 0
+        body = json.loads(exc.value.read())["error"]
+        assert body["code"] == "queue_full" and body["type"] == "server_busy"
+        holder.close()  # the queued request now gets the slot
+        assert waiting.get(timeout=60)["choices"][0]["finish_reason"] == "length"
+    finally:
+        proc.stop()
