@@ -49,6 +49,13 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="memory for the KV cache of running sequences (default 1024)")
     p.add_argument("--max-queue", type=_non_negative, metavar="N",
                    help="requests allowed to wait for a sequence before new ones get 503 (default 4 per sequence)")
+    p.add_argument("--prefix-cache-ram-mib", type=_non_negative, default=1024, metavar="MIB",
+                   help="host RAM for cached prompt prefixes moved out of the context (default 1024)")
+    p.add_argument("--prefix-cache-disk-mib", type=_non_negative, default=4096, metavar="MIB",
+                   help="disk space for cached prompt prefixes moved out of RAM (default 4096)")
+    p.add_argument("--prefix-cache-dir", metavar="DIR",
+                   help="where the disk tier lives (serve: RUN_DIR/prefix-cache; engine: no disk tier without it)")
+    p.add_argument("--no-prefix-cache", action="store_true", help="recompute every prompt from scratch")
     p.add_argument("--gpu-layers", type=_non_negative, default=0, metavar="N", help="layers to offload to a GPU (default 0)")
 
 
@@ -125,6 +132,8 @@ def cmd_serve(parser, args) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="everycycle-"))
         run_dir.mkdir(parents=True, exist_ok=True)
         socket_path = str(run_dir / "engine.sock")
+        if args.prefix_cache_dir is None:
+            args.prefix_cache_dir = str(run_dir / "prefix-cache")
         engine = EngineChild(engine_argv(socket_path, model, args))
     elif args.model:
         parser.error("--model: not used with --engine-socket (the running engine has its model)")
@@ -138,6 +147,7 @@ def cmd_serve(parser, args) -> int:
 
 
 def cmd_engine(parser, args) -> int:
+    from host_runtime.engine.engine import PrefixCacheConfig
     from host_runtime.engine.model import ContextConfig
     from host_runtime.engine.service import EngineService, serve_engine
 
@@ -145,7 +155,9 @@ def cmd_engine(parser, args) -> int:
     config = ContextConfig(n_ctx_per_seq=args.ctx_size, n_parallel=args.parallel, n_threads=args.threads,
                            n_gpu_layers=args.gpu_layers, kv_budget_bytes=args.kv_budget_mib << 20,
                            max_waiting=args.max_queue)
-    service = EngineService(model, config)
+    cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
+                              disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
+    service = EngineService(model, config, cache)
     serve_engine(args.socket, service)
     return 0 if service.state != "failed" else 1
 

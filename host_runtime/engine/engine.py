@@ -19,7 +19,10 @@ from typing import Callable
 import numpy as np
 
 from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine.kv_store import KVStore
 from host_runtime.engine.metrics import EngineMetrics
+from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demote, PrefixCache, Restore, Spill,
+                                              Trim)
 from host_runtime.engine.sampling import SamplingParams, build_sampler_chain, token_logprobs
 from host_runtime.engine.step_plan import plan_step
 from host_runtime.engine.stop_matcher import StopMatcher
@@ -46,14 +49,22 @@ class GenerationRequest:
         self.cancelled.set()
 
 
+@dataclass(frozen=True)
+class PrefixCacheConfig:
+    enabled: bool = True
+    ram_bytes: int = 1 << 30
+    disk_bytes: int = 4 << 30
+    directory: str | None = None  # None: no disk tier
+
+
 class Sequence:
     """One choice of one request, bound to a llama.cpp seq_id while it runs."""
 
-    def __init__(self, engine: "Engine", request: GenerationRequest, index: int, seq_id: int):
+    def __init__(self, engine: "Engine", request: GenerationRequest, index: int, seq_id: int, n_past: int = 0):
         self.request = request
         self.index = index
         self.seq_id = seq_id
-        self.n_past = 0
+        self.n_past = n_past  # prompt tokens already in the KV cache (a prefix cache hit)
         self.next_token: int | None = None
         self.generated = 0
         self.stop = StopMatcher(request.stops)
@@ -71,14 +82,19 @@ class Sequence:
 
 
 class Engine:
-    def __init__(self, model, *, max_waiting: int = 64):
+    def __init__(self, model, *, max_waiting: int = 64, prefix_cache: PrefixCacheConfig = PrefixCacheConfig()):
         self.model = model
         self.metrics = EngineMetrics()
         self.max_waiting = max_waiting
-        self._cv = threading.Condition()
+        self._cv = threading.Condition()  # guards _waiting; everything below it is the loop thread's alone
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._active: list[Sequence] = []
-        self._free_seq_ids = list(range(model.n_parallel))
+        self.cache = PrefixCache(model.n_parallel, model.prefill_chunk, prefix_cache.ram_bytes,
+                                 prefix_cache.disk_bytes if prefix_cache.directory else 0, prefix_cache.enabled)
+        self.store = KVStore(prefix_cache.directory if prefix_cache.enabled else None, model.cache_fingerprint)
+        for key, nbytes in self.store.scan():
+            self.cache.found_on_disk(key, nbytes)
+        self._publish_cache()
         self._stopping = False
         self.last_step_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -170,26 +186,99 @@ class Engine:
                 if self._stopping:
                     return
                 self._drop_cancelled_locked()
-                self._admit_locked()
+                admitted = self._pop_admissible_locked()
                 self._publish_queue_locked()
-            if self._active:
-                try:
+            try:
+                for request in admitted:
+                    self._admit(request)
+                if self._active:
                     self._step()
-                except Exception:  # a bug here must not wedge every client: fail the batch, keep serving
-                    log.exception("decode step failed")
-                    for seq in list(self._active):
-                        self._finish(seq, None, error=RequestRejected(500, "internal error while generating",
-                                                                      error_type="server_error"))
+            except Exception:  # a bug here must not wedge every client: fail the batch, keep serving
+                log.exception("engine step failed")
+                for seq in list(self._active):
+                    self._finish(seq, None, error=RequestRejected(500, "internal error while generating",
+                                                                  error_type="server_error"))
             with self._cv:
                 # Finished sequences left during the step: the gauges must say so even if the loop now idles.
                 self._publish_queue_locked()
             self.last_step_at = time.monotonic()
 
-    def _admit_locked(self) -> None:
-        while self._waiting and len(self._free_seq_ids) >= self._waiting[0].n:
-            request = self._waiting.popleft()
-            for index in range(request.n):
-                self._active.append(Sequence(self, request, index, self._free_seq_ids.pop(0)))
+    def _pop_admissible_locked(self) -> list[GenerationRequest]:
+        """Requests that get their slots now, strictly in arrival order."""
+        admitted = []
+        free = self.cache.free_slots()
+        while self._waiting and free >= self._waiting[0].n:
+            free -= self._waiting[0].n
+            admitted.append(self._waiting.popleft())
+        return admitted
+
+    def _admit(self, request: GenerationRequest) -> None:
+        # Only single-choice requests use the cache: n choices would each want the same slot content.
+        prompt = request.prompt_tokens if request.n == 1 else None
+        for index in range(request.n):
+            admission = self.cache.admit(prompt)
+            reuse = self._apply(admission)
+            self._active.append(Sequence(self, request, index, admission.slot_id, n_past=reuse))
+        self._publish_cache()
+
+    def _apply(self, admission: Admission) -> int:
+        """Carry out an admission's cache actions; returns the prompt tokens actually reused."""
+        import llama_cpp
+
+        reuse = admission.reuse
+        for action in admission.actions:
+            if isinstance(action, Restore) and not self._restore(action):
+                self.cache.restore_failed(action.tier, action.key)
+                reuse = 0
+            elif isinstance(action, Trim):
+                keep = action.keep if reuse else 0
+                llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, action.slot_id, keep if keep else -1, -1)
+            elif not isinstance(action, Restore):
+                self._store_action(action)
+        if reuse:
+            self.metrics.add("prompt_tokens_cached_total", reuse)
+        return reuse
+
+    def _store_action(self, action) -> None:
+        import llama_cpp
+
+        if isinstance(action, Spill):
+            ctx = self.model.ctx.ctx
+            size = llama_cpp.llama_state_seq_get_size(ctx, action.slot_id)
+            buf = (ctypes.c_uint8 * size)()
+            written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, action.slot_id)
+            self.store.put_ram(action.key, bytes(buf)[:written])
+            for follow in self.cache.stored_in_ram(action.key, written):
+                self._store_action(follow)
+        elif isinstance(action, Demote):
+            self.store.demote(action.key)
+        elif isinstance(action, DropRam):
+            self.store.drop_ram(action.key)
+        elif isinstance(action, DropDisk):
+            self.store.drop_disk(action.key)
+
+    def _restore(self, action: Restore) -> bool:
+        import llama_cpp
+
+        data = self.store.ram.get(action.key) if action.tier == "ram" else self.store.read_disk(action.key)
+        if data is None:
+            return False
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        read = llama_cpp.llama_state_seq_set_data(self.model.ctx.ctx, buf, len(data), action.slot_id)
+        if read != len(data):
+            log.warning("llama.cpp refused a cached prefix (%d of %d bytes read); recomputing", read, len(data))
+            llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, action.slot_id, -1, -1)
+            return False
+        return True
+
+    def _publish_cache(self) -> None:
+        c = self.cache
+        self.metrics.set_cache({
+            "lookups": c.lookups, "hits": dict(c.hits), "tokens_reused": c.tokens_reused,
+            "bytes": {"ram": c.bytes_in("ram"), "disk": c.bytes_in("disk")},
+            "entries": {"context": sum(1 for s in c.slots if s.prefix and not s.busy), "ram": len(c.ram),
+                        "disk": len(c.disk)},
+            "corrupt_files": self.store.corrupt_files})
 
     def _drop_cancelled_locked(self) -> None:
         for request in [r for r in self._waiting if r.cancelled.is_set()]:
@@ -209,13 +298,15 @@ class Engine:
     def _release(self, seq: Sequence) -> None:
         import llama_cpp
 
-        llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, seq.seq_id, -1, -1)
-        with self._cv:
-            if seq in self._active:
-                self._active.remove(seq)
-                self._free_seq_ids.append(seq.seq_id)
-                self._free_seq_ids.sort()
+        if seq not in self._active:
+            return
+        self._active.remove(seq)
+        request = seq.request
+        prefilled = min(seq.n_past, len(request.prompt_tokens))
+        trim = self.cache.release(seq.seq_id, request.prompt_tokens[:prefilled], cacheable=request.n == 1)
+        llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, seq.seq_id, trim.keep if trim.keep else -1, -1)
         seq.sampler.close()
+        self._publish_cache()
 
     def _step(self) -> None:
         for call in plan_step(self._active, self.model.prefill_chunk, self.model.prefill_chunk):

@@ -45,6 +45,7 @@ class EngineMetrics:
         "requests_rejected_total": "Requests refused because the queue was full.",
         "n_decode_total": "llama_decode calls.",
         "n_busy_slots_total": "Sequences summed over decode calls (divide by n_decode_total for the mean batch).",
+        "prompt_tokens_cached_total": "Prompt tokens not computed because the prefix cache had them.",
         "prompt_seconds_total": "Time spent in decode calls that carried prompt tokens.",
         "predicted_seconds_total": "Time spent in decode calls that carried only generated tokens.",
     }
@@ -56,6 +57,7 @@ class EngineMetrics:
         self.requests_deferred = 0
         self.kv_cells_used = 0
         self.kv_cells_total = 0
+        self.cache: dict = {}
         self.ttft = Histogram(TTFT_BUCKETS)
         self.time_per_token = Histogram(TOKEN_BUCKETS)
 
@@ -69,6 +71,10 @@ class EngineMetrics:
             self.requests_deferred = deferred
             self.kv_cells_used = kv_used
             self.kv_cells_total = kv_total
+
+    def set_cache(self, figures: dict) -> None:
+        with self._lock:
+            self.cache = figures
 
     def observe_ttft(self, seconds: float) -> None:
         with self._lock:
@@ -107,6 +113,31 @@ class EngineMetrics:
                 f"# TYPE {p}model_info gauge",
                 f'{p}model_info{{model="{model_id}",state="{state}"}} 1',
             ]
+            lines += self._cache_lines(p)
             lines += self.ttft.render(f"{p}time_to_first_token_seconds", "Time from arrival to first generated token.")
             lines += self.time_per_token.render(f"{p}time_per_output_token_seconds", "Time between generated tokens of one sequence.")
         return "\n".join(lines) + "\n"
+
+    def _cache_lines(self, p: str) -> list[str]:
+        c = self.cache
+        if not c:
+            return []
+        lookups = c["lookups"]
+        lines = [f"# HELP {p}prefix_cache_lookups_total Requests that looked for a cached prompt prefix.",
+                 f"# TYPE {p}prefix_cache_lookups_total counter", f"{p}prefix_cache_lookups_total {lookups}",
+                 f"# HELP {p}prefix_cache_hits_total Lookups served from a tier.",
+                 f"# TYPE {p}prefix_cache_hits_total counter"]
+        lines += [f'{p}prefix_cache_hits_total{{tier="{t}"}} {n}' for t, n in c["hits"].items()]
+        lines += [f"# HELP {p}prefix_cache_hit_ratio Share of lookups served from each tier.",
+                  f"# TYPE {p}prefix_cache_hit_ratio gauge"]
+        lines += [f'{p}prefix_cache_hit_ratio{{tier="{t}"}} {n / lookups if lookups else 0:g}'
+                  for t, n in c["hits"].items()]
+        lines += [f"# HELP {p}prefix_cache_bytes Bytes held by each tier.", f"# TYPE {p}prefix_cache_bytes gauge"]
+        lines += [f'{p}prefix_cache_bytes{{tier="{t}"}} {n}' for t, n in c["bytes"].items()]
+        lines += [f"# HELP {p}prefix_cache_entries Cached prefixes in each tier.",
+                  f"# TYPE {p}prefix_cache_entries gauge"]
+        lines += [f'{p}prefix_cache_entries{{tier="{t}"}} {n}' for t, n in c["entries"].items()]
+        lines += [f"# HELP {p}prefix_cache_corrupt_files_total Disk entries found damaged and ignored.",
+                  f"# TYPE {p}prefix_cache_corrupt_files_total counter",
+                  f"{p}prefix_cache_corrupt_files_total {c['corrupt_files']}"]
+        return lines

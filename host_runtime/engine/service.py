@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from host_runtime.engine.engine import Engine, GenerationRequest
+from host_runtime.engine.engine import Engine, GenerationRequest, PrefixCacheConfig
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import LineReader, send_message
 from host_runtime.engine.model import ContextConfig, LoadedModel, ModelLoadError, model_id_for
@@ -26,9 +26,10 @@ EVENT_POLL_S = 0.05  # how often a waiting handler checks whether its worker hun
 
 
 class EngineService:
-    def __init__(self, model_path: str, config: ContextConfig):
+    def __init__(self, model_path: str, config: ContextConfig, prefix_cache: PrefixCacheConfig = PrefixCacheConfig()):
         self.model_path = model_path
         self.config = config
+        self.prefix_cache = prefix_cache
         self.model_id = model_id_for(model_path)
         self.state = "loading"
         self.state_reason = "loading the model"
@@ -43,7 +44,8 @@ class EngineService:
         try:
             self.model = LoadedModel(self.model_path, self.config)
             self.prompts = PromptBuilder(self.model)
-            self.engine = Engine(self.model, max_waiting=self.model.capacity.max_waiting)
+            self.engine = Engine(self.model, max_waiting=self.model.capacity.max_waiting,
+                                 prefix_cache=self.prefix_cache)
             self.engine.start()
         except ModelLoadError as exc:
             self.state, self.state_reason = "failed", str(exc)

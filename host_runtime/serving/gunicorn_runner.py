@@ -102,7 +102,8 @@ class ServingApplication(BaseApplication):
         return create_app(self.app_config)
 
 
-ENGINE_OPTIONS = ("threads", "ctx_size", "parallel", "kv_budget_mib", "max_queue", "gpu_layers")
+ENGINE_OPTIONS = ("threads", "ctx_size", "parallel", "kv_budget_mib", "max_queue", "gpu_layers",
+                  "prefix_cache_ram_mib", "prefix_cache_disk_mib", "prefix_cache_dir", "no_prefix_cache")
 
 
 def engine_argv(socket_path: str, model: str, args) -> list[str]:
@@ -110,6 +111,9 @@ def engine_argv(socket_path: str, model: str, args) -> list[str]:
     argv = [sys.executable, "-m", "host_runtime.cli", "engine", "--socket", socket_path, "--model", model]
     for name in ENGINE_OPTIONS:
         value = getattr(args, name)
-        if value is not None:
-            argv += ["--" + name.replace("_", "-"), str(value)]
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not None and value is not False:
+            argv += [flag, str(value)]
     return argv

@@ -1,0 +1,203 @@
+"""Prefix cache bookkeeping in three tiers (pure: decides, never touches llama.cpp or files).
+
+- context: an idle sequence slot keeps the KV of its last prompt's aligned prefix;
+- ram: a slot's prefix saved with llama_state_seq_get_data when the slot is taken by another prompt;
+- disk: RAM's least recently used entries, written to files, when RAM is over its byte budget.
+
+Only whole prefill chunks of *prompt* tokens are cached: a hit then resumes prefill at the
+same chunk boundary a miss would, so a hit's output is identical to a miss's (see step_plan).
+The policy returns actions; the engine carries them out and reports sizes back.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from dataclasses import dataclass, field
+
+Key = tuple[int, ...]
+
+
+@dataclass
+class Slot:
+    slot_id: int
+    busy: bool = False
+    prefix: Key = ()  # tokens whose KV the slot holds while idle
+    last_used: int = 0
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: Key
+    nbytes: int
+
+
+# Actions, carried out in order by the engine.
+@dataclass(frozen=True)
+class Spill:        # save the slot's current KV (its `key` prefix) into RAM
+    slot_id: int
+    key: Key
+
+
+@dataclass(frozen=True)
+class Demote:       # move a RAM entry to disk
+    key: Key
+
+
+@dataclass(frozen=True)
+class DropRam:
+    key: Key
+
+
+@dataclass(frozen=True)
+class DropDisk:
+    key: Key
+
+
+@dataclass(frozen=True)
+class Restore:      # clear the slot, load `key` from `tier` into it
+    slot_id: int
+    tier: str
+    key: Key
+
+
+@dataclass(frozen=True)
+class Trim:         # keep only the first `keep` positions of the slot (0: clear it)
+    slot_id: int
+    keep: int
+
+
+@dataclass
+class Admission:
+    slot_id: int
+    reuse: int                  # prompt tokens whose KV is in place after the actions
+    source: str                 # "context", "ram", "disk" or "miss"
+    actions: list = field(default_factory=list)
+
+
+def common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PrefixCache:
+    def __init__(self, n_slots: int, chunk: int, ram_budget: int, disk_budget: int, enabled: bool = True):
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.chunk = chunk
+        self.ram_budget = ram_budget
+        self.disk_budget = disk_budget
+        self.enabled = enabled
+        self.ram: collections.OrderedDict[Key, Entry] = collections.OrderedDict()
+        self.disk: collections.OrderedDict[Key, Entry] = collections.OrderedDict()
+        self._clock = itertools.count(1)
+        self.hits = {"context": 0, "ram": 0, "disk": 0}
+        self.lookups = 0
+        self.tokens_reused = 0
+
+    # ---- queries ----------------------------------------------------------------
+
+    def free_slots(self) -> int:
+        return sum(1 for s in self.slots if not s.busy)
+
+    def cacheable_length(self, prompt) -> int:
+        """The longest whole-chunk prefix of `prompt` that still leaves a token to compute logits from."""
+        return ((len(prompt) - 1) // self.chunk) * self.chunk if prompt else 0
+
+    def aligned_match(self, key: Key, prompt) -> int:
+        limit = self.cacheable_length(prompt)
+        return (min(common_prefix(key, prompt), limit) // self.chunk) * self.chunk
+
+    def bytes_in(self, tier: str) -> int:
+        return sum(e.nbytes for e in (self.ram if tier == "ram" else self.disk).values())
+
+    # ---- admission ----------------------------------------------------------------
+
+    def admit(self, prompt) -> Admission:
+        """Take a free slot for a new sequence with this prompt (None: a sequence that must not use the cache)."""
+        idle = [s for s in self.slots if not s.busy]
+        if not idle:
+            raise RuntimeError("admit() called with no free slot")
+        if prompt is None or not self.enabled:
+            slot = min(idle, key=lambda s: (bool(s.prefix), s.last_used))
+            return self._take(slot, Admission(slot.slot_id, 0, "miss", self._evict_slot(slot, keep=0)))
+        self.lookups += 1
+        best_slot = max(idle, key=lambda s: (self.aligned_match(s.prefix, prompt), -s.last_used))
+        in_context = self.aligned_match(best_slot.prefix, prompt)
+        stored = [(self.aligned_match(e.key, prompt), tier, e.key)
+                  for tier, store in (("ram", self.ram), ("disk", self.disk)) for e in store.values()]
+        in_store = max(stored, default=(0, "", ()))
+        if in_context and in_context >= in_store[0]:
+            self.hits["context"] += 1
+            self.tokens_reused += in_context
+            actions = [Trim(best_slot.slot_id, in_context)]
+            best_slot.prefix = best_slot.prefix[:in_context]
+            return self._take(best_slot, Admission(best_slot.slot_id, in_context, "context", actions))
+        # Otherwise take the slot whose content is least worth keeping: empty first, then least recent.
+        slot = min(idle, key=lambda s: (bool(s.prefix), s.last_used))
+        actions = self._evict_slot(slot, keep=0)
+        match, tier, key = in_store
+        if match:
+            self.hits[tier] += 1
+            self.tokens_reused += match
+            store = self.ram if tier == "ram" else self.disk
+            store.move_to_end(key)
+            actions += [Restore(slot.slot_id, tier, key), Trim(slot.slot_id, match)]
+            return self._take(slot, Admission(slot.slot_id, match, tier, actions))
+        return self._take(slot, Admission(slot.slot_id, 0, "miss", actions))
+
+    def _take(self, slot: Slot, admission: Admission) -> Admission:
+        slot.busy = True
+        slot.prefix = ()
+        slot.last_used = next(self._clock)
+        return admission
+
+    def _evict_slot(self, slot: Slot, keep: int) -> list:
+        """Actions that empty a slot, saving its prefix to RAM first if no tier has it yet."""
+        actions: list = []
+        if slot.prefix and self.enabled and slot.prefix not in self.ram and slot.prefix not in self.disk:
+            actions.append(Spill(slot.slot_id, slot.prefix))
+        actions.append(Trim(slot.slot_id, keep))
+        return actions
+
+    # ---- reports from the engine ------------------------------------------------------
+
+    def restore_failed(self, tier: str, key: Key) -> None:
+        """A stored entry could not be loaded (corrupt, truncated, gone): forget it; that admission was a miss."""
+        (self.ram if tier == "ram" else self.disk).pop(key, None)
+        self.hits[tier] -= 1
+
+    def release(self, slot_id: int, prefilled, cacheable: bool) -> Trim:
+        """A sequence left: its slot keeps the whole chunks of prompt it had prefilled (or nothing)."""
+        slot = self.slots[slot_id]
+        slot.busy = False
+        slot.last_used = next(self._clock)
+        keep = (len(prefilled) // self.chunk) * self.chunk if (cacheable and self.enabled) else 0
+        slot.prefix = tuple(prefilled[:keep])
+        return Trim(slot_id, keep)
+
+    def stored_in_ram(self, key: Key, nbytes: int) -> list:
+        """A spill completed; returns the demotions and drops that keep RAM and disk within budget."""
+        actions: list = []
+        self.ram[key] = Entry(key, nbytes)
+        while self.ram and self.bytes_in("ram") > self.ram_budget:
+            old = next(iter(self.ram))
+            entry = self.ram.pop(old)
+            if self.disk_budget >= entry.nbytes:
+                self.disk[old] = entry
+                actions.append(Demote(old))
+            else:
+                actions.append(DropRam(old))
+        while self.disk and self.bytes_in("disk") > self.disk_budget:
+            old = next(iter(self.disk))
+            self.disk.pop(old)
+            actions.append(DropDisk(old))
+        return actions
+
+    def found_on_disk(self, key: Key, nbytes: int) -> None:
+        """An entry left on disk by an earlier run, checked and adopted at start."""
+        if key not in self.disk and self.bytes_in("disk") + nbytes <= self.disk_budget:
+            self.disk[key] = Entry(key, nbytes)

@@ -1,0 +1,138 @@
+"""Prefix cache tiers against the real model: hits from context, RAM and disk give the miss's output."""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+
+from host_runtime.engine.engine import Engine, GenerationRequest, PrefixCacheConfig
+from host_runtime.engine.model import ContextConfig, LoadedModel, default_model_path
+from host_runtime.engine.sampling import SamplingParams
+
+SYSTEM = ("You are the assistant of a small bakery. You answer questions about bread, opening hours, "
+          "allergens and prices, politely and briefly. ") * 6  # ~170 tokens: several 32-token chunks
+QUESTION = "Question: when do you open on Sundays? Answer:"
+OTHER = "A completely different prompt about the weather in the mountains, to take the only slot. " * 3
+
+
+@pytest.fixture(scope="module")
+def model():
+    return LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_parallel=1, n_batch=32,
+                                                           prefill_chunk=32, n_threads=2))
+
+
+def ask(engine: Engine, model, text: str) -> str:
+    sink: queue.Queue = queue.Queue()
+    engine.submit(GenerationRequest(prompt_tokens=model.tokenize(text, add_bos=False, special=False), max_tokens=24,
+                                    sink=sink.put, sampling=SamplingParams(temperature=0.0)))
+    out = ""
+    while (event := sink.get(timeout=120))["type"] != "done":
+        assert event["type"] != "error", event
+        out += event.get("text", "")
+    return out
+
+
+def make_engine(model, **cache) -> Engine:
+    engine = Engine(model, prefix_cache=PrefixCacheConfig(**cache))
+    engine.start()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def miss_answer(model):
+    engine = make_engine(model, enabled=False)
+    try:
+        return ask(engine, model, SYSTEM + QUESTION)
+    finally:
+        engine.stop()
+
+
+def test_context_hit_gives_the_miss_output(model, miss_answer):
+    engine = make_engine(model)
+    try:
+        assert ask(engine, model, SYSTEM + QUESTION) == miss_answer
+        assert engine.cache.hits["context"] == 0
+        assert ask(engine, model, SYSTEM + QUESTION) == miss_answer
+        assert engine.cache.hits["context"] == 1
+        assert engine.metrics.snapshot()["prompt_tokens_cached_total"] >= 160
+    finally:
+        engine.stop()
+
+
+def test_ram_hit_gives_the_miss_output(model, miss_answer):
+    engine = make_engine(model)
+    try:
+        ask(engine, model, SYSTEM + QUESTION)
+        ask(engine, model, OTHER)  # takes the only slot: the system prompt's KV moves to RAM
+        assert len(engine.cache.ram) == 1 and engine.cache.bytes_in("ram") > 1_000_000
+        assert ask(engine, model, SYSTEM + QUESTION) == miss_answer
+        assert engine.cache.hits == {"context": 0, "ram": 1, "disk": 0}
+    finally:
+        engine.stop()
+
+
+def spill_to_disk(model, directory) -> Engine:
+    engine = make_engine(model, ram_bytes=0, directory=str(directory))
+    ask(engine, model, SYSTEM + QUESTION)
+    ask(engine, model, OTHER)  # no RAM budget: the prefix goes straight to disk
+    engine.store.flush()
+    return engine
+
+
+def test_disk_hit_gives_the_miss_output(model, miss_answer, tmp_path):
+    engine = spill_to_disk(model, tmp_path)
+    try:
+        files = list(tmp_path.glob("*.kv"))
+        assert len(files) == 1 and files[0].stat().st_mode & 0o777 == 0o600
+        assert ask(engine, model, SYSTEM + QUESTION) == miss_answer
+        assert engine.cache.hits["disk"] == 1
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("damage", ["flip a payload byte", "truncate", "other model", "garbage"])
+def test_a_damaged_file_is_detected_ignored_and_recomputed(model, miss_answer, tmp_path, damage):
+    engine = spill_to_disk(model, tmp_path)
+    try:
+        (path,) = tmp_path.glob("*.kv")
+        raw = bytearray(path.read_bytes())
+        if damage == "flip a payload byte":
+            raw[-100] ^= 0xFF
+        elif damage == "truncate":
+            raw = raw[: len(raw) // 2]
+        elif damage == "other model":
+            raw = raw.replace(b"SmolLM2", b"SmolLM3", 1)
+        else:
+            raw = bytearray(b"\x00" * 64)
+        path.write_bytes(bytes(raw))
+        assert ask(engine, model, SYSTEM + QUESTION) == miss_answer
+        assert engine.cache.hits["disk"] == 0
+        assert engine.store.corrupt_files == 1
+        assert not path.exists()  # removed, never loaded again
+    finally:
+        engine.stop()
+
+
+def test_disk_entries_survive_a_restart(model, miss_answer, tmp_path):
+    spill_to_disk(model, tmp_path).stop()
+    engine = make_engine(model, ram_bytes=0, directory=str(tmp_path))
+    try:
+        assert len(engine.cache.disk) == 1
+        assert ask(engine, model, SYSTEM + QUESTION) == miss_answer
+        assert engine.cache.hits["disk"] == 1
+    finally:
+        engine.stop()
+
+
+def test_cache_figures_reach_the_metrics_text(model):
+    engine = make_engine(model)
+    try:
+        ask(engine, model, SYSTEM + QUESTION)
+        ask(engine, model, OTHER)
+        text = engine.metrics.render("m", "ready")
+        assert 'everycycle_prefix_cache_bytes{tier="ram"}' in text
+        assert 'everycycle_prefix_cache_hit_ratio{tier="context"}' in text
+        assert "everycycle_prefix_cache_lookups_total 2" in text
+    finally:
+        engine.stop()

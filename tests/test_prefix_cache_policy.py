@@ -1,0 +1,99 @@
+"""The prefix cache's decisions, without a model."""
+
+from __future__ import annotations
+
+from host_runtime.engine.prefix_cache import Demote, DropDisk, DropRam, PrefixCache, Restore, Spill, Trim
+
+C = 4
+SYSTEM = list(range(100, 112))  # 12 tokens: three whole chunks
+
+
+def prompt(*tail):
+    return SYSTEM + list(tail)
+
+
+def test_only_whole_chunks_leaving_a_token_to_compute_are_cacheable():
+    cache = PrefixCache(2, C, 10**9, 0)
+    assert cache.cacheable_length(list(range(12))) == 8  # 12 tokens: the last must still be computed
+    assert cache.cacheable_length(list(range(13))) == 12
+    assert cache.cacheable_length([1]) == 0
+
+
+def test_first_request_misses_then_a_shared_prefix_hits_in_context():
+    cache = PrefixCache(2, C, 10**9, 0)
+    first = cache.admit(prompt(1, 2))
+    assert first.source == "miss" and first.reuse == 0
+    assert cache.release(first.slot_id, prompt(1, 2), cacheable=True) == Trim(first.slot_id, 12)
+    second = cache.admit(prompt(7, 8, 9))
+    assert (second.source, second.slot_id, second.reuse) == ("context", first.slot_id, 12)
+    assert second.actions == [Trim(first.slot_id, 12)]
+    assert cache.hits["context"] == 1 and cache.tokens_reused == 12
+
+
+def test_a_partial_match_is_cut_to_the_chunk_boundary():
+    cache = PrefixCache(1, C, 10**9, 0)
+    a = cache.admit(prompt(1, 2, 3, 4, 5))
+    cache.release(a.slot_id, prompt(1, 2, 3, 4, 5), cacheable=True)  # slot keeps 16 tokens
+    b = cache.admit(SYSTEM[:10] + [0, 0, 0, 0, 0])  # shares 10 tokens: only 8 are whole chunks
+    assert b.reuse == 8
+
+
+def test_taking_a_slot_spills_its_prefix_to_ram_and_a_later_request_restores_it():
+    cache = PrefixCache(1, C, 10**9, 0)
+    a = cache.admit(prompt(1))
+    cache.release(a.slot_id, prompt(1), cacheable=True)
+    other = cache.admit([9] * 20)
+    assert other.source == "miss"
+    assert other.actions == [Spill(0, tuple(SYSTEM)), Trim(0, 0)]
+    assert cache.stored_in_ram(tuple(SYSTEM), 1000) == []
+    cache.release(other.slot_id, [9] * 20, cacheable=True)
+    back = cache.admit(prompt(5))
+    assert back.source == "ram" and back.reuse == 12
+    assert back.actions == [Spill(0, tuple([9] * 20)), Trim(0, 0), Restore(0, "ram", tuple(SYSTEM)), Trim(0, 12)]
+
+
+def test_ram_over_budget_demotes_to_disk_and_disk_over_budget_drops_oldest():
+    cache = PrefixCache(1, C, ram_budget=1500, disk_budget=2500)
+    assert cache.stored_in_ram((1,), 1000) == []
+    assert cache.stored_in_ram((2,), 1000) == [Demote((1,))]
+    assert cache.stored_in_ram((3,), 1000) == [Demote((2,))]
+    assert list(cache.disk) == [(1,), (2,)]
+    assert cache.stored_in_ram((4,), 1000) == [Demote((3,)), DropDisk((1,))]
+    assert list(cache.ram) == [(4,)] and list(cache.disk) == [(2,), (3,)]
+
+
+def test_no_ram_budget_sends_spills_straight_to_disk_and_no_disk_drops_them():
+    to_disk = PrefixCache(1, C, ram_budget=0, disk_budget=10**9)
+    assert to_disk.stored_in_ram((1,), 1000) == [Demote((1,))]
+    nowhere = PrefixCache(1, C, ram_budget=0, disk_budget=0)
+    assert nowhere.stored_in_ram((1,), 1000) == [DropRam((1,))]
+
+
+def test_longest_match_wins_and_ties_prefer_the_faster_tier():
+    cache = PrefixCache(2, C, 10**9, 10**9)
+    cache.stored_in_ram(tuple(SYSTEM[:8]), 10)
+    cache.found_on_disk(tuple(SYSTEM), 10)
+    assert cache.admit(prompt(1)).source == "disk"  # 12 on disk beats 8 in RAM
+    cache2 = PrefixCache(2, C, 10**9, 10**9)
+    cache2.stored_in_ram(tuple(SYSTEM), 10)
+    cache2.found_on_disk(tuple(SYSTEM), 10)
+    assert cache2.admit(prompt(1)).source == "ram"
+
+
+def test_a_failed_restore_is_forgotten_and_not_counted_as_a_hit():
+    cache = PrefixCache(1, C, 0, 10**9)
+    cache.found_on_disk(tuple(SYSTEM), 10)
+    adm = cache.admit(prompt(1))
+    assert adm.source == "disk"
+    cache.restore_failed("disk", tuple(SYSTEM))
+    assert cache.hits["disk"] == 0 and not cache.disk
+
+
+def test_requests_with_several_choices_do_not_use_the_cache_and_cancelled_keep_what_they_prefilled():
+    cache = PrefixCache(2, C, 10**9, 0)
+    a = cache.admit(prompt(1))
+    cache.release(a.slot_id, SYSTEM[:9], cacheable=True)  # cancelled after 9 prompt tokens: keeps 8
+    assert cache.slots[a.slot_id].prefix == tuple(SYSTEM[:8])
+    n = cache.admit(None)
+    assert n.source == "miss" and n.slot_id != a.slot_id  # the empty slot, not the cached one
+    assert cache.lookups == 1
