@@ -48,3 +48,32 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VAR) .pytest_cache
+
+# ---- benchmark references (built outside the repo; nothing built is committed) ----
+BENCH_CACHE ?= $(HOME)/.cache/everycycle/bench-ref
+LLAMA_PIN := $(shell grep -oE 'llama-cpp-python==[0-9.]+' pyproject.toml)
+LLAMA_SERVER := $(BENCH_CACHE)/$(subst ==,-,$(LLAMA_PIN))/build/bin/llama-server
+
+.PHONY: bench-ref bench
+
+bench-ref: $(LLAMA_SERVER)
+
+# The C++ llama-server from the llama.cpp that the pinned llama-cpp-python vendors: same kernels, same model.
+$(LLAMA_SERVER):
+	@mkdir -p $(BENCH_CACHE)
+	@src=$(BENCH_CACHE)/$(subst ==,-,$(LLAMA_PIN)); \
+	if [ ! -d $$src/vendor/llama.cpp ]; then \
+	  echo "==> fetching the $(LLAMA_PIN) source distribution"; \
+	  $(VENV)/bin/pip download -q --no-deps --no-binary :all: -d $(BENCH_CACHE) "$(LLAMA_PIN)" && \
+	  mkdir -p $$src && tar -xzf $(BENCH_CACHE)/llama_cpp_python-*.tar.gz -C $$src --strip-components=1; \
+	fi; \
+	echo "==> building llama-server (several minutes on 2 cores; log: $$src/build.log)"; \
+	cmake -S $$src/vendor/llama.cpp -B $$src/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_USE_PREBUILT_UI=OFF \
+	  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON > $$src/build.log 2>&1 && \
+	cmake --build $$src/build --target llama-server -j$$(nproc) >> $$src/build.log 2>&1 \
+	  || { tail -30 $$src/build.log; exit 1; }
+	@echo "built $(LLAMA_SERVER)"
+
+bench: $(STAMP) bench-ref
+	@$(VENV)/bin/pip install -q -e '.[bench]'
+	@$(PY) bench/serving.py --llama-server $(LLAMA_SERVER) $(BENCH_ARGS)

@@ -202,3 +202,18 @@ def test_exactly_one_process_maps_the_weights(server):
     holders = [p for p in family if any(m.path == weights for m in p.memory_maps(grouped=True))]
     assert len(holders) == 1
     assert "engine" in " ".join(holders[0].cmdline())
+
+
+def test_logit_bias_moves_the_greedy_choice(client):
+    a = client.chat.completions.create(model=MODEL_ID, messages=QUESTION, temperature=0, max_tokens=8)
+    banned = {str(i): -100 for i in range(0, 300)}  # every id below 300: punctuation, letters, common pieces
+    b = client.chat.completions.create(model=MODEL_ID, messages=QUESTION, temperature=0, max_tokens=8,
+                                       logit_bias=banned)
+    assert a.choices[0].message.content != b.choices[0].message.content
+
+
+def test_banning_the_end_token_runs_to_max_tokens(client):
+    # SmolLM2's end-of-generation tokens are <|endoftext|> (0) and <|im_end|> (2).
+    r = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Say hi."}],
+                                       temperature=0, max_tokens=40, logit_bias={"0": -100, "2": -100})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 40

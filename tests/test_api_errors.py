@@ -68,6 +68,12 @@ BAD_CHAT = [
     ("penalty out of range", {"model": MODEL_ID, "messages": MSGS, "presence_penalty": 5}, "presence_penalty"),
     ("tools", {"model": MODEL_ID, "messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]},
      "tools"),
+    ("logit_bias key not an id", {"model": MODEL_ID, "messages": MSGS, "logit_bias": {"abc": 1}}, "logit_bias"),
+    ("logit_bias value out of range", {"model": MODEL_ID, "messages": MSGS, "logit_bias": {"5": 500}}, "logit_bias"),
+    ("logit_bias too many", {"model": MODEL_ID, "messages": MSGS, "logit_bias": {str(i): 1 for i in range(301)}},
+     "logit_bias"),
+    ("logit_bias past the vocabulary", {"model": MODEL_ID, "messages": MSGS, "logit_bias": {"99999999": -100}},
+     "logit_bias"),
     ("seed wrong type", {"model": MODEL_ID, "messages": MSGS, "seed": 1.5}, "seed"),
     ("stream wrong type", {"model": MODEL_ID, "messages": MSGS, "stream": "yes"}, "stream"),
 ]

@@ -14,13 +14,13 @@ from host_runtime.engine.sampling import SamplingParams
 from tests.conftest import MODEL_ID
 
 QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Explain gravity briefly.",
-             "Write a haiku about rain. " * 12]  # the last is longer than a 64-token step: prefilled in chunks
+             "Write a haiku about rain. " * 12]  # longer than the 96-token step budget: several chunks, several steps
 
 
 @pytest.fixture(scope="module")
 def small_steps():
-    model = LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_parallel=4, n_batch=64,
-                                                            n_threads=2))
+    config = ContextConfig(n_ctx_per_seq=1024, n_parallel=4, n_batch=96, prefill_chunk=32, n_threads=2)
+    model = LoadedModel(default_model_path(), config)
     return model, PromptBuilder(model)
 
 

@@ -62,8 +62,8 @@ class ContextConfig:
     n_parallel: int | None = None  # None: as many as the KV budget holds at full context
     kv_budget_bytes: int = 1 << 30
     max_waiting: int | None = None  # None: follows n_parallel
-    n_batch: int = 512
-    prefill_chunk: int = 256  # prompt tokens per chunk; also a step's prefill budget
+    n_batch: int = 512  # a step's prompt-token budget (several prompts, one chunk each)
+    prefill_chunk: int = 64  # prompt tokens per chunk: the unit of chunked prefill and of prefix caching
     n_threads: int = 0  # 0: every core
     n_gpu_layers: int = 0
     batch_invariant: bool = True  # temperature-0 output independent of what else is batched
@@ -102,8 +102,9 @@ class LoadedModel:
                                       config.max_waiting)
         self.n_parallel = self.capacity.n_parallel
         self.prefill_chunk = min(config.prefill_chunk, config.n_batch)
-        # One call may carry a full prefill chunk or a decode token per sequence.
-        self.n_batch = max(config.n_batch, self.prefill_chunk, self.n_parallel)
+        self.prefill_budget = config.n_batch
+        # One call carries a decode token per sequence, or equal-length prompt chunks within the budget.
+        self.n_batch = max(config.n_batch, self.n_parallel)
         self.n_threads = config.n_threads or os.cpu_count() or 1
         cparams = llama_cpp.llama_context_default_params()
         # A KV stream per sequence (not one unified buffer): a sequence's cells then sit at the same

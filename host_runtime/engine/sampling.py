@@ -17,6 +17,7 @@ class SamplingParams:
     grammar: str | None = None  # GBNF, from response_format
     top_logprobs: int | None = None  # None: no logprobs; 0..N: chosen token plus N alternatives
     ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None  # token id (as text, from JSON) -> bias; -100 bans it
 
     @property
     def greedy(self) -> bool:
@@ -34,6 +35,8 @@ def build_sampler_chain(model, params: SamplingParams, choice_index: int = 0):
     chain = LlamaSampler()
     if params.grammar:
         chain.add_grammar(model, LlamaGrammar.from_string(params.grammar, verbose=False))
+    if params.logit_bias:
+        chain.add_logit_bias(model.n_vocab(), {int(t): b for t, b in params.logit_bias.items()})
     if params.presence_penalty or params.frequency_penalty:
         chain.add_penalties(
             model.n_vocab(),

@@ -116,6 +116,10 @@ class EngineService:
             tokens = self.prompts.completion_tokens(prompt["text"])
             param = "prompt"
         max_tokens = self.engine.check_fits(len(tokens), message.get("max_tokens"), param)
+        bias = message.get("sampling", {}).get("logit_bias") or {}
+        if any(int(t) >= self.model.n_vocab for t in bias):
+            raise RequestRejected(400, f"'logit_bias' names a token id past this model's vocabulary of "
+                                  f"{self.model.n_vocab}", param="logit_bias")
         return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink,
                                  sampling=SamplingParams(**message.get("sampling", {})), stops=stops,
                                  n=int(message.get("n", 1)))

@@ -15,6 +15,7 @@ MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 256
 MAX_EMBEDDING_INPUTS = 64
+MAX_LOGIT_BIAS = 300  # OpenAI's ceiling
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
 UNSUPPORTED_ROLES = {"tool", "function"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -110,6 +111,22 @@ def _stop_strings(body: dict) -> list[str]:
     return stop
 
 
+def _logit_bias(body: dict) -> dict[str, float] | None:
+    bias = field_of(body, "logit_bias", dict)
+    if not bias:
+        return None
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad(f"'logit_bias' has {len(bias)} entries; at most {MAX_LOGIT_BIAS} are allowed", "logit_bias")
+    out = {}
+    for token, value in bias.items():
+        if not str(token).isdigit():
+            raise bad(f"'logit_bias' keys must be token ids, got {token!r}", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise bad(f"'logit_bias[{token}]' must be a number from -100 to 100", "logit_bias")
+        out[str(int(token))] = float(value)
+    return out
+
+
 def _response_format_grammar(body: dict) -> str | None:
     fmt = field_of(body, "response_format", dict)
     if fmt is None:
@@ -155,6 +172,7 @@ def _sampling_and_common(body: dict, default_max_tokens: int | None) -> tuple[di
         "frequency_penalty": number_in(body, "frequency_penalty", -2.0, 2.0, 0.0),
         "seed": field_of(body, "seed", int),
         "grammar": _response_format_grammar(body),
+        "logit_bias": _logit_bias(body),
     }
     if sampling["top_p"] == 0.0:
         raise bad("'top_p' must be greater than 0", "top_p")

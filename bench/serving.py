@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""Serving benchmark: EveryCycle against llama-server (C++) and llama-cpp-python's server.
+
+Same model, same prompts, same thread count; the servers take turns (A, B, C, then
+C, B, A, ...) so that drift on a shared machine cancels; every request opens a fresh
+connection (llama-server closes keep-alive after a streamed answer, so all get the same).
+Prints one JSON document: per level and server the aggregate output tok/s, TTFT p50/p95,
+inter-token latency p50 and errors (medians over repeats), the ratios EveryCycle/other,
+and the prefix cache's miss / RAM-hit / disk-hit TTFT.
+
+    python bench/serving.py --llama-server PATH [--levels 1,4,8,16] [--repeats 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PARAGRAPH = ("Our cooperative repairs old bicycles donated by the neighbourhood, teaches volunteers how to true "
+             "wheels and adjust brakes, and lends the finished bikes to students for a whole term. Please write "
+             "a short, friendly announcement for the community newsletter that explains how to donate a bicycle, "
+             "when the workshop is open, and why repaired bikes matter for the city.")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def end_of_generation_ids(model_path: str) -> list[int]:
+    import llama_cpp
+    from llama_cpp._internals import LlamaModel
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = LlamaModel(path_model=model_path, params=params, verbose=False)
+    return [t for t in range(model.n_vocab()) if llama_cpp.llama_vocab_is_eog(model.vocab, t)]
+
+
+class Server:
+    def __init__(self, name: str, argv: list[str], port: int, ready_path: str, env: dict | None = None):
+        self.name, self.argv, self.port, self.ready_path = name, argv, port, ready_path
+        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     cwd=REPO, env=env)
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited; log: {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise SystemExit(f"{self.name} not ready after {timeout}s; log: {self.log.name}")
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    pass
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def stream_chat(port: int, body: dict) -> dict:
+    """One streamed chat request on a fresh connection: times of send, first token and each token."""
+    started = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    token_times: list[float] = []
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                     headers={"Content-Type": "application/json", "Authorization": "Bearer bench"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return {"error": f"HTTP {resp.status}: {resp.read()[:200]!r}"}
+        while True:
+            line = resp.fp.readline()
+            if not line:
+                break
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                return {"error": str(chunk["error"])[:200]}
+            for choice in chunk.get("choices", []):
+                if (choice.get("delta") or {}).get("content"):
+                    token_times.append(time.perf_counter())
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return {"error": repr(exc)}
+    finally:
+        conn.close()
+    if not token_times:
+        return {"error": "no tokens"}
+    return {"start": started, "end": token_times[-1], "ttft": token_times[0] - started,
+            "gaps": [b - a for a, b in zip(token_times, token_times[1:])], "tokens": len(token_times)}
+
+
+def run_level(server: Server, concurrency: int, per_client: int, body_for) -> dict:
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def client(ci: int) -> None:
+        for ri in range(per_client):
+            r = stream_chat(server.port, body_for(ci, ri))
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = [r for r in results if "error" not in r]
+    errors = [r["error"] for r in results if "error" in r]
+    if not ok:
+        return {"tok_s": 0.0, "ttft_p50_s": None, "ttft_p95_s": None, "itl_p50_s": None, "errors": len(errors),
+                "error_sample": errors[:2]}
+    wall = max(r["end"] for r in ok) - min(r["start"] for r in ok)
+    tokens = sum(r["tokens"] for r in ok)
+    return {"tok_s": tokens / wall if wall > 0 else 0.0,
+            "ttft_p50_s": percentile([r["ttft"] for r in ok], 0.5),
+            "ttft_p95_s": percentile([r["ttft"] for r in ok], 0.95),
+            "itl_p50_s": percentile([g for r in ok for g in r["gaps"]], 0.5),
+            "tokens_per_request": tokens / len(ok), "requests": len(results), "errors": len(errors),
+            **({"error_sample": errors[:2]} if errors else {})}
+
+
+def median_of(runs: list[dict]) -> dict:
+    out = {}
+    for key in ("tok_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "tokens_per_request"):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+    out["errors"] = sum(r["errors"] for r in runs)
+    out["runs"] = [round(r["tok_s"], 2) for r in runs]
+    return out
+
+
+def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server]:
+    servers = []
+    py = sys.executable
+    wanted = args.servers.split(",")
+    if "everycycle" in wanted:
+        port = free_port()
+        servers.append(Server("everycycle", [py, "-m", "host_runtime.cli", "serve", "--port", str(port),
+                                             "--model", model, "--threads", str(args.threads),
+                                             "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size),
+                                             "--run-dir", str(workdir / "everycycle")], port, "/ready"))
+    if "llama-server" in wanted:
+        port = free_port()
+        servers.append(Server("llama-server", [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port",
+                                               str(port), "-t", str(args.threads), "-tb", str(args.threads),
+                                               "-np", str(args.parallel), "-c", str(args.ctx_size * args.parallel),
+                                               "--alias", model_id, "--no-webui"], port, "/health"))
+    if "llama-cpp-python" in wanted:
+        port = free_port()
+        servers.append(Server("llama-cpp-python", [py, "-m", "llama_cpp.server", "--model", model, "--host",
+                                                   "127.0.0.1", "--port", str(port), "--n_threads", str(args.threads),
+                                                   "--n_threads_batch", str(args.threads), "--n_ctx",
+                                                   str(args.ctx_size), "--interrupt_requests", "False",
+                                                   "--model_alias", model_id], port, "/v1/models"))
+    for s in servers:
+        s.wait_ready()
+    return servers
+
+
+def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> dict:
+    servers = start_servers(args, model, model_id, workdir)
+    levels = [int(x) for x in args.levels.split(",")]
+
+    def body_for(ci: int, ri: int) -> dict:
+        # A unique start per request: no server can serve a whole prompt from a cache.
+        return {"model": model_id, "stream": True, "temperature": 0, "max_tokens": args.max_tokens,
+                "logit_bias": bias,
+                "messages": [{"role": "user", "content": f"[{uuid.uuid4().hex[:12]}] {PARAGRAPH}"}]}
+
+    try:
+        for s in servers:  # warm-up: first requests pay for page faults and thread start-up
+            run_level(s, 2, 1, body_for)
+        raw: dict[int, dict[str, list]] = {lvl: {s.name: [] for s in servers} for lvl in levels}
+        profile: dict[int, list] = {lvl: [] for lvl in levels}
+        for rep in range(args.repeats):
+            order = servers if rep % 2 == 0 else list(reversed(servers))
+            for lvl in levels:
+                for s in order:
+                    before = s.metrics() if s.name == "everycycle" else None
+                    t0 = time.perf_counter()
+                    result = run_level(s, lvl, args.requests_per_client, body_for)
+                    wall = time.perf_counter() - t0
+                    raw[lvl][s.name].append(result)
+                    if before is not None:
+                        profile[lvl].append(step_profile(before, s.metrics(), wall))
+                    print(f"  rep {rep + 1} c={lvl:<2} {s.name:<17} {result['tok_s']:7.1f} tok/s  "
+                          f"ttft p50 {fmt(result['ttft_p50_s'])}  errors {result['errors']}", file=sys.stderr)
+        table = {str(lvl): {name: median_of(runs) for name, runs in by.items()} for lvl, by in raw.items()}
+        ratios = {}
+        for lvl, by in table.items():
+            ec = by.get("everycycle")
+            if not ec:
+                continue
+            r = {}
+            if "llama-server" in by and by["llama-server"]["tok_s"]:
+                r["tok_s_vs_llama_server"] = ec["tok_s"] / by["llama-server"]["tok_s"]
+                if ec["ttft_p50_s"] and by["llama-server"]["ttft_p50_s"]:
+                    r["ttft_p50_vs_llama_server"] = ec["ttft_p50_s"] / by["llama-server"]["ttft_p50_s"]
+            if "llama-cpp-python" in by and by["llama-cpp-python"]["tok_s"]:
+                r["tok_s_vs_llama_cpp_python"] = ec["tok_s"] / by["llama-cpp-python"]["tok_s"]
+            ratios[lvl] = r
+        everycycle_profile = {str(lvl): {k: statistics.median(p[k] for p in runs) for k in runs[0]}
+                              for lvl, runs in profile.items() if runs}
+        return {"levels": table, "ratios": ratios, "everycycle_profile": everycycle_profile}
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def step_profile(before: dict, after: dict, wall: float) -> dict:
+    """Where EveryCycle's time went during one run, from its own counters."""
+    d = {k: after.get(f"everycycle_{k}", 0) - before.get(f"everycycle_{k}", 0)
+         for k in ("n_decode_total", "n_busy_slots_total", "prompt_seconds_total", "predicted_seconds_total",
+                   "tokens_predicted_total")}
+    decode_s = d["prompt_seconds_total"] + d["predicted_seconds_total"]
+    return {"decode_share_of_wall": decode_s / wall if wall else 0.0,
+            "mean_sequences_per_decode_call": d["n_busy_slots_total"] / d["n_decode_total"] if d["n_decode_total"] else 0.0,
+            "decode_calls_per_s": d["n_decode_total"] / wall if wall else 0.0,
+            "mean_ms_per_decode_call": 1000 * decode_s / d["n_decode_total"] if d["n_decode_total"] else 0.0}
+
+
+def prefix_mode(args, model: str, model_id: str, workdir: Path) -> dict:
+    """TTFT of a ~1,000-token shared system prompt: miss, then hits from RAM and from disk."""
+    py = sys.executable
+    ports = {"ram": free_port(), "disk": free_port()}
+    common = ["--model", model, "--threads", str(args.threads), "--parallel", "1", "--ctx-size", "2048"]
+    servers = {
+        "ram": Server("everycycle-ram", [py, "-m", "host_runtime.cli", "serve", "--port", str(ports["ram"]), *common,
+                                         "--run-dir", str(workdir / "prefix-ram")], ports["ram"], "/ready"),
+        "disk": Server("everycycle-disk", [py, "-m", "host_runtime.cli", "serve", "--port", str(ports["disk"]),
+                                           *common, "--prefix-cache-ram-mib", "0", "--run-dir",
+                                           str(workdir / "prefix-disk")], ports["disk"], "/ready"),
+    }
+    for s in servers.values():
+        s.wait_ready()
+    system = " ".join([PARAGRAPH] * 11)  # ~1,000 tokens
+
+    def ask(port: int, prefix: str | None, question: str) -> float:
+        messages = [{"role": "system", "content": prefix + system}] if prefix is not None else []
+        r = stream_chat(port, {"model": model_id, "stream": True, "temperature": 0, "max_tokens": 1,
+                               "messages": messages + [{"role": "user", "content": question}]})
+        if "error" in r:
+            raise SystemExit(f"prefix benchmark request failed: {r['error']}")
+        return r["ttft"]
+
+    figures: dict[str, list] = {"miss": [], "ram_hit": [], "disk_hit": []}
+    hits = {"ram": 0.0, "disk": 0.0}
+    try:
+        for rep in range(args.repeats):
+            for tier, s in servers.items():
+                before = s.metrics()
+                prefix = f"Session {uuid.uuid4().hex}. "  # a new system prompt each time: the first ask is a miss
+                miss = ask(s.port, prefix, "What are the opening hours?")
+                # A short unrelated prompt takes the only slot: the system prompt's KV leaves the context.
+                ask(s.port, None, f"Unrelated {uuid.uuid4().hex}: name a colour.")
+                time.sleep(1.0)  # let the disk tier's background write finish
+                hit = ask(s.port, prefix, "How do I donate a bicycle?")
+                after = s.metrics()
+                hits[tier] += after.get(f'everycycle_prefix_cache_hits_total{{tier="{tier}"}}', 0) - \
+                    before.get(f'everycycle_prefix_cache_hits_total{{tier="{tier}"}}', 0)
+                figures["miss"].append(miss)
+                figures[f"{tier}_hit"].append(hit)
+                print(f"  rep {rep + 1} {tier:<4} miss {miss * 1000:7.1f} ms  hit {hit * 1000:7.1f} ms",
+                      file=sys.stderr)
+    finally:
+        for s in servers.values():
+            s.stop()
+    med = {k: statistics.median(v) for k, v in figures.items()}
+    return {"miss_ttft_s": med["miss"], "ram_hit_ttft_s": med["ram_hit"], "disk_hit_ttft_s": med["disk_hit"],
+            "ram_hit_speedup": med["miss"] / med["ram_hit"], "disk_hit_speedup": med["miss"] / med["disk_hit"],
+            "hits_counted": hits, "repeats": args.repeats}
+
+
+def fmt(v: float | None) -> str:
+    return f"{v * 1000:7.1f} ms" if v is not None else "    n/a"
+
+
+def main() -> int:
+    from host_runtime.engine.model import default_model_path, model_id_for
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--llama-server", help="path to the llama-server binary (make bench-ref builds it)")
+    p.add_argument("--model", default=None, help="GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--servers", default="everycycle,llama-server,llama-cpp-python")
+    p.add_argument("--levels", default="1,4,8,16")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--requests-per-client", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--parallel", type=int, default=16, help="sequences/slots for the batching servers")
+    p.add_argument("--ctx-size", type=int, default=1024, help="context per sequence")
+    p.add_argument("--mode", choices=["all", "serving", "prefix"], default="all")
+    p.add_argument("--json", metavar="PATH", help="also write the JSON document here")
+    args = p.parse_args()
+    if "llama-server" in args.servers and args.mode != "prefix":
+        if not args.llama_server or not Path(args.llama_server).exists():
+            p.error("--llama-server: give the binary's path (make bench-ref builds it), or leave it out of --servers")
+    model = str(Path(args.model).resolve()) if args.model else str(default_model_path())
+    model_id = model_id_for(model)
+    bias = {str(t): -100 for t in end_of_generation_ids(model)}
+    workdir = Path(tempfile.mkdtemp(prefix="everycycle-bench-"))
+    doc: dict = {"config": {"model": model_id, "threads": args.threads, "parallel": args.parallel,
+                            "ctx_size_per_sequence": args.ctx_size, "max_tokens": args.max_tokens,
+                            "requests_per_client": args.requests_per_client, "repeats": args.repeats,
+                            "suppressed_tokens": sorted(int(t) for t in bias), "cpu": cpu_name(),
+                            "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}}
+    try:
+        if args.mode in ("all", "serving"):
+            doc.update(serving_mode(args, model, model_id, bias, workdir))
+        if args.mode in ("all", "prefix"):
+            doc["prefix_cache"] = prefix_mode(args, model, model_id, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+def cpu_name() -> str:
+    try:
+        m = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+        return m.group(1).strip() if m else platform.processor()
+    except OSError:
+        return platform.processor()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
