@@ -117,11 +117,10 @@ class LoadedModel:
         cparams.n_threads_batch = self.n_threads
         cparams.kv_unified = not config.batch_invariant
         cparams.no_perf = True
-        # Batch invariance: llama.cpp's CPU flash-attention switches to a tiled kernel once a batch
-        # holds ~64+ tokens, which moves logits by up to ~0.8 and flips greedy tokens; without it,
-        # a sequence's logits are bit-identical whatever shares its batch (measured; see tests).
-        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED if config.batch_invariant \
-            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+        # With a unified buffer, llama.cpp's CPU flash attention switches to a tiled kernel once a call
+        # holds ~64+ tokens, flipping greedy tokens (measured). Per-sequence streams and fixed chunk
+        # boundaries give each sequence the same attention shape alone or batched, so it stays on.
+        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
         try:
             self.ctx = LlamaContext(model=self.model, params=cparams, verbose=False)
         except ValueError as exc:
