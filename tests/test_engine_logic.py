@@ -10,7 +10,7 @@ import pytest
 
 from host_runtime.engine.metrics import EngineMetrics, Histogram
 from host_runtime.engine.sampling import token_logprobs
-from host_runtime.engine.step_plan import plan_step
+from host_runtime.engine.step_plan import last_cut, next_cut, plan_step
 from host_runtime.engine.stop_matcher import StopMatcher
 
 
@@ -50,7 +50,11 @@ class FakeSeq:
     prompt: list[int]
     n_past: int = 0
     next_token: int | None = None
-    extra: dict = field(default_factory=dict)
+    chunk: int = 16
+    boundaries: frozenset = frozenset()
+
+    def next_cut(self):
+        return next_cut(self.prompt, self.n_past, self.chunk, self.boundaries)
 
     def is_prefilling(self):
         return self.n_past < len(self.prompt)
@@ -66,7 +70,7 @@ def flat(calls):
 def test_decoders_go_first_in_their_own_call_and_prefill_is_chunked():
     decoding = [FakeSeq(i, [1, 2], n_past=2, next_token=9) for i in range(3)]
     long_prompt = FakeSeq(7, list(range(100)))
-    calls = plan_step(decoding + [long_prompt], chunk=16, prefill_budget=16)
+    calls = plan_step(decoding + [long_prompt], prefill_budget=16)
     assert [[p.seq.seq_id for p in call] for call in calls] == [[0, 1, 2], [7]]
     assert all(len(p.tokens) == 1 and p.wants_logits for p in calls[0])
     assert flat(calls[1:]) == [(7, 16, 0, False)]  # a whole chunk: more prompt to come, no logits
@@ -75,24 +79,37 @@ def test_decoders_go_first_in_their_own_call_and_prefill_is_chunked():
 def test_chunks_are_cut_at_fixed_multiples_whatever_the_budget_left():
     # A prompt resumed mid-chunk (after a cache hit, say) first runs up to the next boundary.
     seq = FakeSeq(0, list(range(50)), n_past=5)
-    assert flat(plan_step([seq], chunk=16, prefill_budget=16)) == [(0, 11, 5, False)]
+    assert flat(plan_step([seq], prefill_budget=16)) == [(0, 11, 5, False)]
     seq.n_past = 48
-    assert flat(plan_step([seq], chunk=16, prefill_budget=16)) == [(0, 2, 48, True)]
+    assert flat(plan_step([seq], prefill_budget=16)) == [(0, 2, 48, True)]
 
 
 def test_a_step_always_advances_one_prompt_and_never_overtakes():
     a, b, c = FakeSeq(0, list(range(30))), FakeSeq(1, list(range(30))), FakeSeq(2, list(range(3)))
     # a's chunk fills the budget; b may not go, and c (which would fit) may not overtake b.
-    assert flat(plan_step([a, b, c], chunk=16, prefill_budget=16)) == [(0, 16, 0, False)]
+    assert flat(plan_step([a, b, c], prefill_budget=16)) == [(0, 16, 0, False)]
     # A budget of two chunks takes a and b; equal lengths share one call.
-    calls = plan_step([a, b, c], chunk=16, prefill_budget=32)
+    calls = plan_step([a, b, c], prefill_budget=32)
     assert [[p.seq.seq_id for p in call] for call in calls] == [[0, 1]]
 
 
 def test_calls_hold_equal_token_counts_per_sequence():
     a, b = FakeSeq(0, list(range(20)), n_past=16), FakeSeq(1, list(range(40)))
-    calls = plan_step([a, b], chunk=16, prefill_budget=64)
+    calls = plan_step([a, b], prefill_budget=64)
     assert [[(p.seq.seq_id, len(p.tokens)) for p in call] for call in calls] == [[(0, 4)], [(1, 16)]]
+
+
+def test_prompts_are_also_cut_after_message_ends():
+    END = 2
+    prompt = [1, 5, 5, 5, END, 9, 1, 7, 7] + list(range(100, 130))
+    seq = FakeSeq(0, prompt, chunk=16, boundaries=frozenset({END}))
+    cuts = []
+    while seq.n_past < len(prompt):
+        cuts.append(seq.next_cut())
+        seq.n_past = cuts[-1]
+    assert cuts == [5, 16, 32, len(prompt)]
+    assert last_cut(prompt, 15, 16, {END}) == 5 and last_cut(prompt, 16, 16, {END}) == 16
+    assert last_cut(prompt, 4, 16, {END}) == 0
 
 
 def test_token_logprobs_match_a_softmax():

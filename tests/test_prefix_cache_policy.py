@@ -97,3 +97,14 @@ def test_requests_with_several_choices_do_not_use_the_cache_and_cancelled_keep_w
     n = cache.admit(None)
     assert n.source == "miss" and n.slot_id != a.slot_id  # the empty slot, not the cached one
     assert cache.lookups == 1
+
+
+def test_a_shared_system_message_is_reused_up_to_its_end():
+    END = 2
+    system = [1, 50, 51, 52, 53, 54, END]  # 7 tokens: shorter than a chunk, ends a message
+    cache = PrefixCache(1, chunk=64, ram_budget=10**9, disk_budget=0, boundary_tokens=frozenset({END}))
+    a = cache.admit(system + [1, 60, 61, END])
+    cache.release(a.slot_id, system + [1, 60, 61, END], cacheable=True)
+    assert cache.slots[0].prefix == tuple(system + [1, 60, 61, END])
+    b = cache.admit(system + [1, 70, 71, END])
+    assert (b.source, b.reuse) == ("context", len(system))

@@ -24,7 +24,7 @@ from host_runtime.engine.metrics import EngineMetrics
 from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demote, PrefixCache, Restore, Spill,
                                               Trim)
 from host_runtime.engine.sampling import SamplingParams, build_sampler_chain, token_logprobs
-from host_runtime.engine.step_plan import plan_step
+from host_runtime.engine.step_plan import next_cut, plan_step
 from host_runtime.engine.stop_matcher import StopMatcher
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,15 @@ class Sequence:
         self.stop = StopMatcher(request.stops)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.sampler = build_sampler_chain(engine.model.model, request.sampling, index)
+        self.request_model = engine.model
         self.last_token_at: float | None = None
 
     def is_prefilling(self) -> bool:
         return self.n_past < len(self.request.prompt_tokens)
+
+    def next_cut(self) -> int:
+        model = self.request_model
+        return next_cut(self.request.prompt_tokens, self.n_past, model.prefill_chunk, model.boundary_tokens)
 
     def pending_tokens(self):
         if self.is_prefilling():
@@ -90,7 +95,8 @@ class Engine:
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._active: list[Sequence] = []
         self.cache = PrefixCache(model.n_parallel, model.prefill_chunk, prefix_cache.ram_bytes,
-                                 prefix_cache.disk_bytes if prefix_cache.directory else 0, prefix_cache.enabled)
+                                 prefix_cache.disk_bytes if prefix_cache.directory else 0, prefix_cache.enabled,
+                                 boundary_tokens=model.boundary_tokens)
         self.store = KVStore(prefix_cache.directory if prefix_cache.enabled else None, model.cache_fingerprint)
         for key, nbytes in self.store.scan():
             self.cache.found_on_disk(key, nbytes)
@@ -309,7 +315,7 @@ class Engine:
         self._publish_cache()
 
     def _step(self) -> None:
-        for call in plan_step(self._active, self.model.prefill_chunk, self.model.prefill_budget):
+        for call in plan_step(self._active, self.model.prefill_budget):
             self._decode_call(call)
 
     def _decode_call(self, call) -> None:

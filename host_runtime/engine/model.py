@@ -63,7 +63,7 @@ class ContextConfig:
     kv_budget_bytes: int = 1 << 30
     max_waiting: int | None = None  # None: follows n_parallel
     n_batch: int = 512  # a step's prompt-token budget (several prompts, one chunk each)
-    prefill_chunk: int = 64  # prompt tokens per chunk: the unit of chunked prefill and of prefix caching
+    prefill_chunk: int = 128  # prompt tokens per chunk: the unit of chunked prefill and of prefix caching
     n_threads: int = 0  # 0: every core
     n_gpu_layers: int = 0
     batch_invariant: bool = True  # temperature-0 output independent of what else is batched
@@ -126,6 +126,9 @@ class LoadedModel:
         except ValueError as exc:
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {exc}") from None
         self.n_vocab = self.model.n_vocab()
+        # Tokens after which a prompt is always cut (chat message ends): see step_plan.
+        self.boundary_tokens = frozenset(t for t in range(self.n_vocab)
+                                         if llama_cpp.llama_vocab_is_eog(self.model.vocab, t))
         self.metadata = self.model.metadata()
         self.eos_text = self._token_text(self.model.token_eos())
         self.bos_text = self._token_text(self.model.token_bos())
@@ -134,7 +137,7 @@ class LoadedModel:
             log.warning("%s has no chat template in its metadata; using ChatML", self.model_id)
         # Cached KV is only valid for these weights, this llama.cpp, this cache type and chunking.
         self.cache_fingerprint = (f"{self.model_id}:{self.path.stat().st_size}:llama-cpp-python-{llama_cpp.__version__}"
-                                  f":f16:streams:chunk{self.prefill_chunk}")
+                                  f":f16:streams:chunk{self.prefill_chunk}:eog-cuts")
         self._embed_ctx = None
         self._pieces: dict[int, bytes] = {}
 

@@ -4,8 +4,9 @@
 - ram: a slot's prefix saved with llama_state_seq_get_data when the slot is taken by another prompt;
 - disk: RAM's least recently used entries, written to files, when RAM is over its byte budget.
 
-Only whole prefill chunks of *prompt* tokens are cached: a hit then resumes prefill at the
-same chunk boundary a miss would, so a hit's output is identical to a miss's (see step_plan).
+Only *prompt* tokens up to a cut point are cached (a multiple of the chunk, or just after an
+end-of-generation token, see step_plan): a hit then resumes prefill exactly where a miss
+would cut, so a hit's output is identical to a miss's.
 The policy returns actions; the engine carries them out and reports sizes back.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 import collections
 import itertools
 from dataclasses import dataclass, field
+
+from host_runtime.engine.step_plan import last_cut
 
 Key = tuple[int, ...]
 
@@ -85,9 +88,11 @@ def common_prefix(a, b) -> int:
 
 
 class PrefixCache:
-    def __init__(self, n_slots: int, chunk: int, ram_budget: int, disk_budget: int, enabled: bool = True):
+    def __init__(self, n_slots: int, chunk: int, ram_budget: int, disk_budget: int, enabled: bool = True,
+                 boundary_tokens: frozenset[int] = frozenset()):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.chunk = chunk
+        self.boundary_tokens = boundary_tokens
         self.ram_budget = ram_budget
         self.disk_budget = disk_budget
         self.enabled = enabled
@@ -104,12 +109,14 @@ class PrefixCache:
         return sum(1 for s in self.slots if not s.busy)
 
     def cacheable_length(self, prompt) -> int:
-        """The longest whole-chunk prefix of `prompt` that still leaves a token to compute logits from."""
-        return ((len(prompt) - 1) // self.chunk) * self.chunk if prompt else 0
+        """The longest prefix of `prompt` ending at a cut point that still leaves a token to compute logits from."""
+        return last_cut(prompt, len(prompt) - 1, self.chunk, self.boundary_tokens) if prompt else 0
 
     def aligned_match(self, key: Key, prompt) -> int:
-        limit = self.cacheable_length(prompt)
-        return (min(common_prefix(key, prompt), limit) // self.chunk) * self.chunk
+        if not prompt:
+            return 0
+        shared = min(common_prefix(key, prompt), len(prompt) - 1)
+        return last_cut(prompt, shared, self.chunk, self.boundary_tokens)
 
     def bytes_in(self, tier: str) -> int:
         return sum(e.nbytes for e in (self.ram if tier == "ram" else self.disk).values())
@@ -175,7 +182,8 @@ class PrefixCache:
         slot = self.slots[slot_id]
         slot.busy = False
         slot.last_used = next(self._clock)
-        keep = (len(prefilled) // self.chunk) * self.chunk if (cacheable and self.enabled) else 0
+        keep = last_cut(prefilled, len(prefilled), self.chunk, self.boundary_tokens) \
+            if (cacheable and self.enabled) else 0
         slot.prefix = tuple(prefilled[:keep])
         return Trim(slot_id, keep)
 

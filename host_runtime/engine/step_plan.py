@@ -4,10 +4,13 @@ Every decoding sequence contributes its one pending token first, so streams
 already running never wait behind a prompt; then prompts advance by whole
 chunks (chunked prefill), oldest request first, up to the step's prefill budget.
 
-Chunks are cut at fixed multiples of `chunk` counted from position 0, never
+Chunks are cut at fixed multiples of `chunk` counted from position 0, and
+right after every end-of-generation token (where a chat message ends), never
 where a budget happens to run out: llama.cpp's results for a sequence are
 bit-identical only if its prompt is cut at the same places, so this is what
-makes a request's output the same alone or batched. For the same reason the
+makes a request's output the same alone or batched. Cut points depend on the
+tokens alone, so two prompts sharing their first m tokens share every cut
+below m: that is what lets the prefix cache resume where a miss would cut. For the same reason the
 calls are grouped so that each holds sequences with equal token counts
 (llama.cpp sub-splits a call whose sequences have unequal counts).
 """
@@ -15,7 +18,25 @@ calls are grouped so that each holds sequences with equal token counts
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import AbstractSet, Protocol, Sequence
+
+
+def next_cut(tokens: Sequence[int], pos: int, chunk: int, boundary_tokens: AbstractSet[int]) -> int:
+    """The first cut point after `pos`: the next multiple of `chunk`, or just after a boundary token."""
+    limit = min((pos // chunk + 1) * chunk, len(tokens))
+    for i in range(pos, limit):
+        if tokens[i] in boundary_tokens:
+            return i + 1
+    return limit
+
+
+def last_cut(tokens: Sequence[int], upto: int, chunk: int, boundary_tokens: AbstractSet[int]) -> int:
+    """The last cut point at or before `upto` (0 if none)."""
+    best = (upto // chunk) * chunk
+    for i in range(upto - 1, best - 1, -1):
+        if tokens[i] in boundary_tokens:
+            return i + 1
+    return best
 
 
 class Schedulable(Protocol):
@@ -24,6 +45,7 @@ class Schedulable(Protocol):
 
     def pending_tokens(self) -> Sequence[int]: ...
     def is_prefilling(self) -> bool: ...
+    def next_cut(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -34,7 +56,7 @@ class BatchSlice:
     wants_logits: bool  # True when this slice ends where the sequence samples its next token
 
 
-def plan_step(active: Sequence[Schedulable], chunk: int, prefill_budget: int) -> list[list[BatchSlice]]:
+def plan_step(active: Sequence[Schedulable], prefill_budget: int) -> list[list[BatchSlice]]:
     """The decode calls for one step: first all decode tokens, then prompt chunks grouped by length.
 
     At least one prompt chunk is planned whenever a sequence is prefilling, so prompts always progress.
@@ -51,7 +73,7 @@ def plan_step(active: Sequence[Schedulable], chunk: int, prefill_budget: int) ->
         if not seq.is_prefilling():
             continue
         pending = seq.pending_tokens()
-        take = min(chunk - seq.n_past % chunk, len(pending))
+        take = min(seq.next_cut() - seq.n_past, len(pending))
         if prefills and used + take > prefill_budget:
             break  # arrival order: a later prompt does not overtake an earlier one
         prefills.append(BatchSlice(seq, pending[:take], seq.n_past, take == len(pending)))
