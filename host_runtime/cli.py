@@ -83,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--socket", required=True, metavar="PATH", help="Unix socket to listen on")
     _add_engine_options(engine)
 
+    discover = sub.add_parser("discover", help="enumerate the hardware and write the topology file",
+                              description="Enumerate CPUs, memory, GPUs, PCIe, storage, network and BMC.")
+    discover.add_argument("--output", metavar="PATH",
+                          help="topology file (default: $EVERYCYCLE_RUN_DIR/topology.json, else /run/everycycle/topology.json)")
+    discover.add_argument("--print", action="store_true", help="print the topology instead of writing it")
+    discover.add_argument("--format", choices=["json", "table"], default="json", help="with --print: json or a short table")
+    discover.add_argument("--watch", action="store_true", help="keep running: rewrite the file when hardware or addresses change")
+    discover.add_argument("--debounce", type=float, default=0.5, metavar="S", help="with --watch: settle time after events")
+    discover.add_argument("--bmc-address", metavar="ADDR", help="a BMC the configuration names (IPMI over LAN)")
+
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     create = keys_sub.add_parser("create", help="create a key, print it once, store only its hash")
@@ -162,6 +172,37 @@ def cmd_engine(parser, args) -> int:
     return 0 if service.state != "failed" else 1
 
 
+def cmd_discover(parser, args) -> int:
+    import json
+
+    from host_runtime.discovery import table, topology
+    from host_runtime.discovery.watch import TopologyWatcher
+
+    output = Path(args.output) if args.output else Path(os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle")) / "topology.json"
+    if args.print or args.format == "table":
+        doc = topology.collect(args.bmc_address)
+        print(table.render(doc) if args.format == "table" else json.dumps(doc, indent=2))
+        return 0
+    try:
+        if args.watch:
+            import signal
+
+            watcher = TopologyWatcher(output, args.debounce, args.bmc_address)
+            signal.signal(signal.SIGTERM, lambda *_: watcher.stop())  # supervisord's stop: finish cleanly
+            watcher.run()
+            return 0
+        doc = topology.collect(args.bmc_address)
+        topology.write(doc, output)
+    except topology.TopologyInvalid as exc:
+        print(f"everycycle discover: the collected topology does not validate: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"everycycle discover: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(output)
+    return 0
+
+
 def cmd_keys(parser, args) -> int:
     from host_runtime.auth.keystore import KeyStoreError, create_key, load_keys, revoke_key
 
@@ -188,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging()
-    handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys}
+    handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys, "discover": cmd_discover}
     try:
         return handlers[args.command](parser, args)
     except KeyboardInterrupt:

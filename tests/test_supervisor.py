@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,8 +29,13 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: ready(base), 90, "serving under supervisord", sup)
-        wait_for(lambda: "RUNNING" in subprocess.run(ctl + ["status", "serving"], capture_output=True,
-                                                       text=True).stdout, 30, "RUNNING state")
+        for program in ("serving", "discovery"):
+            wait_for(lambda: "RUNNING" in subprocess.run(ctl + ["status", program], capture_output=True,
+                                                           text=True).stdout, 30, f"{program} RUNNING")
+        wait_for(lambda: (run / "topology.json").exists(), 30, "discovery to write the topology")
+        from host_runtime.discovery import topology
+
+        topology.validate(json.loads((run / "topology.json").read_text()))
         # Kill the engine: the serving program must go down and come back by itself.
         engine_pid = int(subprocess.run(["pgrep", "-f", f"engine --socket {run}/serving/engine.sock"],
                                         capture_output=True, text=True).stdout.split()[0])

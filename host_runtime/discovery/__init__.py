@@ -1,0 +1,1 @@
+"""Hardware discovery: what the box has, written as a validated topology file."""
