@@ -157,3 +157,29 @@ def test_queue_full_is_503_with_retry_after_over_http(tmp_path):
         assert waiting.get(timeout=60)["choices"][0]["finish_reason"] == "length"
     finally:
         proc.stop()
+
+
+def test_a_failed_admission_errors_that_request_only(model, monkeypatch):
+    engine = Engine(model, max_waiting=8)
+    log = Log()
+    engine.start()
+    engine.submit(request(model, log, "ok", "1, 2, 3,", 40))
+    wait_for(lambda: any(n == "ok" and e["type"] == "token" for n, e in log.events), 60, "the first stream")
+    import host_runtime.engine.engine as engine_module
+
+    real = engine_module.Sequence
+
+    def broken(engine_, req, *args, **kwargs):
+        if req.prompt_tokens[:2] == model.tokenize("Broken", add_bos=False, special=False)[:2]:
+            raise RuntimeError("simulated failure while building a sampler")
+        return real(engine_, req, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "Sequence", broken)
+    engine.submit(request(model, log, "bad", "Broken request", 5))
+    assert log.done["bad"].wait(30)
+    assert [e for n, e in log.events if n == "bad"][-1]["type"] == "error"
+    monkeypatch.setattr(engine_module, "Sequence", real)
+    assert log.done["ok"].wait(60)  # the running stream finished normally
+    assert [e for n, e in log.events if n == "ok"][-1]["type"] == "done"
+    assert engine.cache.free_slots() == model.n_parallel
+    engine.stop()

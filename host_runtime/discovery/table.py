@@ -13,6 +13,25 @@ def _gib(n) -> str:
     return _v(n, lambda b: f"{b / 2**30:.1f} GiB")
 
 
+def _each(label: str, items, line) -> list[str]:
+    """One line per item, or one line saying why the whole source is unavailable."""
+    if is_unavailable(items):
+        return [f"{label:<8} {_v(items)}"]
+    return [f"{label:<8} {line(item)}" for item in items]
+
+
+def _disk_line(d: dict) -> str:
+    mounts = ", ".join(f"{m['mountpoint']} ({_gib(m['free_bytes'])} free)" for m in d["mounts"]) or "not mounted"
+    rotational = " rotational" if d["rotational"] is True else ""
+    return f"{d['name']} {_v(d['model'])} {_gib(d['size_bytes'])} {d['transport']}{rotational}: {mounts}"
+
+
+def _link_line(link: dict) -> str:
+    addrs = ", ".join(f"{a['address']}/{a['prefixlen']}" for a in link["addresses"]) or "no address"
+    speed = "speed n/a" if is_unavailable(link["speed_mbps"]) else f"{link['speed_mbps']} Mb/s"
+    return f"{link['name']} {link['state']} {link['mac'] or ''} mtu {link['mtu']} {speed}: {addrs}"
+
+
 def render(doc: dict) -> str:
     cpu, mem = doc["cpu"], doc["memory"]
     lines = [f"Host     {doc['host']['hostname']} (kernel {doc['host']['kernel']})",
@@ -36,22 +55,8 @@ def render(doc: dict) -> str:
         pcie = g["pcie"]
         link = f"x{_v(pcie.get('current_link_width', '?'))} of x{_v(pcie.get('max_link_width', '?'))}"
         lines.append(f"GPU      {g['pci_address']} {name}{vram}, driver {g['driver'] or 'NONE'}, PCIe {link}")
-    disks = doc["storage"]
-    if is_unavailable(disks):
-        lines.append(f"Disks    {_v(disks)}")
-    else:
-        for d in disks:
-            mounts = ", ".join(f"{m['mountpoint']} ({_gib(m['free_bytes'])} free)" for m in d["mounts"]) or "not mounted"
-            lines.append(f"Disk     {d['name']} {_v(d['model'])} {_gib(d['size_bytes'])} {d['transport']}"
-                         f"{' rotational' if d['rotational'] is True else ''}: {mounts}")
-    net = doc["network"]
-    if is_unavailable(net):
-        lines.append(f"Network  {_v(net)}")
-    else:
-        for link in net:
-            addrs = ", ".join(f"{a['address']}/{a['prefixlen']}" for a in link["addresses"]) or "no address"
-            speed = _v(link["speed_mbps"], lambda s: f"{s} Mb/s") if not is_unavailable(link["speed_mbps"]) else "speed n/a"
-            lines.append(f"Link     {link['name']} {link['state']} {link['mac'] or ''} mtu {link['mtu']} {speed}: {addrs}")
+    lines += _each("Disk", doc["storage"], _disk_line)
+    lines += _each("Link", doc["network"], _link_line)
     bmc = doc["bmc"]
     lines.append("BMC      " + (f"local {bmc['local_ipmi_device']}" if bmc["local_ipmi_device"] else
                                f"configured at {bmc['configured_address']}" if bmc["configured_address"] else "none found"))

@@ -221,10 +221,27 @@ class Engine:
     def _admit(self, request: GenerationRequest) -> None:
         # Only single-choice requests use the cache: n choices would each want the same slot content.
         prompt = request.prompt_tokens if request.n == 1 else None
-        for index in range(request.n):
-            admission = self.cache.admit(prompt)
-            reuse = self._apply(admission)
-            self._active.append(Sequence(self, request, index, admission.slot_id, n_past=reuse))
+        taken: list[int] = []
+        try:
+            for index in range(request.n):
+                admission = self.cache.admit(prompt)
+                taken.append(admission.slot_id)
+                reuse = self._apply(admission)
+                self._active.append(Sequence(self, request, index, admission.slot_id, n_past=reuse))
+        except Exception:
+            # A failure here is this request's alone: free what it took, tell its client, keep the batch.
+            import llama_cpp
+
+            log.exception("admitting a request failed")
+            for seq in [s for s in self._active if s.request is request]:
+                self._active.remove(seq)
+                seq.sampler.close()
+            for slot_id in taken:
+                self.cache.release(slot_id, [], cacheable=False)
+                llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, slot_id, -1, -1)
+            request.cancel()
+            request.sink({"type": "error", "error": RequestRejected(
+                500, "internal error while starting this request", error_type="server_error").to_wire()})
         self._publish_cache()
 
     def _apply(self, admission: Admission) -> int:
