@@ -93,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     discover.add_argument("--debounce", type=float, default=0.5, metavar="S", help="with --watch: settle time after events")
     discover.add_argument("--bmc-address", metavar="ADDR", help="a BMC the configuration names (IPMI over LAN)")
 
+    governor = sub.add_parser("governor", help="the thermal-aware power governor")
+    gov_sub = governor.add_subparsers(dest="governor_command", metavar="ACTION", required=True)
+    sim = gov_sub.add_parser("simulate", help="try a power policy against simulated GPUs, faster than real time")
+    sim.add_argument("--seconds", type=float, default=600.0, help="simulated time (default 600)")
+    sim.add_argument("--ambient", type=float, default=25.0, metavar="C", help="inlet air temperature (default 25)")
+    sim.add_argument("--inlet-step", metavar="C@T", help="raise the inlet by C degrees at T seconds, e.g. 10@300")
+    sim.add_argument("--gpus", type=_positive, default=1, metavar="N")
+    sim.add_argument("--target", type=float, default=75.0, metavar="C", help="target temperature (default 75)")
+    sim.add_argument("--json", action="store_true", help="print the whole summary as JSON")
+
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     create = keys_sub.add_parser("create", help="create a key, print it once, store only its hash")
@@ -203,6 +213,33 @@ def cmd_discover(parser, args) -> int:
     return 0
 
 
+def cmd_governor(parser, args) -> int:
+    import json
+
+    from host_runtime.governor.control import PowerPolicy
+    from host_runtime.governor.simulate import Scenario, run
+
+    step_c, step_at = 0.0, 0.0
+    if args.inlet_step:
+        try:
+            c, _, at = args.inlet_step.partition("@")
+            step_c, step_at = float(c), float(at)
+        except ValueError:
+            parser.error(f"--inlet-step: expected DEGREES@SECONDS such as 10@300, got {args.inlet_step!r}")
+    if args.seconds <= 0:
+        parser.error("--seconds: must be more than 0")
+    summary = run(Scenario(seconds=args.seconds, ambient_c=args.ambient, inlet_step_c=step_c, inlet_step_at_s=step_at,
+                           gpus=args.gpus), PowerPolicy(target_c=args.target))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        for g in summary["gpus"]:
+            print(f"{g['name']} (simulator): peak {g['peak_temperature_c']} C at {g['peak_at_s']} s, overshoot "
+                  f"{g['overshoot_over_target_c']} C, settled after {g['settling_time_s']} s, final limit "
+                  f"{g['final_limit_w']} W ({g['final_state']})")
+    return 0
+
+
 def cmd_keys(parser, args) -> int:
     from host_runtime.auth.keystore import KeyStoreError, create_key, load_keys, revoke_key
 
@@ -229,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging()
-    handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys, "discover": cmd_discover}
+    handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys, "discover": cmd_discover, "governor": cmd_governor}
     try:
         return handlers[args.command](parser, args)
     except KeyboardInterrupt:
