@@ -56,6 +56,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache-dir", metavar="DIR",
                    help="where the disk tier lives (serve: RUN_DIR/prefix-cache; engine: no disk tier without it)")
     p.add_argument("--no-prefix-cache", action="store_true", help="recompute every prompt from scratch")
+    p.add_argument("--governor-state", metavar="PATH",
+                   help="the power governor's state file: its throttle level lowers concurrency (default: none)")
     p.add_argument("--gpu-layers", type=_non_negative, default=0, metavar="N", help="layers to offload to a GPU (default 0)")
 
 
@@ -102,6 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--gpus", type=_positive, default=1, metavar="N")
     sim.add_argument("--target", type=float, default=75.0, metavar="C", help="target temperature (default 75)")
     sim.add_argument("--json", action="store_true", help="print the whole summary as JSON")
+
+    gov_run = gov_sub.add_parser("run", help="run the governor: read temperatures, decide limits, publish them")
+    gov_run.add_argument("--backend", choices=["nvml", "amdgpu", "simulator"], required=True,
+                         help="where temperatures come from and limits go (simulator: simulated GPUs, for demos and tests)")
+    gov_run.add_argument("--mode", choices=["observe", "enforce"],
+                         help="observe: decide and publish, never change a card (the default for real GPUs); "
+                              "enforce: apply the limits (the default for the simulator)")
+    gov_run.add_argument("--state", metavar="PATH",
+                         help="state file (default: $EVERYCYCLE_RUN_DIR/governor.json); metrics go beside it as .prom")
+    gov_run.add_argument("--tick", type=float, default=1.0, metavar="S", help="seconds between decisions (default 1)")
+    gov_run.add_argument("--target", type=float, default=75.0, metavar="C", help="target temperature (default 75)")
+    gov_run.add_argument("--sim-gpus", type=_positive, default=2, metavar="N", help="simulator: number of GPUs")
+    gov_run.add_argument("--sim-ambient", type=float, default=25.0, metavar="C", help="simulator: inlet air")
+    gov_run.add_argument("--sim-speed", type=float, default=1.0, metavar="X", help="simulator: simulated seconds per second")
 
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
@@ -177,7 +193,7 @@ def cmd_engine(parser, args) -> int:
                            max_waiting=args.max_queue)
     cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
                               disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
-    service = EngineService(model, config, cache)
+    service = EngineService(model, config, cache, governor_state=args.governor_state)
     serve_engine(args.socket, service)
     return 0 if service.state != "failed" else 1
 
@@ -219,6 +235,9 @@ def cmd_governor(parser, args) -> int:
     from host_runtime.governor.control import PowerPolicy
     from host_runtime.governor.simulate import Scenario, run
 
+    if args.governor_command == "run":
+        return cmd_governor_run(parser, args)
+
     step_c, step_at = 0.0, 0.0
     if args.inlet_step:
         try:
@@ -237,6 +256,34 @@ def cmd_governor(parser, args) -> int:
             print(f"{g['name']} (simulator): peak {g['peak_temperature_c']} C at {g['peak_at_s']} s, overshoot "
                   f"{g['overshoot_over_target_c']} C, settled after {g['settling_time_s']} s, final limit "
                   f"{g['final_limit_w']} W ({g['final_state']})")
+    return 0
+
+
+def cmd_governor_run(parser, args) -> int:
+    import signal
+
+    from host_runtime.governor.backends import AmdHwmonBackend, GovernorBackendError, NvmlBackend, SimulatorBackend
+    from host_runtime.governor.control import PowerPolicy
+    from host_runtime.governor.service import Governor
+
+    mode = args.mode or ("enforce" if args.backend == "simulator" else "observe")
+    state = Path(args.state) if args.state else Path(os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle")) / "governor.json"
+    if args.tick <= 0:
+        parser.error("--tick: must be more than 0")
+    try:
+        if args.backend == "nvml":
+            backend = NvmlBackend()
+        elif args.backend == "amdgpu":
+            backend = AmdHwmonBackend()
+        else:
+            backend = SimulatorBackend(args.sim_gpus, args.sim_ambient, args.sim_speed)
+    except GovernorBackendError as exc:
+        print(f"everycycle governor: --backend {args.backend}: {exc}", file=sys.stderr)
+        return 2
+    governor = Governor(backend, PowerPolicy(target_c=args.target), mode=mode, state_path=state, tick_s=args.tick)
+    signal.signal(signal.SIGTERM, lambda *_: governor.stop())  # stop, then restore the cards' defaults
+    logging.getLogger("everycycle.governor").info("governor: %s backend, %s mode, state in %s", backend.name, mode, state)
+    governor.run()
     return 0
 
 

@@ -22,17 +22,19 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
     port = free_port()
     env = {**os.environ, "EVERYCYCLE_BIN": str(BIN), "EVERYCYCLE_HOST": "127.0.0.1", "EVERYCYCLE_PORT": str(port),
            "EVERYCYCLE_STATE_DIR": str(state), "EVERYCYCLE_RUN_DIR": str(run), "EVERYCYCLE_LOG_DIR": str(log),
-           "EVERYCYCLE_SERVE_ARGS": "--threads 2 --ctx-size 1024 --parallel 2"}
+           "EVERYCYCLE_SERVE_ARGS": "--threads 2 --ctx-size 1024 --parallel 2",
+           "EVERYCYCLE_GOVERNOR_ARGS": "--backend simulator --sim-speed 20"}
     conf = str(REPO / "supervisor.d" / "supervisord.conf")
     sup = Proc([str(BIN / "supervisord"), "-c", conf], tmp_path / "supervisord.out", env=env)
     ctl = [str(BIN / "supervisorctl"), "-s", f"unix://{run}/supervisor.sock"]
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: ready(base), 90, "serving under supervisord", sup)
-        for program in ("serving", "discovery"):
+        for program in ("serving", "discovery", "governor"):
             wait_for(lambda: "RUNNING" in subprocess.run(ctl + ["status", program], capture_output=True,
                                                            text=True).stdout, 30, f"{program} RUNNING")
         wait_for(lambda: (run / "topology.json").exists(), 30, "discovery to write the topology")
+        wait_for(lambda: (run / "governor.json").exists(), 30, "the governor to publish its state")
         from host_runtime.discovery import topology
 
         topology.validate(json.loads((run / "topology.json").read_text()))

@@ -30,3 +30,12 @@ def plan_capacity(per_token: int, n_ctx_per_seq: int, budget_bytes: int, n_paral
     if max_waiting is None:
         max_waiting = QUEUE_PER_SEQUENCE * n_parallel
     return Capacity(n_parallel, max_waiting, per_token, per_seq * n_parallel)
+
+
+def sequences_allowed(throttle_level: int, n_parallel: int) -> int:
+    """The governor's admission hint applied: half the sequences at level 1, one at level 2."""
+    if throttle_level >= 2:
+        return 1
+    if throttle_level == 1:
+        return max(1, n_parallel // 2)
+    return n_parallel

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine.capacity import sequences_allowed
 from host_runtime.engine.kv_store import KVStore
 from host_runtime.engine.metrics import EngineMetrics
 from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demote, PrefixCache, Restore, Spill,
@@ -26,6 +27,7 @@ from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demo
 from host_runtime.engine.sampling import SamplingParams, build_sampler_chain, token_logprobs
 from host_runtime.engine.step_plan import next_cut, plan_step
 from host_runtime.engine.stop_matcher import StopMatcher
+from host_runtime.engine.throttle import ThrottleReader
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +89,10 @@ class Sequence:
 
 
 class Engine:
-    def __init__(self, model, *, max_waiting: int = 64, prefix_cache: PrefixCacheConfig = PrefixCacheConfig()):
+    def __init__(self, model, *, max_waiting: int = 64, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
+                 governor_state: str | None = None):
         self.model = model
+        self.throttle = ThrottleReader(governor_state)
         self.metrics = EngineMetrics()
         self.max_waiting = max_waiting
         self._cv = threading.Condition()  # guards _waiting; everything below it is the loop thread's alone
@@ -212,9 +216,18 @@ class Engine:
     def _pop_admissible_locked(self) -> list[GenerationRequest]:
         """Requests that get their slots now, strictly in arrival order."""
         admitted = []
-        free = self.cache.free_slots()
-        while self._waiting and free >= self._waiting[0].n:
-            free -= self._waiting[0].n
+        level = self.throttle.level()
+        allowed = sequences_allowed(level, self.model.n_parallel)
+        busy = self.model.n_parallel - self.cache.free_slots()
+        free = min(self.cache.free_slots(), max(0, allowed - busy))
+        self.metrics.set_throttle(level, allowed)
+        while self._waiting:
+            n = self._waiting[0].n
+            # A request wanting more choices than the hint allows still runs, alone, when nothing else does.
+            alone = busy == 0 and not admitted and n > allowed and self.cache.free_slots() >= n
+            if free < n and not alone:
+                break
+            free = max(0, free - n)
             admitted.append(self._waiting.popleft())
         return admitted
 

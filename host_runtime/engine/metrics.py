@@ -58,6 +58,8 @@ class EngineMetrics:
         self.kv_cells_used = 0
         self.kv_cells_total = 0
         self.cache: dict = {}
+        self.throttle_level = 0
+        self.sequences_allowed = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.time_per_token = Histogram(TOKEN_BUCKETS)
 
@@ -71,6 +73,10 @@ class EngineMetrics:
             self.requests_deferred = deferred
             self.kv_cells_used = kv_used
             self.kv_cells_total = kv_total
+
+    def set_throttle(self, level: int, allowed: int) -> None:
+        with self._lock:
+            self.throttle_level, self.sequences_allowed = level, allowed
 
     def set_cache(self, figures: dict) -> None:
         with self._lock:
@@ -101,6 +107,10 @@ class EngineMetrics:
             gauges = {
                 "requests_processing": (self.requests_processing, "Requests being generated now."),
                 "requests_deferred": (self.requests_deferred, "Requests waiting for a free sequence slot."),
+                "governor_throttle_level": (self.throttle_level,
+                                            "The power governor's admission hint (0 normal, 1 a GPU at its floor, "
+                                            "2 emergency or failsafe)."),
+                "sequences_allowed": (self.sequences_allowed, "Sequences the scheduler may run now, after the hint."),
                 "kv_cache_usage_ratio": (
                     self.kv_cells_used / self.kv_cells_total if self.kv_cells_total else 0.0,
                     "Share of KV cache cells held by running sequences.",

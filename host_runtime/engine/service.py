@@ -26,10 +26,12 @@ EVENT_POLL_S = 0.05  # how often a waiting handler checks whether its worker hun
 
 
 class EngineService:
-    def __init__(self, model_path: str, config: ContextConfig, prefix_cache: PrefixCacheConfig = PrefixCacheConfig()):
+    def __init__(self, model_path: str, config: ContextConfig, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
+                 governor_state: str | None = None):
         self.model_path = model_path
         self.config = config
         self.prefix_cache = prefix_cache
+        self.governor_state = governor_state
         self.model_id = model_id_for(model_path)
         self.state = "loading"
         self.state_reason = "loading the model"
@@ -45,7 +47,7 @@ class EngineService:
             self.model = LoadedModel(self.model_path, self.config)
             self.prompts = PromptBuilder(self.model)
             self.engine = Engine(self.model, max_waiting=self.model.capacity.max_waiting,
-                                 prefix_cache=self.prefix_cache)
+                                 prefix_cache=self.prefix_cache, governor_state=self.governor_state)
             self.engine.start()
         except ModelLoadError as exc:
             self.state, self.state_reason = "failed", str(exc)

@@ -103,7 +103,8 @@ class ServingApplication(BaseApplication):
 
 
 ENGINE_OPTIONS = ("threads", "ctx_size", "parallel", "kv_budget_mib", "max_queue", "gpu_layers",
-                  "prefix_cache_ram_mib", "prefix_cache_disk_mib", "prefix_cache_dir", "no_prefix_cache")
+                  "prefix_cache_ram_mib", "prefix_cache_disk_mib", "prefix_cache_dir", "no_prefix_cache",
+                  "governor_state")
 
 
 def engine_argv(socket_path: str, model: str, args) -> list[str]:
