@@ -126,7 +126,8 @@ class LoadedModel:
         except ValueError as exc:
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {exc}") from None
         self.n_vocab = self.model.n_vocab()
-        # Tokens after which a prompt is always cut (chat message ends): see step_plan.
+        # End-of-generation tokens: they end a generated answer, and a prompt is always cut just
+        # after one (chat message ends; see step_plan).
         self.boundary_tokens = frozenset(t for t in range(self.n_vocab)
                                          if llama_cpp.llama_vocab_is_eog(self.model.vocab, t))
         self.metadata = self.model.metadata()
@@ -172,9 +173,7 @@ class LoadedModel:
         return piece
 
     def is_end_of_generation(self, token: int) -> bool:
-        import llama_cpp
-
-        return bool(llama_cpp.llama_vocab_is_eog(self.model.vocab, token))
+        return token in self.boundary_tokens
 
     def embeddings_context(self):
         """A second context on the same weights, in embeddings mode with mean pooling."""
