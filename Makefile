@@ -10,6 +10,8 @@ PORT ?= 8080
 SERVE_ARGS ?=
 # The governor's backend: simulated GPUs locally (a demo); "--backend nvml" on a box with NVIDIA cards.
 GOVERNOR_ARGS ?= --backend simulator
+# The BMC agent: hwmon where there is no BMC; "--backend ipmi --host H --user U --password-file F" with one.
+BMC_ARGS ?= --backend local --listen 127.0.0.1:9290
 PYTEST_ARGS ?=
 
 .PHONY: install run test clean
@@ -27,7 +29,8 @@ run: $(STAMP)
 	@key=$$($(VENV)/bin/everycycle keys create --keys $(VAR)/state/api_keys.json dev 2>/dev/null); \
 	export EVERYCYCLE_BIN=$(CURDIR)/$(VENV)/bin EVERYCYCLE_HOST=$(HOST) EVERYCYCLE_PORT=$(PORT) \
 	       EVERYCYCLE_STATE_DIR=$(VAR)/state EVERYCYCLE_RUN_DIR=$(VAR)/run EVERYCYCLE_LOG_DIR=$(VAR)/log \
-	       EVERYCYCLE_SERVE_ARGS="$(SERVE_ARGS)" EVERYCYCLE_GOVERNOR_ARGS="$(GOVERNOR_ARGS)"; \
+	       EVERYCYCLE_SERVE_ARGS="$(SERVE_ARGS)" EVERYCYCLE_GOVERNOR_ARGS="$(GOVERNOR_ARGS)" \
+	       EVERYCYCLE_BMC_ARGS="$(BMC_ARGS)"; \
 	$(VENV)/bin/supervisord -c supervisor.d/supervisord.conf & sup=$$!; \
 	trap 'echo; echo "==> stopping"; kill -TERM $$sup 2>/dev/null; wait $$sup; exit 0' INT TERM; \
 	echo "==> starting the box's services under supervisord (logs: var/log/)"; \

@@ -1,1 +1,4 @@
-"""BMC telemetry agent (IPMI through pyghmi; hwmon where there is no BMC). Arrives with its issue."""
+"""BMC telemetry agent: IPMI through pyghmi, or hwmon where there is no BMC.
+
+Self-contained: it shares nothing with host_runtime but the snapshot schema (schema.py).
+"""

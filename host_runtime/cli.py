@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     gov_run.add_argument("--sim-ambient", type=float, default=25.0, metavar="C", help="simulator: inlet air")
     gov_run.add_argument("--sim-speed", type=float, default=1.0, metavar="X", help="simulator: simulated seconds per second")
 
+    bmc = sub.add_parser("bmc", help="the BMC telemetry agent (IPMI, or hwmon where there is no BMC)",
+                         description="Serve the box's BMC (or hwmon) telemetry as JSON and Prometheus text.")
+    from agent_bmc.cli import add_arguments as add_bmc_arguments
+
+    add_bmc_arguments(bmc)
+
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     create = keys_sub.add_parser("create", help="create a key, print it once, store only its hash")
@@ -313,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging()
-    handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys, "discover": cmd_discover, "governor": cmd_governor}
+    handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys, "discover": cmd_discover, "governor": cmd_governor,
+                "bmc": lambda parser, args: __import__("agent_bmc.cli", fromlist=["run"]).run(parser, args)}
     try:
         return handlers[args.command](parser, args)
     except KeyboardInterrupt:

@@ -23,14 +23,15 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
     env = {**os.environ, "EVERYCYCLE_BIN": str(BIN), "EVERYCYCLE_HOST": "127.0.0.1", "EVERYCYCLE_PORT": str(port),
            "EVERYCYCLE_STATE_DIR": str(state), "EVERYCYCLE_RUN_DIR": str(run), "EVERYCYCLE_LOG_DIR": str(log),
            "EVERYCYCLE_SERVE_ARGS": "--threads 2 --ctx-size 1024 --parallel 2",
-           "EVERYCYCLE_GOVERNOR_ARGS": "--backend simulator --sim-speed 20"}
+           "EVERYCYCLE_GOVERNOR_ARGS": "--backend simulator --sim-speed 20",
+           "EVERYCYCLE_BMC_ARGS": f"--backend local --listen 127.0.0.1:{free_port()}"}
     conf = str(REPO / "supervisor.d" / "supervisord.conf")
     sup = Proc([str(BIN / "supervisord"), "-c", conf], tmp_path / "supervisord.out", env=env)
     ctl = [str(BIN / "supervisorctl"), "-s", f"unix://{run}/supervisor.sock"]
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: ready(base), 90, "serving under supervisord", sup)
-        for program in ("serving", "discovery", "governor"):
+        for program in ("serving", "discovery", "governor", "bmc"):
             wait_for(lambda: "RUNNING" in subprocess.run(ctl + ["status", program], capture_output=True,
                                                            text=True).stdout, 30, f"{program} RUNNING")
         wait_for(lambda: (run / "topology.json").exists(), 30, "discovery to write the topology")

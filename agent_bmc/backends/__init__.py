@@ -1,0 +1,1 @@
+"""Backends: IPMI over LAN (pyghmi) and local hwmon (psutil, /sys); both produce the same reading dict."""

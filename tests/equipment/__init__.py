@@ -1,0 +1,1 @@
+"""Test equipment: simulators and helpers the tests drive, clearly not product code."""
