@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="state file (default: $EVERYCYCLE_RUN_DIR/governor.json); metrics go beside it as .prom")
     gov_run.add_argument("--tick", type=float, default=1.0, metavar="S", help="seconds between decisions (default 1)")
     gov_run.add_argument("--target", type=float, default=75.0, metavar="C", help="target temperature (default 75)")
+    gov_run.add_argument("--bmc-url", metavar="URL",
+                         help="the BMC agent's /telemetry: a hot chassis inlet lowers every GPU's target")
     gov_run.add_argument("--sim-gpus", type=_positive, default=2, metavar="N", help="simulator: number of GPUs")
     gov_run.add_argument("--sim-ambient", type=float, default=25.0, metavar="C", help="simulator: inlet air")
     gov_run.add_argument("--sim-speed", type=float, default=1.0, metavar="X", help="simulator: simulated seconds per second")
@@ -286,7 +288,13 @@ def cmd_governor_run(parser, args) -> int:
     except GovernorBackendError as exc:
         print(f"everycycle governor: --backend {args.backend}: {exc}", file=sys.stderr)
         return 2
-    governor = Governor(backend, PowerPolicy(target_c=args.target), mode=mode, state_path=state, tick_s=args.tick)
+    inlet = None
+    if args.bmc_url:
+        from host_runtime.governor.inlet import BmcInletSource
+
+        inlet = BmcInletSource(args.bmc_url)
+    governor = Governor(backend, PowerPolicy(target_c=args.target), mode=mode, state_path=state, tick_s=args.tick,
+                        inlet_source=inlet)
     signal.signal(signal.SIGTERM, lambda *_: governor.stop())  # stop, then restore the cards' defaults
     logging.getLogger("everycycle.governor").info("governor: %s backend, %s mode, state in %s", backend.name, mode, state)
     governor.run()

@@ -212,3 +212,41 @@ def test_cli_errors_name_the_option(tmp_path):
     bad.write_text('{"backend": "local", "colour": "blue"}')
     out = subprocess.run(everycycle("bmc", "--config", str(bad)), capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "colour" in out.stderr
+
+
+def test_a_hot_inlet_on_the_bmc_lowers_the_governors_limits(sim, tmp_path):
+    """ipmi_sim -> the real agent endpoint -> the governor on simulated GPUs."""
+    pw = tmp_path / "pw"
+    pw.write_text(PASSWORD)
+    os.chmod(pw, 0o600)
+    port = free_port()
+    agent = Proc(everycycle("bmc", "--backend", "ipmi", "--host", "127.0.0.1", "--port", str(sim.port), "--user", USER,
+                            "--password-file", str(pw), "--listen", f"127.0.0.1:{port}", "--period", "0.5"),
+                 tmp_path / "agent.log")
+    state = tmp_path / "governor.json"
+    governor = Proc(everycycle("governor", "run", "--backend", "simulator", "--sim-speed", "60", "--tick", "0.1",
+                               "--bmc-url", f"http://127.0.0.1:{port}/telemetry", "--state", str(state)),
+                    tmp_path / "governor.log")
+
+    def doc():
+        try:
+            return json.loads(state.read_text())
+        except (OSError, ValueError):
+            return None
+
+    try:
+        wait_for(lambda: (d := doc()) and d["inlet_c"] == 24.0 and all(g["state"] == "controlling" for g in d["gpus"]),
+                 60, "the governor controlling with the BMC's 24 C inlet", governor)
+        time.sleep(2)  # let the limits settle at the calm target
+        calm = doc()
+        assert all(g["target_c"] == 75.0 for g in calm["gpus"])
+        sim.set_raw(1, 35)  # inlet 35 C: ten degrees over the reference
+        wait_for(lambda: (d := doc()) and d["inlet_c"] == 35.0 and all(g["target_c"] == 65.0 for g in d["gpus"]),
+                 30, "the hot inlet to reach the governor", governor)
+        time.sleep(2)
+        hot = doc()
+        for before, after in zip(calm["gpus"], hot["gpus"]):
+            assert after["decided_limit_w"] < before["decided_limit_w"] - 20
+    finally:
+        governor.stop()
+        agent.stop()

@@ -107,6 +107,8 @@ class Governor:
             log.warning("telemetry read failed: %s", exc)
             readings = {}
         inlet = self.inlet_source()
+        if inlet is not None and hasattr(self.backend, "set_ambient"):
+            self.backend.set_ambient(inlet)  # simulated cards breathe the chassis inlet too
         for gid, ctrl in self.controllers.items():
             r = readings.get(gid)
             if r is not None and r.temperature_c is not None:
