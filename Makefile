@@ -14,7 +14,7 @@ GOVERNOR_ARGS ?= --backend simulator
 BMC_ARGS ?= --backend local --listen 127.0.0.1:9290
 PYTEST_ARGS ?=
 
-.PHONY: install run test clean
+.PHONY: install run test console status clean
 
 install: $(STAMP)
 
@@ -47,6 +47,15 @@ run: $(STAMP)
 	echo "  status: $(VENV)/bin/supervisorctl -s unix://$(VAR)/run/supervisor.sock status   (Ctrl-C stops everything)"; \
 	echo ""; \
 	wait $$sup
+
+# The dashboard (or its text form) for the box `make run` started, from a second terminal.
+CONSOLE_ARGS = --run-dir $(VAR)/run --serving-url http://$(HOST):$(PORT) --keys $(VAR)/state/api_keys.json \
+	--bmc-url http://$(lastword $(subst --listen , ,$(filter --listen%,$(BMC_ARGS)) 127.0.0.1:9290))/telemetry
+console: $(STAMP)
+	@$(VENV)/bin/everycycle console $(CONSOLE_ARGS)
+
+status: $(STAMP)
+	@$(VENV)/bin/everycycle status $(CONSOLE_ARGS)
 
 test: $(STAMP)
 	@$(PY) -m pytest $(PYTEST_ARGS)

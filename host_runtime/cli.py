@@ -127,6 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bmc_arguments(bmc)
 
+    for name, help_text in (("console", "the dashboard (textual): what the box is doing, on one screen"),
+                            ("status", "the dashboard's facts as plain text")):
+        c = sub.add_parser(name, help=help_text)
+        c.add_argument("--run-dir", metavar="DIR", help="where the services publish (default: $EVERYCYCLE_RUN_DIR or /run/everycycle)")
+        c.add_argument("--serving-url", default="http://127.0.0.1:8080", metavar="URL")
+        c.add_argument("--bmc-url", default="http://127.0.0.1:9290/telemetry", metavar="URL")
+        c.add_argument("--keys", metavar="FILE", help="the API key file (only hints are ever shown)")
+        if name == "console":
+            c.add_argument("--tick", type=float, default=2.0, metavar="S", help="refresh period (default 2)")
+            c.add_argument("--allow-quit", action="store_true", help="let q leave the console (to a login shell)")
+
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     create = keys_sub.add_parser("create", help="create a key, print it once, store only its hash")
@@ -301,6 +312,27 @@ def cmd_governor_run(parser, args) -> int:
     return 0
 
 
+def cmd_console(parser, args) -> int:
+    from urllib.parse import urlparse
+
+    from host_runtime.console.data import ConsoleConfig, StatusReader
+
+    run_dir = Path(args.run_dir or os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
+    config = ConsoleConfig(run_dir=run_dir, serving_url=args.serving_url.rstrip("/"), bmc_url=args.bmc_url,
+                           keys_file=Path(args.keys) if args.keys else None,
+                           api_port=urlparse(args.serving_url).port or 8080)
+    reader = StatusReader(config)
+    if args.command == "status":
+        from host_runtime.console.status_text import render
+
+        print(render(reader.read()))
+        return 0
+    from host_runtime.console.app import Dashboard
+
+    Dashboard(reader, tick_s=args.tick, allow_quit=args.allow_quit).run()
+    return 0
+
+
 def cmd_keys(parser, args) -> int:
     from host_runtime.auth.keystore import KeyStoreError, create_key, load_keys, revoke_key
 
@@ -328,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging()
     handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys, "discover": cmd_discover, "governor": cmd_governor,
+                "console": cmd_console, "status": cmd_console,
                 "bmc": lambda parser, args: __import__("agent_bmc.cli", fromlist=["run"]).run(parser, args)}
     try:
         return handlers[args.command](parser, args)

@@ -124,7 +124,9 @@ class Governor:
             self.latest[gid] = {
                 "id": gid, "name": self.gpus[gid].name,
                 "temperature_c": r.temperature_c if r else None, "power_w": r.power_w if r else None,
-                "applied_limit_w": self.applied[gid] if self.mode == "enforce" else (r.limit_w if r else None),
+                # What the card has: our last write in enforce mode, else (or before any write) its own report.
+                "applied_limit_w": self.applied[gid] if self.mode == "enforce" and self.applied[gid] is not None
+                else (r.limit_w if r else None),
                 "decided_limit_w": round(limit, 1), "target_c": round(ctrl.target_c(inlet), 2), "state": state,
                 "min_w": self.gpus[gid].limits.min_w, "max_w": self.gpus[gid].limits.max_w,
                 "default_w": self.gpus[gid].limits.default_w,

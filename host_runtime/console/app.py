@@ -1,0 +1,176 @@
+"""The dashboard on tty1 (textual). It only draws what the data layer read; reads run in a worker thread."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Sparkline, Static
+
+from host_runtime.console.data import BoxStatus, StatusReader, restart_service
+from host_runtime.console.status_text import fmt
+
+HEALTH_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "failed": "bold red"}
+STATE_STYLE = {"idle": "green", "controlling": "cyan", "recovering": "yellow", "emergency": "bold red",
+               "failsafe": "bold red"}
+
+
+def bar(value: float | None, limit: float | None, width: int = 20) -> str:
+    if not value or not limit:
+        return "·" * width
+    filled = max(0, min(width, round(width * value / limit)))
+    return "█" * filled + "·" * (width - filled)
+
+
+class GpuDetails(ModalScreen):
+    BINDINGS = [Binding("escape", "app.pop_screen", "close")]
+
+    def __init__(self, gpus: list[dict]):
+        super().__init__()
+        self.gpus = gpus
+
+    def compose(self) -> ComposeResult:
+        body = Text("GPU details (Esc to close)\n\n", style="bold")
+        for g in self.gpus or [{"name": "no GPUs reported by the governor"}]:
+            body.append(f"{g.get('name')}\n", style="bold")
+            for key in ("id", "temperature_c", "power_w", "applied_limit_w", "decided_limit_w", "target_c", "state",
+                        "min_w", "max_w", "default_w"):
+                if key in g:
+                    body.append(f"  {key:<16} {g[key]}\n")
+        yield Static(body, id="gpu-details")
+
+
+class Dashboard(App):
+    CSS = """
+    Screen { layout: vertical; }
+    #header { height: 3; padding: 0 1; background: $boost; }
+    #panels { grid-size: 2 2; grid-gutter: 0 1; height: 1fr; }
+    .panel { border: round $primary; padding: 0 1; height: 100%; }
+    #tokens { height: 3; }
+    #notice { height: 1; padding: 0 1; }
+    """
+    BINDINGS = [Binding("r", "restart_serving", "restart serving"), Binding("k", "key_hint", "API key hint"),
+                Binding("g", "gpu_details", "GPU details"), Binding("q", "quit_console", "quit")]
+
+    def __init__(self, reader: StatusReader, tick_s: float = 2.0, allow_quit: bool = False):
+        super().__init__()
+        self.reader = reader
+        self.tick_s = tick_s
+        self.allow_quit = allow_quit
+        self.status: BoxStatus | None = None
+        self.reads = 0
+
+    def compose(self) -> ComposeResult:
+        yield Static("starting…", id="header")
+        with Grid(id="panels"):
+            with Vertical(classes="panel", id="serving-panel"):
+                yield Static("", id="serving")
+                yield Sparkline([], id="tokens")
+            yield Static("", id="gpus", classes="panel")
+            yield Static("", id="chassis", classes="panel")
+            yield Static("", id="events", classes="panel")
+        yield Static("", id="notice")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#serving-panel").border_title = "Serving"
+        for pid, title in (("gpus", "GPUs"), ("chassis", "Chassis"), ("events", "Events")):
+            self.query_one(f"#{pid}").border_title = title
+        self.refresh_data()
+        self.set_interval(self.tick_s, self.refresh_data)
+
+    def refresh_data(self) -> None:
+        self.run_worker(self._read, thread=True, exclusive=True, group="read")
+
+    def _read(self) -> None:
+        status = self.reader.read()
+        self.call_from_thread(self.show, status)
+
+    # ---- drawing ---------------------------------------------------------------------
+
+    def show(self, s: BoxStatus) -> None:
+        self.status = s
+        self.reads += 1
+        header = Text(f"{s.box_name}", style="bold")
+        header.append(f"   EveryCycle {s.version}   up {s.uptime_s / 3600:.1f} h\n")
+        header.append("API  " + "   ".join(s.api_urls), style="bold cyan")
+        self.query_one("#header", Static).update(header)
+
+        sv = s.serving
+        t = Text()
+        if not sv.source.ok:
+            t.append("DOWN\n", style="bold red")
+            t.append(sv.source.detail)
+        else:
+            t.append(f"{sv.model or '?'}\n", style="bold")
+            t.append("ready" if sv.ready else "NOT READY", style="green" if sv.ready else "bold red")
+            t.append(f"  {sv.ready_reason}\n")
+            t.append(f"{sv.running:.0f} running, {sv.waiting:.0f} waiting\n")
+            t.append(f"{fmt(sv.tokens_per_s, '.1f')} tok/s   TTFT p50 "
+                     f"{fmt(sv.ttft_p50_s and sv.ttft_p50_s * 1000, '.0f')} ms   prefix hits "
+                     f"{fmt(sv.prefix_hit_ratio and sv.prefix_hit_ratio * 100, '.0f')} %")
+        self.query_one("#serving", Static).update(t)
+        self.query_one("#tokens", Sparkline).data = s.token_history or [0.0]
+
+        g = Text()
+        if not s.governor.ok:
+            g.append(f"governor: {s.governor.detail}\n", style="yellow")
+        for gpu in s.gpus:
+            g.append(f"{gpu['name']}\n", style="bold")
+            g.append(f" {fmt(gpu.get('temperature_c'), '5.1f')} C  ")
+            g.append(f"{bar(gpu.get('power_w'), gpu.get('applied_limit_w'))} ")
+            g.append(f"{fmt(gpu.get('power_w'), '.0f')}/{fmt(gpu.get('applied_limit_w'), '.0f')} W  ")
+            g.append(f"target {fmt(gpu.get('target_c'), '.0f')} C ")
+            g.append(str(gpu.get("state")), style=STATE_STYLE.get(gpu.get("state"), ""))
+            g.append("\n")
+        g.append(f"CPU {s.cpu_percent:.0f} %   RAM {s.ram_used_percent:.0f} %   throttle {fmt(s.throttle_level)}")
+        self.query_one("#gpus", Static).update(g)
+
+        c = Text()
+        if not s.chassis:
+            c.append(s.bmc.detail if s.bmc.detail else "no BMC", style="yellow" if not s.bmc.ok else "")
+        else:
+            if not s.bmc.ok:
+                c.append(f"{s.bmc.detail}\n", style="yellow")
+            for sensor in s.chassis:
+                c.append(f"{sensor['name']:<16} {fmt(sensor.get('value'))} {sensor.get('units', '')} ")
+                c.append(f"{sensor.get('health')}\n", style=HEALTH_STYLE.get(sensor.get("health"), ""))
+        services = "  ".join(f"{k}:{v}" for k, v in sorted(s.services.items())) if s.supervisor.ok else \
+            f"services: {s.supervisor.detail}"
+        c.append("\n" + services)
+        self.query_one("#chassis", Static).update(c)
+
+        e = Text()
+        for ev in s.events[:12]:
+            e.append(f"{str(ev['at'])[-8:]} {ev['source']:<8} {ev['detail']}\n")
+        self.query_one("#events", Static).update(e or Text("no events yet"))
+
+    # ---- keys ------------------------------------------------------------------------
+
+    def notice(self, text: str) -> None:
+        self.query_one("#notice", Static).update(text)
+
+    def action_key_hint(self) -> None:
+        self.notice("API keys: " + self.reader.key_hint())
+
+    def action_restart_serving(self) -> None:
+        def restart():
+            try:
+                text = restart_service(self.reader.config.run_dir / "supervisor.sock", "serving")
+            except Exception as exc:
+                text = f"could not restart serving: {exc}"
+            self.call_from_thread(self.notice, text)
+
+        self.notice("restarting serving…")
+        self.run_worker(restart, thread=True, group="restart")
+
+    def action_gpu_details(self) -> None:
+        self.push_screen(GpuDetails(self.status.gpus if self.status else []))
+
+    def action_quit_console(self) -> None:
+        if self.allow_quit:
+            self.exit()
+        else:
+            self.notice("quitting to a shell is not enabled on this box")

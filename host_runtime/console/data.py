@@ -1,0 +1,253 @@
+"""What the console shows, read from what the services publish; never from hardware, never blocking.
+
+One `StatusReader.read()` per refresh tick reads every source once, each with a bounded
+timeout; a source that does not answer is reported as down with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from host_runtime import __version__
+
+TIMEOUT_S = 1.0
+
+
+@dataclass
+class Source:
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class Serving:
+    source: Source
+    ready: bool = False
+    ready_reason: str = ""
+    model: str | None = None
+    running: float = 0
+    waiting: float = 0
+    tokens_total: float = 0
+    tokens_per_s: float | None = None
+    ttft_p50_s: float | None = None
+    prefix_hit_ratio: float | None = None
+
+
+@dataclass
+class BoxStatus:
+    box_name: str
+    version: str
+    uptime_s: float
+    api_urls: list[str]
+    serving: Serving
+    gpus: list[dict]
+    governor: Source
+    throttle_level: int | None
+    chassis: list[dict]
+    bmc: Source
+    services: dict[str, str]
+    supervisor: Source
+    cpu_percent: float
+    ram_used_percent: float
+    events: list[dict] = field(default_factory=list)
+    token_history: list[float] = field(default_factory=list)
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def histogram_quantile(metrics: dict[str, float], name: str, q: float) -> float | None:
+    """The q-quantile's bucket bound from a cumulative histogram (upper bound, as Prometheus does)."""
+    buckets = sorted(((float(k.split('le="')[1].rstrip('"}')), v) for k, v in metrics.items()
+                      if k.startswith(name + "_bucket{") and "+Inf" not in k))
+    total = metrics.get(name + "_count", 0)
+    if not total:
+        return None
+    for bound, count in buckets:
+        if count >= q * total:
+            return bound
+    return None
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as r:
+        return r.read()
+
+
+def _get_allowing_errors(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@dataclass
+class ConsoleConfig:
+    run_dir: Path
+    serving_url: str = "http://127.0.0.1:8080"
+    bmc_url: str | None = "http://127.0.0.1:9290/telemetry"
+    keys_file: Path | None = None
+    api_port: int = 8080
+    box_name: str | None = None
+
+
+class StatusReader:
+    def __init__(self, config: ConsoleConfig):
+        self.config = config
+        self._last_tokens: tuple[float, float] | None = None
+        self._history: list[float] = []
+        self._last_services: dict[str, str] = {}
+        self._service_events: list[dict] = []
+
+    # ---- sources ------------------------------------------------------------------
+
+    def serving(self) -> Serving:
+        base = self.config.serving_url
+        try:
+            status, body = _get_allowing_errors(base + "/ready")
+            ready = json.loads(body)
+            metrics = parse_prometheus(_get(base + "/metrics").decode())
+        except (OSError, ValueError) as exc:
+            return Serving(Source(False, f"not answering: {exc}"))
+        model = next((k.split('model="')[1].split('"')[0] for k in metrics if k.startswith("everycycle_model_info{")),
+                     None)
+        tokens = metrics.get("everycycle_tokens_predicted_total", 0.0)
+        now = time.monotonic()
+        rate = None
+        if self._last_tokens is not None and now > self._last_tokens[0]:
+            rate = max(0.0, (tokens - self._last_tokens[1]) / (now - self._last_tokens[0]))
+            self._history = (self._history + [rate])[-120:]
+        self._last_tokens = (now, tokens)
+        hits = sum(v for k, v in metrics.items() if k.startswith("everycycle_prefix_cache_hit_ratio{"))
+        return Serving(Source(True, "answering"), ready=status == 200, ready_reason=ready.get("reason", ""),
+                       model=model, running=metrics.get("everycycle_requests_processing", 0),
+                       waiting=metrics.get("everycycle_requests_deferred", 0), tokens_total=tokens,
+                       tokens_per_s=rate, ttft_p50_s=histogram_quantile(metrics, "everycycle_time_to_first_token_seconds", 0.5),
+                       prefix_hit_ratio=hits if any(k.startswith("everycycle_prefix_cache_lookups_total") for k in metrics) else None)
+
+    def topology(self) -> dict | None:
+        try:
+            return json.loads((self.config.run_dir / "topology.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def api_urls(self, topo: dict | None) -> list[str]:
+        port = self.config.api_port
+        urls = []
+        for link in (topo or {}).get("network") or []:
+            if link.get("kind") == "loopback" or not isinstance(link.get("addresses"), list):
+                continue
+            for a in link["addresses"]:
+                if a.get("scope") == "global":
+                    host = a["address"] if a["family"] == "ipv4" else f"[{a['address']}]"
+                    urls.append(f"http://{host}:{port}/v1")
+        return urls or [f"http://127.0.0.1:{port}/v1"]
+
+    def governor(self) -> tuple[Source, list[dict], int | None, list[dict]]:
+        path = self.config.run_dir / "governor.json"
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            return Source(False, f"no state at {path}: {exc.__class__.__name__}"), [], None, []
+        age = time.time() - float(doc.get("updated_unix", 0))
+        if age > 30:
+            return Source(False, f"state is {age:.0f} s old"), doc.get("gpus", []), None, doc.get("events", [])
+        return Source(True, f"{doc.get('backend')} backend, {doc.get('mode')} mode"), doc.get("gpus", []), \
+            doc.get("throttle_level"), doc.get("events", [])
+
+    def bmc(self) -> tuple[Source, list[dict], list[dict]]:
+        if not self.config.bmc_url:
+            return Source(False, "no BMC agent configured"), [], []
+        try:
+            snap = json.loads(_get(self.config.bmc_url))
+        except (OSError, ValueError) as exc:
+            return Source(False, f"the BMC agent is not answering: {exc}"), [], []
+        state = snap.get("state")
+        if state == "none_found":
+            return Source(True, "no BMC (hwmon found no sensors)"), [], []
+        source = Source(not snap.get("stale"), f"{snap.get('backend')}: {state}" + (" (stale)" if snap.get("stale") else ""))
+        return source, snap.get("sensors", []), snap.get("events", [])
+
+    def services(self) -> tuple[Source, dict[str, str]]:
+        sock = self.config.run_dir / "supervisor.sock"
+        try:
+            proxy = supervisor_proxy(sock)
+            infos = proxy.supervisor.getAllProcessInfo()
+        except Exception as exc:  # xmlrpc and socket errors both mean "not answering"
+            return Source(False, f"supervisord not answering at {sock}: {exc}"), {}
+        states = {p["name"]: p["statename"] for p in infos}
+        for name, state in states.items():
+            before = self._last_services.get(name)
+            if before is not None and before != state:
+                self._service_events.insert(0, {"at": time.strftime("%H:%M:%S"), "source": "service",
+                                                "detail": f"{name}: {before} -> {state}"})
+        self._last_services = states
+        del self._service_events[50:]
+        return Source(True, "answering"), states
+
+    # ---- one tick -------------------------------------------------------------------
+
+    def read(self) -> BoxStatus:
+        topo = self.topology()
+        serving = self.serving()
+        gov_source, gpus, throttle, gov_events = self.governor()
+        bmc_source, chassis, sel = self.bmc()
+        sup_source, services = self.services()
+        events = ([{"at": e.get("at", ""), "source": "governor", "detail": f"{e.get('gpu') or ''} {e.get('detail', '')}".strip()}
+                   for e in gov_events[:20]] +
+                  [{"at": e.get("timestamp", ""), "source": "bmc", "detail": f"{e.get('component')}: {e.get('event')}"}
+                   for e in sel[:20]] + self._service_events[:20])
+        events.sort(key=lambda e: str(e["at"]), reverse=True)
+        return BoxStatus(
+            box_name=self.config.box_name or ((topo or {}).get("host") or {}).get("hostname") or "everycycle",
+            version=__version__, uptime_s=time.time() - psutil.boot_time(), api_urls=self.api_urls(topo),
+            serving=serving, gpus=gpus, governor=gov_source, throttle_level=throttle, chassis=chassis,
+            bmc=bmc_source, services=services, supervisor=sup_source, cpu_percent=psutil.cpu_percent(interval=None),
+            ram_used_percent=psutil.virtual_memory().percent, events=events[:30], token_history=list(self._history))
+
+    def key_hint(self) -> str:
+        """Never the key: its name and hint, as stored."""
+        if not self.config.keys_file:
+            return "no API key file configured: the API is open"
+        from host_runtime.auth.keystore import KeyStoreError, load_keys
+
+        try:
+            keys = load_keys(self.config.keys_file)
+        except KeyStoreError as exc:
+            return str(exc)
+        return ", ".join(f"{k.name}: {k.hint}" for k in keys) or "no keys yet"
+
+
+def supervisor_proxy(socket_path: Path):
+    import xmlrpc.client
+
+    from supervisor.xmlrpc import SupervisorTransport
+
+    transport = SupervisorTransport(None, None, f"unix://{socket_path}")
+    return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+
+
+def restart_service(socket_path: Path, name: str) -> str:
+    proxy = supervisor_proxy(socket_path)
+    try:
+        proxy.supervisor.stopProcess(name, True)
+    except Exception:
+        pass  # already stopped
+    proxy.supervisor.startProcess(name, True)
+    return f"restarted {name}"

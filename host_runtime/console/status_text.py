@@ -1,0 +1,37 @@
+"""`everycycle status`: the console's facts as plain text (the same data layer)."""
+
+from __future__ import annotations
+
+from host_runtime.console.data import BoxStatus
+
+
+def fmt(v, spec: str = "", none: str = "n/a") -> str:
+    return none if v is None else format(v, spec)
+
+
+def render(s: BoxStatus) -> str:
+    sv = s.serving
+    lines = [f"{s.box_name}  EveryCycle {s.version}  up {s.uptime_s / 3600:.1f} h",
+             "API      " + "  ".join(s.api_urls)]
+    if sv.source.ok:
+        lines.append(f"Serving  {sv.model or '?'}: {'ready' if sv.ready else 'NOT READY'} ({sv.ready_reason}); "
+                     f"{sv.running:.0f} running, {sv.waiting:.0f} waiting; {fmt(sv.tokens_per_s, '.1f')} tok/s; "
+                     f"TTFT p50 {fmt(sv.ttft_p50_s and sv.ttft_p50_s * 1000, '.0f')} ms; "
+                     f"prefix hits {fmt(sv.prefix_hit_ratio and sv.prefix_hit_ratio * 100, '.0f')} %")
+    else:
+        lines.append(f"Serving  DOWN: {sv.source.detail}")
+    lines.append(f"Governor {s.governor.detail if s.governor.ok else 'DOWN: ' + s.governor.detail}; "
+                 f"throttle {fmt(s.throttle_level)}")
+    for g in s.gpus:
+        lines.append(f"GPU      {g['name']}: {fmt(g.get('temperature_c'), '.1f')} C, {fmt(g.get('power_w'), '.0f')} W "
+                     f"of {fmt(g.get('applied_limit_w'), '.0f')} W (target {fmt(g.get('target_c'), '.1f')} C, {g.get('state')})")
+    lines.append(f"Host     CPU {s.cpu_percent:.0f} %, RAM {s.ram_used_percent:.0f} %")
+    if not s.chassis:
+        lines.append(f"Chassis  {s.bmc.detail}")
+    for c in s.chassis:
+        lines.append(f"Chassis  {c['name']}: {fmt(c.get('value'))} {c.get('units', '')} ({c.get('health')})")
+    lines.append("Services " + (", ".join(f"{k} {v}" for k, v in sorted(s.services.items())) if s.supervisor.ok
+                                else "DOWN: " + s.supervisor.detail))
+    for e in s.events[:5]:
+        lines.append(f"Event    {e['at']} {e['source']}: {e['detail']}")
+    return "\n".join(lines)

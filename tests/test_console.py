@@ -1,0 +1,165 @@
+"""The console against real services: serving, the governor on the simulator, the BMC agent on ipmi_sim,
+discovery, and supervisord; driven through textual's pilot, plus an SVG snapshot of the layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from host_runtime.console.app import Dashboard
+from host_runtime.console.data import BoxStatus, ConsoleConfig, Serving, Source, StatusReader, supervisor_proxy
+from host_runtime.console.status_text import render
+from tests.conftest import MODEL_ID
+from tests.equipment.ipmi_sim_env import PASSWORD, USER, IpmiSim
+from tests.servers import Proc, everycycle, free_port, wait_for
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def box(tmp_path, server, api_key):
+    """The services a box runs, each real, publishing into one run directory."""
+    run = tmp_path / "run"
+    run.mkdir()
+    sim = IpmiSim(tmp_path / "bmc")
+    pw = tmp_path / "pw"
+    pw.write_text(PASSWORD)
+    os.chmod(pw, 0o600)
+    bmc_port = free_port()
+    (tmp_path / "supervisord.conf").write_text(f"""[supervisord]
+nodaemon=true
+logfile={tmp_path}/supervisord.log
+pidfile={run}/supervisord.pid
+[unix_http_server]
+file={run}/supervisor.sock
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+[program:serving]
+command=sleep 1000
+[program:discovery]
+command={BIN}/everycycle discover --watch --output {run}/topology.json
+[program:governor]
+command={BIN}/everycycle governor run --backend simulator --sim-speed 30 --tick 0.2 --state {run}/governor.json
+[program:bmc]
+command={BIN}/everycycle bmc --backend ipmi --host 127.0.0.1 --port {sim.port} --user {USER} --password-file {pw} --listen 127.0.0.1:{bmc_port} --period 0.5
+""")
+    sup = Proc([str(BIN / "supervisord"), "-c", str(tmp_path / "supervisord.conf")], tmp_path / "sup.out")
+    config = ConsoleConfig(run_dir=run, serving_url=server, bmc_url=f"http://127.0.0.1:{bmc_port}/telemetry",
+                           keys_file=Path(api_key[0]), api_port=int(server.rsplit(":", 1)[1]))
+    reader = StatusReader(config)
+    try:
+        wait_for(lambda: (run / "topology.json").exists() and (run / "governor.json").exists(), 30, "the services")
+        wait_for(lambda: any(c["name"] == "Inlet Temp" for c in reader.read().chassis), 30, "the BMC agent")
+        wait_for(lambda: set(reader.read().services.values()) == {"RUNNING"}, 30, "every program RUNNING")
+        yield reader, sim, run
+    finally:
+        try:
+            supervisor_proxy(run / "supervisor.sock").supervisor.shutdown()
+        except Exception:
+            pass
+        sup.popen.wait(timeout=30)
+        sup.stop()
+        sim.stop()
+
+
+def test_the_data_layer_reads_what_the_services_publish(box):
+    reader, sim, run = box
+    s = reader.read()
+    assert s.serving.source.ok and s.serving.ready and s.serving.model == MODEL_ID
+    assert [g["id"] for g in s.gpus] == ["simulated-gpu-0", "simulated-gpu-1"]
+    governor = json.loads((run / "governor.json").read_text())
+    assert s.throttle_level == governor["throttle_level"]
+    inlet = next(c for c in s.chassis if c["name"] == "Inlet Temp")
+    assert inlet["value"] == 24.0 and inlet["health"] == "ok"
+    assert s.services == {"serving": "RUNNING", "discovery": "RUNNING", "governor": "RUNNING", "bmc": "RUNNING"}
+    topo = json.loads((run / "topology.json").read_text())
+    global_addrs = [a["address"] for l in topo["network"] if l["kind"] != "loopback" for a in l["addresses"]
+                    if a["scope"] == "global"]
+    assert len(s.api_urls) == max(1, len(global_addrs))
+    text = render(s)  # `everycycle status` prints the same facts
+    assert MODEL_ID in text and "Inlet Temp: 24.0" in text and "serving RUNNING" in text
+
+
+def test_the_dashboard_shows_live_values_and_the_keys_work(box, api_key):
+    import asyncio
+
+    asyncio.run(_drive_dashboard(box, api_key))
+
+
+async def _drive_dashboard(box, api_key):
+    reader, sim, run = box
+    app = Dashboard(reader, tick_s=0.5)
+    async with app.run_test(size=(120, 32)) as pilot:
+        await _until(pilot, lambda: app.reads >= 1)
+        screen = lambda: "\n".join(str(w.render()) for w in app.query("Static"))  # noqa: E731
+        assert MODEL_ID in screen() and "Inlet Temp" in screen() and "simulated-gpu-0" in screen()
+        assert app.status.api_urls[0] in screen()
+
+        sim.set_raw(1, 47)  # the inlet goes critical in the simulator...
+        await _until(pilot, lambda: "Inlet Temp" in screen() and "critical" in screen(), timeout=15)
+
+        proxy = supervisor_proxy(run / "supervisor.sock")
+        proxy.supervisor.stopProcess("discovery", True)  # ...a service stops...
+        await _until(pilot, lambda: "discovery:STOPPED" in screen(), timeout=10)
+
+        await pilot.press("k")  # key hint: the name and hint, never the key
+        await _until(pilot, lambda: "API keys: tests:" in screen())
+        assert api_key[1] not in screen()
+
+        await pilot.press("g")
+        await _until(pilot, lambda: app.screen.__class__.__name__ == "GpuDetails")
+        assert "simulated-gpu-1" in str(app.screen.query_one("#gpu-details").render())
+        await pilot.press("escape")
+
+        pid_before = proxy.supervisor.getProcessInfo("serving")["pid"]
+        await pilot.press("r")
+        await _until(pilot, lambda: "restarted serving" in screen(), timeout=15)
+        assert proxy.supervisor.getProcessInfo("serving")["pid"] != pid_before
+
+        await pilot.press("q")  # quitting is not enabled
+        await _until(pilot, lambda: "not enabled" in screen())
+        assert app.is_running
+
+
+async def _until(pilot, predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.2)
+    raise AssertionError("the dashboard did not show it in time")
+
+
+class FixedReader:
+    """A reader with fixed figures, for the layout snapshot (live values would change every run)."""
+
+    config = ConsoleConfig(run_dir=Path("/nonexistent"))
+
+    def read(self) -> BoxStatus:
+        return BoxStatus(
+            box_name="box-1", version="0.1.0", uptime_s=7200, api_urls=["http://192.168.1.20:8080/v1"],
+            serving=Serving(Source(True, "answering"), ready=True, ready_reason="canary passed recently",
+                            model=MODEL_ID, running=3, waiting=1, tokens_total=1000, tokens_per_s=128.5,
+                            ttft_p50_s=0.25, prefix_hit_ratio=0.4),
+            gpus=[{"id": "gpu-0", "name": "RTX 3090", "temperature_c": 74.5, "power_w": 260.0,
+                   "applied_limit_w": 280.0, "target_c": 75.0, "state": "controlling"}],
+            governor=Source(True, "nvml backend, observe mode"), throttle_level=0,
+            chassis=[{"name": "Inlet Temp", "value": 47.0, "units": "°C", "health": "critical"},
+                     {"name": "FAN1", "value": 3000.0, "units": "RPM", "health": "ok"}],
+            bmc=Source(True, "ipmi: ok"), services={"serving": "RUNNING", "governor": "RUNNING"},
+            supervisor=Source(True, "answering"), cpu_percent=42.0, ram_used_percent=31.0,
+            events=[{"at": "12:00:01", "source": "governor", "detail": "gpu-0 idle -> controlling"}],
+            token_history=[10, 40, 90, 128, 120, 130])
+
+    def key_hint(self) -> str:
+        return "dev: ec-AbCd…wxyz"
+
+
+def test_layout_snapshot(snap_compare):
+    assert snap_compare(Dashboard(FixedReader(), tick_s=60), terminal_size=(120, 32))
