@@ -11,7 +11,8 @@ SERVE_ARGS ?=
 # The governor's backend: simulated GPUs locally (a demo); "--backend nvml" on a box with NVIDIA cards.
 GOVERNOR_ARGS ?= --backend simulator
 # The BMC agent: hwmon where there is no BMC; "--backend ipmi --host H --user U --password-file F" with one.
-BMC_ARGS ?= --backend local --listen 127.0.0.1:9290
+BMC_ARGS ?= --backend local
+BMC_LISTEN ?= 127.0.0.1:9290
 PYTEST_ARGS ?=
 
 .PHONY: install run test console status clean
@@ -30,7 +31,7 @@ run: $(STAMP)
 	export EVERYCYCLE_BIN=$(CURDIR)/$(VENV)/bin EVERYCYCLE_HOST=$(HOST) EVERYCYCLE_PORT=$(PORT) \
 	       EVERYCYCLE_STATE_DIR=$(VAR)/state EVERYCYCLE_RUN_DIR=$(VAR)/run EVERYCYCLE_LOG_DIR=$(VAR)/log \
 	       EVERYCYCLE_SERVE_ARGS="$(SERVE_ARGS)" EVERYCYCLE_GOVERNOR_ARGS="$(GOVERNOR_ARGS)" \
-	       EVERYCYCLE_BMC_ARGS="$(BMC_ARGS)"; \
+	       EVERYCYCLE_BMC_ARGS="$(BMC_ARGS) --listen $(BMC_LISTEN)"; \
 	$(VENV)/bin/supervisord -c supervisor.d/supervisord.conf & sup=$$!; \
 	trap 'echo; echo "==> stopping"; kill -TERM $$sup 2>/dev/null; wait $$sup; exit 0' INT TERM; \
 	echo "==> starting the box's services under supervisord (logs: var/log/)"; \
@@ -46,11 +47,16 @@ run: $(STAMP)
 	echo "         -d '{\"model\": \"SmolLM2-135M-Instruct.Q4_1\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'"; \
 	echo "  status: $(VENV)/bin/supervisorctl -s unix://$(VAR)/run/supervisor.sock status   (Ctrl-C stops everything)"; \
 	echo ""; \
+	if [ -t 0 ] && [ -t 1 ] && [ -z "$(NO_CONSOLE)" ]; then \
+	  echo "==> opening the console in 5 s (q leaves it and stops the box; NO_CONSOLE=1 skips it)"; sleep 5; \
+	  $(VENV)/bin/everycycle console --allow-quit $(CONSOLE_ARGS); \
+	  echo "==> stopping"; kill -TERM $$sup 2>/dev/null; wait $$sup; exit 0; \
+	fi; \
 	wait $$sup
 
 # The dashboard (or its text form) for the box `make run` started, from a second terminal.
 CONSOLE_ARGS = --run-dir $(VAR)/run --serving-url http://$(HOST):$(PORT) --keys $(VAR)/state/api_keys.json \
-	--bmc-url http://$(lastword $(subst --listen , ,$(filter --listen%,$(BMC_ARGS)) 127.0.0.1:9290))/telemetry
+	--bmc-url http://$(BMC_LISTEN)/telemetry
 console: $(STAMP)
 	@$(VENV)/bin/everycycle console $(CONSOLE_ARGS)
 

@@ -33,6 +33,7 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+API_KEY = "bench"  # servers started here run without keys; --api-key for one that has them
 sys.path.insert(0, str(REPO))
 
 PARAGRAPH = ("Our cooperative repairs old bicycles donated by the neighbourhood, teaches volunteers how to true "
@@ -114,7 +115,7 @@ def stream_chat(port: int, body: dict) -> dict:
     token_times: list[float] = []
     try:
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                     headers={"Content-Type": "application/json", "Authorization": "Bearer bench"})
+                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
         resp = conn.getresponse()
         if resp.status != 200:
             return {"error": f"HTTP {resp.status}: {resp.read()[:200]!r}"}
@@ -345,7 +346,11 @@ def main() -> int:
     p.add_argument("--ctx-size", type=int, default=1024, help="context per sequence")
     p.add_argument("--mode", choices=["all", "serving", "prefix"], default="all")
     p.add_argument("--json", metavar="PATH", help="also write the JSON document here")
+    p.add_argument("--api-key", help="bearer key for servers that require one")
     args = p.parse_args()
+    global API_KEY
+    if args.api_key:
+        API_KEY = args.api_key
     if "llama-server" in args.servers and args.mode != "prefix":
         if not args.llama_server or not Path(args.llama_server).exists():
             p.error("--llama-server: give the binary's path (make bench-ref builds it), or leave it out of --servers")

@@ -144,7 +144,9 @@ class Dashboard(App):
 
         e = Text()
         for ev in s.events[:12]:
-            e.append(f"{str(ev['at'])[-8:]} {ev['source']:<8} {ev['detail']}\n")
+            at = str(ev["at"])
+            clock = at.split("T", 1)[1][:8] if "T" in at else at[-8:]  # ISO stamps and plain clock times alike
+            e.append(f"{clock} {ev['source']:<8} {ev['detail']}\n")
         self.query_one("#events", Static).update(e or Text("no events yet"))
 
     # ---- keys ------------------------------------------------------------------------

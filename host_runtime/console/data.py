@@ -17,6 +17,9 @@ import psutil
 from host_runtime import __version__
 
 TIMEOUT_S = 1.0
+SERVING_TIMEOUT_S = 2.0   # /health and /metrics: cheap even under load
+READY_EVERY_S = 10.0      # /ready runs a real canary: ask it now and then, not every tick
+READY_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -84,14 +87,14 @@ def histogram_quantile(metrics: dict[str, float], name: str, q: float) -> float 
     return None
 
 
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as r:
+def _get(url: str, timeout: float = TIMEOUT_S) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read()
 
 
-def _get_allowing_errors(url: str) -> tuple[int, bytes]:
+def _get_allowing_errors(url: str, timeout: float = TIMEOUT_S) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as r:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -113,6 +116,8 @@ class StatusReader:
         self._last_tokens: tuple[float, float] | None = None
         self._history: list[float] = []
         self._last_services: dict[str, str] = {}
+        self._ready: tuple[bool, str] = (False, "not checked yet")
+        self._ready_at = 0.0
         self._service_events: list[dict] = []
 
     # ---- sources ------------------------------------------------------------------
@@ -120,11 +125,18 @@ class StatusReader:
     def serving(self) -> Serving:
         base = self.config.serving_url
         try:
-            status, body = _get_allowing_errors(base + "/ready")
-            ready = json.loads(body)
-            metrics = parse_prometheus(_get(base + "/metrics").decode())
+            health = json.loads(_get(base + "/health", SERVING_TIMEOUT_S))
+            metrics = parse_prometheus(_get(base + "/metrics", SERVING_TIMEOUT_S).decode())
         except (OSError, ValueError) as exc:
+            self._ready_at = 0.0
             return Serving(Source(False, f"not answering: {exc}"))
+        if time.monotonic() - self._ready_at >= READY_EVERY_S:
+            try:
+                status, body = _get_allowing_errors(base + "/ready", READY_TIMEOUT_S)
+                self._ready = (status == 200, json.loads(body).get("reason", ""))
+            except (OSError, ValueError):
+                self._ready = (self._ready[0], f"readiness check timed out (engine {health.get('engine')}, busy?)")
+            self._ready_at = time.monotonic()
         model = next((k.split('model="')[1].split('"')[0] for k in metrics if k.startswith("everycycle_model_info{")),
                      None)
         tokens = metrics.get("everycycle_tokens_predicted_total", 0.0)
@@ -135,7 +147,7 @@ class StatusReader:
             self._history = (self._history + [rate])[-120:]
         self._last_tokens = (now, tokens)
         hits = sum(v for k, v in metrics.items() if k.startswith("everycycle_prefix_cache_hit_ratio{"))
-        return Serving(Source(True, "answering"), ready=status == 200, ready_reason=ready.get("reason", ""),
+        return Serving(Source(True, "answering"), ready=self._ready[0], ready_reason=self._ready[1],
                        model=model, running=metrics.get("everycycle_requests_processing", 0),
                        waiting=metrics.get("everycycle_requests_deferred", 0), tokens_total=tokens,
                        tokens_per_s=rate, ttft_p50_s=histogram_quantile(metrics, "everycycle_time_to_first_token_seconds", 0.5),

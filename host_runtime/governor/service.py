@@ -117,7 +117,8 @@ class Governor:
             limit, state = ctrl.step(Reading(r.temperature_c if r else None, now - self.last_good[gid],
                                              bool(r and r.hw_slowdown)), dt_s, inlet_c=inlet)
             if state != before:
-                self._event(gid, state, f"{before} -> {state} at {r.temperature_c if r else None} C")
+                self._event(gid, state, f"{before} -> {state} at "
+                                        f"{'no reading' if not r or r.temperature_c is None else f'{r.temperature_c:.1f} C'}")
             current = self.applied[gid] if self.applied[gid] is not None else (r.limit_w if r else None)
             if current is None or abs(limit - current) >= MIN_CHANGE_W:
                 self._apply(gid, limit)
