@@ -138,6 +138,19 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("--tick", type=float, default=2.0, metavar="S", help="refresh period (default 2)")
             c.add_argument("--allow-quit", action="store_true", help="let q leave the console (to a login shell)")
 
+    prov = sub.add_parser("provision", help="validate, sign and apply provisioning bundles")
+    prov_sub = prov.add_subparsers(dest="provision_command", metavar="ACTION", required=True)
+    pv = prov_sub.add_parser("validate", help="check a bundle (directory or tar) before flashing it")
+    pa = prov_sub.add_parser("apply", help="apply a bundle: every part or none")
+    ps = prov_sub.add_parser("sign", help="sign a bundle with an Ed25519 private key (PEM)")
+    for p in (pv, pa, ps):
+        p.add_argument("bundle", metavar="PATH")
+    for p in (pv, pa):
+        p.add_argument("--require-signature", metavar="PUBKEY", help="refuse bundles not signed by this key (PEM)")
+    pa.add_argument("--root", default="/", metavar="DIR", help="the filesystem to configure (default /)")
+    pa.add_argument("--live-network", action="store_true", help="also configure static addresses now (pyroute2)")
+    ps.add_argument("--key", required=True, metavar="PRIVKEY", help="Ed25519 private key, PEM")
+
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     create = keys_sub.add_parser("create", help="create a key, print it once, store only its hash")
@@ -333,6 +346,56 @@ def cmd_console(parser, args) -> int:
     return 0
 
 
+def cmd_provision(parser, args) -> int:
+    from provisioning.apply import BundleInvalid, apply
+    from provisioning.bundle import BundleError, open_bundle
+    from provisioning.validate import validate
+
+    def read_key(option: str, path: str) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            parser.error(f"{option}: cannot read {path}: {exc.strerror}")
+
+    try:
+        bundle = open_bundle(args.bundle)
+    except BundleError as exc:
+        print(f"everycycle provision: {exc}", file=sys.stderr)
+        return 1
+    if args.provision_command == "sign":
+        from provisioning.signing import sign
+
+        sign(bundle, read_key("--key", args.key))
+        print(f"signed {args.bundle}")
+        return 0
+    pubkey = read_key("--require-signature", args.require_signature) if args.require_signature else None
+    if args.provision_command == "validate":
+        errors = validate(bundle, pubkey)
+        for e in errors:
+            print(f"{e.field}: {e.message}", file=sys.stderr)
+        print("valid" if not errors else f"invalid: {len(errors)} problem(s)")
+        return 0 if not errors else 1
+    try:
+        result = apply(bundle, Path(args.root), live_network=args.live_network, require_signature_pem=pubkey)
+    except BundleInvalid as exc:
+        for e in exc.errors:
+            print(f"{e.field}: {e.message}", file=sys.stderr)
+        print(f"refused: {len(exc.errors)} problem(s); nothing was changed", file=sys.stderr)
+        return 1
+    except (BundleError, OSError) as exc:
+        print(f"everycycle provision: apply failed, the previous state is intact: {exc}", file=sys.stderr)
+        return 1
+    if not result.changed:
+        print(f"already applied (bundle {result.digest[:12]}): nothing changed")
+        return 0
+    print(f"applied bundle {result.digest[:12]}; record: {result.record}")
+    for name, key in result.generated_keys.items():
+        print(f"new API key {name!r}: {key}   (shown once; only its hash is stored)")
+    if result.removed_secrets:
+        print(f"removed secrets from the bundle: {', '.join(result.removed_secrets)}")
+    return 0
+
+
 def cmd_keys(parser, args) -> int:
     from host_runtime.auth.keystore import KeyStoreError, create_key, load_keys, revoke_key
 
@@ -360,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging()
     handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys, "discover": cmd_discover, "governor": cmd_governor,
-                "console": cmd_console, "status": cmd_console,
+                "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
                 "bmc": lambda parser, args: __import__("agent_bmc.cli", fromlist=["run"]).run(parser, args)}
     try:
         return handlers[args.command](parser, args)

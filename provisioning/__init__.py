@@ -1,1 +1,1 @@
-"""Provisioning bundles applied at first boot. Arrives with its issue."""
+"""Provisioning bundles: a box.toml and the files it names, validated, then applied at first boot."""

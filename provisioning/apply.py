@@ -1,0 +1,231 @@
+"""Applying a bundle: validate, stage every file, (optionally) configure the running network, then move
+everything into place; any failure restores what was there. Re-applying the same bundle changes nothing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import secrets as pysecrets
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provisioning.bundle import Bundle, BundleError
+from provisioning.signing import manifest
+from provisioning.validate import SECRET_FIELDS, _field, validate
+
+
+class BundleInvalid(Exception):
+    def __init__(self, errors: list[BundleError]):
+        super().__init__("; ".join(str(e) for e in errors))
+        self.errors = errors
+
+
+@dataclass
+class ApplyResult:
+    changed: bool
+    digest: str
+    record: Path
+    generated_keys: dict[str, str] = field(default_factory=dict)  # shown once, stored only as hashes
+    removed_secrets: list[str] = field(default_factory=list)
+
+
+def digest_of(bundle: Bundle) -> str:
+    return hashlib.sha256(manifest(bundle)).hexdigest()
+
+
+def _networkd(iface: dict) -> str:
+    lines = ["# Written by everycycle provision apply", "[Match]", f"Name={iface['name']}", "", "[Network]"]
+    if iface["mode"] == "dhcp":
+        lines.append("DHCP=yes")
+    else:
+        lines.append(f"Address={iface['address']}")
+        if iface.get("gateway"):
+            lines.append(f"Gateway={iface['gateway']}")
+    lines += [f"DNS={d}" for d in iface.get("dns", [])]
+    return "\n".join(lines) + "\n"
+
+
+def plan_files(bundle: Bundle, generated: dict[str, str]) -> dict[str, tuple[bytes, int]]:
+    """Every file apply writes, relative to the root: contents and mode."""
+    from host_runtime.auth.keystore import FILE_VERSION, hash_key, key_hint
+
+    box = bundle.box
+    api = box.get("api", {})
+    keys = [{"name": k["name"], "sha256": k["sha256"], "hint": "provisioned", "created": 0} for k in api.get("keys", [])]
+    keys += [{"name": n, "sha256": hash_key(k), "hint": key_hint(k), "created": 0} for n, k in generated.items()]
+    files = {
+        "etc/everycycle/box.toml": (bundle.raw_toml, 0o644),
+        "etc/everycycle/api_keys.json": (json.dumps({"version": FILE_VERSION, "keys": keys}, indent=2).encode(), 0o600),
+        "etc/hostname": (box["hostname"].encode() + b"\n", 0o644),
+    }
+    for iface in box["network"]["interfaces"]:
+        files[f"etc/systemd/network/10-everycycle-{iface['name']}.network"] = (_networkd(iface).encode(), 0o644)
+    if box.get("ssh", {}).get("authorized_keys"):
+        files["root/.ssh/authorized_keys"] = (bundle.path(box["ssh"]["authorized_keys"]).read_bytes(), 0o600)
+    if api.get("tls_certificate"):
+        files["etc/everycycle/tls/api.crt"] = (bundle.path(api["tls_certificate"]).read_bytes(), 0o644)
+    if api.get("tls_key"):
+        files["etc/everycycle/tls/api.key"] = (bundle.path(api["tls_key"]).read_bytes(), 0o600)
+    bmc = box["bmc"]
+    if bmc["mode"] == "ipmi":
+        files["etc/everycycle/bmc.password"] = (bundle.path(bmc["password_file"]).read_bytes(), 0o600)
+    model = box["model"]
+    model_arg = ""
+    if model["source"] == "bundle":
+        name = Path(model["path"]).name
+        files[f"var/lib/everycycle/models/{name}"] = (bundle.path(model["path"]).read_bytes(), 0o644)
+        model_arg = f"--model /var/lib/everycycle/models/{name} "
+    ctx = f"--ctx-size {model['context_length']} " if model.get("context_length") else ""
+    power = box.get("power", {})
+    env = {
+        "EVERYCYCLE_PORT": str(api.get("port", 8080)),
+        "EVERYCYCLE_SERVE_ARGS": (model_arg + ctx).strip(),
+        "EVERYCYCLE_GOVERNOR_ARGS": f"--backend nvml --target {power.get('target_c', 75)}",
+        "EVERYCYCLE_BMC_ARGS": (f"--backend ipmi --host {bmc['address']} --user {bmc['user']} "
+                                "--password-file /etc/everycycle/bmc.password" if bmc["mode"] == "ipmi"
+                                else "--backend local"),
+    }
+    files["etc/everycycle/services.env"] = ("".join(f'{k}="{v}"\n' for k, v in env.items()).encode(), 0o600)
+    return files
+
+
+def apply_network_live(interfaces: list[dict]) -> list:
+    """Static addresses and default routes on the running system (pyroute2); returns what to undo."""
+    import ipaddress
+
+    from pyroute2 import IPRoute
+
+    undo = []
+    with IPRoute() as ipr:
+        for i, iface in enumerate(interfaces):
+            found = ipr.link_lookup(ifname=iface["name"])
+            if not found:
+                raise BundleError(f"network.interfaces[{i}].name", f"there is no interface {iface['name']!r} on this box")
+            if iface["mode"] != "static":
+                continue  # DHCP is systemd-networkd's, from the files written below
+            idx = found[0]
+            net = ipaddress.ip_interface(iface["address"])
+            ipr.link("set", index=idx, state="up")
+            present = {(a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(index=idx)}
+            if (str(net.ip), net.network.prefixlen) not in present:
+                ipr.addr("add", index=idx, address=str(net.ip), prefixlen=net.network.prefixlen)
+                undo.append(("addr", idx, str(net.ip), net.network.prefixlen))
+            if iface.get("gateway"):
+                ipr.route("replace", dst="default", gateway=iface["gateway"], oif=idx)
+    return undo
+
+
+def _undo_network(undo: list) -> None:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        for kind, idx, address, prefixlen in reversed(undo):
+            try:
+                ipr.addr("del", index=idx, address=address, prefixlen=prefixlen)
+            except Exception:
+                pass
+
+
+def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
+          require_signature_pem: bytes | None = None) -> ApplyResult:
+    state = root / "var/lib/everycycle"
+    record_path = state / "provisioned.json"
+    # The digest covers box.toml and every declared file's hash: the same bundle is recognised even after
+    # its secrets were removed from it by the first apply, and changes nothing.
+    digest = digest_of(bundle)
+    try:
+        previous = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        previous = None
+    if previous and previous.get("digest") == digest:
+        if require_signature_pem is not None:
+            from provisioning.signing import verify
+
+            try:
+                verify(bundle, require_signature_pem)
+            except BundleError as exc:
+                raise BundleInvalid([exc]) from None
+        return ApplyResult(False, digest, record_path)
+    errors = validate(bundle, require_signature_pem)
+    if errors:
+        raise BundleInvalid(errors)
+    generated = {name: "ec-" + pysecrets.token_urlsafe(32) for name in bundle.box.get("api", {}).get("generate_keys", [])}
+    files = plan_files(bundle, generated)
+
+    staging = state / f".staging-{digest[:12]}"
+    shutil.rmtree(staging, ignore_errors=True)
+    for rel, (data, mode) in files.items():
+        target = staging / "new" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(target, mode)
+    undo = []
+    try:
+        if live_network:
+            undo = apply_network_live(bundle.box["network"]["interfaces"])
+        _commit(staging, root, list(files))
+    except BaseException:
+        _undo_network(undo)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    history = (previous or {}).get("history", [])
+    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    history.append({"digest": digest, "applied_at": now, "hostname": bundle.box["hostname"]})
+    record = {"provisioned": True, "digest": digest, "applied_at": now, "hostname": bundle.box["hostname"],
+              "files": sorted(files), "history": history[-20:]}
+    from host_runtime.common.atomic_file import atomic_write
+
+    atomic_write(record_path, (json.dumps(record, indent=2) + "\n").encode(), mode=0o644)
+    return ApplyResult(True, digest, record_path, generated, _remove_secrets(bundle))
+
+
+def _commit(staging: Path, root: Path, rels: list[str]) -> None:
+    """Move staged files into place; on any failure put every replaced file back."""
+    done: list[tuple[Path, Path | None]] = []
+    try:
+        for rel in rels:
+            target = root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            backup = None
+            if target.exists():
+                backup = staging / "old" / rel
+                backup.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(target, backup)
+            os.replace(staging / "new" / rel, target)
+            done.append((target, backup))
+    except BaseException:
+        for target, backup in reversed(done):
+            if backup is not None:
+                os.replace(backup, target)
+            else:
+                target.unlink(missing_ok=True)
+        raise
+
+
+def _remove_secrets(bundle: Bundle) -> list[str]:
+    """Secrets must not stay readable on the boot partition: overwrite, then delete."""
+    removed = []
+    for f in SECRET_FIELDS:
+        rel = _field(bundle.box, f)
+        path = bundle.root / rel if rel else None
+        if path and path.exists():
+            try:
+                size = path.stat().st_size
+                with open(path, "r+b") as handle:
+                    handle.write(b"\0" * size)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                path.unlink()
+                removed.append(rel)
+            except OSError:
+                pass  # a read-only boot medium: reported by omission
+    return removed

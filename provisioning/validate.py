@@ -1,0 +1,151 @@
+"""Checking a bundle before anything is applied: every problem, each naming its field."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import stat
+from importlib import resources
+
+from provisioning.bundle import Bundle, BundleError
+
+SECRET_FIELDS = ("api.tls_key", "bmc.password_file")
+FILE_FIELDS = ("ssh.authorized_keys", "api.tls_certificate", "api.tls_key", "model.path", "bmc.password_file")
+
+
+def _field(box: dict, dotted: str):
+    node = box
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _where(path) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+def schema_errors(box: dict) -> list[BundleError]:
+    import jsonschema
+
+    schema = json.loads(resources.files("provisioning").joinpath("box_schema.json").read_text())
+    errors = []
+    for e in sorted(jsonschema.Draft202012Validator(schema).iter_errors(box), key=lambda e: list(e.absolute_path)):
+        field = _where(e.absolute_path)
+        if e.validator == "required":
+            missing = e.message.split("'")[1]
+            field = f"{field}.{missing}" if e.absolute_path else missing
+            errors.append(BundleError(field, "is required"))
+        elif e.validator == "additionalProperties":
+            errors.append(BundleError(field, f"unknown setting: {e.message}"))
+        else:
+            errors.append(BundleError(field, e.message))
+    return errors
+
+
+def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list[BundleError]:
+    box = bundle.box
+    errors = schema_errors(box)
+    if errors:
+        return errors  # the checks below assume the shape is right
+    declared = box.get("files") or {}
+    for field in FILE_FIELDS:
+        rel = _field(box, field)
+        if rel is None or (field == "model.path" and box["model"]["source"] != "bundle"):
+            continue
+        if rel not in declared:
+            errors.append(BundleError(field, f"{rel!r} is not listed with its sha256 in [files]"))
+    for rel, digest in declared.items():
+        try:
+            path = bundle.path(rel)
+            data = path.read_bytes()
+        except BundleError as exc:
+            errors.append(exc)
+            continue
+        except OSError:
+            errors.append(BundleError(f"files.{rel}", "the file is missing from the bundle"))
+            continue
+        if hashlib.sha256(data).hexdigest() != digest:
+            errors.append(BundleError(f"files.{rel}", "the file's sha256 does not match the declared one"))
+    for field in SECRET_FIELDS:
+        rel = _field(box, field)
+        if rel and (bundle.root / rel).exists():
+            mode = stat.S_IMODE((bundle.root / rel).stat().st_mode)
+            if mode & 0o077:
+                errors.append(BundleError(field, f"{rel} has mode {mode:04o}: secrets must not be readable by "
+                                                 "others (chmod 600)"))
+    errors += _network_errors(box["network"]["interfaces"])
+    model = box["model"]
+    if model["source"] == "bundle":
+        if not model.get("path"):
+            errors.append(BundleError("model.path", "is required when model.source is 'bundle'"))
+        elif (bundle.root / model["path"]).exists():
+            try:
+                import gguf
+
+                gguf.GGUFReader(str(bundle.root / model["path"]))
+            except Exception as exc:  # gguf raises ValueError, struct errors, and more on foreign files
+                errors.append(BundleError("model.path", f"{model['path']} is not a readable GGUF model: {exc}"))
+    bmc = box["bmc"]
+    if bmc["mode"] == "ipmi":
+        for key in ("address", "user", "password_file"):
+            if not bmc.get(key):
+                errors.append(BundleError(f"bmc.{key}", "is required when bmc.mode is 'ipmi'"))
+    power = box["power"]
+    if "target_c" in power and "ceiling_c" in power and power["ceiling_c"] <= power["target_c"]:
+        errors.append(BundleError("power.ceiling_c", "must be above power.target_c"))
+    if require_signature_pem is not None and not errors:
+        from provisioning.signing import verify
+
+        try:
+            verify(bundle, require_signature_pem)
+        except BundleError as exc:
+            errors.append(exc)
+    return errors
+
+
+def _network_errors(interfaces: list[dict]) -> list[BundleError]:
+    errors, names, networks = [], set(), []
+    for i, iface in enumerate(interfaces):
+        where = f"network.interfaces[{i}]"
+        if iface["name"] in names:
+            errors.append(BundleError(f"{where}.name", f"interface {iface['name']!r} is configured twice"))
+        names.add(iface["name"])
+        if iface["mode"] == "dhcp":
+            for key in ("address", "gateway"):
+                if key in iface:
+                    errors.append(BundleError(f"{where}.{key}", "is not used with mode 'dhcp'"))
+            continue
+        try:
+            net = ipaddress.ip_interface(iface.get("address", ""))
+        except ValueError:
+            errors.append(BundleError(f"{where}.address", f"{iface.get('address')!r} is not an address with a "
+                                                          "prefix length, like 192.168.1.20/24"))
+            continue
+        if net.network.prefixlen == net.max_prefixlen:
+            errors.append(BundleError(f"{where}.address", "needs a prefix length shorter than a single host"))
+        for other_where, other in networks:
+            if other.ip == net.ip:
+                errors.append(BundleError(f"{where}.address", f"{net.ip} is also the address of {other_where}"))
+            elif other.network.overlaps(net.network):
+                errors.append(BundleError(f"{where}.address", f"{net.network} overlaps {other_where}'s {other.network}"))
+        networks.append((where, net))
+        if "gateway" in iface:
+            try:
+                gw = ipaddress.ip_address(iface["gateway"])
+            except ValueError:
+                errors.append(BundleError(f"{where}.gateway", f"{iface['gateway']!r} is not an IP address"))
+            else:
+                if gw not in net.network:
+                    errors.append(BundleError(f"{where}.gateway", f"{gw} is outside {net.network}"))
+        for j, dns in enumerate(iface.get("dns", [])):
+            try:
+                ipaddress.ip_address(dns)
+            except ValueError:
+                errors.append(BundleError(f"{where}.dns[{j}]", f"{dns!r} is not an IP address"))
+    return errors

@@ -1,0 +1,240 @@
+"""Provisioning bundles: validation with named fields, signatures, all-or-nothing apply, network in a namespace."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+import uuid
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from host_runtime.auth.keystore import KeyVerifier
+from provisioning.apply import BundleInvalid, apply
+from provisioning.bundle import BundleError, open_bundle
+from provisioning.validate import validate
+from tests.servers import everycycle
+from tests.tiny_gguf import write_tiny_llama
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "provisioning" / "examples"
+BASE = {
+    "schema_version": 1, "hostname": "box-7",
+    "network": {"interfaces": [{"name": "eth0", "mode": "static", "address": "10.20.0.5/24", "gateway": "10.20.0.1",
+                                "dns": ["10.20.0.1"]}]},
+    "api": {"port": 8080, "generate_keys": ["owner"]},
+    "model": {"source": "image"},
+    "bmc": {"mode": "ipmi", "address": "10.20.0.9", "user": "admin", "password_file": "files/bmc.pass"},
+    "power": {"target_c": 75, "ceiling_c": 87},
+}
+
+
+def make_bundle(root: Path, box: dict | None = None, files: dict[str, bytes] | None = None,
+                modes: dict[str, int] | None = None) -> Path:
+    box = copy.deepcopy(BASE if box is None else box)
+    files = {"files/bmc.pass": b"s3cret\n"} if files is None else files
+    root.mkdir(parents=True, exist_ok=True)
+    declared = {}
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        os.chmod(root / rel, (modes or {}).get(rel, 0o600))
+        declared[rel] = hashlib.sha256(data).hexdigest()
+    if declared and "files" not in box:
+        box["files"] = declared
+    (root / "box.toml").write_bytes(tomli_w.dumps(box).encode())
+    return root
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() + oct(p.stat().st_mode)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_shipped_examples_validate():
+    for example in EXAMPLES.iterdir():
+        assert validate(open_bundle(example)) == [], example.name
+
+
+def _with(path: str, value):
+    box = copy.deepcopy(BASE)
+    node = box
+    *parents, last = path.split(".")
+    for p in parents:
+        node = node[int(p)] if p.isdigit() else node[p]
+    if value is None:
+        del node[last]
+    else:
+        node[last] = value
+    return box
+
+
+BAD = [
+    ("missing hostname", _with("hostname", None), {}, "hostname"),
+    ("hostname with spaces", _with("hostname", "my box"), {}, "hostname"),
+    ("port as text", _with("api.port", "8080"), {}, "api.port"),
+    ("unknown mode", _with("network.interfaces.0.mode", "carrier-pigeon"), {}, "network.interfaces[0].mode"),
+    ("bad address", _with("network.interfaces.0.address", "10.20.0.300/24"), {}, "network.interfaces[0].address"),
+    ("gateway outside", _with("network.interfaces.0.gateway", "10.99.0.1"), {}, "network.interfaces[0].gateway"),
+    ("dns not an address", _with("network.interfaces.0.dns", ["dns.example"]), {}, "network.interfaces[0].dns[0]"),
+    ("colliding addresses", _with("network.interfaces", [
+        {"name": "eth0", "mode": "static", "address": "10.20.0.5/24"},
+        {"name": "eth1", "mode": "static", "address": "10.20.0.5/24"}]), {}, "network.interfaces[1].address"),
+    ("bmc without user", _with("bmc.user", None), {}, "bmc.user"),
+    ("ceiling under target", _with("power.ceiling_c", 70), {}, "power.ceiling_c"),
+    ("unknown setting", _with("colour", "blue"), {}, "(top level)"),
+    ("world-readable secret", None, {"modes": {"files/bmc.pass": 0o644}}, "bmc.password_file"),
+    ("hash mismatch", None, {"tamper": "files/bmc.pass"}, "files.files/bmc.pass"),
+    ("model not GGUF", _with("model", {"source": "bundle", "path": "files/model.gguf"}),
+     {"extra": {"files/model.gguf": b"not a model"}}, "model.path"),
+]
+
+
+@pytest.mark.parametrize("case,box,how,field", BAD, ids=[b[0] for b in BAD])
+def test_bad_bundles_are_refused_naming_the_field_and_nothing_changes(tmp_path, case, box, how, field):
+    files = {"files/bmc.pass": b"s3cret\n", **how.get("extra", {})}
+    bundle_dir = make_bundle(tmp_path / "bundle", box, files, how.get("modes"))
+    if "tamper" in how:
+        (bundle_dir / how["tamper"]).write_bytes(b"something else\n")
+    root = tmp_path / "root"
+    make_bundle(tmp_path / "good", _with("hostname", "box-before"))
+    apply(open_bundle(tmp_path / "good"), root)  # a provisioned box, to prove nothing moves
+    before = tree(root)
+    errors = validate(open_bundle(bundle_dir))
+    assert field in [e.field for e in errors], [str(e) for e in errors]
+    with pytest.raises(BundleInvalid):
+        apply(open_bundle(bundle_dir), root)
+    assert tree(root) == before
+    out = subprocess.run(everycycle("provision", "validate", str(bundle_dir)), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and f"{field}:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_apply_writes_everything_with_the_right_modes_and_removes_secrets(tmp_path):
+    bundle_dir = make_bundle(tmp_path / "bundle")
+    root = tmp_path / "root"
+    result = apply(open_bundle(bundle_dir), root)
+    assert result.changed and set(result.generated_keys) == {"owner"}
+    assert KeyVerifier(root / "etc/everycycle/api_keys.json").verify(result.generated_keys["owner"]) == "owner"
+    assert result.generated_keys["owner"] not in (root / "etc/everycycle/api_keys.json").read_text()
+    for rel in ("etc/everycycle/api_keys.json", "etc/everycycle/bmc.password", "etc/everycycle/services.env"):
+        assert stat.S_IMODE((root / rel).stat().st_mode) == 0o600, rel
+    assert (root / "etc/everycycle/bmc.password").read_bytes() == b"s3cret\n"
+    assert (root / "etc/hostname").read_text() == "box-7\n"
+    network = (root / "etc/systemd/network/10-everycycle-eth0.network").read_text()
+    assert "Address=10.20.0.5/24" in network and "Gateway=10.20.0.1" in network
+    assert result.removed_secrets == ["files/bmc.pass"] and not (bundle_dir / "files/bmc.pass").exists()
+    record = json.loads((root / "var/lib/everycycle/provisioned.json").read_text())
+    assert record["provisioned"] and record["digest"] == result.digest and len(record["history"]) == 1
+
+
+def test_reapplying_changes_nothing_and_a_new_bundle_is_logged(tmp_path):
+    root = tmp_path / "root"
+    make_bundle(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "a-copy")
+    apply(open_bundle(tmp_path / "a"), root)
+    before = tree(root)
+    again = apply(open_bundle(tmp_path / "a-copy"), root)
+    assert not again.changed and tree(root) == before
+    make_bundle(tmp_path / "b", _with("hostname", "box-8"))
+    assert apply(open_bundle(tmp_path / "b"), root).changed
+    assert (root / "etc/hostname").read_text() == "box-8\n"
+    assert [h["hostname"] for h in json.loads((root / "var/lib/everycycle/provisioned.json").read_text())["history"]] \
+        == ["box-7", "box-8"]
+
+
+def test_a_failure_mid_apply_restores_the_previous_state(tmp_path):
+    root = tmp_path / "root"
+    make_bundle(tmp_path / "a")
+    apply(open_bundle(tmp_path / "a"), root)
+    # A file where the network directory must be: the commit fails after the hostname has moved.
+    shutil.rmtree(root / "etc/systemd/network")
+    (root / "etc/systemd/network").write_text("not a directory")
+    before = tree(root)
+    box = _with("network.interfaces", [{"name": "eth0", "mode": "dhcp"}, {"name": "eth1", "mode": "dhcp"}])
+    make_bundle(tmp_path / "b", _with("hostname", "box-9") | {"network": box["network"]})
+    with pytest.raises(OSError):
+        apply(open_bundle(tmp_path / "b"), root)
+    assert tree(root) == before
+    assert (root / "etc/hostname").read_text() == "box-7\n"
+
+
+def test_signed_bundles(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "pub.pem").write_bytes(pub)
+    bundle_dir = make_bundle(tmp_path / "bundle")
+    unsigned = validate(open_bundle(bundle_dir), pub)
+    assert [e.field for e in unsigned] == ["bundle.sig"] and "not signed" in unsigned[0].message
+    assert subprocess.run(everycycle("provision", "sign", str(bundle_dir), "--key", str(tmp_path / "key.pem")),
+                          capture_output=True, timeout=60).returncode == 0
+    assert validate(open_bundle(bundle_dir), pub) == []
+    text = (bundle_dir / "box.toml").read_text().replace("box-7", "box-6")  # altered after signing
+    (bundle_dir / "box.toml").write_text(text)
+    tampered = validate(open_bundle(bundle_dir), pub)
+    assert [e.field for e in tampered] == ["bundle.sig"] and "altered" in tampered[0].message
+    out = subprocess.run(everycycle("provision", "apply", str(bundle_dir), "--root", str(tmp_path / "root"),
+                                    "--require-signature", str(tmp_path / "pub.pem")), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and "bundle.sig" in out.stderr and not (tmp_path / "root").exists()
+
+
+def test_tar_bundles_and_unsafe_archives(tmp_path):
+    bundle_dir = make_bundle(tmp_path / "bundle")
+    good = tmp_path / "bundle.tar"
+    with tarfile.open(good, "w") as tar:
+        tar.add(bundle_dir, arcname="bundle")
+    assert validate(open_bundle(good)) == []
+    evil = tmp_path / "evil.tar"
+    with tarfile.open(evil, "w") as tar:
+        tar.add(bundle_dir / "box.toml", arcname="../../etc/box.toml")
+    with pytest.raises(BundleError, match="unsafe archive member"):
+        open_bundle(evil)
+
+
+def test_a_model_shipped_in_the_bundle(tmp_path):
+    model = write_tiny_llama(tmp_path / "tiny.gguf")
+    box = _with("model", {"source": "bundle", "path": "files/tiny.gguf", "context_length": 512})
+    bundle_dir = make_bundle(tmp_path / "bundle", box, {"files/bmc.pass": b"pw\n", "files/tiny.gguf": model.read_bytes()})
+    assert validate(open_bundle(bundle_dir)) == []
+    root = tmp_path / "root"
+    apply(open_bundle(bundle_dir), root)
+    assert (root / "var/lib/everycycle/models/tiny.gguf").read_bytes() == model.read_bytes()
+    assert "--model /var/lib/everycycle/models/tiny.gguf --ctx-size 512" in (root / "etc/everycycle/services.env").read_text()
+
+
+def test_static_network_applied_in_a_namespace_with_a_veth_pair(tmp_path):
+    ns = f"ecprov-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "add", "pv0", "type", "veth", "peer", "name", "pv1"],
+                       check=True)
+        box = _with("network.interfaces", [{"name": "pv0", "mode": "static", "address": "10.77.0.2/24",
+                                            "gateway": "10.77.0.1"}])
+        bundle_dir = make_bundle(tmp_path / "bundle", box)
+        root = tmp_path / "root"
+        cmd = ["ip", "netns", "exec", ns, *everycycle("provision", "apply", str(bundle_dir), "--root", str(root),
+                                                       "--live-network")]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        addrs = json.loads(subprocess.run(["ip", "netns", "exec", ns, "ip", "-j", "addr", "show", "pv0"],
+                                          capture_output=True, text=True, check=True).stdout)
+        assert {"local": "10.77.0.2", "prefixlen": 24} in [{k: a[k] for k in ("local", "prefixlen")}
+                                                           for a in addrs[0]["addr_info"]]
+        routes = json.loads(subprocess.run(["ip", "netns", "exec", ns, "ip", "-j", "route"], capture_output=True,
+                                           text=True, check=True).stdout)
+        assert any(r["dst"] == "default" and r.get("gateway") == "10.77.0.1" for r in routes)
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0 and "nothing changed" in again.stdout
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
