@@ -56,7 +56,7 @@ run: $(STAMP)
 
 # The dashboard (or its text form) for the box `make run` started, from a second terminal.
 CONSOLE_ARGS = --run-dir $(VAR)/run --serving-url http://$(HOST):$(PORT) --keys $(VAR)/state/api_keys.json \
-	--bmc-url http://$(BMC_LISTEN)/telemetry
+	--bmc-url http://$(BMC_LISTEN)/telemetry --provision-root $(VAR)/root --bundle-dir $(VAR)/bundle
 console: $(STAMP)
 	@$(VENV)/bin/everycycle console $(CONSOLE_ARGS)
 

@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--serving-url", default="http://127.0.0.1:8080", metavar="URL")
         c.add_argument("--bmc-url", default="http://127.0.0.1:9290/telemetry", metavar="URL")
         c.add_argument("--keys", metavar="FILE", help="the API key file (only hints are ever shown)")
+        c.add_argument("--provision-root", default="/", metavar="DIR", help="what the set-up wizard configures (default /)")
+        c.add_argument("--bundle-dir", default="/boot/everycycle", metavar="DIR", help="where the wizard writes its bundle")
         if name == "console":
             c.add_argument("--tick", type=float, default=2.0, metavar="S", help="refresh period (default 2)")
             c.add_argument("--allow-quit", action="store_true", help="let q leave the console (to a login shell)")
@@ -333,7 +335,8 @@ def cmd_console(parser, args) -> int:
     run_dir = Path(args.run_dir or os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
     config = ConsoleConfig(run_dir=run_dir, serving_url=args.serving_url.rstrip("/"), bmc_url=args.bmc_url,
                            keys_file=Path(args.keys) if args.keys else None,
-                           api_port=urlparse(args.serving_url).port or 8080)
+                           api_port=urlparse(args.serving_url).port or 8080,
+                           provision_root=Path(args.provision_root), bundle_dir=Path(args.bundle_dir))
     reader = StatusReader(config)
     if args.command == "status":
         from host_runtime.console.status_text import render

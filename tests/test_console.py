@@ -50,8 +50,13 @@ command={BIN}/everycycle governor run --backend simulator --sim-speed 30 --tick 
 command={BIN}/everycycle bmc --backend ipmi --host 127.0.0.1 --port {sim.port} --user {USER} --password-file {pw} --listen 127.0.0.1:{bmc_port} --period 0.5
 """)
     sup = Proc([str(BIN / "supervisord"), "-c", str(tmp_path / "supervisord.conf")], tmp_path / "sup.out")
+    provisioned = tmp_path / "root" / "var/lib/everycycle"
+    provisioned.mkdir(parents=True)
+    (provisioned / "provisioned.json").write_text(json.dumps({"provisioned": True, "digest": "ab" * 32, "history": [
+        {"digest": "ab" * 32, "applied_at": "2026-11-29T12:00:00+00:00", "hostname": "box-1"}]}))
     config = ConsoleConfig(run_dir=run, serving_url=server, bmc_url=f"http://127.0.0.1:{bmc_port}/telemetry",
-                           keys_file=Path(api_key[0]), api_port=int(server.rsplit(":", 1)[1]))
+                           keys_file=Path(api_key[0]), api_port=int(server.rsplit(":", 1)[1]),
+                           provision_root=tmp_path / "root")
     reader = StatusReader(config)
     try:
         wait_for(lambda: (run / "topology.json").exists() and (run / "governor.json").exists(), 30, "the services")
@@ -99,6 +104,7 @@ async def _drive_dashboard(box, api_key):
         await _until(pilot, lambda: app.reads >= 1)
         screen = lambda: "\n".join(str(w.render()) for w in app.query("Static"))  # noqa: E731
         assert MODEL_ID in screen() and "Inlet Temp" in screen() and "simulated-gpu-0" in screen()
+        assert "provision" in screen() and "applied bundle abababababab (box-1)" in screen()  # the record, as an event
         assert app.status.api_urls[0] in screen()
 
         sim.set_raw(1, 47)  # the inlet goes critical in the simulator...

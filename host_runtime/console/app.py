@@ -52,7 +52,8 @@ class Dashboard(App):
     #notice { height: 1; padding: 0 1; }
     """
     BINDINGS = [Binding("r", "restart_serving", "restart serving"), Binding("k", "key_hint", "API key hint"),
-                Binding("g", "gpu_details", "GPU details"), Binding("q", "quit_console", "quit")]
+                Binding("g", "gpu_details", "GPU details"), Binding("w", "wizard", "set-up wizard"),
+                Binding("q", "quit_console", "quit")]
 
     def __init__(self, reader: StatusReader, tick_s: float = 2.0, allow_quit: bool = False):
         super().__init__()
@@ -80,6 +81,8 @@ class Dashboard(App):
             self.query_one(f"#{pid}").border_title = title
         self.refresh_data()
         self.set_interval(self.tick_s, self.refresh_data)
+        if hasattr(self.reader, "provisioned") and self.reader.provisioned() is None:
+            self.action_wizard()  # first boot with no bundle: set the box up before anything else
 
     def refresh_data(self) -> None:
         self.run_worker(self._read, thread=True, exclusive=True, group="read")
@@ -167,6 +170,20 @@ class Dashboard(App):
 
         self.notice("restarting serving…")
         self.run_worker(restart, thread=True, group="restart")
+
+    def action_wizard(self) -> None:
+        import psutil
+
+        from host_runtime.console.wizard import Wizard
+
+        topo = self.reader.topology() if hasattr(self.reader, "topology") else None
+        links = [l for l in ((topo or {}).get("network") or []) if isinstance(l, dict) and l.get("kind") != "loopback"]
+        memory = ((topo or {}).get("memory") or {}).get("total_bytes") or psutil.virtual_memory().total
+        cfg = self.reader.config
+        self.push_screen(Wizard(links, memory, cfg.bundle_dir, cfg.provision_root))
+
+    def on_provisioned(self, result) -> None:
+        self.notice(f"provisioned (bundle {result.digest[:12]}); Esc returns to the dashboard")
 
     def action_gpu_details(self) -> None:
         self.push_screen(GpuDetails(self.status.gpus if self.status else []))

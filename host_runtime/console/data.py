@@ -108,6 +108,8 @@ class ConsoleConfig:
     keys_file: Path | None = None
     api_port: int = 8080
     box_name: str | None = None
+    provision_root: Path = Path("/")          # what the wizard configures ("/" on the box)
+    bundle_dir: Path = Path("/boot/everycycle")  # where the wizard writes its bundle
 
 
 class StatusReader:
@@ -221,7 +223,11 @@ class StatusReader:
         gov_source, gpus, throttle, gov_events = self.governor()
         bmc_source, chassis, sel = self.bmc()
         sup_source, services = self.services()
-        events = ([{"at": e.get("at", ""), "source": "governor", "detail": f"{e.get('gpu') or ''} {e.get('detail', '')}".strip()}
+        record = self.provisioned() or {}
+        provision_events = [{"at": h.get("applied_at", ""), "source": "provision",
+                             "detail": f"applied bundle {h.get('digest', '')[:12]} ({h.get('hostname')})"}
+                            for h in record.get("history", [])[-5:]]
+        events = provision_events + ([{"at": e.get("at", ""), "source": "governor", "detail": f"{e.get('gpu') or ''} {e.get('detail', '')}".strip()}
                    for e in gov_events[:20]] +
                   [{"at": e.get("timestamp", ""), "source": "bmc", "detail": f"{e.get('component')}: {e.get('event')}"}
                    for e in sel[:20]] + self._service_events[:20])
@@ -232,6 +238,12 @@ class StatusReader:
             serving=serving, gpus=gpus, governor=gov_source, throttle_level=throttle, chassis=chassis,
             bmc=bmc_source, services=services, supervisor=sup_source, cpu_percent=psutil.cpu_percent(interval=None),
             ram_used_percent=psutil.virtual_memory().percent, events=events[:30], token_history=list(self._history))
+
+    def provisioned(self) -> dict | None:
+        try:
+            return json.loads((self.config.provision_root / "var/lib/everycycle/provisioned.json").read_text())
+        except (OSError, ValueError):
+            return None
 
     def key_hint(self) -> str:
         """Never the key: its name and hint, as stored."""

@@ -1,0 +1,157 @@
+"""The first-boot wizard: the same fields as box.toml, checked as typed, written as a bundle, applied through
+exactly the code path a bundle from the boot disk takes (provisioning.apply)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import tomli_w
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, Input, Label, Select, Static
+
+from provisioning.apply import BundleInvalid, apply
+from provisioning.bundle import Bundle, open_bundle
+from provisioning.validate import validate
+
+
+def context_for_memory(total_bytes: int) -> int:
+    """A context that leaves the box room to batch: 4k under 8 GiB of RAM, 8k above."""
+    return 8192 if total_bytes >= 8 * 2**30 else 4096
+
+
+def box_from_answers(a: dict) -> tuple[dict, dict[str, bytes]]:
+    """Pure: the wizard's answers as a box.toml dict, and the files the bundle must carry."""
+    interfaces = []
+    for link in a["links"]:
+        iface = {"name": link["name"], "mode": link["mode"]}
+        if link["mode"] == "static":
+            iface["address"] = link.get("address", "")
+            if link.get("gateway"):
+                iface["gateway"] = link["gateway"]
+            if link.get("dns"):
+                iface["dns"] = [d.strip() for d in link["dns"].split(",") if d.strip()]
+        interfaces.append(iface)
+    box = {"schema_version": 1, "hostname": a["hostname"], "network": {"interfaces": interfaces},
+           "api": {"port": int(a.get("port") or 8080), "generate_keys": ["owner"]},
+           "model": {"source": "image", "context_length": int(a["context_length"])},
+           "bmc": {"mode": a["bmc_mode"]},
+           "power": {"target_c": float(a["target_c"]), "ceiling_c": float(a["ceiling_c"])}}
+    files: dict[str, bytes] = {}
+    if a["bmc_mode"] == "ipmi":
+        box["bmc"].update(address=a.get("bmc_address", ""), user=a.get("bmc_user", ""),
+                          password_file="files/bmc.pass")
+        files["files/bmc.pass"] = a.get("bmc_password", "").encode() + b"\n"
+    if files:
+        box["files"] = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+    return box, files
+
+
+def write_bundle(directory: Path, box: dict, files: dict[str, bytes]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for rel, data in files.items():
+        path = directory / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+    (directory / "box.toml").write_bytes(tomli_w.dumps(box).encode())
+    return directory
+
+
+class Wizard(Screen):
+    """One form; every change re-checks the whole box and shows the problems next to the preview."""
+
+    BINDINGS = [("escape", "app.pop_screen", "back to the dashboard")]
+
+    def __init__(self, links: list[dict], total_memory: int, bundle_dir: Path, root: Path):
+        super().__init__()
+        self.links = links or [{"name": "eth0"}]
+        self.total_memory = total_memory
+        self.bundle_dir = bundle_dir
+        self.root = root
+        self.generated: dict[str, str] = {}
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Label("EveryCycle first boot: set up this box (Tab moves, Apply writes and applies)")
+            yield Label("Hostname")
+            yield Input("everycycle", id="hostname")
+            for i, link in enumerate(self.links):
+                addrs = ", ".join(a["address"] for a in link.get("addresses", [])) or "no address"
+                yield Label(f"Network: {link['name']} ({link.get('state', '?')}, now {addrs})")
+                yield Select([("DHCP", "dhcp"), ("static", "static")], value="dhcp", id=f"mode-{i}", allow_blank=False)
+                yield Input(placeholder="address/prefix, e.g. 192.168.1.20/24", id=f"address-{i}")
+                yield Input(placeholder="gateway", id=f"gateway-{i}")
+                yield Input(placeholder="DNS servers, comma-separated", id=f"dns-{i}")
+            yield Label(f"Model: the image's SmolLM2-135M; context for {self.total_memory / 2**30:.0f} GiB of RAM")
+            yield Input(str(context_for_memory(self.total_memory)), id="context_length")
+            yield Label("API port (an API key named 'owner' is generated and shown once)")
+            yield Input("8080", id="port")
+            yield Label("BMC")
+            yield Select([("none", "none"), ("IPMI over LAN", "ipmi")], value="none", id="bmc_mode", allow_blank=False)
+            yield Input(placeholder="BMC address", id="bmc_address")
+            yield Input(placeholder="BMC user", id="bmc_user")
+            yield Input(placeholder="BMC password", password=True, id="bmc_password")
+            yield Label("Power policy: target and ceiling temperature (C)")
+            yield Input("75", id="target_c")
+            yield Input("87", id="ceiling_c")
+            yield Static("", id="problems")
+            yield Static("", id="preview")
+            yield Button("Apply", id="apply", variant="primary")
+            yield Static("", id="result")
+
+    def on_mount(self) -> None:
+        self.recheck()
+
+    def answers(self) -> dict:
+        def val(wid: str) -> str:
+            return str(self.query_one(f"#{wid}").value or "")
+
+        links = [{"name": link["name"], "mode": val(f"mode-{i}"), "address": val(f"address-{i}"),
+                  "gateway": val(f"gateway-{i}"), "dns": val(f"dns-{i}")} for i, link in enumerate(self.links)]
+        return {"hostname": val("hostname"), "links": links, "port": val("port"), "context_length": val("context_length"),
+                "bmc_mode": val("bmc_mode"), "bmc_address": val("bmc_address"), "bmc_user": val("bmc_user"),
+                "bmc_password": val("bmc_password"), "target_c": val("target_c"), "ceiling_c": val("ceiling_c")}
+
+    def candidate(self) -> tuple[dict | None, dict, list[str]]:
+        try:
+            box, files = box_from_answers(self.answers())
+        except ValueError as exc:
+            return None, {}, [f"a number is expected: {exc}"]
+        errors = validate(Bundle(Path("/nonexistent"), box, tomli_w.dumps(box).encode()))
+        # Files live only in memory until Apply: their presence is checked when the bundle is written.
+        problems = [f"{e.field}: {e.message}" for e in errors if not e.field.startswith("files.")]
+        return box, files, problems
+
+    def recheck(self) -> bool:
+        box, _, problems = self.candidate()
+        self.query_one("#problems", Static).update("\n".join(problems) if problems else "no problems")
+        shown = dict(box or {})
+        self.query_one("#preview", Static).update(tomli_w.dumps(shown) if box else "")
+        return not problems
+
+    def on_input_changed(self, event) -> None:
+        self.recheck()
+
+    def on_select_changed(self, event) -> None:
+        self.recheck()
+
+    def on_button_pressed(self, event) -> None:
+        if event.button.id != "apply" or not self.recheck():
+            return
+        box, files, _ = self.candidate()
+        bundle = open_bundle(write_bundle(self.bundle_dir, box, files))
+        try:
+            result = apply(bundle, self.root)
+        except BundleInvalid as exc:
+            self.query_one("#result", Static).update("refused: " + "; ".join(str(e) for e in exc.errors))
+            return
+        self.generated = result.generated_keys
+        keys = "".join(f"\nAPI key {n}: {k}  (write it down: it is shown only now)" for n, k in self.generated.items())
+        self.query_one("#result", Static).update(f"applied bundle {result.digest[:12]}{keys}")
+        if hasattr(self.app, "on_provisioned"):
+            self.app.on_provisioned(result)
