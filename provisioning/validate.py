@@ -43,6 +43,8 @@ def schema_errors(box: dict) -> list[BundleError]:
             errors.append(BundleError(field, "is required"))
         elif e.validator == "additionalProperties":
             errors.append(BundleError(field, f"unknown setting: {e.message}"))
+        elif e.validator == "pattern" and e.schema.get("description"):
+            errors.append(BundleError(field, f"{e.instance!r} is not {e.schema['description']}"))
         else:
             errors.append(BundleError(field, e.message))
     return errors
