@@ -89,6 +89,7 @@ def test_the_data_layer_reads_what_the_services_publish(box):
     assert len(s.api_urls) == max(1, len(global_addrs))
     text = render(s)  # `everycycle status` prints the same facts
     assert MODEL_ID in text and "Inlet Temp: 24.0" in text and "serving RUNNING" in text
+    assert "VRAM 4.0/24 GiB" in text  # the simulator's cards, through the governor's state
 
 
 def test_the_dashboard_shows_live_values_and_the_keys_work(box, api_key):
@@ -154,7 +155,8 @@ class FixedReader:
                             model=MODEL_ID, running=3, waiting=1, tokens_total=1000, tokens_per_s=128.5,
                             ttft_p50_s=0.25, prefix_hit_ratio=0.4),
             gpus=[{"id": "gpu-0", "name": "RTX 3090", "temperature_c": 74.5, "power_w": 260.0,
-                   "applied_limit_w": 280.0, "target_c": 75.0, "state": "controlling"}],
+                   "applied_limit_w": 280.0, "target_c": 75.0, "state": "controlling",
+                   "vram_used_bytes": 6 << 30, "vram_total_bytes": 24 << 30}],
             governor=Source(True, "nvml backend, observe mode"), throttle_level=0,
             chassis=[{"name": "Inlet Temp", "value": 47.0, "units": "°C", "health": "critical"},
                      {"name": "FAN1", "value": 3000.0, "units": "RPM", "health": "ok"}],

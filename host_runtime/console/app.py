@@ -36,7 +36,7 @@ class GpuDetails(ModalScreen):
         for g in self.gpus or [{"name": "no GPUs reported by the governor"}]:
             body.append(f"{g.get('name')}\n", style="bold")
             for key in ("id", "temperature_c", "power_w", "applied_limit_w", "decided_limit_w", "target_c", "state",
-                        "min_w", "max_w", "default_w"):
+                        "vram_used_bytes", "vram_total_bytes", "min_w", "max_w", "default_w"):
                 if key in g:
                     body.append(f"  {key:<16} {g[key]}\n")
         yield Static(body, id="gpu-details")
@@ -127,6 +127,8 @@ class Dashboard(App):
             g.append(f"{fmt(gpu.get('power_w'), '.0f')}/{fmt(gpu.get('applied_limit_w'), '.0f')} W  ")
             g.append(f"target {fmt(gpu.get('target_c'), '.0f')} C ")
             g.append(str(gpu.get("state")), style=STATE_STYLE.get(gpu.get("state"), ""))
+            if gpu.get("vram_total_bytes"):
+                g.append(f"  VRAM {gpu.get('vram_used_bytes', 0) / 2**30:.1f}/{gpu['vram_total_bytes'] / 2**30:.0f} GiB")
             g.append("\n")
         g.append(f"CPU {s.cpu_percent:.0f} %   RAM {s.ram_used_percent:.0f} %   throttle {fmt(s.throttle_level)}")
         self.query_one("#gpus", Static).update(g)

@@ -24,7 +24,9 @@ def render(s: BoxStatus) -> str:
                  f"throttle {fmt(s.throttle_level)}")
     for g in s.gpus:
         lines.append(f"GPU      {g['name']}: {fmt(g.get('temperature_c'), '.1f')} C, {fmt(g.get('power_w'), '.0f')} W "
-                     f"of {fmt(g.get('applied_limit_w'), '.0f')} W (target {fmt(g.get('target_c'), '.1f')} C, {g.get('state')})")
+                     f"of {fmt(g.get('applied_limit_w'), '.0f')} W (target {fmt(g.get('target_c'), '.1f')} C, {g.get('state')})"
+                     + (f", VRAM {g['vram_used_bytes'] / 2**30:.1f}/{g['vram_total_bytes'] / 2**30:.0f} GiB"
+                        if g.get("vram_total_bytes") and g.get("vram_used_bytes") is not None else ""))
     lines.append(f"Host     CPU {s.cpu_percent:.0f} %, RAM {s.ram_used_percent:.0f} %")
     if not s.chassis:
         lines.append(f"Chassis  {s.bmc.detail}")

@@ -25,6 +25,8 @@ class GpuReading:
     limit_w: float | None
     hw_slowdown: bool
     read_at: float  # time.monotonic() of the reading
+    vram_used_bytes: int | None = None
+    vram_total_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,10 @@ class NvmlBackend:
             reasons_call = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
                 n.nvmlDeviceGetCurrentClocksThrottleReasons
             reasons = get(reasons_call) or 0
+            mem = get(n.nvmlDeviceGetMemoryInfo)
             out.append(GpuReading(uuid, temp, power / 1000 if power is not None else None,
                                   limit / 1000 if limit is not None else None, nvml_reasons_mean_slowdown(reasons),
-                                  time.monotonic()))
+                                  time.monotonic(), mem.used if mem else None, mem.total if mem else None))
         return out
 
     def set_limit(self, gpu_id: str, watts: float) -> None:
@@ -130,8 +133,10 @@ class AmdHwmonBackend:
         out = []
         for pci, hw in self._cards.items():
             t, p, cap = self._int(hw / "temp1_input"), self._int(hw / "power1_average"), self._int(hw / "power1_cap")
+            device = hw.parent.parent
             out.append(GpuReading(pci, t / 1000 if t is not None else None, p / 1e6 if p is not None else None,
-                                  cap / 1e6 if cap is not None else None, False, time.monotonic()))
+                                  cap / 1e6 if cap is not None else None, False, time.monotonic(),
+                                  self._int(device / "mem_info_vram_used"), self._int(device / "mem_info_vram_total")))
         return out
 
     def set_limit(self, gpu_id: str, watts: float) -> None:
@@ -168,7 +173,9 @@ class SimulatorBackend:
                 step = min(0.5, left)
                 s.advance(step)
                 left -= step
-        return [GpuReading(s.name, s.temperature_c, s.power_w(), s.limit_w, s.hw_slowdown(), now) for s in self.sims]
+        # A simulated 24 GiB card holding a ~4 GiB model.
+        return [GpuReading(s.name, s.temperature_c, s.power_w(), s.limit_w, s.hw_slowdown(), now, 4 << 30, 24 << 30)
+                for s in self.sims]
 
     def set_limit(self, gpu_id: str, watts: float) -> None:
         next(s for s in self.sims if s.name == gpu_id).limit_w = watts

@@ -129,6 +129,8 @@ class Governor:
                 "applied_limit_w": self.applied[gid] if self.mode == "enforce" and self.applied[gid] is not None
                 else (r.limit_w if r else None),
                 "decided_limit_w": round(limit, 1), "target_c": round(ctrl.target_c(inlet), 2), "state": state,
+                "vram_used_bytes": r.vram_used_bytes if r else None,
+                "vram_total_bytes": r.vram_total_bytes if r else None,
                 "min_w": self.gpus[gid].limits.min_w, "max_w": self.gpus[gid].limits.max_w,
                 "default_w": self.gpus[gid].limits.default_w,
             }
