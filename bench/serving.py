@@ -87,17 +87,10 @@ class Server:
         raise SystemExit(f"{self.name} not ready after {timeout}s; log: {self.log.name}")
 
     def metrics(self) -> dict[str, float]:
+        from host_runtime.console.data import parse_prometheus
+
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                try:
-                    out[name] = float(value)
-                except ValueError:
-                    pass
-        return out
+            return parse_prometheus(r.read().decode())
 
     def stop(self) -> None:
         if self.proc.poll() is None:

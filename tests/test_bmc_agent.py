@@ -104,14 +104,20 @@ def test_dcmi_power_reading_and_limit_cross_checked_with_ipmitool(sim):
     assert backend.power_limit()["limit_w"] == 350
 
 
-def test_a_paused_bmc_goes_stale_fast_and_recovers(sim, tmp_path):
+def start_agent(sim: IpmiSim, tmp_path, period: str) -> tuple[Proc, int]:
+    """The real agent process against the simulator, serving on a free loopback port."""
     pw = tmp_path / "pw"
     pw.write_text(PASSWORD)
     os.chmod(pw, 0o600)
     port = free_port()
     agent = Proc(everycycle("bmc", "--backend", "ipmi", "--host", "127.0.0.1", "--port", str(sim.port), "--user", USER,
-                            "--password-file", str(pw), "--listen", f"127.0.0.1:{port}", "--period", "1"),
+                            "--password-file", str(pw), "--listen", f"127.0.0.1:{port}", "--period", period),
                  tmp_path / "agent.log")
+    return agent, port
+
+
+def test_a_paused_bmc_goes_stale_fast_and_recovers(sim, tmp_path):
+    agent, port = start_agent(sim, tmp_path, "1")
     url = f"http://127.0.0.1:{port}"
 
     def telemetry() -> tuple[dict, float]:
@@ -216,13 +222,7 @@ def test_cli_errors_name_the_option(tmp_path):
 
 def test_a_hot_inlet_on_the_bmc_lowers_the_governors_limits(sim, tmp_path):
     """ipmi_sim -> the real agent endpoint -> the governor on simulated GPUs."""
-    pw = tmp_path / "pw"
-    pw.write_text(PASSWORD)
-    os.chmod(pw, 0o600)
-    port = free_port()
-    agent = Proc(everycycle("bmc", "--backend", "ipmi", "--host", "127.0.0.1", "--port", str(sim.port), "--user", USER,
-                            "--password-file", str(pw), "--listen", f"127.0.0.1:{port}", "--period", "0.5"),
-                 tmp_path / "agent.log")
+    agent, port = start_agent(sim, tmp_path, "0.5")
     state = tmp_path / "governor.json"
     governor = Proc(everycycle("governor", "run", "--backend", "simulator", "--sim-speed", "60", "--tick", "0.1",
                                "--bmc-url", f"http://127.0.0.1:{port}/telemetry", "--state", str(state)),
