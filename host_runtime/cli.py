@@ -399,6 +399,12 @@ def cmd_provision(parser, args) -> int:
     return 0
 
 
+def cmd_bmc(parser, args) -> int:
+    from agent_bmc.cli import run
+
+    return run(parser, args)
+
+
 def cmd_keys(parser, args) -> int:
     from host_runtime.auth.keystore import KeyStoreError, create_key, load_keys, revoke_key
 
@@ -425,9 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging()
-    handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys, "discover": cmd_discover, "governor": cmd_governor,
-                "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
-                "bmc": lambda parser, args: __import__("agent_bmc.cli", fromlist=["run"]).run(parser, args)}
+    handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys, "discover": cmd_discover,
+                "governor": cmd_governor, "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
+                "bmc": cmd_bmc}
     try:
         return handlers[args.command](parser, args)
     except KeyboardInterrupt:
