@@ -56,13 +56,16 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def end_of_generation_ids(model_path: str) -> list[int]:
+    """The model's end tokens, from its vocabulary alone (no weights loaded)."""
     import llama_cpp
     from llama_cpp._internals import LlamaModel
+
+    from host_runtime.engine.model import end_of_generation_tokens
 
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     model = LlamaModel(path_model=model_path, params=params, verbose=False)
-    return [t for t in range(model.n_vocab()) if llama_cpp.llama_vocab_is_eog(model.vocab, t)]
+    return sorted(end_of_generation_tokens(model.vocab, model.n_vocab()))
 
 
 class Server:

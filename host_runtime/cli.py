@@ -39,6 +39,11 @@ _positive = _int_at_least(1)
 _non_negative = _int_at_least(0)
 
 
+def _run_dir(explicit: str | None = None) -> Path:
+    """Where the services publish: the option, else $EVERYCYCLE_RUN_DIR (make run), else the box's /run/everycycle."""
+    return Path(explicit or os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
+
+
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=_non_negative, default=0, metavar="N", help="CPU threads for llama.cpp (0: all cores)")
@@ -238,7 +243,7 @@ def cmd_discover(parser, args) -> int:
     from host_runtime.discovery import table, topology
     from host_runtime.discovery.watch import TopologyWatcher
 
-    output = Path(args.output) if args.output else Path(os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle")) / "topology.json"
+    output = Path(args.output) if args.output else _run_dir() / "topology.json"
     if args.print or args.format == "table":
         doc = topology.collect(args.bmc_address)
         print(table.render(doc) if args.format == "table" else json.dumps(doc, indent=2))
@@ -301,7 +306,7 @@ def cmd_governor_run(parser, args) -> int:
     from host_runtime.governor.service import Governor
 
     mode = args.mode or ("enforce" if args.backend == "simulator" else "observe")
-    state = Path(args.state) if args.state else Path(os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle")) / "governor.json"
+    state = Path(args.state) if args.state else _run_dir() / "governor.json"
     if args.tick <= 0:
         parser.error("--tick: must be more than 0")
     try:
@@ -332,7 +337,7 @@ def cmd_console(parser, args) -> int:
 
     from host_runtime.console.data import ConsoleConfig, StatusReader
 
-    run_dir = Path(args.run_dir or os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
+    run_dir = _run_dir(args.run_dir)
     config = ConsoleConfig(run_dir=run_dir, serving_url=args.serving_url.rstrip("/"), bmc_url=args.bmc_url,
                            keys_file=Path(args.keys) if args.keys else None,
                            api_port=urlparse(args.serving_url).port or 8080,

@@ -12,9 +12,10 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from host_runtime.common.atomic_file import atomic_write
 from provisioning.bundle import Bundle, BundleError
 from provisioning.signing import manifest
-from provisioning.validate import SECRET_FIELDS, _field, validate
+from provisioning.validate import SECRET_FIELDS, field_value, validate
 
 
 class BundleInvalid(Exception):
@@ -158,14 +159,7 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
     staging = state / f".staging-{digest[:12]}"
     shutil.rmtree(staging, ignore_errors=True)
     for rel, (data, mode) in files.items():
-        target = staging / "new" / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(target, mode)
+        atomic_write(staging / "new" / rel, data, mode=mode)
     undo = []
     try:
         if live_network:
@@ -182,8 +176,6 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
     history.append({"digest": digest, "applied_at": now, "hostname": bundle.box["hostname"]})
     record = {"provisioned": True, "digest": digest, "applied_at": now, "hostname": bundle.box["hostname"],
               "files": sorted(files), "history": history[-20:]}
-    from host_runtime.common.atomic_file import atomic_write
-
     atomic_write(record_path, (json.dumps(record, indent=2) + "\n").encode(), mode=0o644)
     return ApplyResult(True, digest, record_path, generated, _remove_secrets(bundle))
 
@@ -215,7 +207,7 @@ def _remove_secrets(bundle: Bundle) -> list[str]:
     """Secrets must not stay readable on the boot partition: overwrite, then delete."""
     removed = []
     for f in SECRET_FIELDS:
-        rel = _field(bundle.box, f)
+        rel = field_value(bundle.box, f)
         path = bundle.root / rel if rel else None
         if path and path.exists():
             try:

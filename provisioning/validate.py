@@ -14,7 +14,7 @@ SECRET_FIELDS = ("api.tls_key", "bmc.password_file")
 FILE_FIELDS = ("ssh.authorized_keys", "api.tls_certificate", "api.tls_key", "model.path", "bmc.password_file")
 
 
-def _field(box: dict, dotted: str):
+def field_value(box: dict, dotted: str):
     node = box
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -57,7 +57,7 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
         return errors  # the checks below assume the shape is right
     declared = box.get("files") or {}
     for field in FILE_FIELDS:
-        rel = _field(box, field)
+        rel = field_value(box, field)
         if rel is None or (field == "model.path" and box["model"]["source"] != "bundle"):
             continue
         if rel not in declared:
@@ -75,7 +75,7 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
         if hashlib.sha256(data).hexdigest() != digest:
             errors.append(BundleError(f"files.{rel}", "the file's sha256 does not match the declared one"))
     for field in SECRET_FIELDS:
-        rel = _field(box, field)
+        rel = field_value(box, field)
         if rel and (bundle.root / rel).exists():
             mode = stat.S_IMODE((bundle.root / rel).stat().st_mode)
             if mode & 0o077:

@@ -180,7 +180,9 @@ class StatusReader:
         except (OSError, ValueError) as exc:
             return Source(False, f"no state at {path}: {exc.__class__.__name__}"), [], None, []
         age = time.time() - float(doc.get("updated_unix", 0))
-        if age > 30:
+        from host_runtime.governor.service import STATE_FRESH_S
+
+        if age > STATE_FRESH_S:
             return Source(False, f"state is {age:.0f} s old"), doc.get("gpus", []), None, doc.get("events", [])
         return Source(True, f"{doc.get('backend')} backend, {doc.get('mode')} mode"), doc.get("gpus", []), \
             doc.get("throttle_level"), doc.get("events", [])

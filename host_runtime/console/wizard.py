@@ -4,7 +4,6 @@ exactly the code path a bundle from the boot disk takes (provisioning.apply)."""
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import tomli_w
@@ -13,6 +12,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Input, Label, Select, Static
 
+from host_runtime.common.atomic_file import atomic_write
 from provisioning.apply import BundleInvalid, apply
 from provisioning.bundle import Bundle, open_bundle
 from provisioning.validate import validate
@@ -51,14 +51,9 @@ def box_from_answers(a: dict) -> tuple[dict, dict[str, bytes]]:
 
 
 def write_bundle(directory: Path, box: dict, files: dict[str, bytes]) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
     for rel, data in files.items():
-        path = directory / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-    (directory / "box.toml").write_bytes(tomli_w.dumps(box).encode())
+        atomic_write(directory / rel, data, mode=0o600)  # the only files the wizard writes are secrets
+    atomic_write(directory / "box.toml", tomli_w.dumps(box).encode(), mode=0o644)
     return directory
 
 

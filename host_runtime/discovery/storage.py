@@ -18,9 +18,8 @@ def collect_storage(sys_root: Path = Path("/sys")) -> list[dict] | dict:
         return unavailable(f"{block} does not exist")
     try:
         partitions = psutil.disk_partitions(all=False)
-    except OSError as exc:
-        partitions = []
-        _ = exc
+    except OSError:
+        partitions = []  # mounts then read as "not mounted"; the disks are still listed
     disks = []
     for dev in sorted(block.iterdir()):
         name = dev.name

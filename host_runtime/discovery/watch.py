@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from pathlib import Path
 
 from host_runtime.discovery import topology
@@ -92,15 +91,3 @@ class TopologyWatcher:
         except Exception as exc:
             log.warning("netlink events unavailable (%s); relying on udev and periodic scans", exc)
 
-
-def wait_for_change(path: Path, old_mtime_ns: int, timeout: float) -> bool:
-    """For consumers and tests: block until the file is replaced (or time runs out)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if path.stat().st_mtime_ns != old_mtime_ns:
-                return True
-        except FileNotFoundError:
-            pass
-        time.sleep(0.1)
-    return False

@@ -72,14 +72,14 @@ class Sequence:
         self.stop = StopMatcher(request.stops)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.sampler = build_sampler_chain(engine.model.model, request.sampling, index)
-        self.request_model = engine.model
+        self.model = engine.model
         self.last_token_at: float | None = None
 
     def is_prefilling(self) -> bool:
         return self.n_past < len(self.request.prompt_tokens)
 
     def next_cut(self) -> int:
-        model = self.request_model
+        model = self.model
         return next_cut(self.request.prompt_tokens, self.n_past, model.prefill_chunk, model.boundary_tokens)
 
     def pending_tokens(self):

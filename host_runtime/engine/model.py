@@ -51,6 +51,13 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     return p
 
 
+def end_of_generation_tokens(vocab, n_vocab: int) -> frozenset[int]:
+    """Every token llama.cpp treats as ending a generation (EOS, EOT, <|im_end|>, ...)."""
+    import llama_cpp
+
+    return frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
+
+
 def model_id_for(path: str | os.PathLike) -> str:
     name = Path(path).name
     return name[: -len(".gguf")] if name.endswith(".gguf") else name
@@ -128,8 +135,7 @@ class LoadedModel:
         self.n_vocab = self.model.n_vocab()
         # End-of-generation tokens: they end a generated answer, and a prompt is always cut just
         # after one (chat message ends; see step_plan).
-        self.boundary_tokens = frozenset(t for t in range(self.n_vocab)
-                                         if llama_cpp.llama_vocab_is_eog(self.model.vocab, t))
+        self.boundary_tokens = end_of_generation_tokens(self.model.vocab, self.n_vocab)
         self.metadata = self.model.metadata()
         self.eos_text = self._token_text(self.model.token_eos())
         self.bos_text = self._token_text(self.model.token_bos())

@@ -8,7 +8,7 @@ import os
 import time
 
 log = logging.getLogger(__name__)
-STALE_AFTER_S = 30.0  # a governor that stopped publishing must not throttle the box forever
+from host_runtime.governor.service import STATE_FRESH_S
 
 
 class ThrottleReader:
@@ -33,4 +33,4 @@ class ThrottleReader:
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("ignoring the governor state %s: %s", self.path, exc)
                 self._level = 0
-        return self._level if time.time() - self._updated <= STALE_AFTER_S else 0
+        return self._level if time.time() - self._updated <= STATE_FRESH_S else 0
