@@ -84,11 +84,13 @@ def nvml_snapshot() -> tuple[list[dict], dict]:
 
 
 def _nvlink_peers(pynvml, handle) -> list[str] | dict:
+    """PCI addresses of the cards at the other end of each active NVLink; unavailable if the card has none."""
     peers = []
     for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
         state = _nvml(pynvml.nvmlDeviceGetNvLinkState, handle, link)
         if is_unavailable(state):
-            return peers if peers else ([] if link else state)
+            # NVML answers "not supported" past the card's last link, or at link 0 on cards without NVLink.
+            return state if link == 0 else peers
         if state:
             remote = _nvml(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
             if not is_unavailable(remote):

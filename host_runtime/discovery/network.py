@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import psutil
 
-from host_runtime.discovery.fields import read_int, unavailable
+from host_runtime.discovery.fields import unavailable
 
 
 def translate_links(links: list, addresses: list, speed_of) -> list[dict]:
@@ -35,18 +35,19 @@ def translate_links(links: list, addresses: list, speed_of) -> list[dict]:
     return sorted(out, key=lambda link: link["name"])
 
 
-def link_speed(name: str, sys_root: Path = Path("/sys")) -> int | dict:
-    speed = read_int(sys_root / "class/net" / name / "speed")
-    if isinstance(speed, int) and speed < 0:
-        return unavailable("the driver reports no speed (link down or virtual)")
-    return speed
+def link_speeds() -> dict[str, int | dict]:
+    """Link speeds as psutil reads them (0: the driver reports none: link down or virtual)."""
+    return {name: s.speed if s.speed > 0 else unavailable("the driver reports no speed (link down or virtual)")
+            for name, s in psutil.net_if_stats().items()}
 
 
 def collect_network() -> list[dict] | dict:
     try:
         from pyroute2 import IPRoute
 
+        speeds = link_speeds()
         with IPRoute() as ipr:
-            return translate_links(ipr.get_links(), ipr.get_addr(), link_speed)
+            return translate_links(ipr.get_links(), ipr.get_addr(),
+                                   lambda name: speeds.get(name, unavailable("psutil does not list this link")))
     except Exception as exc:  # netlink errors come in several pyroute2 types
         return unavailable(f"netlink: {exc}")
