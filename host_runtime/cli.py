@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print the whole summary as JSON")
 
     gov_run = gov_sub.add_parser("run", help="run the governor: read temperatures, decide limits, publish them")
-    gov_run.add_argument("--backend", choices=["nvml", "amdgpu", "simulator"], required=True,
-                         help="where temperatures come from and limits go (simulator: simulated GPUs, for demos and tests)")
+    gov_run.add_argument("--backend", choices=["auto", "nvml", "amdgpu", "simulator"], required=True,
+                         help="where temperatures come from and limits go (auto: nvml, else amdgpu, else no GPU "
+                              "to govern; simulator: simulated GPUs, for demos and tests)")
     gov_run.add_argument("--mode", choices=["observe", "enforce"],
                          help="observe: decide and publish, never change a card (the default for real GPUs); "
                               "enforce: apply the limits (the default for the simulator)")
@@ -301,7 +302,8 @@ def cmd_governor(parser, args) -> int:
 def cmd_governor_run(parser, args) -> int:
     import signal
 
-    from host_runtime.governor.backends import AmdHwmonBackend, GovernorBackendError, NvmlBackend, SimulatorBackend
+    from host_runtime.governor.backends import (AmdHwmonBackend, GovernorBackendError, NvmlBackend, SimulatorBackend,
+                                                detect_backend)
     from host_runtime.governor.control import PowerPolicy
     from host_runtime.governor.service import Governor
 
@@ -310,7 +312,11 @@ def cmd_governor_run(parser, args) -> int:
     if args.tick <= 0:
         parser.error("--tick: must be more than 0")
     try:
-        if args.backend == "nvml":
+        if args.backend == "auto":
+            backend, passed_over = detect_backend()
+            for why in passed_over:
+                logging.getLogger("everycycle.governor").info("governor: passed over %s", why)
+        elif args.backend == "nvml":
             backend = NvmlBackend()
         elif args.backend == "amdgpu":
             backend = AmdHwmonBackend()

@@ -84,7 +84,7 @@ def plan_files(bundle: Bundle, generated: dict[str, str]) -> dict[str, tuple[byt
     env = {
         "EVERYCYCLE_PORT": str(api.get("port", 8080)),
         "EVERYCYCLE_SERVE_ARGS": (model_arg + ctx).strip(),
-        "EVERYCYCLE_GOVERNOR_ARGS": f"--backend nvml --target {power.get('target_c', 75)}",
+        "EVERYCYCLE_GOVERNOR_ARGS": f"--backend auto --target {power.get('target_c', 75)}",
         "EVERYCYCLE_BMC_ARGS": (f"--backend ipmi --host {bmc['address']} --user {bmc['user']} "
                                 "--password-file /etc/everycycle/bmc.password" if bmc["mode"] == "ipmi"
                                 else "--backend local"),

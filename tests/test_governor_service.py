@@ -135,6 +135,28 @@ def test_an_unusable_backend_is_a_clear_error(tmp_path):
     assert out.returncode == 2 and "--backend nvml" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_auto_picks_the_backend_this_box_has(tmp_path):
+    # The image's default. With NVML it must choose NVML; on a box with no readable GPU it idles on "none".
+    from host_runtime.governor.backends import detect_backend
+
+    backend, passed_over = detect_backend()
+    if _nvml_works():
+        assert backend.name == "nvml" and backend.gpus()
+    else:
+        assert backend.name in ("amdgpu", "none")
+        assert any(why.startswith("nvml: ") for why in passed_over)
+    state = tmp_path / "g.json"
+    proc = Proc(everycycle("governor", "run", "--backend", "auto", "--state", str(state), "--tick", "0.2"), tmp_path / "gov.log")
+    try:
+        wait_for(lambda: state.exists(), 30, "the governor's first state")
+        published = json.loads(state.read_text())
+        assert published["backend"] == backend.name and published["mode"] == "observe"
+        assert len(published["gpus"]) == len(backend.gpus())
+        assert proc.popen.poll() is None
+    finally:
+        proc.stop()
+
+
 def test_the_scheduler_follows_the_throttle_level(tmp_path):
     from host_runtime.engine.engine import Engine, GenerationRequest
     from host_runtime.engine.model import ContextConfig, LoadedModel, default_model_path

@@ -179,3 +179,35 @@ class SimulatorBackend:
 
     def set_limit(self, gpu_id: str, watts: float) -> None:
         next(s for s in self.sims if s.name == gpu_id).limit_w = watts
+
+
+class NoGpuBackend:
+    """A box with no GPU the governor can read (a plain PC): nothing to govern, so it idles and says so."""
+
+    name = "none"
+
+    def gpus(self) -> list[GpuInfo]:
+        return []
+
+    def read(self) -> list[GpuReading]:
+        return []
+
+    def set_limit(self, gpu_id: str, watts: float) -> None:
+        raise GovernorBackendError(f"there is no GPU {gpu_id!r} on this box")
+
+
+def detect_backend() -> tuple[NvmlBackend | AmdHwmonBackend | NoGpuBackend, list[str]]:
+    """The image's default: NVIDIA cards through NVML, else amdgpu's hwmon, else none.
+
+    Returns the backend and why each one before it was passed over, for the log."""
+    passed_over = []
+    for cls in (NvmlBackend, AmdHwmonBackend):
+        try:
+            backend = cls()
+        except GovernorBackendError as exc:
+            passed_over.append(f"{cls.name}: {exc}")
+            continue
+        if backend.gpus():
+            return backend, passed_over
+        passed_over.append(f"{cls.name}: no GPUs")
+    return NoGpuBackend(), passed_over
