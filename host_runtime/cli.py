@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (pv, pa):
         p.add_argument("--require-signature", metavar="PUBKEY", help="refuse bundles not signed by this key (PEM)")
     pa.add_argument("--root", default="/", metavar="DIR", help="the filesystem to configure (default /)")
-    pa.add_argument("--live-network", action="store_true", help="also configure static addresses now (pyroute2)")
+    pa.add_argument("--live-network", action="store_true", help="also configure static addresses and the hostname on the running system now")
     ps.add_argument("--key", required=True, metavar="PRIVKEY", help="Ed25519 private key, PEM")
 
     keys = sub.add_parser("keys", help="manage API keys")

@@ -94,38 +94,68 @@ def plan_files(bundle: Bundle, generated: dict[str, str]) -> dict[str, tuple[byt
 
 
 def apply_network_live(interfaces: list[dict]) -> list:
-    """Static addresses and default routes on the running system (pyroute2); returns what to undo."""
+    """Static addresses and default routes on the running system (pyroute2); returns what to undo.
+
+    A refusal from the kernel (no CAP_NET_ADMIN, an address in use) undoes what was done and
+    becomes a BundleError naming the interface."""
     import ipaddress
 
     from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
 
     undo = []
     with IPRoute() as ipr:
         for i, iface in enumerate(interfaces):
             found = ipr.link_lookup(ifname=iface["name"])
             if not found:
+                _undo_network(undo)
                 raise BundleError(f"network.interfaces[{i}].name", f"there is no interface {iface['name']!r} on this box")
             if iface["mode"] != "static":
                 continue  # DHCP is systemd-networkd's, from the files written below
             idx = found[0]
             net = ipaddress.ip_interface(iface["address"])
-            ipr.link("set", index=idx, state="up")
-            present = {(a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(index=idx)}
-            if (str(net.ip), net.network.prefixlen) not in present:
-                ipr.addr("add", index=idx, address=str(net.ip), prefixlen=net.network.prefixlen)
-                undo.append(("addr", idx, str(net.ip), net.network.prefixlen))
-            if iface.get("gateway"):
-                ipr.route("replace", dst="default", gateway=iface["gateway"], oif=idx)
+            try:
+                ipr.link("set", index=idx, state="up")
+                present = {(a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(index=idx)}
+                if (str(net.ip), net.network.prefixlen) not in present:
+                    ipr.addr("add", index=idx, address=str(net.ip), prefixlen=net.network.prefixlen)
+                    undo.append(("addr", idx, str(net.ip), net.network.prefixlen))
+                if iface.get("gateway"):
+                    ipr.route("replace", dst="default", gateway=iface["gateway"], oif=idx)
+            except NetlinkError as exc:
+                _undo_network(undo)
+                raise BundleError(f"network.interfaces[{i}]",
+                                  f"could not configure {iface['name']}: {os.strerror(exc.code)}") from None
     return undo
 
 
+def apply_hostname_live(hostname: str) -> list:
+    """The new hostname on the running system too (systemd read /etc/hostname before first boot ran)."""
+    import socket
+
+    old = socket.gethostname()
+    if old == hostname:
+        return []
+    try:
+        socket.sethostname(hostname)
+    except OSError as exc:
+        raise BundleError("hostname", f"could not set the hostname: {exc.strerror}") from None
+    return [("hostname", old)]
+
+
 def _undo_network(undo: list) -> None:
+    import socket
+
     from pyroute2 import IPRoute
 
     with IPRoute() as ipr:
-        for kind, idx, address, prefixlen in reversed(undo):
+        for kind, *what in reversed(undo):
             try:
-                ipr.addr("del", index=idx, address=address, prefixlen=prefixlen)
+                if kind == "addr":
+                    idx, address, prefixlen = what
+                    ipr.addr("del", index=idx, address=address, prefixlen=prefixlen)
+                elif kind == "hostname":
+                    socket.sethostname(what[0])
             except Exception:
                 pass
 
@@ -164,6 +194,7 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
     try:
         if live_network:
             undo = apply_network_live(bundle.box["network"]["interfaces"])
+            undo += apply_hostname_live(bundle.box["hostname"])
         _commit(staging, root, list(files))
     except BaseException:
         _undo_network(undo)

@@ -223,10 +223,12 @@ def test_static_network_applied_in_a_namespace_with_a_veth_pair(tmp_path):
                                             "gateway": "10.77.0.1"}])
         bundle_dir = make_bundle(tmp_path / "bundle", box)
         root = tmp_path / "root"
-        cmd = ["ip", "netns", "exec", ns, *everycycle("provision", "apply", str(bundle_dir), "--root", str(root),
-                                                       "--live-network")]
+        # Its own UTS namespace too: the live apply sets the hostname, which must not leak to this machine.
+        cmd = ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", '"$@" && hostname', "sh",
+               *everycycle("provision", "apply", str(bundle_dir), "--root", str(root), "--live-network")]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines()[-1] == box["hostname"]
         addrs = json.loads(subprocess.run(["ip", "netns", "exec", ns, "ip", "-j", "addr", "show", "pv0"],
                                           capture_output=True, text=True, check=True).stdout)
         assert {"local": "10.77.0.2", "prefixlen": 24} in [{k: a[k] for k in ("local", "prefixlen")}
@@ -236,5 +238,27 @@ def test_static_network_applied_in_a_namespace_with_a_veth_pair(tmp_path):
         assert any(r["dst"] == "default" and r.get("gateway") == "10.77.0.1" for r in routes)
         again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert again.returncode == 0 and "nothing changed" in again.stdout
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_a_refused_live_network_change_is_a_clear_error_and_changes_nothing(tmp_path):
+    # What the image's first boot met in a container without CAP_NET_ADMIN: the kernel says no.
+    ns = f"ecprov-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "add", "pv0", "type", "veth", "peer", "name", "pv1"],
+                       check=True)
+        box = _with("network.interfaces", [{"name": "pv0", "mode": "static", "address": "10.77.0.2/24"}])
+        bundle_dir = make_bundle(tmp_path / "bundle", box)
+        root = tmp_path / "root"
+        cmd = ["ip", "netns", "exec", ns, "unshare", "--uts", "setpriv", "--inh-caps=-net_admin",
+               "--bounding-set=-net_admin",
+               *everycycle("provision", "apply", str(bundle_dir), "--root", str(root), "--live-network")]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        assert "network.interfaces[0]" in out.stderr and "could not configure pv0" in out.stderr
+        assert not (root / "var/lib/everycycle/provisioned.json").exists()
+        assert not (root / "etc/everycycle/api_keys.json").exists()
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
