@@ -157,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--require-signature", metavar="PUBKEY", help="refuse bundles not signed by this key (PEM)")
     pa.add_argument("--root", default="/", metavar="DIR", help="the filesystem to configure (default /)")
     pa.add_argument("--live-network", action="store_true", help="also configure static addresses and the hostname on the running system now")
+    pa.add_argument("--wait-for-links", type=float, default=30.0, metavar="S",
+                    help="with --live-network: how long a named interface may take to appear (default 30)")
     ps.add_argument("--key", required=True, metavar="PRIVKEY", help="Ed25519 private key, PEM")
 
     keys = sub.add_parser("keys", help="manage API keys")
@@ -390,7 +392,8 @@ def cmd_provision(parser, args) -> int:
         print("valid" if not errors else f"invalid: {len(errors)} problem(s)")
         return 0 if not errors else 1
     try:
-        result = apply(bundle, Path(args.root), live_network=args.live_network, require_signature_pem=pubkey)
+        result = apply(bundle, Path(args.root), live_network=args.live_network, require_signature_pem=pubkey,
+                       link_wait_s=max(0.0, args.wait_for_links))
     except BundleInvalid as exc:
         for e in exc.errors:
             print(f"{e.field}: {e.message}", file=sys.stderr)

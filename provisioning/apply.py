@@ -93,20 +93,26 @@ def plan_files(bundle: Bundle, generated: dict[str, str]) -> dict[str, tuple[byt
     return files
 
 
-def apply_network_live(interfaces: list[dict]) -> list:
+def apply_network_live(interfaces: list[dict], link_wait_s: float = 0.0) -> list:
     """Static addresses and default routes on the running system (pyroute2); returns what to undo.
 
-    A refusal from the kernel (no CAP_NET_ADMIN, an address in use) undoes what was done and
-    becomes a BundleError naming the interface."""
+    At first boot a NIC may still be on its way (driver probe, udev renaming it): each named link
+    gets up to `link_wait_s` to appear. A refusal from the kernel (no CAP_NET_ADMIN, an address in
+    use) undoes what was done and becomes a BundleError naming the interface."""
     import ipaddress
+    import time
 
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
     undo = []
+    deadline = time.monotonic() + link_wait_s
     with IPRoute() as ipr:
         for i, iface in enumerate(interfaces):
             found = ipr.link_lookup(ifname=iface["name"])
+            while not found and time.monotonic() < deadline:
+                time.sleep(0.25)
+                found = ipr.link_lookup(ifname=iface["name"])
             if not found:
                 _undo_network(undo)
                 raise BundleError(f"network.interfaces[{i}].name", f"there is no interface {iface['name']!r} on this box")
@@ -161,7 +167,7 @@ def _undo_network(undo: list) -> None:
 
 
 def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
-          require_signature_pem: bytes | None = None) -> ApplyResult:
+          require_signature_pem: bytes | None = None, link_wait_s: float = 0.0) -> ApplyResult:
     state = root / "var/lib/everycycle"
     record_path = state / "provisioned.json"
     # The digest covers box.toml and every declared file's hash: the same bundle is recognised even after
@@ -193,7 +199,7 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
     undo = []
     try:
         if live_network:
-            undo = apply_network_live(bundle.box["network"]["interfaces"])
+            undo = apply_network_live(bundle.box["network"]["interfaces"], link_wait_s)
             undo += apply_hostname_live(bundle.box["hostname"])
         _commit(staging, root, list(files))
     except BaseException:

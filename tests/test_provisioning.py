@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import time
 import uuid
 from pathlib import Path
 
@@ -260,5 +261,33 @@ def test_a_refused_live_network_change_is_a_clear_error_and_changes_nothing(tmp_
         assert "network.interfaces[0]" in out.stderr and "could not configure pv0" in out.stderr
         assert not (root / "var/lib/everycycle/provisioned.json").exists()
         assert not (root / "etc/everycycle/api_keys.json").exists()
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_live_network_waits_for_a_late_interface_and_names_a_missing_one(tmp_path):
+    # At first boot the NIC can appear after the first-boot unit started.
+    ns = f"ecprov-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        box = _with("network.interfaces", [{"name": "late0", "mode": "static", "address": "10.78.0.2/24"}])
+        bundle_dir = make_bundle(tmp_path / "bundle", box)
+        apply_cmd = ["ip", "netns", "exec", ns, "unshare", "--uts",
+                     *everycycle("provision", "apply", str(bundle_dir), "--live-network")]
+        missing = subprocess.run([*apply_cmd, "--root", str(tmp_path / "r1"), "--wait-for-links", "0.5"],
+                                 capture_output=True, text=True, timeout=60)
+        assert missing.returncode == 1 and "there is no interface 'late0'" in missing.stderr
+        assert "Traceback" not in missing.stderr and not (tmp_path / "r1/etc/everycycle").exists()
+        late = subprocess.Popen([*apply_cmd, "--root", str(tmp_path / "r2"), "--wait-for-links", "20"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        assert late.poll() is None  # still waiting for late0
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "add", "late0", "type", "veth", "peer", "name", "late1"],
+                       check=True)
+        out, err = late.communicate(timeout=60)
+        assert late.returncode == 0, err
+        addrs = subprocess.run(["ip", "netns", "exec", ns, "ip", "-j", "addr", "show", "late0"], capture_output=True,
+                               text=True, check=True).stdout
+        assert "10.78.0.2" in addrs
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
