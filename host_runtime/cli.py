@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--bmc-url", default="http://127.0.0.1:9290/telemetry", metavar="URL")
         c.add_argument("--keys", metavar="FILE", help="the API key file (only hints are ever shown)")
         c.add_argument("--provision-root", default="/", metavar="DIR", help="what the set-up wizard configures (default /)")
-        c.add_argument("--bundle-dir", default="/boot/everycycle", metavar="DIR", help="where the wizard writes its bundle")
+        c.add_argument("--bundle-dir", default="/efi/everycycle", metavar="DIR", help="where the wizard writes its bundle (default: the boot disk's EFI partition, /efi/everycycle)")
         if name == "console":
             c.add_argument("--tick", type=float, default=2.0, metavar="S", help="refresh period (default 2)")
             c.add_argument("--allow-quit", action="store_true", help="let q leave the console (to a login shell)")

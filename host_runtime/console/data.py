@@ -109,7 +109,7 @@ class ConsoleConfig:
     api_port: int = 8080
     box_name: str | None = None
     provision_root: Path = Path("/")          # what the wizard configures ("/" on the box)
-    bundle_dir: Path = Path("/boot/everycycle")  # where the wizard writes its bundle
+    bundle_dir: Path = Path("/efi/everycycle")  # where the wizard writes its bundle: the ESP, which gpt-auto mounts at /efi
 
 
 class StatusReader:
