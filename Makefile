@@ -15,7 +15,7 @@ BMC_ARGS ?= --backend local
 BMC_LISTEN ?= 127.0.0.1:9290
 PYTEST_ARGS ?=
 
-.PHONY: install run test console status clean
+.PHONY: install run test console status clean image image-dir image-test image-dir-test image-test-full
 
 install: $(STAMP)
 
@@ -68,6 +68,39 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VAR) .pytest_cache
+
+# ---- the box image (mkosi; needs root on Debian 12: image/host-tools.sh installs mkosi 24 and the rest) ----
+IMAGE_DIR := build/image/out
+
+# The bootable disk image: prints its path, size and sha256.
+image: $(STAMP)
+	@bash image/build.sh disk
+
+# The same system as a directory tree, which systemd-nspawn boots (CI's boot test).
+image-dir: $(STAMP)
+	@bash image/build.sh directory
+
+# Boot the disk image under qemu (UEFI, software emulation) and check it from outside.
+image-test: $(STAMP)
+	@bash image/host-tools.sh --boot
+	@[ -f $(IMAGE_DIR)/everycycle.raw ] || bash image/build.sh disk
+	@$(PY) image/boot_check.py qemu $(IMAGE_DIR)/everycycle.raw
+
+# Build the directory image and boot it in systemd-nspawn: what CI runs every time.
+image-dir-test: image-dir
+	@$(PY) image/boot_check.py nspawn $(IMAGE_DIR)/everycycle
+
+# Everything: build the disk, boot it under qemu, build it again and compare the two sha256 sums.
+image-test-full: $(STAMP)
+	@bash image/host-tools.sh --boot
+	@bash image/build.sh disk
+	@cp $(IMAGE_DIR)/everycycle.raw.sha256 build/image/first.sha256
+	@$(PY) image/boot_check.py qemu $(IMAGE_DIR)/everycycle.raw
+	@bash image/build.sh disk
+	@echo "==> reproducibility: two builds of $$(git rev-parse --short HEAD)"; \
+	a=$$(cut -d' ' -f1 build/image/first.sha256); b=$$(cut -d' ' -f1 $(IMAGE_DIR)/everycycle.raw.sha256); \
+	echo "    first:  $$a"; echo "    second: $$b"; \
+	if [ "$$a" = "$$b" ]; then echo "    identical"; else echo "    DIFFERENT" >&2; exit 1; fi
 
 # ---- benchmark references (built outside the repo; nothing built is committed) ----
 BENCH_CACHE ?= $(HOME)/.cache/everycycle/bench-ref

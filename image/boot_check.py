@@ -1,0 +1,362 @@
+"""Boots a built image and checks it from outside, as a LAN client and the box's admin would see it.
+
+  boot_check.py nspawn DIR       the directory image in systemd-nspawn (CI, every run)
+  boot_check.py qemu DISK.raw    the disk image under qemu with UEFI, software emulation (slow)
+
+Either way the owner's path is taken: a provisioning bundle (a static address or DHCP, one API key,
+one SSH key) goes where the owner would drop it, and the box's first boot applies it. Then, from
+outside: /health, /ready and a chat completion from the default model (the openai client); over
+SSH: `supervisorctl status` (every program RUNNING), `systemctl --failed` (nothing), the first
+boot's record. Prints progress on stderr and one JSON summary on stdout; exits 1 if a check failed.
+Needs root (network namespace, nspawn) and the project's venv (openai). Run by `make image-test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+EXPECTED_PROGRAMS = {"serving", "discovery", "governor", "bmc"}
+ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
+OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
+OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def say(msg: str) -> None:
+    print(f"[boot-check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- pure parts: what the bundle says, what the box's answers mean ----
+
+def bundle_toml(hostname: str, iface: dict, api_key_sha256: str) -> str:
+    net = ", ".join(f'{k} = "{v}"' for k, v in iface.items())
+    return f"""# Written by image/boot_check.py
+schema_version = 1
+hostname = "{hostname}"
+
+[network]
+interfaces = [{{ {net} }}]
+
+[api]
+port = 8080
+keys = [{{ name = "boot-check", sha256 = "{api_key_sha256}" }}]
+
+[ssh]
+authorized_keys = "files/authorized_keys"
+
+[model]
+source = "image"
+
+[bmc]
+mode = "none"
+
+[power]
+target_c = 75
+ceiling_c = 87
+"""
+
+
+def parse_supervisor_status(text: str) -> dict[str, str]:
+    """`supervisorctl status` lines ("serving   RUNNING   pid 12, uptime 0:00:09") as {program: state}."""
+    states = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2:
+            states[words[0]] = words[1]
+    return states
+
+
+# ---- the box: one started with nspawn or qemu, reached over HTTP and SSH ----
+
+class Box:
+    http_base: str
+    ssh_host: str
+    ssh_port: int
+    log_path: Path
+    proc: subprocess.Popen
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.key = work / "id_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "boot-check", "-f", str(self.key)],
+                       check=True)
+        self.api_key = "ec-" + secrets.token_urlsafe(24)
+        self.hostname = "boot-check"
+
+    def write_bundle(self, dest: Path, iface: dict) -> None:
+        from host_runtime.auth.keystore import hash_key
+
+        (dest / "files").mkdir(parents=True)
+        pub = Path(str(self.key) + ".pub").read_bytes()
+        (dest / "files/authorized_keys").write_bytes(pub)
+        toml = bundle_toml(self.hostname, iface, hash_key(self.api_key))
+        toml += f'\n[files]\n"files/authorized_keys" = "{hashlib.sha256(pub).hexdigest()}"\n'
+        (dest / "box.toml").write_text(toml)
+        out = subprocess.run([sys.executable, "-m", "host_runtime.cli", "provision", "validate", str(dest)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise CheckFailed(f"the test bundle does not validate: {out.stdout}{out.stderr}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ssh(self, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["ssh", "-i", str(self.key), "-p", str(self.ssh_port), "-o", "StrictHostKeyChecking=no",
+             "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+             "-o", "LogLevel=ERROR", f"root@{self.ssh_host}", command],
+            capture_output=True, text=True, timeout=timeout)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class NspawnBox(Box):
+    def start(self, image_dir: Path) -> None:
+        tag = os.getpid() % 100000
+        self.netns, self.host_if = f"ecboot-{tag}", f"ecb{tag}h"
+        subnet = 20 + tag % 200
+        host_ip, box_ip = f"10.231.{subnet}.1", f"10.231.{subnet}.2"
+        bundle = self.work / "bundle"
+        self.write_bundle(bundle, {"name": "eth0", "mode": "static", "address": f"{box_ip}/30"})
+        run = lambda *a: subprocess.run(list(a), check=True, capture_output=True, text=True)  # noqa: E731
+        run("ip", "netns", "add", self.netns)
+        # The box's end is eth0 and starts unconfigured: the bundle's first boot must bring it up.
+        run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
+        run("ip", "addr", "add", f"{host_ip}/30", "dev", self.host_if)
+        run("ip", "link", "set", self.host_if, "up")
+        self.http_base, self.ssh_host, self.ssh_port = f"http://{box_ip}:8080", box_ip, 22
+        self.log_path = self.work / "console.log"
+        argv = ["systemd-nspawn", "--quiet", "--boot", "--ephemeral", "--directory", str(image_dir),
+                "--machine", f"ecboot{tag}", f"--network-namespace-path=/run/netns/{self.netns}",
+                # A box owns its network: first boot and networkd configure eth0 (CAP_NET_ADMIN).
+                "--capability=CAP_NET_ADMIN", "--keep-unit", "--register=no",
+                f"--bind={bundle}:/efi/everycycle", "--console=pipe"]
+        say("starting: " + " ".join(argv))
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> float | None:
+        """Orderly shutdown (nspawn turns SIGTERM into the container's poweroff); seconds it took."""
+        t0 = time.monotonic()
+        took = None
+        if getattr(self, "proc", None) and self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=90)
+                took = time.monotonic() - t0
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "netns", None):
+            subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+            subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
+        return took
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class QemuBox(Box):
+    IFACE = "enp0s3"  # virtio-net at PCI slot 3 of q35's root bus: a fixed predictable name
+
+    def start(self, disk: Path) -> None:
+        # A sparse copy: the bundle is written into its ESP and the box writes to its disk.
+        self.disk = self.work / "disk.raw"
+        subprocess.run(["cp", "--sparse=always", str(disk), str(self.disk)], check=True)
+        bundle = self.work / "bundle"
+        self.write_bundle(bundle, {"name": self.IFACE, "mode": "dhcp"})
+        self._copy_to_esp(bundle)
+        vars_copy = self.work / "OVMF_VARS.fd"
+        shutil.copy(OVMF_VARS, vars_copy)
+        http, ssh = _free_port(), _free_port()
+        self.http_base, self.ssh_host, self.ssh_port = f"http://127.0.0.1:{http}", "127.0.0.1", ssh
+        self.log_path = self.work / "serial.log"
+        # KVM is present on these hosts but QEMU crashes on it: software emulation, with a CPU model
+        # that has the AVX2/FMA/F16C the portable llama.cpp build needs.
+        argv = ["qemu-system-x86_64", "-machine", "q35,accel=tcg", "-cpu", "max", "-smp", "2", "-m", "3072",
+                "-drive", f"if=pflash,format=raw,readonly=on,file={OVMF_CODE}",
+                "-drive", f"if=pflash,format=raw,file={vars_copy}",
+                "-drive", f"file={self.disk},format=raw,if=virtio",
+                "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{http}-:8080,hostfwd=tcp:127.0.0.1:{ssh}-:22",
+                "-device", "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x3",
+                "-display", "none", "-monitor", "none", "-serial", f"file:{self.log_path}"]
+        say("starting: " + " ".join(argv))
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=open(self.work / "qemu.stderr", "wb"))
+
+    def _copy_to_esp(self, bundle: Path) -> None:
+        table = json.loads(subprocess.run(["sfdisk", "--json", str(self.disk)], check=True,
+                                          capture_output=True, text=True).stdout)["partitiontable"]
+        esp = next((p for p in table["partitions"] if p["type"].upper() == ESP_TYPE), None)
+        if esp is None:
+            raise CheckFailed(f"{self.disk} has no EFI system partition")
+        target = f"{self.disk}@@{esp['start'] * table.get('sectorsize', 512)}"
+        env = dict(os.environ, MTOOLS_SKIP_CHECK="1")
+        subprocess.run(["mmd", "-i", target, "::/everycycle"], check=True, env=env)
+        subprocess.run(["mcopy", "-i", target, "-s", *[str(p) for p in bundle.iterdir()], "::/everycycle/"],
+                       check=True, env=env)
+
+    def stop(self) -> float | None:
+        t0 = time.monotonic()
+        took = None
+        if getattr(self, "proc", None) and self.alive():
+            self.ssh("systemctl poweroff", timeout=15) if self.alive() else None
+            try:
+                self.proc.wait(timeout=120)
+                took = time.monotonic() - t0
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return took
+
+
+# ---- the checks ----
+
+def http_get(url: str, timeout: float = 5) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def wait_until(box: Box, what: str, deadline: float, probe):
+    last = None
+    while time.monotonic() < deadline:
+        if not box.alive():
+            raise CheckFailed(f"the box stopped while waiting for {what}; its console:\n{box.log_tail()}")
+        try:
+            value = probe()
+            if value:
+                return value
+        except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+            last = exc
+        time.sleep(1)
+    raise CheckFailed(f"timed out waiting for {what} (last error: {last}); the console:\n{box.log_tail()}")
+
+
+def check(box: Box, t0: float, timeout: float) -> dict:
+    result: dict = {}
+    deadline = t0 + timeout
+    wait_until(box, "/health", deadline, lambda: http_get(box.http_base + "/health")[0] == 200)
+    result["boot_to_health_s"] = round(time.monotonic() - t0, 1)
+    say(f"/health answered after {result['boot_to_health_s']} s")
+    ready = wait_until(box, "/ready", deadline, lambda: (lambda s, b: b if s == 200 else None)(
+        *http_get(box.http_base + "/ready")))
+    result["boot_to_ready_s"] = round(time.monotonic() - t0, 1)
+    result["ready"] = json.loads(ready)
+    say(f"/ready after {result['boot_to_ready_s']} s: {ready.strip()}")
+
+    from openai import AuthenticationError, OpenAI
+
+    client = OpenAI(base_url=box.http_base + "/v1", api_key=box.api_key, timeout=600, max_retries=0)
+    try:
+        OpenAI(base_url=box.http_base + "/v1", api_key="ec-wrong", max_retries=0).models.list()
+        raise CheckFailed("a wrong API key was accepted")
+    except AuthenticationError:
+        result["wrong_key_rejected"] = True
+    model = client.models.list().data[0].id
+    t1 = time.monotonic()
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 2+2?"}],
+                                          max_tokens=12, temperature=0)
+    text = chat.choices[0].message.content or ""
+    result["completion"] = {"model": model, "text": text, "completion_tokens": chat.usage.completion_tokens,
+                            "seconds": round(time.monotonic() - t1, 2)}
+    say(f"chat completion from {model}: {text!r}")
+    if not text.strip() or chat.usage.completion_tokens < 1:
+        raise CheckFailed(f"the completion was empty: {chat}")
+
+    def all_running():
+        out = box.ssh("supervisorctl status")
+        states = parse_supervisor_status(out.stdout)
+        result["supervisor"] = states
+        return states if set(states) >= EXPECTED_PROGRAMS and all(v == "RUNNING" for v in states.values()) else None
+
+    try:
+        wait_until(box, "every supervisord program RUNNING", time.monotonic() + 90, all_running)
+    except CheckFailed as exc:
+        raise CheckFailed(f"supervisorctl status: {result.get('supervisor')}\n{exc}") from None
+    say(f"supervisorctl status: {result['supervisor']}")
+    failed = box.ssh("systemctl --failed --plain --no-legend").stdout.strip()
+    result["failed_units"] = failed.splitlines()
+    result["system_state"] = box.ssh("systemctl is-system-running").stdout.strip()
+    say(f"systemctl --failed: {failed or '(none)'}; system {result['system_state']}")
+    if failed:
+        detail = box.ssh("systemctl status --no-pager --lines=15 " + " ".join(l.split()[0] for l in failed.splitlines()))
+        raise CheckFailed(f"failed units:\n{failed}\n{detail.stdout}")
+    record = box.ssh("cat /var/lib/everycycle/provisioned.json; hostname")
+    if record.returncode != 0 or box.hostname not in record.stdout.splitlines()[-1:]:
+        raise CheckFailed(f"the first boot did not apply the bundle: {record.stdout}{record.stderr}")
+    result["first_boot_applied"] = True
+    return result
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("kind", choices=["nspawn", "qemu"])
+    ap.add_argument("image", type=Path, help="the directory image (nspawn) or the raw disk (qemu)")
+    ap.add_argument("--timeout", type=float, help="seconds from start to every check passing "
+                                                   "(default 300 for nspawn, 900 for qemu)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, bundle) afterwards")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("boot_check: needs root (network namespaces, nspawn)", file=sys.stderr)
+        return 2
+    if not args.image.exists():
+        print(f"boot_check: {args.image} does not exist: build it first (make image / make image-dir)",
+              file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="everycycle-boot-"))
+    box = NspawnBox(work) if args.kind == "nspawn" else QemuBox(work)
+    summary: dict = {"kind": args.kind, "image": str(args.image.resolve())}
+    ok = False
+    try:
+        t0 = time.monotonic()
+        box.start(args.image)
+        summary.update(check(box, t0, args.timeout or (300 if args.kind == "nspawn" else 900)))
+        ok = True
+    except (CheckFailed, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", None)
+        summary["error"] = f"{exc}{': ' + detail if detail else ''}"
+        say(f"FAILED: {summary['error']}")
+    except Exception as exc:  # an unexpected error still gets the box stopped and its console shown
+        summary["error"] = f"{type(exc).__name__}: {exc}"
+        say(f"FAILED: {summary['error']}\n{box.log_tail() if hasattr(box, 'log_path') else ''}")
+    finally:
+        took = box.stop()
+        summary["shutdown_s"] = round(took, 1) if took is not None else None
+        if args.keep or not ok:
+            summary["work_dir"] = str(work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    summary["ok"] = ok
+    print(json.dumps(summary, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

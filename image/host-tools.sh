@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what building and booting the image needs on a Debian 12 host: mkosi 24 from
+# bookworm-backports (bookworm's mkosi 14 cannot build a disk without mounting vfat), and the
+# tools it calls. The backports mirror is the one this machine's apt sources already use.
+# Usage: image/host-tools.sh [--boot]   (--boot adds qemu and OVMF for the disk image's boot test)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+
+want_boot=0
+[ "${1:-}" = --boot ] && want_boot=1
+build_pkgs=(bubblewrap python3-pefile dosfstools mtools e2fsprogs squashfs-tools
+  erofs-utils cpio zstd uidmap debian-archive-keyring apt)
+boot_pkgs=(ovmf qemu-system-x86)
+
+have_mkosi() { command -v mkosi >/dev/null && [ "$(mkosi --version 2>/dev/null | grep -oE '[0-9]+' | head -1)" -ge 24 ]; }
+missing=()
+for p in "${build_pkgs[@]}" systemd-container systemd-boot; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ $want_boot = 1 ]; then
+  for p in "${boot_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+fi
+if have_mkosi && [ ${#missing[@]} = 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "building the image needs root and: mkosi (>= 24, bookworm-backports) ${missing[*]}" >&2
+  exit 1
+fi
+
+release=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+list=/etc/apt/sources.list.d/everycycle-backports.sources
+if [ ! -f $list ]; then
+  echo "==> adding $release-backports (from this machine's own apt mirror)"
+  python3 image/apt_sources.py backports "$release" $list
+fi
+echo "==> installing the image build tools: mkosi systemd systemd-container systemd-boot (backports) ${missing[*]}"
+apt-get update -qq
+apt-get install -y -qq -t "$release-backports" mkosi systemd systemd-container systemd-boot >/dev/null
+pkgs=("${build_pkgs[@]}")
+[ $want_boot = 1 ] && pkgs+=("${boot_pkgs[@]}")
+apt-get install -y -qq "${pkgs[@]}" >/dev/null
+have_mkosi || { echo "mkosi >= 24 did not install" >&2; exit 1; }
+echo "    $(mkosi --version)"

@@ -1,0 +1,92 @@
+"""The image build's pure parts: the apt mirror reader and the boot check's bundle and parsing.
+
+The image itself is built and booted by `make image-dir-test` (CI) and `make image-test-full`."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provisioning.bundle import open_bundle
+from provisioning.validate import validate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "image" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+apt_sources = _load("apt_sources")
+boot_check = _load("boot_check")
+
+
+def _apt_root(tmp_path: Path, sources_list: str = "", deb822: dict[str, str] | None = None) -> Path:
+    root = tmp_path / "apt"
+    (root / "sources.list.d").mkdir(parents=True)
+    (root / "sources.list").write_text(sources_list)
+    for name, text in (deb822 or {}).items():
+        (root / "sources.list.d" / name).write_text(text)
+    return root
+
+
+def test_mirrors_from_deb822_sources(tmp_path):
+    root = _apt_root(tmp_path, deb822={
+        "debian.sources": "Types: deb\n# a comment\nURIs: http://mirror.example/debian/\nSuites: bookworm bookworm-updates\n"
+                          "Components: main\n\nTypes: deb\nURIs: http://mirror.example/debian-security\n"
+                          "Suites: bookworm-security\nComponents: main\n",
+        "off.sources": "Types: deb\nURIs: http://elsewhere.example/debian\nSuites: bookworm\nEnabled: no\n",
+        "src.sources": "Types: deb-src\nURIs: http://src.example/debian\nSuites: bookworm\n",
+    })
+    found = apt_sources.mirrors(apt_sources.read_entries(str(root)))
+    assert found == {"archive": "http://mirror.example/debian", "security": "http://mirror.example/debian-security"}
+
+
+def test_mirrors_from_one_line_sources_with_options(tmp_path):
+    root = _apt_root(tmp_path, "# old style\ndeb [arch=amd64 signed-by=/k.gpg] http://m.example/debian bookworm main\n"
+                               "deb-src http://m.example/debian bookworm main\n")
+    found = apt_sources.mirrors(apt_sources.read_entries(str(root)))
+    # No security line: Debian's layout puts it beside the archive.
+    assert found == {"archive": "http://m.example/debian", "security": "http://m.example/debian-security"}
+
+
+def test_no_debian_archive_is_a_clear_error(tmp_path):
+    root = _apt_root(tmp_path, deb822={"node.sources": "Types: deb\nURIs: https://n.example/node\nSuites: nodistro\n"})
+    with pytest.raises(apt_sources.SourcesError, match="no Debian archive"):
+        apt_sources.mirrors(apt_sources.read_entries(str(root)))
+
+
+def test_this_machines_sources_give_the_image_its_mirror(tmp_path):
+    # The image build and CI run this on the host itself: it must find the mirror apt already uses.
+    out = subprocess.run([sys.executable, str(REPO / "image/apt_sources.py"), "image", "bookworm", str(tmp_path)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    written = (tmp_path / "etc/apt/sources.list.d/mkosi.sources").read_text()
+    found = apt_sources.mirrors(apt_sources.read_entries())
+    assert f"URIs: {found['archive']}\nSuites: bookworm bookworm-updates\n" in written
+    assert f"URIs: {found['security']}\nSuites: bookworm-security\n" in written
+
+
+def test_the_boot_checks_bundle_is_valid(tmp_path):
+    box = boot_check.Box(tmp_path)
+    box.write_bundle(tmp_path / "bundle", {"name": "eth0", "mode": "static", "address": "10.231.9.2/30"})
+    bundle = open_bundle(tmp_path / "bundle")
+    assert validate(bundle) == []
+    assert bundle.box["api"]["keys"][0]["sha256"] != box.api_key  # only the hash travels
+
+
+def test_supervisor_status_parsing_and_the_expected_programs():
+    text = ("bmc                              RUNNING   pid 40, uptime 0:00:19\n"
+            "serving                          FATAL     Exited too quickly (process log may have details)\n")
+    assert boot_check.parse_supervisor_status(text) == {"bmc": "RUNNING", "serving": "FATAL"}
+    # The check must expect exactly the programs supervisor.d defines.
+    programs = {p.stem for p in (REPO / "supervisor.d/programs").glob("*.conf")}
+    assert boot_check.EXPECTED_PROGRAMS == programs
