@@ -132,6 +132,8 @@ class Box:
 
 
 class NspawnBox(Box):
+    has_tty1 = False
+
     def start(self, image_dir: Path) -> None:
         tag = os.getpid() % 100000
         self.netns, self.host_if = f"ecboot-{tag}", f"ecb{tag}h"
@@ -181,6 +183,7 @@ def _free_port() -> int:
 
 
 class QemuBox(Box):
+    has_tty1 = True
     IFACE = "enp0s3"  # virtio-net at PCI slot 3 of q35's root bus: a fixed predictable name
 
     def start(self, disk: Path) -> None:
@@ -308,6 +311,10 @@ def check(box: Box, t0: float, timeout: float) -> dict:
     if failed:
         detail = box.ssh("systemctl status --no-pager --lines=15 " + " ".join(l.split()[0] for l in failed.splitlines()))
         raise CheckFailed(f"failed units:\n{failed}\n{detail.stdout}")
+    # The console owns tty1 on a machine that has one (qemu); a container has none and skips it.
+    result["console_tty1"] = box.ssh("systemctl is-active everycycle-console.service").stdout.strip()
+    if box.has_tty1 and result["console_tty1"] != "active":
+        raise CheckFailed(f"the console on tty1 is {result['console_tty1']}")
     record = box.ssh("cat /var/lib/everycycle/provisioned.json; hostname")
     if record.returncode != 0 or box.hostname not in record.stdout.splitlines()[-1:]:
         raise CheckFailed(f"the first boot did not apply the bundle: {record.stdout}{record.stderr}")
