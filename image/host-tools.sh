@@ -9,17 +9,19 @@ export DEBIAN_FRONTEND=noninteractive
 
 want_boot=0
 [ "${1:-}" = --boot ] && want_boot=1
-build_pkgs=(bubblewrap python3-pefile dosfstools mtools e2fsprogs squashfs-tools
+build_pkgs=(bubblewrap python3-pefile dosfstools mtools squashfs-tools
   erofs-utils cpio zstd uidmap debian-archive-keyring apt)
 boot_pkgs=(ovmf qemu-system-x86)
 
 have_mkosi() { command -v mkosi >/dev/null && [ "$(mkosi --version 2>/dev/null | grep -oE '[0-9]+' | head -1)" -ge 24 ]; }
+# mke2fs clamps every timestamp to SOURCE_DATE_EPOCH from 1.47.1 on (bookworm has 1.47.0).
+have_e2fsprogs() { dpkg --compare-versions "$(dpkg-query -W -f='${Version}' e2fsprogs 2>/dev/null)" ge 1.47.1; }
 missing=()
 for p in "${build_pkgs[@]}" systemd-container systemd-boot; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ $want_boot = 1 ]; then
   for p in "${boot_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 fi
-if have_mkosi && [ ${#missing[@]} = 0 ]; then
+if have_mkosi && have_e2fsprogs && [ ${#missing[@]} = 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
@@ -33,11 +35,12 @@ if [ ! -f $list ]; then
   echo "==> adding $release-backports (from this machine's own apt mirror)"
   python3 image/apt_sources.py backports "$release" $list
 fi
-echo "==> installing the image build tools: mkosi systemd systemd-container systemd-boot (backports) ${missing[*]}"
+backports=(mkosi systemd systemd-container systemd-boot e2fsprogs)
+echo "==> installing the image build tools: ${backports[*]} (backports) ${missing[*]}"
 apt-get update -qq
-apt-get install -y -qq -t "$release-backports" mkosi systemd systemd-container systemd-boot >/dev/null
+apt-get install -y -qq -t "$release-backports" "${backports[@]}" >/dev/null
 pkgs=("${build_pkgs[@]}")
 [ $want_boot = 1 ] && pkgs+=("${boot_pkgs[@]}")
 apt-get install -y -qq "${pkgs[@]}" >/dev/null
-have_mkosi || { echo "mkosi >= 24 did not install" >&2; exit 1; }
+have_mkosi && have_e2fsprogs || { echo "mkosi >= 24 or e2fsprogs >= 1.47.1 did not install" >&2; exit 1; }
 echo "    $(mkosi --version)"
