@@ -190,11 +190,22 @@ def _setup_logging() -> None:
                         stream=sys.stderr)
 
 
+def _refuse_an_unsupported_cpu(parser) -> None:
+    """Before llama.cpp is loaded: an image's portable build on too old a CPU would die of SIGILL."""
+    from host_runtime.engine.cpu_support import check_this_machine
+
+    reason = check_this_machine()
+    if reason:
+        parser.error(reason)
+
+
 def cmd_serve(parser, args) -> int:
     from host_runtime.auth.keystore import KeyStoreError, check_permissions, load_keys
     from host_runtime.serving.app import AppConfig
     from host_runtime.serving.gunicorn_runner import EngineChild, ServingApplication, engine_argv
 
+    if args.engine_socket is None:
+        _refuse_an_unsupported_cpu(parser)
     if args.keys:
         try:
             if not os.path.exists(args.keys):
@@ -225,6 +236,7 @@ def cmd_serve(parser, args) -> int:
 
 
 def cmd_engine(parser, args) -> int:
+    _refuse_an_unsupported_cpu(parser)
     from host_runtime.engine.engine import PrefixCacheConfig
     from host_runtime.engine.model import ContextConfig
     from host_runtime.engine.service import EngineService, serve_engine
