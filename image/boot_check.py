@@ -124,6 +124,20 @@ class Box:
              "-o", "LogLevel=ERROR", f"root@{self.ssh_host}", command],
             capture_output=True, text=True, timeout=timeout)
 
+    def shut_down(self, ask, timeout: float) -> float | None:
+        """Ask the box to power off; the seconds it took, or None if it had to be killed (or was not running)."""
+        if not getattr(self, "proc", None) or not self.alive():
+            return None
+        t0 = time.monotonic()
+        try:
+            ask()
+            self.proc.wait(timeout=timeout)
+            return time.monotonic() - t0
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -160,16 +174,7 @@ class NspawnBox(Box):
 
     def stop(self) -> float | None:
         """Orderly shutdown (nspawn turns SIGTERM into the container's poweroff); seconds it took."""
-        t0 = time.monotonic()
-        took = None
-        if getattr(self, "proc", None) and self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=90)
-                took = time.monotonic() - t0
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        took = self.shut_down(lambda: self.proc.send_signal(signal.SIGTERM), 90)
         if getattr(self, "netns", None):
             subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
             subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
@@ -224,17 +229,7 @@ class QemuBox(Box):
                        check=True, env=env)
 
     def stop(self) -> float | None:
-        t0 = time.monotonic()
-        took = None
-        if getattr(self, "proc", None) and self.alive():
-            self.ssh("systemctl poweroff", timeout=15) if self.alive() else None
-            try:
-                self.proc.wait(timeout=120)
-                took = time.monotonic() - t0
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return took
+        return self.shut_down(lambda: self.ssh("systemctl poweroff", timeout=15), 120)
 
 
 # ---- the checks ----
