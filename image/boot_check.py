@@ -190,11 +190,17 @@ def _free_port() -> int:
 class QemuBox(Box):
     has_tty1 = True
     IFACE = "enp0s3"  # virtio-net at PCI slot 3 of q35's root bus: a fixed predictable name
+    EXTRA_DISK = 2 << 30  # the box's disk is larger than the image: the root must grow into the rest
 
     def start(self, disk: Path) -> None:
         # A sparse copy: the bundle is written into its ESP and the box writes to its disk.
         self.disk = self.work / "disk.raw"
         subprocess.run(["cp", "--sparse=always", str(disk), str(self.disk)], check=True)
+        table = json.loads(subprocess.run(["sfdisk", "--json", str(self.disk)], check=True,
+                                          capture_output=True, text=True).stdout)["partitiontable"]
+        root_bytes = max(p["size"] for p in table["partitions"]) * table.get("sectorsize", 512)
+        self.root_min_bytes = root_bytes + self.EXTRA_DISK * 3 // 4
+        os.truncate(self.disk, self.disk.stat().st_size + self.EXTRA_DISK)
         bundle = self.work / "bundle"
         self.write_bundle(bundle, {"name": self.IFACE, "mode": "dhcp"})
         self._copy_to_esp(bundle)
@@ -310,6 +316,12 @@ def check(box: Box, t0: float, timeout: float) -> dict:
     result["console_tty1"] = box.ssh("systemctl is-active everycycle-console.service").stdout.strip()
     if box.has_tty1 and result["console_tty1"] != "active":
         raise CheckFailed(f"the console on tty1 is {result['console_tty1']}")
+    if getattr(box, "root_min_bytes", None):
+        size = int(box.ssh("df -B1 --output=size / | tail -1").stdout.strip() or 0)
+        result["root_fs_bytes"] = size
+        if size < box.root_min_bytes:
+            raise CheckFailed(f"the root file system did not grow over the disk: {size} bytes, expected at least "
+                              f"{box.root_min_bytes}")
     record = box.ssh("cat /var/lib/everycycle/provisioned.json; hostname")
     if record.returncode != 0 or box.hostname not in record.stdout.splitlines()[-1:]:
         raise CheckFailed(f"the first boot did not apply the bundle: {record.stdout}{record.stderr}")
