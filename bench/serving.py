@@ -20,7 +20,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -35,6 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "bench"  # servers started here run without keys; --api-key for one that has them
 sys.path.insert(0, str(REPO))
+
+from host_runtime.common.processes import stop_process  # noqa: E402  (after the path above)
 
 PARAGRAPH = ("Our cooperative repairs old bicycles donated by the neighbourhood, teaches volunteers how to true "
              "wheels and adjust brakes, and lends the finished bikes to students for a whole term. Please write "
@@ -96,12 +97,7 @@ class Server:
             return parse_prometheus(r.read().decode())
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_process(self.proc, 20, group=True)
 
 
 def stream_chat(port: int, body: dict) -> dict:

@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from host_runtime.common.processes import stop_process
 
 EXPECTED_PROGRAMS = {"serving", "discovery", "governor", "bmc"}
 ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
@@ -124,20 +125,6 @@ class Box:
              "-o", "LogLevel=ERROR", f"root@{self.ssh_host}", command],
             capture_output=True, text=True, timeout=timeout)
 
-    def shut_down(self, ask, timeout: float) -> float | None:
-        """Ask the box to power off; the seconds it took, or None if it had to be killed (or was not running)."""
-        if not getattr(self, "proc", None) or not self.alive():
-            return None
-        t0 = time.monotonic()
-        try:
-            ask()
-            self.proc.wait(timeout=timeout)
-            return time.monotonic() - t0
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None
-
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -174,7 +161,7 @@ class NspawnBox(Box):
 
     def stop(self) -> float | None:
         """Orderly shutdown (nspawn turns SIGTERM into the container's poweroff); seconds it took."""
-        took = self.shut_down(lambda: self.proc.send_signal(signal.SIGTERM), 90)
+        took = stop_process(self.proc, 90) if getattr(self, "proc", None) else None
         if getattr(self, "netns", None):
             subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
             subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
@@ -235,7 +222,13 @@ class QemuBox(Box):
                        check=True, env=env)
 
     def stop(self) -> float | None:
-        return self.shut_down(lambda: self.ssh("systemctl poweroff", timeout=15), 120)
+        def poweroff():
+            try:
+                self.ssh("systemctl poweroff", timeout=15)
+            except subprocess.TimeoutExpired:
+                pass  # the connection may die with the box; the wait below decides
+
+        return stop_process(self.proc, 120, ask=poweroff) if getattr(self, "proc", None) else None
 
 
 # ---- the checks ----

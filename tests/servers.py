@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -11,6 +9,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from host_runtime.common.processes import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,13 +46,7 @@ class Proc:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
+        stop_process(self.popen, 15, group=True)
         self._log.close()
 
 

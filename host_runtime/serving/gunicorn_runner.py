@@ -17,6 +17,7 @@ import threading
 
 from gunicorn.app.base import BaseApplication
 
+from host_runtime.common.processes import stop_process
 from host_runtime.serving.app import AppConfig, create_app
 
 log = logging.getLogger("everycycle.serve")
@@ -49,13 +50,8 @@ class EngineChild:
 
     def stop(self) -> None:
         self.stopping = True
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc, 10)
 
 
 class ServingApplication(BaseApplication):

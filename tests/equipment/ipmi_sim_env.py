@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from host_runtime.common.processes import stop_process
+
 BMC = 0x20
 USER, PASSWORD = "admin", "ec-test-pw"
 HERE = Path(__file__).resolve().parent
@@ -185,12 +187,8 @@ console 127.0.0.1 {self.console_port}
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+            os.kill(self.proc.pid, signal.SIGCONT)  # a paused simulator cannot act on SIGTERM
+        stop_process(self.proc, 10)
         self.log.close()
 
 
