@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import subprocess
+import uuid
 
 import openai
 import pytest
@@ -64,3 +65,14 @@ def server(tmp_path_factory, api_key):
 @pytest.fixture(scope="session")
 def client(server, api_key) -> openai.OpenAI:
     return openai.OpenAI(base_url=server + "/v1", api_key=api_key[1], max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def netns():
+    """A network namespace of the test's own, removed afterwards."""
+    name = f"ectest-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)

@@ -8,7 +8,6 @@ import os
 import stat
 import subprocess
 import time
-import uuid
 
 import psutil
 import pytest
@@ -185,16 +184,6 @@ def test_cli_prints_and_writes(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == str(target)
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o644
     topology.validate(json.loads(target.read_text()))
-
-
-@pytest.fixture
-def netns():
-    name = f"ectest-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def test_a_link_added_in_a_namespace_appears_and_disappears(netns, tmp_path):

@@ -11,7 +11,6 @@ import stat
 import subprocess
 import tarfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -214,49 +213,38 @@ def test_a_model_shipped_in_the_bundle(tmp_path):
     assert "--model /var/lib/everycycle/models/tiny.gguf --ctx-size 512" in (root / "etc/everycycle/services.env").read_text()
 
 
-@pytest.fixture
-def ns():
-    """A network namespace of the test's own, removed afterwards."""
-    name = f"ecprov-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
-
-
-def test_static_network_applied_in_a_namespace_with_a_veth_pair(tmp_path, ns):
-    subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "add", "pv0", "type", "veth", "peer", "name", "pv1"],
+def test_static_network_applied_in_a_namespace_with_a_veth_pair(tmp_path, netns):
+    subprocess.run(["ip", "netns", "exec", netns, "ip", "link", "add", "pv0", "type", "veth", "peer", "name", "pv1"],
                    check=True)
     box = _with("network.interfaces", [{"name": "pv0", "mode": "static", "address": "10.77.0.2/24",
                                         "gateway": "10.77.0.1"}])
     bundle_dir = make_bundle(tmp_path / "bundle", box)
     root = tmp_path / "root"
     # Its own UTS namespace too: the live apply sets the hostname, which must not leak to this machine.
-    cmd = ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", '"$@" && hostname', "sh",
+    cmd = ["ip", "netns", "exec", netns, "unshare", "--uts", "sh", "-c", '"$@" && hostname', "sh",
            *everycycle("provision", "apply", str(bundle_dir), "--root", str(root), "--live-network")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == box["hostname"]
-    addrs = json.loads(subprocess.run(["ip", "netns", "exec", ns, "ip", "-j", "addr", "show", "pv0"],
+    addrs = json.loads(subprocess.run(["ip", "netns", "exec", netns, "ip", "-j", "addr", "show", "pv0"],
                                       capture_output=True, text=True, check=True).stdout)
     assert {"local": "10.77.0.2", "prefixlen": 24} in [{k: a[k] for k in ("local", "prefixlen")}
                                                        for a in addrs[0]["addr_info"]]
-    routes = json.loads(subprocess.run(["ip", "netns", "exec", ns, "ip", "-j", "route"], capture_output=True,
+    routes = json.loads(subprocess.run(["ip", "netns", "exec", netns, "ip", "-j", "route"], capture_output=True,
                                        text=True, check=True).stdout)
     assert any(r["dst"] == "default" and r.get("gateway") == "10.77.0.1" for r in routes)
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "nothing changed" in again.stdout
 
 
-def test_a_refused_live_network_change_is_a_clear_error_and_changes_nothing(tmp_path, ns):
+def test_a_refused_live_network_change_is_a_clear_error_and_changes_nothing(tmp_path, netns):
     # What the image's first boot met in a container without CAP_NET_ADMIN: the kernel says no.
-    subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "add", "pv0", "type", "veth", "peer", "name", "pv1"],
+    subprocess.run(["ip", "netns", "exec", netns, "ip", "link", "add", "pv0", "type", "veth", "peer", "name", "pv1"],
                    check=True)
     box = _with("network.interfaces", [{"name": "pv0", "mode": "static", "address": "10.77.0.2/24"}])
     bundle_dir = make_bundle(tmp_path / "bundle", box)
     root = tmp_path / "root"
-    cmd = ["ip", "netns", "exec", ns, "unshare", "--uts", "setpriv", "--inh-caps=-net_admin",
+    cmd = ["ip", "netns", "exec", netns, "unshare", "--uts", "setpriv", "--inh-caps=-net_admin",
            "--bounding-set=-net_admin",
            *everycycle("provision", "apply", str(bundle_dir), "--root", str(root), "--live-network")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -266,11 +254,11 @@ def test_a_refused_live_network_change_is_a_clear_error_and_changes_nothing(tmp_
     assert not (root / "etc/everycycle/api_keys.json").exists()
 
 
-def test_live_network_waits_for_a_late_interface_and_names_a_missing_one(tmp_path, ns):
+def test_live_network_waits_for_a_late_interface_and_names_a_missing_one(tmp_path, netns):
     # At first boot the NIC can appear after the first-boot unit started.
     box = _with("network.interfaces", [{"name": "late0", "mode": "static", "address": "10.78.0.2/24"}])
     bundle_dir = make_bundle(tmp_path / "bundle", box)
-    apply_cmd = ["ip", "netns", "exec", ns, "unshare", "--uts",
+    apply_cmd = ["ip", "netns", "exec", netns, "unshare", "--uts",
                  *everycycle("provision", "apply", str(bundle_dir), "--live-network")]
     missing = subprocess.run([*apply_cmd, "--root", str(tmp_path / "r1"), "--wait-for-links", "0.5"],
                              capture_output=True, text=True, timeout=60)
@@ -280,10 +268,10 @@ def test_live_network_waits_for_a_late_interface_and_names_a_missing_one(tmp_pat
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)
     assert late.poll() is None  # still waiting for late0
-    subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "add", "late0", "type", "veth", "peer", "name", "late1"],
+    subprocess.run(["ip", "netns", "exec", netns, "ip", "link", "add", "late0", "type", "veth", "peer", "name", "late1"],
                    check=True)
     out, err = late.communicate(timeout=60)
     assert late.returncode == 0, err
-    addrs = subprocess.run(["ip", "netns", "exec", ns, "ip", "-j", "addr", "show", "late0"], capture_output=True,
+    addrs = subprocess.run(["ip", "netns", "exec", netns, "ip", "-j", "addr", "show", "late0"], capture_output=True,
                            text=True, check=True).stdout
     assert "10.78.0.2" in addrs
