@@ -9,14 +9,17 @@ security mirrors from /etc/apt (deb822 .sources files and one-line .list files a
   apt_sources.py image RELEASE DIR       writes DIR/etc/apt/sources.list.d/mkosi.sources for
                                          mkosi 24 reads in place of its own list): main,
                                          updates and security for the image build
-Standard library only: it runs on the host's python3 before any venv exists.
+Standard library only (and the project's stdlib-only atomic_write): it runs on the host's python3
+before any venv exists.
 """
 from __future__ import annotations
 
 import glob
 import os
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from host_runtime.common.atomic_file import atomic_write  # noqa: E402  (stdlib only)
 
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
@@ -90,17 +93,6 @@ def mirrors(entries: list[tuple[str, list[str]]]) -> dict[str, str]:
     return found
 
 
-def _write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def _stanza(uri: str, suites: str) -> str:
     return f"Types: deb\nURIs: {uri}\nSuites: {suites}\nComponents: main\nSigned-By: {KEYRING}\n"
 
@@ -112,12 +104,12 @@ def main(argv: list[str]) -> int:
             for k, v in found.items():
                 print(f"{k}={v}")
         elif argv[:1] == ["backports"] and len(argv) == 3:
-            _write(argv[2], _stanza(found["archive"], f"{argv[1]}-backports"))
+            atomic_write(argv[2], _stanza(found["archive"], f"{argv[1]}-backports").encode())
         elif argv[:1] == ["image"] and len(argv) == 3:
             release, root = argv[1], argv[2]
-            _write(os.path.join(root, "etc/apt/sources.list.d/mkosi.sources"),
-                   _stanza(found["archive"], f"{release} {release}-updates") + "\n"
-                   + _stanza(found["security"], f"{release}-security"))
+            atomic_write(os.path.join(root, "etc/apt/sources.list.d/mkosi.sources"),
+                         (_stanza(found["archive"], f"{release} {release}-updates") + "\n"
+                          + _stanza(found["security"], f"{release}-security")).encode())
         else:
             print(__doc__, file=sys.stderr)
             return 2

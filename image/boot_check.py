@@ -103,6 +103,8 @@ class Box:
 
     def write_bundle(self, dest: Path, iface: dict) -> None:
         from host_runtime.auth.keystore import hash_key
+        from provisioning.bundle import open_bundle
+        from provisioning.validate import validate
 
         (dest / "files").mkdir(parents=True)
         pub = Path(str(self.key) + ".pub").read_bytes()
@@ -110,10 +112,9 @@ class Box:
         toml = bundle_toml(self.hostname, iface, hash_key(self.api_key))
         toml += f'\n[files]\n"files/authorized_keys" = "{hashlib.sha256(pub).hexdigest()}"\n'
         (dest / "box.toml").write_text(toml)
-        out = subprocess.run([sys.executable, "-m", "host_runtime.cli", "provision", "validate", str(dest)],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise CheckFailed(f"the test bundle does not validate: {out.stdout}{out.stderr}")
+        errors = validate(open_bundle(dest))
+        if errors:
+            raise CheckFailed(f"the test bundle does not validate: {'; '.join(map(str, errors))}")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -185,12 +186,16 @@ class QemuBox(Box):
         subprocess.run(["cp", "--sparse=always", str(disk), str(self.disk)], check=True)
         table = json.loads(subprocess.run(["sfdisk", "--json", str(self.disk)], check=True,
                                           capture_output=True, text=True).stdout)["partitiontable"]
-        root_bytes = max(p["size"] for p in table["partitions"]) * table.get("sectorsize", 512)
+        sector = table.get("sectorsize", 512)
+        root_bytes = max(p["size"] for p in table["partitions"]) * sector
         self.root_min_bytes = root_bytes + self.EXTRA_DISK * 3 // 4
+        esp = next((p for p in table["partitions"] if p["type"].upper() == ESP_TYPE), None)
+        if esp is None:
+            raise CheckFailed(f"{disk} has no EFI system partition")
         os.truncate(self.disk, self.disk.stat().st_size + self.EXTRA_DISK)
         bundle = self.work / "bundle"
         self.write_bundle(bundle, {"name": self.IFACE, "mode": "dhcp"})
-        self._copy_to_esp(bundle)
+        self._copy_to_esp(bundle, esp["start"] * sector)
         vars_copy = self.work / "OVMF_VARS.fd"
         shutil.copy(OVMF_VARS, vars_copy)
         http, ssh = _free_port(), _free_port()
@@ -209,13 +214,8 @@ class QemuBox(Box):
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(self.work / "qemu.stderr", "wb"))
 
-    def _copy_to_esp(self, bundle: Path) -> None:
-        table = json.loads(subprocess.run(["sfdisk", "--json", str(self.disk)], check=True,
-                                          capture_output=True, text=True).stdout)["partitiontable"]
-        esp = next((p for p in table["partitions"] if p["type"].upper() == ESP_TYPE), None)
-        if esp is None:
-            raise CheckFailed(f"{self.disk} has no EFI system partition")
-        target = f"{self.disk}@@{esp['start'] * table.get('sectorsize', 512)}"
+    def _copy_to_esp(self, bundle: Path, esp_offset: int) -> None:
+        target = f"{self.disk}@@{esp_offset}"
         env = dict(os.environ, MTOOLS_SKIP_CHECK="1")
         subprocess.run(["mmd", "-i", target, "::/everycycle"], check=True, env=env)
         subprocess.run(["mcopy", "-i", target, "-s", *[str(p) for p in bundle.iterdir()], "::/everycycle/"],

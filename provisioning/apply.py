@@ -114,7 +114,7 @@ def apply_network_live(interfaces: list[dict], link_wait_s: float = 0.0) -> list
                 time.sleep(0.25)
                 found = ipr.link_lookup(ifname=iface["name"])
             if not found:
-                _undo_network(undo)
+                _undo_live(undo)
                 raise BundleError(f"network.interfaces[{i}].name", f"there is no interface {iface['name']!r} on this box")
             if iface["mode"] != "static":
                 continue  # DHCP is systemd-networkd's, from the files written below
@@ -129,7 +129,7 @@ def apply_network_live(interfaces: list[dict], link_wait_s: float = 0.0) -> list
                 if iface.get("gateway"):
                     ipr.route("replace", dst="default", gateway=iface["gateway"], oif=idx)
             except NetlinkError as exc:
-                _undo_network(undo)
+                _undo_live(undo)
                 raise BundleError(f"network.interfaces[{i}]",
                                   f"could not configure {iface['name']}: {os.strerror(exc.code)}") from None
     return undo
@@ -149,7 +149,8 @@ def apply_hostname_live(hostname: str) -> list:
     return [("hostname", old)]
 
 
-def _undo_network(undo: list) -> None:
+def _undo_live(undo: list) -> None:
+    """Put back what the live steps changed: addresses, then the hostname."""
     import socket
 
     from pyroute2 import IPRoute
@@ -203,7 +204,7 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
             undo += apply_hostname_live(bundle.box["hostname"])
         _commit(staging, root, list(files))
     except BaseException:
-        _undo_network(undo)
+        _undo_live(undo)
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
