@@ -215,6 +215,8 @@ class Engine:
 
     def _pop_admissible_locked(self) -> list[GenerationRequest]:
         """Requests that get their slots now, strictly in arrival order."""
+        if not self._waiting:
+            return []  # the common case mid-generation: no need to stat the governor's file every step
         admitted = []
         level = self.throttle.level()
         allowed = sequences_allowed(level, self.model.n_parallel)

@@ -6,9 +6,11 @@ import json
 import logging
 import os
 import time
+from pathlib import Path
+
+from host_runtime.governor.service import STATE_FRESH_S
 
 log = logging.getLogger(__name__)
-from host_runtime.governor.service import STATE_FRESH_S
 
 
 class ThrottleReader:
@@ -28,7 +30,7 @@ class ThrottleReader:
         if (st.st_mtime_ns, st.st_size) != self._stamp:
             self._stamp = (st.st_mtime_ns, st.st_size)
             try:
-                doc = json.loads(open(self.path, "rb").read())
+                doc = json.loads(Path(self.path).read_bytes())
                 self._level, self._updated = int(doc.get("throttle_level", 0)), float(doc.get("updated_unix", 0))
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("ignoring the governor state %s: %s", self.path, exc)
