@@ -26,7 +26,6 @@ class TopologyWatcher:
         self.bmc_address = bmc_address
         self._dirty = threading.Event()
         self._stop = threading.Event()
-        self.writes = 0
 
     def refresh(self) -> bool:
         """Collect now; write if the content changed. True if the file was written."""
@@ -34,7 +33,6 @@ class TopologyWatcher:
         if doc["content_hash"] == topology.read_hash(self.path):
             return False
         topology.write(doc, self.path)
-        self.writes += 1
         log.info("topology written to %s (%s)", self.path, doc["content_hash"][:12])
         return True
 

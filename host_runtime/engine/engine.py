@@ -106,7 +106,6 @@ class Engine:
             self.cache.found_on_disk(key, nbytes)
         self._publish_cache()
         self._stopping = False
-        self.last_step_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._embed_lock = threading.Lock()
         from llama_cpp._internals import LlamaBatch
@@ -192,7 +191,6 @@ class Engine:
             with self._cv:
                 while not self._stopping and not self._active and not self._waiting:
                     self._cv.wait(timeout=1.0)
-                    self.last_step_at = time.monotonic()
                 if self._stopping:
                     return
                 self._drop_cancelled_locked()
@@ -211,7 +209,6 @@ class Engine:
             with self._cv:
                 # Finished sequences left during the step: the gauges must say so even if the loop now idles.
                 self._publish_queue_locked()
-            self.last_step_at = time.monotonic()
 
     def _pop_admissible_locked(self) -> list[GenerationRequest]:
         """Requests that get their slots now, strictly in arrival order."""

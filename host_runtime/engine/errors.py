@@ -18,8 +18,3 @@ class RequestRejected(Exception):
     def to_wire(self) -> dict:
         return {"status": self.status, "message": self.message, "param": self.param, "code": self.code,
                 "type": self.error_type, "retry_after": self.retry_after}
-
-    @classmethod
-    def from_wire(cls, d: dict) -> "RequestRejected":
-        return cls(int(d.get("status", 500)), str(d.get("message", "engine error")), param=d.get("param"),
-                   code=d.get("code"), error_type=d.get("type", "server_error"), retry_after=d.get("retry_after"))
