@@ -1,0 +1,250 @@
+"""What a model costs in memory, layer by layer: its GGUF tensor table and KV-cache geometry (pure once read).
+
+Read with the `gguf` package's GGUFReader (no weights are loaded), or built from hyperparameters for a
+model we have no file of (`synthetic_table`), so plans for 70B-class models can be tested anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# The layers of the model that llama.cpp places as units: the repeating blocks, then "output".
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+# Tensors llama.cpp keeps on the CPU whatever the offload (the input layer).
+INPUT_TENSORS = frozenset({"token_embd.weight", "token_types.weight", "position_embd.weight", "token_embd_norm.weight",
+                           "token_embd_norm.bias"})
+F16_BYTES = 2
+
+
+class ModelTableError(Exception):
+    """The file is not a GGUF this planner understands (missing hyperparameters, unknown layout)."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]  # ne0 first, as ggml orders dimensions
+    n_bytes: int
+
+
+@dataclass(frozen=True)
+class ModelTable:
+    """Per-layer weight bytes and KV geometry: everything placement needs, nothing about values."""
+
+    name: str
+    architecture: str
+    n_layer: int
+    n_ctx_train: int
+    n_embd: int
+    n_vocab: int
+    n_ff: int
+    n_head: int
+    layer_tensors: tuple[tuple[TensorInfo, ...], ...]  # index = layer
+    input_tensors: tuple[TensorInfo, ...]   # always on the CPU (token embedding)
+    output_tensors: tuple[TensorInfo, ...]  # output norm and head: the "output layer"
+    # K and V widths per layer (n_head_kv * head_dim); 0 for a layer without attention (recurrent).
+    kv_k_width: tuple[int, ...]
+    kv_v_width: tuple[int, ...]
+    swa_layers: frozenset[int] = frozenset()  # layers that attend over a sliding window
+    n_swa: int = 0
+    # llama.cpp reuses the token embedding as the head when a model ties them: a copy on the output device.
+    tied_output: bool = False
+    file_bytes: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    def layer_weight_bytes(self, il: int, pad=None) -> int:
+        return sum(_padded(t, pad) for t in self.layer_tensors[il])
+
+    def output_weight_bytes(self, pad=None, copy_tied: bool = True) -> int:
+        """The output layer; a tied head is a second copy of the embedding on a GPU, but the same mapped
+        bytes on the CPU (copy_tied=False)."""
+        tied = sum(_padded(t, pad) for t in self.input_tensors if t.name == "token_embd.weight") \
+            if self.tied_output and copy_tied else 0
+        return sum(_padded(t, pad) for t in self.output_tensors) + tied
+
+    def input_weight_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.input_tensors)
+
+    def total_weight_bytes(self) -> int:
+        return (sum(self.layer_weight_bytes(i) for i in range(self.n_layer)) + self.input_weight_bytes()
+                + sum(t.n_bytes for t in self.output_tensors))
+
+    def kv_cells(self, il: int, n_ctx_per_seq: int, n_parallel: int, n_ubatch: int) -> int:
+        """KV cells llama.cpp allocates for layer `il`: one stream of n_ctx_per_seq (padded to 256) per sequence,
+        or, on a sliding-window layer, only the window plus a batch."""
+        per_stream = _pad(n_ctx_per_seq, 256)
+        if il in self.swa_layers and self.n_swa:
+            per_stream = min(per_stream, _pad(self.n_swa + n_ubatch, 256))
+        return per_stream * n_parallel
+
+    def kv_layer_bytes(self, il: int, n_ctx_per_seq: int, n_parallel: int, n_ubatch: int = 512,
+                       bytes_per_value: int = F16_BYTES) -> int:
+        width = self.kv_k_width[il] + self.kv_v_width[il]
+        return self.kv_cells(il, n_ctx_per_seq, n_parallel, n_ubatch) * width * bytes_per_value
+
+    def kv_bytes_per_token(self, bytes_per_value: int = F16_BYTES) -> int:
+        """One token of context in every (full-attention) layer: what a sequence costs per token."""
+        return sum(self.kv_k_width[i] + self.kv_v_width[i] for i in range(self.n_layer)) * bytes_per_value
+
+
+def _pad(x: int, n: int) -> int:
+    return (x + n - 1) // n * n
+
+
+def _padded(t: TensorInfo, pad) -> int:
+    return pad(t) if pad else t.n_bytes
+
+
+def _field(reader, key: str):
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    if not f.data:
+        return None
+    values = [f.parts[i] for i in f.data]
+    if len(values) == 1 and getattr(values[0], "dtype", None) is not None and values[0].dtype.kind == "u" \
+            and values[0].dtype.itemsize == 1:
+        return bytes(values[0]).decode("utf-8", "replace")  # a string field
+    flat = [v.tolist()[0] if hasattr(v, "tolist") and len(v) == 1 else v for v in values]
+    return flat if len(flat) > 1 else flat[0]
+
+
+def read_table(path) -> ModelTable:
+    """The tensor table and KV geometry of a GGUF file, without reading its weights."""
+    import os
+
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+    except (ValueError, OSError) as exc:
+        raise ModelTableError(f"{path}: not a readable GGUF file ({exc})") from None
+    arch = _field(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise ModelTableError(f"{path}: no general.architecture in the GGUF metadata")
+
+    def hp(key: str, default=None, required: bool = False):
+        value = _field(reader, f"{arch}.{key}")
+        if value is None:
+            if required:
+                raise ModelTableError(f"{path}: the GGUF has no {arch}.{key}")
+            return default
+        return value
+
+    n_layer = int(hp("block_count", required=True))
+    n_embd = int(hp("embedding_length", required=True))
+    n_head = hp("attention.head_count", required=True)
+    n_head_kv = hp("attention.head_count_kv", n_head)
+    heads = _per_layer(n_head, n_layer)
+    heads_kv = _per_layer(n_head_kv, n_layer)
+    head_dim_default = n_embd // max(1, max(heads))
+    key_len = int(hp("attention.key_length", head_dim_default))
+    value_len = int(hp("attention.value_length", key_len))
+    tensors = [TensorInfo(t.name, int(t.tensor_type), tuple(int(x) for x in t.shape), int(t.n_bytes))
+               for t in reader.tensors]
+    table = _assemble(name=str(_field(reader, "general.name") or os.path.basename(str(path))), arch=arch,
+                      n_layer=n_layer, n_ctx_train=int(hp("context_length", 0)), n_embd=n_embd,
+                      n_ff=_first(hp("feed_forward_length", 0)), n_head=max(heads), tensors=tensors,
+                      kv_k=tuple(h * key_len for h in heads_kv), kv_v=tuple(h * value_len for h in heads_kv),
+                      n_swa=int(hp("attention.sliding_window", 0) or 0), swa_pattern=hp("attention.sliding_window_pattern"),
+                      file_bytes=os.path.getsize(path))
+    return table
+
+
+def _first(value) -> int:
+    return int(value[0] if isinstance(value, list) else value)
+
+
+def _per_layer(value, n_layer: int) -> list[int]:
+    if isinstance(value, list):
+        if len(value) != n_layer:
+            raise ModelTableError(f"a per-layer hyperparameter has {len(value)} entries for {n_layer} layers")
+        return [int(v) for v in value]
+    return [int(value)] * n_layer
+
+
+def _swa_layers(n_layer: int, n_swa: int, pattern) -> frozenset[int]:
+    """Which layers use a sliding window. GGUF gives a period (every Nth layer is full attention, as
+    llama.cpp's default for Gemma-style models) or a per-layer list of booleans."""
+    if not n_swa or pattern is None:
+        return frozenset()
+    if isinstance(pattern, list):
+        return frozenset(i for i, swa in enumerate(pattern[:n_layer]) if swa)
+    period = int(pattern)
+    if period <= 0:
+        return frozenset()
+    return frozenset(i for i in range(n_layer) if (i % period) < period - 1)
+
+
+def _assemble(*, name, arch, n_layer, n_ctx_train, n_embd, n_ff, n_head, tensors, kv_k, kv_v, n_swa=0,
+              swa_pattern=None, file_bytes=0) -> ModelTable:
+    layers: list[list[TensorInfo]] = [[] for _ in range(n_layer)]
+    inputs, outputs, notes = [], [], []
+    n_vocab = 0
+    for t in tensors:
+        m = _BLOCK.match(t.name)
+        if m:
+            il = int(m.group(1))
+            if il >= n_layer:  # e.g. an appended next-token-prediction block llama.cpp does not load by default
+                notes.append(f"{t.name}: past block_count, not counted")
+                continue
+            layers[il].append(t)
+        elif t.name in INPUT_TENSORS:
+            inputs.append(t)
+            if t.name == "token_embd.weight":
+                n_vocab = t.shape[1] if len(t.shape) > 1 else n_vocab
+        else:
+            outputs.append(t)
+    tied = not any(t.name == "output.weight" for t in outputs) and any(t.name == "token_embd.weight" for t in inputs)
+    if any(not layer for layer in layers):
+        missing = [i for i, layer in enumerate(layers) if not layer]
+        raise ModelTableError(f"the GGUF has no tensors for layer(s) {missing[:5]}")
+    return ModelTable(name=name, architecture=arch, n_layer=n_layer, n_ctx_train=n_ctx_train, n_embd=n_embd,
+                      n_vocab=n_vocab, n_ff=n_ff, n_head=n_head,
+                      layer_tensors=tuple(tuple(layer) for layer in layers), input_tensors=tuple(inputs),
+                      output_tensors=tuple(outputs), kv_k_width=tuple(kv_k), kv_v_width=tuple(kv_v),
+                      swa_layers=_swa_layers(n_layer, n_swa, swa_pattern), n_swa=n_swa, tied_output=tied,
+                      file_bytes=file_bytes, notes=tuple(notes))
+
+
+# ---- tables from hyperparameters: large models the tests have no file of --------------------------------
+
+def _ggml_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+    n = 1
+    for d in shape:
+        n *= d
+    if shape[0] % block:
+        raise ModelTableError(f"a row of {shape[0]} values does not divide into {block}-value blocks")
+    return n // block * size
+
+
+def synthetic_table(*, name: str, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int, n_vocab: int,
+                    n_ctx_train: int, types: dict[str, int], head_dim: int | None = None, tied: bool = False,
+                    n_swa: int = 0, swa_pattern=None, arch: str = "llama") -> ModelTable:
+    """A llama-layout tensor table from hyperparameters. `types` maps a role (attn_q, attn_k, attn_v,
+    attn_output, ffn_gate, ffn_up, ffn_down, token_embd, output, norm) to a GGML type number."""
+    hd = head_dim or n_embd // n_head
+    q, kv = n_head * hd, n_head_kv * hd
+
+    def t(tname: str, role: str, *shape: int) -> TensorInfo:
+        ty = types.get(role, types.get("norm", 0))
+        return TensorInfo(tname, ty, shape, _ggml_nbytes(ty, shape))
+
+    tensors = [t("token_embd.weight", "token_embd", n_embd, n_vocab)]
+    for i in range(n_layer):
+        tensors += [t(f"blk.{i}.attn_norm.weight", "norm", n_embd), t(f"blk.{i}.attn_q.weight", "attn_q", n_embd, q),
+                    t(f"blk.{i}.attn_k.weight", "attn_k", n_embd, kv), t(f"blk.{i}.attn_v.weight", "attn_v", n_embd, kv),
+                    t(f"blk.{i}.attn_output.weight", "attn_output", q, n_embd),
+                    t(f"blk.{i}.ffn_norm.weight", "norm", n_embd), t(f"blk.{i}.ffn_gate.weight", "ffn_gate", n_embd, n_ff),
+                    t(f"blk.{i}.ffn_up.weight", "ffn_up", n_embd, n_ff), t(f"blk.{i}.ffn_down.weight", "ffn_down", n_ff, n_embd)]
+    tensors.append(t("output_norm.weight", "norm", n_embd))
+    if not tied:
+        tensors.append(t("output.weight", "output", n_embd, n_vocab))
+    return _assemble(name=name, arch=arch, n_layer=n_layer, n_ctx_train=n_ctx_train, n_embd=n_embd, n_ff=n_ff,
+                     n_head=n_head, tensors=tensors, kv_k=(kv,) * n_layer, kv_v=(kv,) * n_layer, n_swa=n_swa,
+                     swa_pattern=swa_pattern)

@@ -1,0 +1,379 @@
+"""The placement planner (pure): which layers of a model go to which GPU, and whether it all fits.
+
+Inputs are data: the devices as llama.cpp sees them (free memory, a bandwidth class), the host's RAM, and the
+model's tensor table. The output is a Placement that llama.cpp can be told exactly (n_gpu_layers, a device
+list and a tensor_split of layer counts), with the bytes each device will hold for weights, KV and compute.
+
+llama.cpp places the GPU layers as one run at the top of the model, the output layer last, cut into
+consecutive pieces in device-list order (llama-model.cpp: `i_gpu_start`, `splits`); the input embedding
+stays on the CPU. The planner fills the fastest card first from the top (so it also holds the output
+head), the next fastest below it, and the CPU takes what is left; the device list handed to llama.cpp
+is that fill order reversed, and the split is the layer counts, so the plan and the load agree exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from host_runtime.placement.model_table import ModelTable
+
+MIB = 1 << 20
+GIB = 1 << 30
+MARGIN_FRACTION = 0.05      # a card is never planned past 95% of its memory ...
+MARGIN_MIN_BYTES = 512 * MIB  # ... nor closer than 512 MiB to full
+HOST_RESERVE_MIN_BYTES = 1 * GIB  # left to the OS, the services and the page cache's working set
+MAX_PARALLEL = 16           # past this, CPU decode steps get slow enough that queueing serves clients better
+QUEUE_PER_SEQUENCE = 4      # waiting requests allowed per running sequence before refusing with 503
+MIN_CTX = 1024              # below this a lowered context is useless to a chat client: refuse instead
+CPU_BANDWIDTH_GBPS = 40.0   # a dual-channel DDR4 desktop; used only to compare placements, never to refuse
+
+
+class PlacementError(Exception):
+    """A placement that cannot work; the message is one sentence with the numbers."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU as llama.cpp sees it."""
+
+    name: str                 # llama.cpp's device name: "CUDA0", "Vulkan1"
+    description: str
+    free_bytes: int
+    total_bytes: int
+    bandwidth_gbps: float
+    pci_address: str | None = None
+    backend: str = ""         # "CUDA", "Vulkan"
+
+    def margin_bytes(self, fraction: float = MARGIN_FRACTION, minimum: int = MARGIN_MIN_BYTES) -> int:
+        return max(int(self.total_bytes * fraction), minimum)
+
+
+@dataclass(frozen=True)
+class Host:
+    available_bytes: int
+    total_bytes: int
+    bandwidth_gbps: float = CPU_BANDWIDTH_GBPS
+    numa_nodes: int = 1
+
+    def reserve_bytes(self) -> int:
+        return max(int(self.total_bytes * MARGIN_FRACTION), HOST_RESERVE_MIN_BYTES)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    n_ctx_per_seq: int = 4096
+    n_parallel: int | None = None          # None: as many as kv_budget_bytes holds at full context (up to 16)
+    kv_budget_bytes: int = 1 << 30
+    max_waiting: int | None = None
+    n_ubatch: int = 512
+    margin_fraction: float = MARGIN_FRACTION
+    margin_min_bytes: int = MARGIN_MIN_BYTES
+    cpu_only: bool = False
+    # Explicit settings, as llama-server takes them; None: the planner decides.
+    n_gpu_layers: int | None = None
+    tensor_split: tuple[float, ...] | None = None
+    # Compute-buffer bytes llama.cpp reported for this model and settings (the proof), by device name.
+    measured_compute: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one device holds. Layers are [first, last) in model order; the CPU also holds the input layer."""
+
+    device: str
+    description: str
+    first_layer: int
+    last_layer: int
+    holds_output: bool
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    capacity_bytes: int       # what the plan may use: free memory less the margin
+    free_bytes: int
+    margin_bytes: int
+    compute_measured: bool = False
+
+    @property
+    def n_layers(self) -> int:
+        return self.last_layer - self.first_layer
+
+    @property
+    def used_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes
+
+    @property
+    def left_bytes(self) -> int:
+        return self.capacity_bytes - self.used_bytes
+
+
+@dataclass(frozen=True)
+class Placement:
+    model: str
+    n_layer: int
+    n_ctx_per_seq: int
+    n_parallel: int
+    max_waiting: int
+    kv_bytes_per_token: int
+    shares: tuple[Share, ...]   # the GPUs in llama.cpp's device order, then the CPU
+    n_gpu_layers: int           # llama.cpp's count, the output layer included
+    notes: tuple[str, ...] = ()
+    explicit: bool = False
+
+    @property
+    def gpu_shares(self) -> tuple[Share, ...]:
+        return tuple(s for s in self.shares if s.device != "CPU")
+
+    @property
+    def cpu_share(self) -> Share:
+        return self.shares[-1]
+
+    @property
+    def device_order(self) -> tuple[str, ...]:
+        return tuple(s.device for s in self.gpu_shares)
+
+    @property
+    def tensor_split(self) -> tuple[float, ...]:
+        """Per device in device_order: its layer count, the output layer counted where it goes."""
+        return tuple(float(s.n_layers + (1 if s.holds_output else 0)) for s in self.gpu_shares)
+
+    @property
+    def kv_bytes_total(self) -> int:
+        return sum(s.kv_bytes for s in self.shares)
+
+    def decode_seconds_per_token(self, bandwidth: dict[str, float]) -> float:
+        """Weights read once per token on each device: a bandwidth-bound estimate for comparing placements."""
+        return sum(s.weights_bytes / (bandwidth.get(s.device, CPU_BANDWIDTH_GBPS) * 1e9) for s in self.shares)
+
+    def summary(self) -> str:
+        parts = [f"{s.device} {s.n_layers}{'+out' if s.holds_output else ''}" for s in self.shares]
+        return (f"{self.model}: layers {', '.join(parts)} of {self.n_layer}; context {self.n_ctx_per_seq} x "
+                f"{self.n_parallel} sequences")
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model, "n_layer": self.n_layer, "n_ctx_per_seq": self.n_ctx_per_seq,
+            "n_parallel": self.n_parallel, "max_waiting": self.max_waiting, "n_gpu_layers": self.n_gpu_layers,
+            "device_order": list(self.device_order), "tensor_split": list(self.tensor_split),
+            "explicit": self.explicit, "notes": list(self.notes),
+            "devices": [{"device": s.device, "description": s.description, "layers": [s.first_layer, s.last_layer],
+                         "n_layers": s.n_layers, "holds_output": s.holds_output, "weights_bytes": s.weights_bytes,
+                         "kv_bytes": s.kv_bytes, "compute_bytes": s.compute_bytes,
+                         "compute_measured": s.compute_measured, "used_bytes": s.used_bytes,
+                         "free_bytes": s.free_bytes, "margin_bytes": s.margin_bytes,
+                         "capacity_bytes": s.capacity_bytes, "left_bytes": s.left_bytes} for s in self.shares],
+        }
+
+
+# ---- what things cost ---------------------------------------------------------------------------------
+
+def compute_estimate(model: ModelTable, n_ubatch: int, n_ctx_per_seq: int, holds_output: bool, on_gpu: bool) -> int:
+    """llama.cpp's compute buffer for one device, before llama.cpp has been asked (the proof replaces it).
+
+    The graph's largest live set for a batch of n_ubatch tokens: a few activations of width n_embd and two
+    of n_ff, the attention mask over the context, and on the device holding the head the batch's logits.
+    Fitted to llama.cpp's dry-run figures for llama-layout models (see bench/placement.py)."""
+    act = n_ubatch * 4 * (4 * model.n_embd + 2 * model.n_ff)
+    mask = n_ubatch * _pad(n_ctx_per_seq, 256) * 2
+    attn = n_ubatch * model.n_head * 4 * 64 if on_gpu else 0
+    logits = n_ubatch * model.n_vocab * 4 if holds_output else 0
+    return act + mask + attn + logits
+
+
+def weights_pad(device: Device | None):
+    """Bytes a tensor takes in that device's buffer, where the backend pads (CUDA); None: its plain size."""
+    if device is None or device.backend != "CUDA":
+        return None
+    import gguf
+
+    def padded(t) -> int:
+        # ggml-cuda's get_alloc_size: one row's worth of padding per quantized tensor whose rows are not
+        # a multiple of 512 values.
+        block, size = gguf.GGML_QUANT_SIZES.get(gguf.GGMLQuantizationType(t.ggml_type), (1, 0))
+        if block == 1 or t.shape[0] % 512 == 0:
+            return t.n_bytes
+        return t.n_bytes + (512 - t.shape[0] % 512) // block * size
+    return padded
+
+
+def capacity_for(model: ModelTable, request: PlanRequest) -> tuple[int, int, int]:
+    """Context per sequence (capped at the model's training length), sequences, and waiting requests."""
+    n_ctx = min(request.n_ctx_per_seq, model.n_ctx_train) if model.n_ctx_train > 0 else request.n_ctx_per_seq
+    per_seq = model.kv_bytes_per_token() * n_ctx
+    n_parallel = request.n_parallel
+    if n_parallel is None:
+        n_parallel = max(1, min(MAX_PARALLEL, request.kv_budget_bytes // per_seq if per_seq else MAX_PARALLEL))
+    max_waiting = request.max_waiting if request.max_waiting is not None else QUEUE_PER_SEQUENCE * n_parallel
+    return n_ctx, n_parallel, max_waiting
+
+
+# ---- planning ------------------------------------------------------------------------------------------
+
+def plan(model: ModelTable, devices: list[Device], host: Host, request: PlanRequest = PlanRequest()) -> Placement:
+    """The placement for `request`, lowering parallel sequences, then context, where nothing else fits."""
+    n_ctx, n_parallel, max_waiting = capacity_for(model, request)
+    gpus = [] if request.cpu_only else list(devices)
+    explicit = request.n_gpu_layers is not None or request.tensor_split is not None
+    if request.cpu_only and explicit and (request.n_gpu_layers or request.tensor_split):
+        raise PlacementError("--placement cpu: cannot also offload layers (--gpu-layers/--tensor-split)")
+    first_error = None
+    for ctx, par, note in _reductions(n_ctx, n_parallel, request.n_parallel is None):
+        try:
+            if explicit:
+                placement = _explicit(model, gpus, host, request, ctx, par)
+            else:
+                placement = _auto(model, gpus, host, request, ctx, par)
+        except PlacementError as exc:
+            first_error = first_error or exc
+            continue
+        waiting = max_waiting if par == n_parallel else (request.max_waiting if request.max_waiting is not None
+                                                         else QUEUE_PER_SEQUENCE * par)
+        notes = placement.notes + ((note,) if note else ())
+        return replace(placement, max_waiting=waiting, notes=notes)
+    raise first_error
+
+
+def _reductions(n_ctx: int, n_parallel: int, parallel_is_auto: bool):
+    """(context, sequences, note) to try in order: as asked, fewer sequences, then a shorter context."""
+    yield n_ctx, n_parallel, None
+    par = n_parallel
+    while par > 1:
+        par //= 2
+        yield n_ctx, par, f"lowered to {par} parallel sequences (from {n_parallel}) to fit"
+    ctx = n_ctx
+    while ctx // 2 >= MIN_CTX:
+        ctx //= 2
+        yield ctx, 1, f"lowered the context to {ctx} tokens (from {n_ctx}) and to 1 sequence (from {n_parallel}) to fit"
+
+
+def _layer_costs(model: ModelTable, ctx: int, par: int, ubatch: int, dev: Device | None) -> list[int]:
+    pad = weights_pad(dev)
+    return [model.layer_weight_bytes(il, pad) + model.kv_layer_bytes(il, ctx, par, ubatch) for il in range(model.n_layer)]
+
+
+def _compute(model, request, dev: Device | None, holds_output: bool, ctx: int) -> tuple[int, bool]:
+    name = dev.name if dev else "CPU"
+    if name in request.measured_compute:
+        return request.measured_compute[name], True
+    return compute_estimate(model, request.n_ubatch, ctx, holds_output, dev is not None), False
+
+
+def _share(model, request, dev: Device | None, host: Host | None, first: int, last: int, holds_output: bool,
+           ctx: int, par: int) -> Share:
+    pad = weights_pad(dev)
+    weights = sum(model.layer_weight_bytes(il, pad) for il in range(first, last))
+    if holds_output:
+        weights += model.output_weight_bytes(pad, copy_tied=dev is not None)
+    if dev is None:
+        weights += model.input_weight_bytes()
+    kv = sum(model.kv_layer_bytes(il, ctx, par, request.n_ubatch) for il in range(first, last))
+    compute, measured = _compute(model, request, dev, holds_output, ctx)
+    if dev is None:
+        free, margin = host.available_bytes, host.reserve_bytes()
+        name, desc = "CPU", "host RAM"
+    else:
+        free = dev.free_bytes
+        margin = dev.margin_bytes(request.margin_fraction, request.margin_min_bytes)
+        name, desc = dev.name, dev.description
+    return Share(name, desc, first, last, holds_output, weights, kv, compute, max(0, free - margin), free, margin,
+                 measured)
+
+
+def _auto(model: ModelTable, gpus: list[Device], host: Host, request: PlanRequest, ctx: int, par: int) -> Placement:
+    order = sorted(gpus, key=lambda d: (-d.bandwidth_gbps, -d.free_bytes, d.name))
+    top = model.n_layer  # layers [0, top) are not placed yet; GPUs take them from the top down
+    filled: list[Share] = []
+    notes: list[str] = []
+    for dev in order:
+        holds_output = not filled
+        costs = _layer_costs(model, ctx, par, request.n_ubatch, dev)
+        empty = _share(model, request, dev, host, top, top, holds_output, ctx, par)
+        room = empty.capacity_bytes - empty.used_bytes
+        if room < 0:
+            notes.append(f"{dev.name} ({dev.description}) unused: {_gib(empty.capacity_bytes)} after its margin, "
+                         f"less than the {_gib(empty.used_bytes)} its first share needs")
+            continue
+        n = 0
+        while top - n > 0 and costs[top - n - 1] <= room:
+            room -= costs[top - n - 1]
+            n += 1
+        if n == 0 and not holds_output:
+            notes.append(f"{dev.name} ({dev.description}) unused: {_gib(room)} free after its margin holds no layer "
+                         f"({_gib(costs[top - 1])} each)" if top else f"{dev.name} unused: every layer is placed")
+            continue
+        filled.append(_share(model, request, dev, None, top - n, top, holds_output, ctx, par))
+        top -= n
+    cpu = _share(model, request, None, host, 0, top, not filled, ctx, par)
+    shares = tuple(reversed(filled)) + (cpu,)
+    placement = _placement(model, shares, ctx, par, tuple(notes), explicit=False)
+    _check(placement)
+    return placement
+
+
+def _explicit(model: ModelTable, gpus: list[Device], host: Host, request: PlanRequest, ctx: int, par: int) -> Placement:
+    """The operator's --gpu-layers/--tensor-split, placed by llama.cpp's own rule, then checked like a plan."""
+    n_all = model.n_layer
+    ngl = request.n_gpu_layers if request.n_gpu_layers is not None else n_all + 1
+    if ngl and not gpus:
+        raise PlacementError(f"--gpu-layers {ngl}: this box has no GPU that llama.cpp can use")
+    split = request.tensor_split
+    if split is not None:
+        if len(split) > len(gpus):
+            raise PlacementError(f"--tensor-split: {len(split)} values for {len(gpus)} GPU(s) "
+                                 f"({', '.join(d.name for d in gpus) or 'none'})")
+        split = tuple(split) + (0.0,) * (len(gpus) - len(split))
+        if any(x < 0 for x in split) or sum(split) <= 0:
+            raise PlacementError("--tensor-split: values must be non-negative with a positive sum")
+    else:
+        split = tuple(float(d.free_bytes) for d in gpus)  # llama.cpp's default: by free memory
+    total = sum(split) or 1.0
+    cumulative, acc = [], 0.0
+    for x in split:
+        acc += x
+        cumulative.append(acc / total)
+    act = min(ngl, n_all + 1) if gpus else 0
+    start = max(n_all + 1 - ngl, 0)
+    owner: list[int | None] = []
+    for il in range(n_all + 1):  # the output layer is index n_all
+        if il < start or il - start >= act:
+            owner.append(None)
+        else:
+            pos = (il - start) / act
+            owner.append(next(i for i, c in enumerate(cumulative) if c > pos))
+    shares = []
+    for i, dev in enumerate(gpus):
+        mine = [il for il in range(n_all) if owner[il] == i]
+        holds_output = owner[n_all] == i
+        if not mine and not holds_output:
+            continue
+        shares.append(_share(model, request, dev, None, mine[0] if mine else n_all, mine[-1] + 1 if mine else n_all,
+                             holds_output, ctx, par))
+    cpu = _share(model, request, None, host, 0, start if act else n_all, owner[n_all] is None, ctx, par)
+    placement = _placement(model, tuple(shares) + (cpu,), ctx, par, (), explicit=True)
+    _check(placement)
+    return placement
+
+
+def _placement(model, shares, ctx, par, notes, explicit) -> Placement:
+    n_gpu = sum(s.n_layers + (1 if s.holds_output else 0) for s in shares if s.device != "CPU")
+    return Placement(model=model.name, n_layer=model.n_layer, n_ctx_per_seq=ctx, n_parallel=par, max_waiting=0,
+                     kv_bytes_per_token=model.kv_bytes_per_token(), shares=shares, n_gpu_layers=n_gpu,
+                     notes=notes, explicit=explicit)
+
+
+def _check(placement: Placement) -> None:
+    for s in placement.shares:
+        if s.left_bytes < 0:
+            where = "host RAM" if s.device == "CPU" else f"{s.device} ({s.description})"
+            raise PlacementError(
+                f"{placement.model} does not fit at context {placement.n_ctx_per_seq} x {placement.n_parallel} "
+                f"sequences: {where} would need {_gib(s.used_bytes)} (weights {_gib(s.weights_bytes)}, KV "
+                f"{_gib(s.kv_bytes)}, compute {_gib(s.compute_bytes)}) but has {_gib(s.capacity_bytes)} after its "
+                f"{_gib(s.margin_bytes)} margin: short by {_gib(-s.left_bytes)}")
+
+
+def _pad(x: int, n: int) -> int:
+    return (x + n - 1) // n * n
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"
