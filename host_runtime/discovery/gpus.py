@@ -167,6 +167,18 @@ def translate_amd(raw: dict) -> dict:
     }
 
 
+def llama_devices() -> list[dict] | dict:
+    """The GPUs as the installed llama.cpp sees them (its device names, free memory): what the planner reads."""
+    try:
+        from host_runtime.gpu.llama_devices import LlamaDevicesError, list_devices
+    except ImportError as exc:
+        return unavailable(f"the GPU layer cannot be loaded: {exc}")
+    try:
+        return [d.to_json() for d in list_devices()]
+    except LlamaDevicesError as exc:
+        return unavailable(str(exc))
+
+
 def collect_gpus(sys_root: Path = Path("/sys")) -> dict:
     display = display_devices()
     nv_raw, nv_status = nvml_snapshot()
@@ -187,5 +199,5 @@ def collect_gpus(sys_root: Path = Path("/sys")) -> dict:
         devices.append({"pci_address": address, "vendor": "nvidia" if detail["backend"] == "nvml" else "amd",
                         "driver": None, "class": None, "vendor_id": None, "pcie": pci_link(address, sys_root),
                         "details": detail})
-    return {"devices": devices, "sources": {"udev": display if not isinstance(display, list) else {"available": True},
+    return {"devices": devices, "llama_devices": llama_devices(), "sources": {"udev": display if not isinstance(display, list) else {"available": True},
                                             "nvml": nv_status, "amdgpu": amd_status}}

@@ -1,0 +1,1 @@
+"""One GPU layer: the cards as llama.cpp, NVML and amdgpu see them."""

@@ -1,0 +1,110 @@
+"""The GPUs as llama.cpp sees them: ggml's device registry through ctypes (names, PCI ids, free memory).
+
+This is the one place that asks the installed llama.cpp build which backends it has and which devices they
+drive; discovery writes it into the topology file and the planner reads it from there (or live).
+Mesa's lavapipe (a Vulkan device that runs on the CPU) is listed by ggml only when GGML_VK_VISIBLE_DEVICES
+names it: a CPU-emulated GPU is never offloaded to on its own, but the tests use it as a real Vulkan device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import asdict, dataclass
+
+from host_runtime.gpu.bandwidth import bandwidth_gbps
+
+DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
+
+
+class LlamaDevicesError(Exception):
+    """llama.cpp's library could not be loaded or asked."""
+
+
+@dataclass(frozen=True)
+class LlamaDevice:
+    index: int                # position in ggml's registry
+    name: str                 # "CUDA0", "Vulkan0": what llama.cpp's logs and buffers are named after
+    description: str          # the card's name as the backend reports it
+    backend: str              # "CUDA", "Vulkan", "CPU", "BLAS" ...
+    type: str                 # cpu, gpu, igpu, accel
+    free_bytes: int
+    total_bytes: int
+    pci_address: str | None   # lower-case domain:bus:device.function where the backend knows it
+    bandwidth_gbps: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class _Caps(ctypes.Structure):
+    _fields_ = [("async_", ctypes.c_bool), ("host_buffer", ctypes.c_bool), ("buffer_from_host_ptr", ctypes.c_bool),
+                ("events", ctypes.c_bool), ("mmap_support", ctypes.c_bool)]
+
+
+class _Props(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("description", ctypes.c_char_p), ("memory_free", ctypes.c_size_t),
+                ("memory_total", ctypes.c_size_t), ("type", ctypes.c_int), ("device_id", ctypes.c_char_p),
+                ("caps", _Caps)]
+
+
+def _ggml():
+    try:
+        import llama_cpp  # noqa: F401  (loads libllama and, with it, libggml)
+        from llama_cpp._ggml import libggml
+    except (ImportError, OSError) as exc:
+        raise LlamaDevicesError(f"llama.cpp cannot be loaded: {exc}") from None
+    lib = libggml
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_get_props.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Props)]
+    lib.ggml_backend_dev_get_props.restype = None
+    lib.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+    return lib
+
+
+def device_handles() -> list[int]:
+    """ggml_backend_dev_t pointers in registry order (for llama_model_params.devices)."""
+    lib = _ggml()
+    return [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
+
+
+def compiled_backends() -> list[str]:
+    """The backends this llama.cpp build registered ("CPU", "Vulkan", "CUDA"), devices or not."""
+    lib = _ggml()
+    return [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
+            for i in range(lib.ggml_backend_reg_count())]
+
+
+def list_devices(include_cpu: bool = False) -> list[LlamaDevice]:
+    """Every device ggml registered, GPUs first as ggml orders them; the CPU device only when asked."""
+    lib = _ggml()
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        props = _Props()
+        lib.ggml_backend_dev_get_props(dev, ctypes.byref(props))
+        kind = DEVICE_TYPES.get(props.type, str(props.type))
+        if kind in ("cpu", "accel", "meta") and not include_cpu:
+            continue
+        backend = lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)).decode()
+        desc = (props.description or b"").decode(errors="replace")
+        out.append(LlamaDevice(index=i, name=(props.name or b"").decode(), description=desc, backend=backend,
+                               type=kind, free_bytes=int(props.memory_free), total_bytes=int(props.memory_total),
+                               pci_address=props.device_id.decode() if props.device_id else None,
+                               bandwidth_gbps=bandwidth_gbps(desc, kind)))
+    return out
+
+
+def vulkan_visibility_note() -> str | None:
+    """Why a Vulkan device might be missing from the list, for status lines."""
+    if "GGML_VK_VISIBLE_DEVICES" in os.environ:
+        return f"GGML_VK_VISIBLE_DEVICES={os.environ['GGML_VK_VISIBLE_DEVICES']}"
+    return None
