@@ -63,7 +63,31 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-cache", action="store_true", help="recompute every prompt from scratch")
     p.add_argument("--governor-state", metavar="PATH",
                    help="the power governor's state file: its throttle level lowers concurrency (default: none)")
-    p.add_argument("--gpu-layers", type=_non_negative, default=0, metavar="N", help="layers to offload to a GPU (default 0)")
+    _add_placement_options(p)
+
+
+def _tensor_split(text: str) -> str:
+    """'3,1' (as llama-server takes it): checked here, kept as text so it passes to the engine unchanged."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 3,1, got {text!r}") from None
+    if any(v < 0 for v in values) or sum(values) <= 0:
+        raise argparse.ArgumentTypeError(f"values must be non-negative with a positive sum, got {text!r}")
+    return text
+
+
+def _add_placement_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--placement", choices=["auto", "cpu"], default="auto",
+                   help="auto (default): the planner spreads layers over the GPUs llama.cpp sees, proven to fit "
+                        "before loading; cpu: keep everything on the CPU")
+    p.add_argument("--gpu-layers", type=_non_negative, metavar="N",
+                   help="offload exactly N layers (the output layer counts first), as llama-server's -ngl; "
+                        "checked by the same proof")
+    p.add_argument("--tensor-split", type=_tensor_split, metavar="A,B,...",
+                   help="share of the offloaded layers per GPU, in llama.cpp's device order (as llama-server)")
+    p.add_argument("--gpu-margin-mib", type=_non_negative, default=512, metavar="MIB",
+                   help="memory each GPU keeps free: the larger of this and 5%% of the card (default 512)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +109,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine-socket", metavar="PATH",
                        help="use an engine already running at this socket instead of starting one")
     _add_engine_options(serve)
+
+    plan = sub.add_parser("plan", help="how a model would be placed over this box's GPUs and CPU, and whether it fits",
+                          description="Plan a model's placement (layers per device, weights, KV, compute, margin), "
+                                      "proven with llama.cpp's own dry run. Exit 0 when it fits, 1 when it does not.")
+    plan.add_argument("--model", metavar="PATH", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    plan.add_argument("--ctx-size", type=_positive, default=4096, metavar="N", help="context tokens per sequence (default 4096)")
+    plan.add_argument("--parallel", type=_positive, metavar="N",
+                      help="sequences decoded together (default: as many as --kv-budget-mib holds, up to 16)")
+    plan.add_argument("--kv-budget-mib", type=_positive, default=1024, metavar="MIB",
+                      help="memory for the KV cache of running sequences (default 1024)")
+    plan.add_argument("--batch", type=_positive, default=512, metavar="N", help="prompt tokens per step (default 512)")
+    plan.add_argument("--topology", metavar="FILE",
+                      help="plan for the devices in this topology file (from 'everycycle discover') instead of the "
+                           "live ones; such a plan is not proven, as llama.cpp can only size devices it has")
+    plan.add_argument("--json", action="store_true", help="print the placement as JSON")
+    _add_placement_options(plan)
 
     engine = sub.add_parser("engine", help="run only the inference engine, listening on a Unix socket")
     engine.add_argument("--socket", required=True, metavar="PATH", help="Unix socket to listen on")
@@ -199,6 +239,31 @@ def _refuse_an_unsupported_cpu(parser) -> None:
         parser.error(reason)
 
 
+def _check_offload_flags(parser, args) -> None:
+    """Explicit offload flags the installed llama.cpp cannot honour stop the start, naming the flag."""
+    if args.placement == "cpu" and (args.gpu_layers or args.tensor_split):
+        parser.error("--placement cpu: cannot be combined with --gpu-layers or --tensor-split")
+    if not (args.gpu_layers or args.tensor_split):
+        return
+    from host_runtime.gpu.llama_devices import LlamaDevicesError, compiled_backends, list_devices
+
+    flag = "--gpu-layers" if args.gpu_layers else "--tensor-split"
+    try:
+        backends, devices = compiled_backends(), list_devices()
+    except LlamaDevicesError as exc:
+        parser.error(f"{flag}: {exc}")
+    gpu_backends = [b for b in backends if b not in ("CPU", "BLAS", "RPC")]
+    if not gpu_backends:
+        parser.error(f"{flag}: this llama.cpp build has no GPU backend (built with: {', '.join(backends)}); "
+                     "rebuild it with Vulkan or CUDA (make install), or drop the flag")
+    if not devices:
+        parser.error(f"{flag}: the {'/'.join(gpu_backends)} backend finds no GPU on this machine")
+    split = _split_values(args.tensor_split)
+    if split and len(split) > len(devices):
+        parser.error(f"--tensor-split: {len(split)} values for {len(devices)} GPU(s) "
+                     f"({', '.join(d.name for d in devices)})")
+
+
 def cmd_serve(parser, args) -> int:
     from host_runtime.auth.keystore import KeyStoreError, check_permissions, load_keys
     from host_runtime.serving.app import AppConfig
@@ -206,6 +271,7 @@ def cmd_serve(parser, args) -> int:
 
     if args.engine_socket is None:
         _refuse_an_unsupported_cpu(parser)
+        _check_offload_flags(parser, args)
     if args.keys:
         try:
             if not os.path.exists(args.keys):
@@ -237,19 +303,55 @@ def cmd_serve(parser, args) -> int:
 
 def cmd_engine(parser, args) -> int:
     _refuse_an_unsupported_cpu(parser)
+    _check_offload_flags(parser, args)
     from host_runtime.engine.engine import PrefixCacheConfig
     from host_runtime.engine.model import ContextConfig
     from host_runtime.engine.service import EngineService, serve_engine
 
     model = _resolve_model(parser, args.model)
     config = ContextConfig(n_ctx_per_seq=args.ctx_size, n_parallel=args.parallel, n_threads=args.threads,
-                           n_gpu_layers=args.gpu_layers, kv_budget_bytes=args.kv_budget_mib << 20,
-                           max_waiting=args.max_queue)
+                           kv_budget_bytes=args.kv_budget_mib << 20, max_waiting=args.max_queue,
+                           placement=args.placement, n_gpu_layers=args.gpu_layers,
+                           tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20)
     cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
                               disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
     service = EngineService(model, config, cache, governor_state=args.governor_state)
     serve_engine(args.socket, service)
     return 0 if service.state != "failed" else 1
+
+
+def _split_values(text: str | None) -> tuple[float, ...] | None:
+    return tuple(float(x) for x in text.split(",")) if text else None
+
+
+def cmd_plan(parser, args) -> int:
+    import json
+
+    from host_runtime.placement.render import render_table
+    from host_runtime.placement.session import PlanInputsError, plan_for_cli
+
+    if args.placement == "cpu" and (args.gpu_layers or args.tensor_split):
+        parser.error("--placement cpu: cannot be combined with --gpu-layers or --tensor-split")
+    model = _resolve_model(parser, args.model)
+    try:
+        outcome = plan_for_cli(model, ctx_size=args.ctx_size, parallel=args.parallel,
+                               kv_budget_bytes=args.kv_budget_mib << 20, n_batch=args.batch, placement=args.placement,
+                               n_gpu_layers=args.gpu_layers, tensor_split=_split_values(args.tensor_split),
+                               topology=args.topology, gpu_margin_bytes=args.gpu_margin_mib << 20)
+    except PlanInputsError as exc:
+        print(f"everycycle plan: {exc}", file=sys.stderr)
+        return 2
+    if outcome.error:
+        if args.json:
+            print(json.dumps({"fits": False, "reason": outcome.error, "proven": outcome.proven}, indent=2))
+        print(f"everycycle plan: {outcome.error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"fits": True, "proven": outcome.proven, "proof": outcome.proof_note,
+                          **outcome.placement.to_json()}, indent=2))
+    else:
+        print(render_table(outcome.placement, proven=outcome.proven, proof_note=outcome.proof_note))
+    return 0
 
 
 def cmd_discover(parser, args) -> int:
@@ -457,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging()
-    handlers = {"serve": cmd_serve, "engine": cmd_engine, "keys": cmd_keys, "discover": cmd_discover,
+    handlers = {"serve": cmd_serve, "engine": cmd_engine, "plan": cmd_plan, "keys": cmd_keys, "discover": cmd_discover,
                 "governor": cmd_governor, "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
                 "bmc": cmd_bmc}
     try:

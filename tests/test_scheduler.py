@@ -9,7 +9,6 @@ import urllib.request
 
 import pytest
 
-from host_runtime.engine.capacity import kv_bytes_per_token, plan_capacity
 from host_runtime.engine.engine import Engine, GenerationRequest
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.model import ContextConfig, LoadedModel, default_model_path
@@ -19,15 +18,18 @@ from tests.servers import Proc, everycycle, free_port, http_get, ready, wait_for
 
 
 def test_capacity_follows_the_kv_budget():
-    per_token = kv_bytes_per_token(n_layer=30, n_head_kv=3, head_dim=64)
+    from host_runtime.placement.model_table import read_table
+    from host_runtime.placement.planner import PlanRequest, capacity_for
+
+    table = read_table(default_model_path())
+    per_token = table.kv_bytes_per_token()
     assert per_token == 23040  # SmolLM2-135M: 30 layers, 3 KV heads of 64, f16
-    cap = plan_capacity(per_token, 4096, budget_bytes=1 << 30)
-    assert cap.n_parallel == (1 << 30) // (per_token * 4096) == 11
-    assert cap.max_waiting == 44
-    assert plan_capacity(per_token, 4096, budget_bytes=1).n_parallel == 1  # always at least one
-    assert plan_capacity(per_token, 128, budget_bytes=1 << 40).n_parallel == 16  # capped
-    assert plan_capacity(per_token, 4096, 1 << 30, n_parallel=3, max_waiting=0) == plan_capacity(
-        per_token, 4096, 1, n_parallel=3, max_waiting=0)  # the operator's numbers win
+    assert capacity_for(table, PlanRequest(n_ctx_per_seq=4096, kv_budget_bytes=1 << 30)) == \
+        (4096, (1 << 30) // (per_token * 4096), 44)
+    assert capacity_for(table, PlanRequest(n_ctx_per_seq=4096, kv_budget_bytes=1))[1] == 1  # always at least one
+    assert capacity_for(table, PlanRequest(n_ctx_per_seq=128, kv_budget_bytes=1 << 40))[1] == 16  # capped
+    assert capacity_for(table, PlanRequest(n_ctx_per_seq=4096, n_parallel=3, max_waiting=0)) == (4096, 3, 0)
+    assert capacity_for(table, PlanRequest(n_ctx_per_seq=1 << 20))[0] == 8192  # at most the training context
 
 
 @pytest.fixture(scope="module")

@@ -60,6 +60,7 @@ class EngineMetrics:
         self.cache: dict = {}
         self.throttle_level = 0
         self.sequences_allowed = 0
+        self.placement_lines: list[str] = []  # fixed at load: where the model lives (placement/render.py)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.time_per_token = Histogram(TOKEN_BUCKETS)
 
@@ -123,6 +124,7 @@ class EngineMetrics:
                 f"# TYPE {p}model_info gauge",
                 f'{p}model_info{{model="{model_id}",state="{state}"}} 1',
             ]
+            lines += self.placement_lines
             lines += self._cache_lines(p)
             lines += self.ttft.render(f"{p}time_to_first_token_seconds", "Time from arrival to first generated token.")
             lines += self.time_per_token.render(f"{p}time_per_output_token_seconds", "Time between generated tokens of one sequence.")

@@ -72,66 +72,87 @@ class ContextConfig:
     n_batch: int = 512  # a step's prompt-token budget (several prompts, one chunk each)
     prefill_chunk: int = 128  # prompt tokens per chunk: the unit of chunked prefill and of prefix caching
     n_threads: int = 0  # 0: every core
-    n_gpu_layers: int = 0
     batch_invariant: bool = True  # temperature-0 output independent of what else is batched
+    placement: str = "auto"  # auto: the planner spreads layers over the GPUs llama.cpp sees; cpu: none offloaded
+    n_gpu_layers: int | None = None  # explicit, as llama-server's --gpu-layers; checked by the same proof
+    tensor_split: tuple[float, ...] | None = None
+    gpu_margin_bytes: int = 512 << 20  # each GPU keeps the larger of this and 5% free
+
+
+def place(path: str | os.PathLike, config: ContextConfig):
+    """The proven placement for this model and these settings (see host_runtime/placement)."""
+    import psutil
+
+    from host_runtime.gpu.llama_devices import list_devices
+    from host_runtime.placement.model_table import ModelTableError, read_table
+    from host_runtime.placement.planner import Device, Host, PlacementError, PlanRequest
+    from host_runtime.placement.proof import ProofFailed, prove
+
+    try:
+        table = read_table(path)
+    except ModelTableError as exc:
+        raise ModelLoadError(str(exc)) from None
+    devices = [] if config.placement == "cpu" else [
+        Device(d.name, d.description, d.free_bytes, d.total_bytes, d.bandwidth_gbps, d.pci_address, d.backend)
+        for d in list_devices()]
+    vm = psutil.virtual_memory()
+    request = PlanRequest(n_ctx_per_seq=config.n_ctx_per_seq, n_parallel=config.n_parallel,
+                          kv_budget_bytes=config.kv_budget_bytes, max_waiting=config.max_waiting,
+                          cpu_only=config.placement == "cpu", n_gpu_layers=config.n_gpu_layers,
+                          tensor_split=config.tensor_split, margin_min_bytes=config.gpu_margin_bytes)
+    try:
+        placement, _ = prove(str(path), table, devices, Host(vm.available, vm.total), request,
+                             n_batch=config.n_batch, n_threads=config.n_threads, batch_invariant=config.batch_invariant)
+    except (PlacementError, ProofFailed) as exc:
+        raise ModelLoadError(str(exc)) from None
+    return placement
 
 
 class LoadedModel:
-    """The one copy of the weights, a generation context sized for `n_parallel` sequences,
-    and (made on first use) an embeddings context sharing the same weights."""
+    """The one copy of the weights, placed over the devices as the planner proved, a generation context sized
+    for the placement's sequences, and (made on first use) an embeddings context sharing the same weights."""
 
-    def __init__(self, path: str | os.PathLike, config: ContextConfig):
+    def __init__(self, path: str | os.PathLike, config: ContextConfig, placement=None):
         import llama_cpp
-        import llama_cpp._logger
         from llama_cpp._internals import LlamaContext, LlamaModel
 
-        # llama.cpp logs every tensor at INFO; keep errors only.
-        llama_cpp._logger.set_verbose(False)
+        from host_runtime.engine import llama_log
+        from host_runtime.engine.capacity import Capacity
+        from host_runtime.placement.llama_params import DeviceMissing, context_params, model_params
+        from host_runtime.placement.proof import parse_buffer_log
+
         self.path = check_gguf_file(path)
         self.model_id = model_id_for(self.path)
         llama_cpp.llama_backend_init()
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = config.n_gpu_layers
+        llama_log.install()  # llama.cpp's warnings reach our log; its buffer reports reach the proof
+        self.placement = placement or place(self.path, config)
+        p = self.placement
         try:
-            self.model = LlamaModel(path_model=str(self.path), params=mparams, verbose=False)
-        except ValueError as exc:
-            raise ModelLoadError(f"llama.cpp could not load {self.path}: {exc}") from None
-        n_ctx_train = self.model.n_ctx_train()
-        self.n_ctx_per_seq = min(config.n_ctx_per_seq, n_ctx_train) if n_ctx_train > 0 else config.n_ctx_per_seq
-        import llama_cpp as lc
-
-        from host_runtime.engine.capacity import kv_bytes_per_token, plan_capacity
-
-        m = self.model.model
-        per_token = kv_bytes_per_token(lc.llama_model_n_layer(m), lc.llama_model_n_head_kv(m),
-                                       lc.llama_model_n_embd(m) // max(1, lc.llama_model_n_head(m)))
-        self.capacity = plan_capacity(per_token, self.n_ctx_per_seq, config.kv_budget_bytes, config.n_parallel,
-                                      config.max_waiting)
-        self.n_parallel = self.capacity.n_parallel
+            mp = model_params(p)
+        except DeviceMissing as exc:
+            raise ModelLoadError(str(exc)) from None
+        self._params_keep = mp.keep
+        self.n_ctx_per_seq = p.n_ctx_per_seq
+        self.n_parallel = p.n_parallel
+        self.capacity = Capacity(p.n_parallel, p.max_waiting, p.kv_bytes_per_token, p.kv_bytes_total)
         self.prefill_chunk = min(config.prefill_chunk, config.n_batch)
         self.prefill_budget = config.n_batch
         # One call carries a decode token per sequence, or equal-length prompt chunks within the budget.
         self.n_batch = max(config.n_batch, self.n_parallel)
         self.n_threads = config.n_threads or os.cpu_count() or 1
-        cparams = llama_cpp.llama_context_default_params()
-        # A KV stream per sequence (not one unified buffer): a sequence's cells then sit at the same
-        # indices whatever else runs, so attention sums in the same order alone or batched.
-        cparams.n_ctx = self.n_ctx_per_seq * self.n_parallel
-        cparams.n_batch = self.n_batch
-        cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = self.n_parallel
-        cparams.n_threads = self.n_threads
-        cparams.n_threads_batch = self.n_threads
-        cparams.kv_unified = not config.batch_invariant
-        cparams.no_perf = True
-        # With a unified buffer, llama.cpp's CPU flash attention switches to a tiled kernel once a call
-        # holds ~64+ tokens, flipping greedy tokens (measured). Per-sequence streams and fixed chunk
-        # boundaries give each sequence the same attention shape alone or batched, so it stays on.
-        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
-        try:
-            self.ctx = LlamaContext(model=self.model, params=cparams, verbose=False)
-        except ValueError as exc:
-            raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {exc}") from None
+        cparams = context_params(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel, n_batch=self.n_batch,
+                                 n_threads=self.n_threads, batch_invariant=config.batch_invariant)
+        with llama_log.capture() as text:
+            try:
+                self.model = LlamaModel(path_model=str(self.path), params=mp.params, verbose=False)
+            except ValueError as exc:
+                raise ModelLoadError(f"llama.cpp could not load {self.path}: {exc}") from None
+            try:
+                self.ctx = LlamaContext(model=self.model, params=cparams, verbose=False)
+            except ValueError as exc:
+                raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {exc}") from None
+        # What llama.cpp really allocated, per device: exported beside the plan, and checked against it.
+        self.allocation = parse_buffer_log("".join(text), set(p.device_order))
         self.n_vocab = self.model.n_vocab()
         # End-of-generation tokens: they end a generated answer, and a prompt is always cut just
         # after one (chat message ends; see step_plan).

@@ -55,9 +55,27 @@ class EngineService:
             return
         self.state, self.state_reason = "ready", "model loaded"
         cap = self.model.capacity
+        self._publish_placement()
         log.info("loaded %s in %.1fs: context %d tokens per sequence, %d sequences (KV %.0f MiB), "
                  "queue %d, %d threads", self.model_id, time.monotonic() - started, self.model.n_ctx_per_seq,
                  cap.n_parallel, cap.kv_bytes_total / 2**20, cap.max_waiting, self.model.n_threads)
+
+    def _publish_placement(self) -> None:
+        """Say where the model went and why, in the log and /metrics; warn where llama.cpp took more than planned."""
+        from host_runtime.gpu.llama_devices import compiled_backends, list_devices
+        from host_runtime.placement.render import backend_choice, prometheus_lines, render_table
+
+        p, allocated = self.model.placement, self.model.allocation
+        self.backend = backend_choice(p, compiled_backends(), [d.name for d in list_devices()],
+                                      self.config.placement == "cpu")
+        log.info("backend %s on %s: %s", *self.backend)
+        log.info("placement:\n%s", render_table(p, proven=True, proof_note="compute buffers from llama.cpp's dry run"))
+        for s in p.gpu_shares:
+            real = sum(allocated.by_device.get(s.device, {}).values())
+            if real > s.used_bytes + max(64 << 20, s.used_bytes * 3 // 100):
+                log.warning("%s: llama.cpp allocated %.0f MiB, the plan said %.0f MiB", s.device, real / 2**20,
+                            s.used_bytes / 2**20)
+        self.engine.metrics.placement_lines = prometheus_lines(p, allocated.by_device, self.backend)
 
     # ---- ops -------------------------------------------------------------------
 
@@ -66,6 +84,7 @@ class EngineService:
         return {"state": self.state, "reason": self.state_reason, "model_id": self.model_id,
                 "n_ctx": m.n_ctx_per_seq if m else None, "n_parallel": m.n_parallel if m else None,
                 "max_waiting": m.capacity.max_waiting if m else None,
+                "placement": m.placement.to_json() if m else None,
                 "pid": os.getpid()}
 
     def metrics_text(self) -> str:

@@ -144,7 +144,8 @@ def read_table(path) -> ModelTable:
     value_len = int(hp("attention.value_length", key_len))
     tensors = [TensorInfo(t.name, int(t.tensor_type), tuple(int(x) for x in t.shape), int(t.n_bytes))
                for t in reader.tensors]
-    table = _assemble(name=str(_field(reader, "general.name") or os.path.basename(str(path))), arch=arch,
+    name = os.path.basename(str(path))
+    table = _assemble(name=name[:-5] if name.endswith(".gguf") else name, arch=arch,
                       n_layer=n_layer, n_ctx_train=int(hp("context_length", 0)), n_embd=n_embd,
                       n_ff=_first(hp("feed_forward_length", 0)), n_head=max(heads), tensors=tensors,
                       kv_k=tuple(h * key_len for h in heads_kv), kv_v=tuple(h * value_len for h in heads_kv),

@@ -279,6 +279,22 @@ def _share(model, request, dev: Device | None, host: Host | None, first: int, la
 
 
 def _auto(model: ModelTable, gpus: list[Device], host: Host, request: PlanRequest, ctx: int, par: int) -> Placement:
+    """Cards faster than the host's RAM first; slower ones (lavapipe, an old card on a fast host) only take
+    what the CPU cannot hold, since each of their layers decodes slower than it would on the CPU."""
+    fast = [d for d in gpus if d.bandwidth_gbps > host.bandwidth_gbps]
+    slow = [d for d in gpus if d.bandwidth_gbps <= host.bandwidth_gbps]
+    placement = _fill(model, fast, host, request, ctx, par)
+    slow_note = tuple(f"{d.name} ({d.description}) unused: slower than the CPU ({d.bandwidth_gbps:g} against "
+                      f"{host.bandwidth_gbps:g} GB/s)" for d in slow)
+    if placement.cpu_share.left_bytes >= 0:
+        placement = replace(placement, notes=placement.notes + slow_note)
+    elif slow:
+        placement = _fill(model, fast + slow, host, request, ctx, par)
+    _check(placement)
+    return placement
+
+
+def _fill(model: ModelTable, gpus: list[Device], host: Host, request: PlanRequest, ctx: int, par: int) -> Placement:
     order = sorted(gpus, key=lambda d: (-d.bandwidth_gbps, -d.free_bytes, d.name))
     top = model.n_layer  # layers [0, top) are not placed yet; GPUs take them from the top down
     filled: list[Share] = []
@@ -303,10 +319,7 @@ def _auto(model: ModelTable, gpus: list[Device], host: Host, request: PlanReques
         filled.append(_share(model, request, dev, None, top - n, top, holds_output, ctx, par))
         top -= n
     cpu = _share(model, request, None, host, 0, top, not filled, ctx, par)
-    shares = tuple(reversed(filled)) + (cpu,)
-    placement = _placement(model, shares, ctx, par, tuple(notes), explicit=False)
-    _check(placement)
-    return placement
+    return _placement(model, tuple(reversed(filled)) + (cpu,), ctx, par, tuple(notes), explicit=False)
 
 
 def _explicit(model: ModelTable, gpus: list[Device], host: Host, request: PlanRequest, ctx: int, par: int) -> Placement:

@@ -98,8 +98,8 @@ class ServingApplication(BaseApplication):
         return create_app(self.app_config)
 
 
-ENGINE_OPTIONS = ("threads", "ctx_size", "parallel", "kv_budget_mib", "max_queue", "gpu_layers",
-                  "prefix_cache_ram_mib", "prefix_cache_disk_mib", "prefix_cache_dir", "no_prefix_cache",
+ENGINE_OPTIONS = ("threads", "ctx_size", "parallel", "kv_budget_mib", "max_queue", "placement", "gpu_layers",
+                  "tensor_split", "gpu_margin_mib", "prefix_cache_ram_mib", "prefix_cache_disk_mib", "prefix_cache_dir", "no_prefix_cache",
                   "governor_state")
 
 

@@ -1,0 +1,73 @@
+"""A Placement and the engine's settings as llama.cpp's model and context parameters (one place for both the
+dry run and the real load, so the proof checks exactly what is then loaded)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+from host_runtime.placement.planner import Placement
+
+
+class DeviceMissing(Exception):
+    """The placement names a device this process's llama.cpp does not have."""
+
+
+@dataclass
+class ModelParams:
+    params: object          # llama_cpp.llama_model_params
+    keep: tuple = ()        # ctypes arrays the params point into: alive as long as the params are used
+
+
+def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams:
+    import llama_cpp
+
+    from host_runtime.gpu.llama_devices import list_devices
+
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = placement.n_gpu_layers
+    mparams.split_mode = llama_cpp.LLAMA_SPLIT_MODE_LAYER
+    # The device list llama.cpp offloads to, in the plan's order; empty (just the terminator) keeps every
+    # tensor and every operation on the CPU, even in a build with GPU backends.
+    handles = {d.name: d for d in list_devices()}
+    from host_runtime.gpu.llama_devices import device_handles
+
+    registry = device_handles()
+    wanted = []
+    for name in placement.device_order:
+        if name not in handles:
+            raise DeviceMissing(f"the placement names {name}, which this llama.cpp build does not see "
+                                f"(it has: {', '.join(handles) or 'no GPU'})")
+        wanted.append(registry[handles[name].index])
+    devices = (ctypes.c_void_p * (len(wanted) + 1))(*wanted, None)
+    mparams.devices = ctypes.cast(devices, ctypes.c_void_p)  # llama-cpp-python types the field as void*
+    keep: tuple = (devices,)
+    if placement.device_order:
+        split = (ctypes.c_float * llama_cpp.llama_max_devices())(*placement.tensor_split)
+        mparams.tensor_split = split
+        keep += (split,)
+    if no_alloc:
+        mparams.no_alloc = True
+        mparams.load_mode = 0  # LLAMA_LOAD_MODE_NONE: no mmap, nothing read but metadata
+    return ModelParams(mparams, keep)
+
+
+def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threads: int, batch_invariant: bool):
+    """The generation context: a KV stream per sequence, batches of n_batch tokens (see engine/model.py)."""
+    import llama_cpp
+
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = n_ctx_per_seq * n_parallel
+    cparams.n_batch = n_batch
+    cparams.n_ubatch = n_batch
+    cparams.n_seq_max = n_parallel
+    cparams.n_threads = n_threads or os.cpu_count() or 1
+    cparams.n_threads_batch = cparams.n_threads
+    cparams.kv_unified = not batch_invariant
+    cparams.no_perf = True
+    # With a unified buffer, llama.cpp's CPU flash attention switches to a tiled kernel once a call
+    # holds ~64+ tokens, flipping greedy tokens (measured). Per-sequence streams and fixed chunk
+    # boundaries give each sequence the same attention shape alone or batched, so it stays on.
+    cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+    return cparams

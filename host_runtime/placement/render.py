@@ -1,0 +1,81 @@
+"""A placement as the table `everycycle plan` prints (pure)."""
+
+from __future__ import annotations
+
+from host_runtime.placement.planner import Placement
+
+MIB = 1 << 20
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:,.0f}"
+
+
+def render_table(p: Placement, *, proven: bool, proof_note: str = "") -> str:
+    head = ("device", "layers", "weights", "KV", "compute", "used", "free", "margin", "left")
+    rows = [head]
+    for s in p.shares:
+        layers = f"{s.first_layer}-{s.last_layer - 1}" if s.n_layers else "-"
+        if s.holds_output:
+            layers += " +out"
+        name = s.device if s.device == "CPU" else f"{s.device} ({s.description})"
+        rows.append((name, layers, _mib(s.weights_bytes), _mib(s.kv_bytes),
+                     _mib(s.compute_bytes) + ("" if s.compute_measured else "~"), _mib(s.used_bytes),
+                     _mib(s.free_bytes), _mib(s.margin_bytes), _mib(s.left_bytes)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = [f"{p.model}: {p.n_layer} layers, context {p.n_ctx_per_seq} tokens x {p.n_parallel} sequences "
+             f"(queue {p.max_waiting}); sizes in MiB"]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[j]) if j < 2 else c.rjust(widths[j]) for j, c in enumerate(r)))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    split = ",".join(f"{x:g}" for x in p.tensor_split) or "-"
+    lines.append(f"llama.cpp: n_gpu_layers={p.n_gpu_layers} devices={','.join(p.device_order) or 'none (CPU)'} "
+                 f"tensor_split={split}")
+    lines.append(("proven: " if proven else "not proven: ") + (proof_note or "")
+                 + ("" if all(s.compute_measured for s in p.shares) else "; ~ marks an estimate"))
+    lines += [f"note: {n}" for n in p.notes]
+    return "\n".join(lines)
+
+
+def backend_choice(p: Placement, compiled: list[str], seen: list[str], forced_cpu: bool) -> tuple[str, str, str]:
+    """(backend, device, reason) for the log, /metrics and status: what serves the tokens, and why."""
+    if p.gpu_shares:
+        backends = sorted({s.device.rstrip("0123456789") for s in p.gpu_shares})
+        devices = ", ".join(f"{s.device} ({s.description})" for s in p.gpu_shares)
+        return "+".join(backends).lower(), devices, f"{p.n_gpu_layers} of {p.n_layer + 1} layers offloaded"
+    if forced_cpu:
+        return "cpu", "CPU", "--placement cpu"
+    gpu_backends = [b for b in compiled if b not in ("CPU", "BLAS", "RPC")]
+    if not gpu_backends:
+        return "cpu", "CPU", "this llama.cpp build has no GPU backend (built with: " + ", ".join(compiled) + ")"
+    if not seen:
+        return "cpu", "CPU", f"no GPU found by the {'/'.join(gpu_backends)} backend"
+    return "cpu", "CPU", "no GPU was used: " + "; ".join(p.notes)
+
+
+def prometheus_lines(p: Placement, allocated: dict[str, dict[str, int]], backend: tuple[str, str, str]) -> list[str]:
+    """The placement as gauges: layers and bytes per device (planned, and what llama.cpp allocated)."""
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+
+    name = "everycycle_"
+    lines = [f"# HELP {name}backend_info What serves the tokens, and why (1).", f"# TYPE {name}backend_info gauge",
+             f'{name}backend_info{{backend="{esc(backend[0])}",device="{esc(backend[1])}",reason="{esc(backend[2])}"}} 1',
+             f"# HELP {name}model_layers Model layers placed on each device (the output layer counts on its device).",
+             f"# TYPE {name}model_layers gauge"]
+    lines += [f'{name}model_layers{{device="{s.device}"}} {s.n_layers + (1 if s.holds_output else 0)}' for s in p.shares]
+    lines += [f"# HELP {name}device_memory_bytes Bytes the placement planned on each device.",
+              f"# TYPE {name}device_memory_bytes gauge"]
+    for s in p.shares:
+        for kind, value in (("weights", s.weights_bytes), ("kv", s.kv_bytes), ("compute", s.compute_bytes)):
+            lines.append(f'{name}device_memory_bytes{{device="{s.device}",kind="{kind}"}} {value}')
+    lines += [f"# HELP {name}device_memory_allocated_bytes Bytes llama.cpp reported allocating on each device.",
+              f"# TYPE {name}device_memory_allocated_bytes gauge"]
+    for device, kinds in sorted(allocated.items()):
+        for kind, value in sorted(kinds.items()):
+            lines.append(f'{name}device_memory_allocated_bytes{{device="{device}",kind="{kind}"}} {value}')
+    lines += [f"# HELP {name}device_memory_margin_bytes Bytes the plan leaves free on each device after its margin.",
+              f"# TYPE {name}device_memory_margin_bytes gauge"]
+    lines += [f'{name}device_memory_margin_bytes{{device="{s.device}"}} {s.left_bytes}' for s in p.shares]
+    return lines

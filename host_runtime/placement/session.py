@@ -1,0 +1,83 @@
+"""Where a plan's inputs come from: the live devices and RAM (proven with llama.cpp), or a topology file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from host_runtime.placement.model_table import ModelTableError, read_table
+from host_runtime.placement.planner import Device, Host, Placement, PlacementError, PlanRequest, plan
+
+
+class PlanInputsError(Exception):
+    """The topology file or the model cannot be read."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    placement: Placement | None
+    error: str | None
+    proven: bool
+    proof_note: str
+
+
+def devices_from_topology(doc: dict) -> tuple[list[Device], Host]:
+    """The GPUs llama.cpp saw and the RAM available when discovery wrote the file."""
+    from host_runtime.discovery.fields import is_unavailable
+    from host_runtime.gpu.bandwidth import bandwidth_gbps
+
+    listed = doc.get("gpus", {}).get("llama_devices", [])
+    if is_unavailable(listed):
+        listed = []
+    devices = [Device(d["name"], d["description"], int(d["free_bytes"]), int(d["total_bytes"]),
+                      float(d.get("bandwidth_gbps") or bandwidth_gbps(d["description"], d.get("type", "gpu"))),
+                      d.get("pci_address"), d.get("backend", ""))
+               for d in listed if d.get("type") in ("gpu", "igpu")]
+    memory = doc.get("memory", {})
+    return devices, Host(int(memory["available_bytes"]), int(memory["total_bytes"]))
+
+
+def live_devices() -> tuple[list[Device], Host]:
+    import psutil
+
+    from host_runtime.gpu.llama_devices import list_devices
+
+    vm = psutil.virtual_memory()
+    return ([Device(d.name, d.description, d.free_bytes, d.total_bytes, d.bandwidth_gbps, d.pci_address, d.backend)
+             for d in list_devices()], Host(vm.available, vm.total))
+
+
+def plan_for_cli(model_path: str, *, ctx_size: int, parallel: int | None, kv_budget_bytes: int, n_batch: int,
+                 placement: str, n_gpu_layers: int | None, tensor_split: tuple[float, ...] | None,
+                 topology: str | None, gpu_margin_bytes: int = 512 << 20) -> Outcome:
+    try:
+        table = read_table(model_path)
+    except ModelTableError as exc:
+        raise PlanInputsError(f"--model: {exc}") from None
+    request = PlanRequest(n_ctx_per_seq=ctx_size, n_parallel=parallel, kv_budget_bytes=kv_budget_bytes,
+                          n_ubatch=n_batch, cpu_only=placement == "cpu", n_gpu_layers=n_gpu_layers,
+                          tensor_split=tensor_split, margin_min_bytes=gpu_margin_bytes)
+    if topology:
+        try:
+            doc = json.loads(Path(topology).read_text())
+            devices, host = devices_from_topology(doc)
+        except OSError as exc:
+            raise PlanInputsError(f"--topology: cannot read {topology}: {exc.strerror or exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PlanInputsError(f"--topology: {topology} is not a topology file ({exc})") from None
+        try:
+            return Outcome(plan(table, devices, host, request), None, False,
+                           f"planned from {topology}; compute buffers estimated (llama.cpp proves only live devices)")
+        except PlacementError as exc:
+            return Outcome(None, str(exc), False, "")
+    from host_runtime.engine import llama_log
+    from host_runtime.placement.proof import ProofFailed, prove
+
+    llama_log.install()
+    devices, host = live_devices()
+    try:
+        placement_, runs = prove(model_path, table, devices, host, request, n_batch=n_batch)
+    except (PlacementError, ProofFailed) as exc:
+        return Outcome(None, str(exc), True, "")
+    return Outcome(placement_, None, True, f"compute buffers from {len(runs)} llama.cpp dry run(s) (no_alloc)")
