@@ -23,13 +23,21 @@ def _nvml_works() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` run where NVML works (a lent GPU machine) and are reported skipped elsewhere."""
-    if _nvml_works():
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with NVML (marked gpu)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    """Tests marked `gpu` run where NVML works (a lent GPU machine), those marked `vulkan` where llama.cpp has a
+    Vulkan device (lavapipe in CI); elsewhere they are reported skipped with the reason."""
+    if any("gpu" in item.keywords for item in items) and not _nvml_works():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU with NVML (marked gpu)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    if any("vulkan" in item.keywords for item in items):
+        from tests.test_placement_llama import _lavapipe_works
+
+        if not _lavapipe_works():
+            skip = pytest.mark.skip(reason="needs llama.cpp built with Vulkan and a Vulkan device (marked vulkan)")
+            for item in items:
+                if "vulkan" in item.keywords:
+                    item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

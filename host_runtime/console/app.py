@@ -114,6 +114,9 @@ class Dashboard(App):
             t.append(f"{fmt(sv.tokens_per_s, '.1f')} tok/s   TTFT p50 "
                      f"{fmt(sv.ttft_p50_s and sv.ttft_p50_s * 1000, '.0f')} ms   prefix hits "
                      f"{fmt(sv.prefix_hit_ratio and sv.prefix_hit_ratio * 100, '.0f')} %")
+            if sv.backend:
+                t.append(f"\n{sv.backend.get('backend')} on {sv.backend.get('device')}: "
+                         + ", ".join(f"{d} {n}" for d, n in sv.layers.items()) + " layers")
         self.query_one("#serving", Static).update(t)
         self.query_one("#tokens", Sparkline).data = s.token_history or [0.0]
 

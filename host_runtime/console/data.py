@@ -40,6 +40,8 @@ class Serving:
     tokens_per_s: float | None = None
     ttft_p50_s: float | None = None
     prefix_hit_ratio: float | None = None
+    backend: dict[str, str] = field(default_factory=dict)   # backend, device, reason (everycycle_backend_info)
+    layers: dict[str, int] = field(default_factory=dict)    # device -> model layers placed there
 
 
 @dataclass
@@ -71,6 +73,18 @@ def parse_prometheus(text: str) -> dict[str, float]:
                 out[name] = float(value)
             except ValueError:
                 pass
+    return out
+
+
+def metric_labels(metrics: dict[str, float], name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of `name` as (labels, value), from parse_prometheus's output."""
+    import re
+
+    out = []
+    for key, value in metrics.items():
+        if key.startswith(name + "{"):
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', key[len(name):]))
+            out.append((labels, value))
     return out
 
 
@@ -149,11 +163,14 @@ class StatusReader:
             self._history = (self._history + [rate])[-120:]
         self._last_tokens = (now, tokens)
         hits = sum(v for k, v in metrics.items() if k.startswith("everycycle_prefix_cache_hit_ratio{"))
+        backend = next((labels for labels, _ in metric_labels(metrics, "everycycle_backend_info")), {})
+        layers = {labels.get("device", "?"): int(v) for labels, v in metric_labels(metrics, "everycycle_model_layers")}
         return Serving(Source(True, "answering"), ready=self._ready[0], ready_reason=self._ready[1],
                        model=model, running=metrics.get("everycycle_requests_processing", 0),
                        waiting=metrics.get("everycycle_requests_deferred", 0), tokens_total=tokens,
                        tokens_per_s=rate, ttft_p50_s=histogram_quantile(metrics, "everycycle_time_to_first_token_seconds", 0.5),
-                       prefix_hit_ratio=hits if any(k.startswith("everycycle_prefix_cache_lookups_total") for k in metrics) else None)
+                       prefix_hit_ratio=hits if any(k.startswith("everycycle_prefix_cache_lookups_total") for k in metrics) else None,
+                       backend=backend, layers=layers)
 
     def topology(self) -> dict | None:
         try:

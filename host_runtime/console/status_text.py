@@ -18,6 +18,9 @@ def render(s: BoxStatus) -> str:
                      f"{sv.running:.0f} running, {sv.waiting:.0f} waiting; {fmt(sv.tokens_per_s, '.1f')} tok/s; "
                      f"TTFT p50 {fmt(sv.ttft_p50_s and sv.ttft_p50_s * 1000, '.0f')} ms; "
                      f"prefix hits {fmt(sv.prefix_hit_ratio and sv.prefix_hit_ratio * 100, '.0f')} %")
+        if sv.backend:
+            lines.append(f"Backend  {sv.backend.get('backend')} on {sv.backend.get('device')} ({sv.backend.get('reason')}); "
+                         "layers " + ", ".join(f"{d} {n}" for d, n in sv.layers.items()))
     else:
         lines.append(f"Serving  DOWN: {sv.source.detail}")
     lines.append(f"Governor {s.governor.detail if s.governor.ok else 'DOWN: ' + s.governor.detail}; "
