@@ -223,3 +223,15 @@ def test_the_synthetic_table_matches_a_real_gguf_of_the_same_architecture(tmp_pa
     assert built.input_weight_bytes() == real.input_weight_bytes()
     assert built.kv_bytes_per_token() == real.kv_bytes_per_token() == 3 * 2 * 64 * 2
     assert real.n_vocab == 259 and not real.tied_output
+
+
+def test_a_card_slower_than_the_hosts_ram_takes_only_what_the_cpu_cannot_hold():
+    model = llama8b()
+    lavapipe = Device("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", 2 * GIB, 2 * GIB, 20.0, backend="Vulkan")
+    roomy = plan(model, [lavapipe], BIG_HOST, PlanRequest(n_ctx_per_seq=4096, n_parallel=1))
+    assert roomy.n_gpu_layers == 0
+    assert any("Vulkan0 (llvmpipe" in n and "slower than the CPU" in n for n in roomy.notes)
+    host = Host(available_bytes=int(model.total_weight_bytes() * 0.9) + 2 * GIB, total_bytes=16 * GIB)
+    tight = plan(model, [lavapipe], host, PlanRequest(n_ctx_per_seq=4096, n_parallel=1))
+    assert tight.device_order == ("Vulkan0",) and tight.gpu_shares[0].n_layers > 0
+    assert_sound(tight, model)
