@@ -31,10 +31,28 @@ if [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/pip" install -q --upgrade pip
 fi
 
-if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('llama-cpp-python') != '${llama_pin#*==}')" 2>/dev/null; then
-  echo "==> building llama.cpp ($llama_pin) from source: several minutes on 2 cores (full log: $logdir/llama-build.log)"
+# The GPU backends llama.cpp is built with: Vulkan wherever its build dependencies can be had (one build
+# serves AMD, Intel and NVIDIA cards, and Mesa's lavapipe in the tests), else the CPU alone, said aloud.
+# EVERYCYCLE_LLAMA_BACKENDS=cpu skips Vulkan.
+cache=${EVERYCYCLE_CACHE:-$HOME/.cache/everycycle}
+llama_flags="-DLLAMA_CURL=OFF"
+if [ "${EVERYCYCLE_LLAMA_BACKENDS:-vulkan}" = vulkan ]; then
+  vulkan_flags=$(bash image/vulkan-build-deps.sh "$cache")
+  if [ -n "$vulkan_flags" ]; then
+    llama_flags="$llama_flags $vulkan_flags"
+  else
+    echo "==> llama.cpp will be built for the CPU only (see the reason above)"
+  fi
+fi
+stamp="$venv/.llama-cmake-args"
+if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('llama-cpp-python') != '${llama_pin#*==}')" 2>/dev/null \
+    || [ "$(cat "$stamp" 2>/dev/null)" != "$llama_flags" ]; then
+  echo "==> building llama.cpp ($llama_pin, CMAKE_ARGS=\"$llama_flags\") from source:"
+  echo "    several minutes on 2 cores, about 7 with Vulkan (full log: $logdir/llama-build.log)"
   # ninja prints [done/total] per compiled file; show every tenth so the wait has a visible end.
-  if ! CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$venv/bin/pip" install -v "$llama_pin" 2>&1 \
+  # --no-cache-dir: pip's cache keys a wheel built from an sdist by version alone, not by CMAKE_ARGS.
+  if ! CMAKE_ARGS="$llama_flags" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$venv/bin/pip" install -v --no-cache-dir \
+      --force-reinstall --no-deps "$llama_pin" 2>&1 \
       | tee "$logdir/llama-build.log" \
       | awk 'match($0, /^ *\[[0-9]+\/[0-9]+\]/) { s = substr($0, RSTART, RLENGTH); gsub(/[ \[\]]/, "", s);
                split(s, p, "/"); if (p[1] % 10 == 0 || p[1] == p[2]) { printf "    compiled %s of %s files\n", p[1], p[2]; fflush() } }'; then
@@ -42,6 +60,7 @@ if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.vers
     tail -30 "$logdir/llama-build.log" >&2
     exit 1
   fi
+  printf '%s' "$llama_flags" > "$stamp"
 fi
 
 echo "==> installing the project and its pinned dependencies"
