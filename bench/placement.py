@@ -128,10 +128,8 @@ def decode_rate(model_path: str, n_gpu_layers: int | None, tokens: int, cpu: boo
             nxt = step([nxt], pos)
             pos += 1
         return tokens / (time.monotonic() - started)
-    finally:
+    finally:  # the model goes with this frame
         llama_cpp.llama_batch_free(batch)
-        del model
-        gc.collect()
 
 
 def main() -> int:

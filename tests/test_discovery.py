@@ -12,10 +12,11 @@ import time
 import psutil
 import pytest
 
-from host_runtime.discovery import gpus, table, topology
+from host_runtime.discovery import table, topology
 from host_runtime.discovery.cpu import numa_nodes, parse_cpuinfo, parse_cpulist
 from host_runtime.discovery.fields import is_unavailable
 from host_runtime.discovery.pci import bridge_path, normalize_address, pci_link
+from host_runtime.gpu import amdgpu, nvml
 from tests.servers import Proc, everycycle, wait_for
 
 
@@ -128,7 +129,7 @@ RTX3090_NVML = {
 
 
 def test_nvml_translation_on_recorded_rtx3090_values():
-    g = gpus.translate_nvml(RTX3090_NVML)
+    g = nvml.translate(RTX3090_NVML)
     assert g["pci_address"] == "0000:65:00.0"
     assert g["vram_total_bytes"] == 25446842368
     assert g["compute_capability"] == "8.6"
@@ -139,7 +140,7 @@ def test_nvml_translation_on_recorded_rtx3090_values():
 def test_nvml_translation_keeps_unsupported_readings_as_unavailable():
     raw = dict(RTX3090_NVML, power_limit_constraints={"unavailable": "NVML: Not Supported"},
                compute_capability={"unavailable": "NVML: Not Supported"})
-    g = gpus.translate_nvml(raw)
+    g = nvml.translate(raw)
     assert is_unavailable(g["power_limit_w"]["min"]) and is_unavailable(g["compute_capability"])
     assert g["power_limit_w"]["current"] == 350.0
 
@@ -150,17 +151,17 @@ def test_amd_translation_uses_the_hwmon_units():
     raw = {"index": 0, "name": "AMD Radeon RX 6800 XT", "pci_slot": "0000:0b:00.0",
            "memory_info": {"vram_size": 17163091968, "gtt_size": 8589934592},
            "hwmon": {"current": 255000000, "max": 293000000, "min": 0, "default": 255000000}}
-    g = gpus.translate_amd(raw)
+    g = amdgpu.translate(raw)
     assert g["vram_total_bytes"] == 17163091968
     assert g["power_limit_w"] == {"current": 255.0, "max": 293.0, "min": 0.0, "default": 255.0}
 
 
 @pytest.mark.gpu
 def test_real_nvml_discovery():
-    raw, status = gpus.nvml_snapshot()
+    raw, status = nvml.snapshot()
     assert status.get("available") is True and raw
     for r in raw:
-        g = gpus.translate_nvml(r)
+        g = nvml.translate(r)
         assert g["vram_total_bytes"] > 0 and g["pci_address"].count(":") == 2
 
 
@@ -210,3 +211,20 @@ def test_a_link_added_in_a_namespace_appears_and_disappears(netns, tmp_path):
         assert appeared < 10
     finally:
         proc.stop()
+
+
+def test_a_card_llama_cpp_does_not_drive_is_named_with_the_reason():
+    from host_runtime.discovery.gpus import _why_not_driven
+
+    card = {"pci_address": "0000:65:00.0", "vendor": "nvidia", "driver": None}
+    assert "no kernel driver" in _why_not_driven(card, [])
+    assert "nvidia driver runs it, but no llama.cpp backend lists it" in _why_not_driven(dict(card, driver="nvidia"), [])
+    assert "cannot be read: no libllama" in _why_not_driven(card, {"unavailable": "no libllama"})
+
+
+def test_the_topology_lists_llama_cpps_devices_and_validates(doc):
+    listed = doc["gpus"]["llama_devices"]
+    assert isinstance(listed, list)  # the installed llama.cpp answered (no GPU here: an empty list)
+    for d in listed:
+        assert d["name"] and d["backend"] and d["total_bytes"] >= d["free_bytes"] >= 0
+    topology.validate(doc)

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from host_runtime.governor.backends import GpuInfo, GpuReading, nvml_reasons_mean_slowdown
+from host_runtime.governor.backends import GpuInfo, GpuReading
+from host_runtime.gpu.nvml import reasons_mean_slowdown as nvml_reasons_mean_slowdown
 from host_runtime.governor.control import GpuLimits, PowerPolicy
 from host_runtime.governor.service import Governor
 from tests.conftest import _nvml_works

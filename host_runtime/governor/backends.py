@@ -1,6 +1,8 @@
-"""Where GPU temperatures and power limits come from and go to: NVML, amdgpu hwmon, or the simulator.
+"""Where GPU temperatures and power limits come from and go to: NVML, amdgpu hwmon (both through the GPU
+layer, host_runtime/gpu, which discovery reads too), or the simulator.
 
-All backends give the same readings; errors from their libraries become GovernorBackendError.
+All backends give the same readings, each card named by its PCI address; errors from their libraries
+become GovernorBackendError.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from host_runtime.gpu import amdgpu
 from host_runtime.governor.control import GpuLimits
 from host_runtime.governor.simulator import SimulatedGpu
 
@@ -36,112 +39,53 @@ class GpuInfo:
     limits: GpuLimits
 
 
-# NVML clock-event ("throttle") reason bits that mean the hardware is protecting itself.
-NVML_HW_SLOWDOWN = 0x8
-NVML_SW_THERMAL_SLOWDOWN = 0x20
-NVML_HW_THERMAL_SLOWDOWN = 0x40
-NVML_HW_POWER_BRAKE_SLOWDOWN = 0x80
-
-
-def nvml_reasons_mean_slowdown(reasons: int) -> bool:
-    """Pure: whether NVML's clock-event reasons report a thermal or power-brake slowdown."""
-    return bool(reasons & (NVML_HW_SLOWDOWN | NVML_SW_THERMAL_SLOWDOWN | NVML_HW_THERMAL_SLOWDOWN
-                           | NVML_HW_POWER_BRAKE_SLOWDOWN))
-
-
 class NvmlBackend:
+    """NVIDIA cards through the GPU layer's NVML session, each named by its PCI address."""
+
     name = "nvml"
 
     def __init__(self):
-        try:
-            import pynvml
+        from host_runtime.gpu.nvml import Nvml, NvmlUnavailable
 
-            pynvml.nvmlInit()
-        except Exception as exc:
+        try:
+            self._nvml = Nvml()
+        except NvmlUnavailable as exc:
             raise GovernorBackendError(f"NVML is not available: {exc}") from None
-        self._nvml = pynvml
-        self._handles = {}
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            self._handles[pynvml.nvmlDeviceGetUUID(h)] = h
 
     def gpus(self) -> list[GpuInfo]:
-        out = []
-        for uuid, h in self._handles.items():
-            lo, hi = self._nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
-            default = self._nvml.nvmlDeviceGetPowerManagementDefaultLimit(h)
-            out.append(GpuInfo(uuid, self._nvml.nvmlDeviceGetName(h), GpuLimits(lo / 1000, hi / 1000, default / 1000)))
-        return out
+        return [GpuInfo(address, self._nvml.name(address), GpuLimits(*self._nvml.limits_w(address)))
+                for address in self._nvml.handles]
 
     def read(self) -> list[GpuReading]:
-        n = self._nvml
-        out = []
-        for uuid, h in self._handles.items():
-            def get(call, *args):
-                try:
-                    return call(h, *args)
-                except n.NVMLError:
-                    return None
-            temp = get(n.nvmlDeviceGetTemperature, n.NVML_TEMPERATURE_GPU)
-            power = get(n.nvmlDeviceGetPowerUsage)
-            limit = get(n.nvmlDeviceGetPowerManagementLimit)
-            reasons_call = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-                n.nvmlDeviceGetCurrentClocksThrottleReasons
-            reasons = get(reasons_call) or 0
-            mem = get(n.nvmlDeviceGetMemoryInfo)
-            out.append(GpuReading(uuid, temp, power / 1000 if power is not None else None,
-                                  limit / 1000 if limit is not None else None, nvml_reasons_mean_slowdown(reasons),
-                                  time.monotonic(), mem.used if mem else None, mem.total if mem else None))
-        return out
+        return [GpuReading(address, read_at=time.monotonic(), **self._nvml.sample(address))
+                for address in self._nvml.handles]
 
     def set_limit(self, gpu_id: str, watts: float) -> None:
         try:
-            self._nvml.nvmlDeviceSetPowerManagementLimit(self._handles[gpu_id], int(watts * 1000))
-        except self._nvml.NVMLError as exc:
+            self._nvml.set_limit_w(gpu_id, watts)
+        except self._nvml.lib.NVMLError as exc:
             raise GovernorBackendError(f"NVML refused a {watts:.0f} W limit on {gpu_id}: {exc}") from None
 
 
 class AmdHwmonBackend:
-    """amdgpu through its hwmon files: temp1_input (m°C), power1_average and power1_cap (µW)."""
+    """amdgpu through the GPU layer's hwmon reader, each card named by its PCI address."""
 
     name = "amdgpu"
 
     def __init__(self, sys_root: Path = Path("/sys")):
-        self._cards = {}
-        for hw in sorted(sys_root.glob("class/drm/card[0-9]*/device/hwmon/hwmon*")):
-            if (hw / "name").exists() and (hw / "name").read_text().strip() == "amdgpu":
-                self._cards[hw.parent.parent.resolve().name] = hw
+        self._cards = amdgpu.hwmon_cards(sys_root)
         if not self._cards:
             raise GovernorBackendError("no amdgpu hwmon found")
 
-    @staticmethod
-    def _int(path: Path) -> int | None:
-        try:
-            return int(path.read_text())
-        except (OSError, ValueError):
-            return None
-
     def gpus(self) -> list[GpuInfo]:
-        out = []
-        for pci, hw in self._cards.items():
-            lo, hi = self._int(hw / "power1_cap_min") or 0, self._int(hw / "power1_cap_max") or 0
-            default = self._int(hw / "power1_cap_default") or hi
-            out.append(GpuInfo(pci, f"amdgpu {pci}", GpuLimits(lo / 1e6, hi / 1e6, default / 1e6)))
-        return out
+        return [GpuInfo(pci, f"amdgpu {pci}", GpuLimits(*amdgpu.limits_w(hw))) for pci, hw in self._cards.items()]
 
     def read(self) -> list[GpuReading]:
-        out = []
-        for pci, hw in self._cards.items():
-            t, p, cap = self._int(hw / "temp1_input"), self._int(hw / "power1_average"), self._int(hw / "power1_cap")
-            device = hw.parent.parent
-            out.append(GpuReading(pci, t / 1000 if t is not None else None, p / 1e6 if p is not None else None,
-                                  cap / 1e6 if cap is not None else None, False, time.monotonic(),
-                                  self._int(device / "mem_info_vram_used"), self._int(device / "mem_info_vram_total")))
-        return out
+        return [GpuReading(pci, read_at=time.monotonic(), **amdgpu.sample(hw)) for pci, hw in self._cards.items()]
 
     def set_limit(self, gpu_id: str, watts: float) -> None:
         try:
-            (self._cards[gpu_id] / "power1_cap").write_text(str(int(watts * 1e6)))
+            amdgpu.set_limit_w(self._cards[gpu_id], watts)
         except OSError as exc:
             raise GovernorBackendError(f"cannot set the amdgpu power cap of {gpu_id}: {exc.strerror}") from None
 
