@@ -178,6 +178,11 @@ def median_of(runs: list[dict]) -> dict:
 
 def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server]:
     servers = []
+    # Each server's spelling of "offload N layers" (nothing when --gpu-layers is not given).
+    n = args.gpu_layers
+    gpu = {"everycycle": ["--gpu-layers", str(n)] if n is not None else [],
+           "llama-server": ["-ngl", str(n)] if n is not None else [],
+           "llama-cpp-python": ["--n_gpu_layers", str(n)] if n is not None else []}
     py = sys.executable
     wanted = args.servers.split(",")
     if "everycycle" in wanted:
@@ -185,20 +190,23 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
         servers.append(Server("everycycle", [py, "-m", "host_runtime.cli", "serve", "--port", str(port),
                                              "--model", model, "--threads", str(args.threads),
                                              "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size),
-                                             "--run-dir", str(workdir / "everycycle")], port, "/ready"))
+                                             "--run-dir", str(workdir / "everycycle"), *gpu["everycycle"]], port,
+                              "/ready"))
     if "llama-server" in wanted:
         port = free_port()
         servers.append(Server("llama-server", [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port",
                                                str(port), "-t", str(args.threads), "-tb", str(args.threads),
                                                "-np", str(args.parallel), "-c", str(args.ctx_size * args.parallel),
-                                               "--alias", model_id, "--no-webui"], port, "/health"))
+                                               "--alias", model_id, "--no-webui", *gpu["llama-server"]], port,
+                              "/health"))
     if "llama-cpp-python" in wanted:
         port = free_port()
         servers.append(Server("llama-cpp-python", [py, "-m", "llama_cpp.server", "--model", model, "--host",
                                                    "127.0.0.1", "--port", str(port), "--n_threads", str(args.threads),
                                                    "--n_threads_batch", str(args.threads), "--n_ctx",
                                                    str(args.ctx_size), "--interrupt_requests", "False",
-                                                   "--model_alias", model_id], port, "/v1/models"))
+                                                   "--model_alias", model_id, *gpu["llama-cpp-python"]], port,
+                                  "/v1/models"))
     for s in servers:
         s.wait_ready()
     return servers
@@ -339,6 +347,8 @@ def main() -> int:
     p.add_argument("--mode", choices=["all", "serving", "prefix"], default="all")
     p.add_argument("--json", metavar="PATH", help="also write the JSON document here")
     p.add_argument("--api-key", help="bearer key for servers that require one")
+    p.add_argument("--gpu-layers", type=int, metavar="N",
+                   help="offload N layers in every server (default: each server's own default placement)")
     args = p.parse_args()
     global API_KEY
     if args.api_key:
