@@ -86,6 +86,8 @@ def _add_placement_options(p: argparse.ArgumentParser) -> None:
                         "checked by the same proof")
     p.add_argument("--tensor-split", type=_tensor_split, metavar="A,B,...",
                    help="share of the offloaded layers per GPU, in llama.cpp's device order (as llama-server)")
+    p.add_argument("--main-gpu", type=_non_negative, metavar="I",
+                   help="use only GPU I (llama.cpp's device order), as llama-server's --split-mode none --main-gpu I")
     p.add_argument("--gpu-margin-mib", type=_non_negative, default=512, metavar="MIB",
                    help="memory each GPU keeps free: the larger of this and 5%% of the card (default 512)")
 
@@ -241,13 +243,15 @@ def _refuse_an_unsupported_cpu(parser) -> None:
 
 def _check_offload_flags(parser, args) -> None:
     """Explicit offload flags the installed llama.cpp cannot honour stop the start, naming the flag."""
-    if args.placement == "cpu" and (args.gpu_layers or args.tensor_split):
-        parser.error("--placement cpu: cannot be combined with --gpu-layers or --tensor-split")
-    if not (args.gpu_layers or args.tensor_split):
+    if args.placement == "cpu" and (args.gpu_layers or args.tensor_split or args.main_gpu is not None):
+        parser.error("--placement cpu: cannot be combined with --gpu-layers, --tensor-split or --main-gpu")
+    if args.main_gpu is not None and args.tensor_split:
+        parser.error("--main-gpu: puts the model on one GPU, so --tensor-split has nothing to split")
+    if not (args.gpu_layers or args.tensor_split or args.main_gpu is not None):
         return
     from host_runtime.gpu.llama_devices import LlamaDevicesError, compiled_backends, list_devices
 
-    flag = "--gpu-layers" if args.gpu_layers else "--tensor-split"
+    flag = "--gpu-layers" if args.gpu_layers else "--tensor-split" if args.tensor_split else "--main-gpu"
     try:
         backends, devices = compiled_backends(), list_devices()
     except LlamaDevicesError as exc:
@@ -258,6 +262,9 @@ def _check_offload_flags(parser, args) -> None:
                      "rebuild it with Vulkan or CUDA (make install), or drop the flag")
     if not devices:
         parser.error(f"{flag}: the {'/'.join(gpu_backends)} backend finds no GPU on this machine")
+    if args.main_gpu is not None and args.main_gpu >= len(devices):
+        parser.error(f"--main-gpu {args.main_gpu}: this machine has {len(devices)} GPU(s) "
+                     f"({', '.join(d.name for d in devices)}), numbered from 0")
     split = _split_values(args.tensor_split)
     if split and len(split) > len(devices):
         parser.error(f"--tensor-split: {len(split)} values for {len(devices)} GPU(s) "
@@ -312,7 +319,8 @@ def cmd_engine(parser, args) -> int:
     config = ContextConfig(n_ctx_per_seq=args.ctx_size, n_parallel=args.parallel, n_threads=args.threads,
                            kv_budget_bytes=args.kv_budget_mib << 20, max_waiting=args.max_queue,
                            placement=args.placement, n_gpu_layers=args.gpu_layers,
-                           tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20)
+                           tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,
+                           main_gpu=args.main_gpu)
     cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
                               disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
     service = EngineService(model, config, cache, governor_state=args.governor_state)
@@ -330,14 +338,15 @@ def cmd_plan(parser, args) -> int:
     from host_runtime.placement.render import render_table
     from host_runtime.placement.session import PlanInputsError, plan_for_cli
 
-    if args.placement == "cpu" and (args.gpu_layers or args.tensor_split):
-        parser.error("--placement cpu: cannot be combined with --gpu-layers or --tensor-split")
+    if args.placement == "cpu" and (args.gpu_layers or args.tensor_split or args.main_gpu is not None):
+        parser.error("--placement cpu: cannot be combined with --gpu-layers, --tensor-split or --main-gpu")
     model = _resolve_model(parser, args.model)
     try:
         outcome = plan_for_cli(model, ctx_size=args.ctx_size, parallel=args.parallel,
                                kv_budget_bytes=args.kv_budget_mib << 20, n_batch=args.batch, placement=args.placement,
                                n_gpu_layers=args.gpu_layers, tensor_split=_split_values(args.tensor_split),
-                               topology=args.topology, gpu_margin_bytes=args.gpu_margin_mib << 20)
+                               topology=args.topology, gpu_margin_bytes=args.gpu_margin_mib << 20,
+                               main_gpu=args.main_gpu)
     except PlanInputsError as exc:
         print(f"everycycle plan: {exc}", file=sys.stderr)
         return 2

@@ -177,6 +177,20 @@ def test_offload_flags_the_box_cannot_honour_stop_the_start():
     both = subprocess.run(everycycle("serve", "--placement", "cpu", "--tensor-split", "1,1"), cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
     assert both.returncode == 2 and "--placement cpu" in both.stderr
+    main = subprocess.run(everycycle("engine", "--socket", "/tmp/never.sock", "--main-gpu", "1"), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert main.returncode == 2 and "--main-gpu" in main.stderr and "Traceback" not in main.stderr
+
+
+@pytest.mark.vulkan
+def test_main_gpu_puts_the_offloaded_part_on_that_card_alone():
+    out = subprocess.run(everycycle("plan", "--main-gpu", "0", "--gpu-layers", "10", "--json"), cwd=REPO,
+                         env=vulkan_env(), capture_output=True, text=True, timeout=120)
+    doc = json.loads(out.stdout)
+    assert doc["device_order"] == ["Vulkan0"] and doc["n_gpu_layers"] == 10
+    bad = subprocess.run(everycycle("plan", "--main-gpu", "3"), cwd=REPO, env=vulkan_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 1 and "--main-gpu 3: there are 1 GPU(s)" in bad.stderr
 
 
 def test_the_default_model_table_reads_as_llama_cpp_loads_it():

@@ -77,6 +77,7 @@ class ContextConfig:
     n_gpu_layers: int | None = None  # explicit, as llama-server's --gpu-layers; checked by the same proof
     tensor_split: tuple[float, ...] | None = None
     gpu_margin_bytes: int = 512 << 20  # each GPU keeps the larger of this and 5% free
+    main_gpu: int | None = None  # only this GPU (llama-server's --split-mode none --main-gpu)
 
 
 def place(path: str | os.PathLike, config: ContextConfig):
@@ -92,9 +93,15 @@ def place(path: str | os.PathLike, config: ContextConfig):
         table = read_table(path)
     except ModelTableError as exc:
         raise ModelLoadError(str(exc)) from None
+    from host_runtime.placement.session import only_main_gpu
+
     devices = [] if config.placement == "cpu" else [
         Device(d.name, d.description, d.free_bytes, d.total_bytes, d.bandwidth_gbps, d.pci_address, d.backend)
         for d in list_devices()]
+    try:
+        devices = only_main_gpu(devices, config.main_gpu)
+    except PlacementError as exc:
+        raise ModelLoadError(str(exc)) from None
     vm = psutil.virtual_memory()
     request = PlanRequest(n_ctx_per_seq=config.n_ctx_per_seq, n_parallel=config.n_parallel,
                           kv_budget_bytes=config.kv_budget_bytes, max_waiting=config.max_waiting,

@@ -22,6 +22,15 @@ class Outcome:
     proof_note: str
 
 
+def only_main_gpu(devices: list[Device], main_gpu: int | None) -> list[Device]:
+    """--main-gpu I: the planner sees that card alone, so the whole offloaded part goes there."""
+    if main_gpu is None:
+        return devices
+    if main_gpu >= len(devices):
+        raise PlacementError(f"--main-gpu {main_gpu}: there are {len(devices)} GPU(s), numbered from 0")
+    return [devices[main_gpu]]
+
+
 def devices_from_topology(doc: dict) -> tuple[list[Device], Host]:
     """The GPUs llama.cpp saw and the RAM available when discovery wrote the file."""
     from host_runtime.discovery.fields import is_unavailable
@@ -50,7 +59,7 @@ def live_devices() -> tuple[list[Device], Host]:
 
 def plan_for_cli(model_path: str, *, ctx_size: int, parallel: int | None, kv_budget_bytes: int, n_batch: int,
                  placement: str, n_gpu_layers: int | None, tensor_split: tuple[float, ...] | None,
-                 topology: str | None, gpu_margin_bytes: int = 512 << 20) -> Outcome:
+                 topology: str | None, gpu_margin_bytes: int = 512 << 20, main_gpu: int | None = None) -> Outcome:
     try:
         table = read_table(model_path)
     except ModelTableError as exc:
@@ -67,7 +76,7 @@ def plan_for_cli(model_path: str, *, ctx_size: int, parallel: int | None, kv_bud
         except (ValueError, KeyError, TypeError) as exc:
             raise PlanInputsError(f"--topology: {topology} is not a topology file ({exc})") from None
         try:
-            return Outcome(plan(table, devices, host, request), None, False,
+            return Outcome(plan(table, only_main_gpu(devices, main_gpu), host, request), None, False,
                            f"planned from {topology}; compute buffers estimated (llama.cpp proves only live devices)")
         except PlacementError as exc:
             return Outcome(None, str(exc), False, "")
@@ -77,7 +86,7 @@ def plan_for_cli(model_path: str, *, ctx_size: int, parallel: int | None, kv_bud
     llama_log.install()
     devices, host = live_devices()
     try:
-        placement_, runs = prove(model_path, table, devices, host, request, n_batch=n_batch)
+        placement_, runs = prove(model_path, table, only_main_gpu(devices, main_gpu), host, request, n_batch=n_batch)
     except (PlacementError, ProofFailed) as exc:
         return Outcome(None, str(exc), True, "")
     return Outcome(placement_, None, True, f"compute buffers from {len(runs)} llama.cpp dry run(s) (no_alloc)")
