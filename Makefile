@@ -69,7 +69,7 @@ test: $(STAMP)
 clean:
 	rm -rf $(VAR) .pytest_cache
 
-# ---- the box image (mkosi; needs root on Debian 12: image/host-tools.sh installs mkosi 24 and the rest) ----
+# ---- the box image: Debian 13, built by mkosi 24 on a Debian 12 host (root; image/host-tools.sh installs it) ----
 IMAGE_DIR := build/image/out
 
 # The bootable disk image: prints its path, size and sha256.

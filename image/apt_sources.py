@@ -6,6 +6,7 @@ security mirrors from /etc/apt (deb822 .sources files and one-line .list files a
 
   apt_sources.py mirrors                 prints archive=URI and security=URI
   apt_sources.py backports RELEASE FILE  writes a deb822 source for RELEASE-backports
+  apt_sources.py suite SUITE FILE        writes a deb822 source for SUITE (e.g. trixie) from the archive
   apt_sources.py image RELEASE DIR       writes DIR/etc/apt/sources.list.d/mkosi.sources for
                                          mkosi 24 reads in place of its own list): main,
                                          updates and security for the image build
@@ -105,6 +106,8 @@ def main(argv: list[str]) -> int:
                 print(f"{k}={v}")
         elif argv[:1] == ["backports"] and len(argv) == 3:
             atomic_write(argv[2], _stanza(found["archive"], f"{argv[1]}-backports").encode())
+        elif argv[:1] == ["suite"] and len(argv) == 3:
+            atomic_write(argv[2], _stanza(found["archive"], argv[1]).encode())
         elif argv[:1] == ["image"] and len(argv) == 3:
             release, root = argv[1], argv[2]
             atomic_write(os.path.join(root, "etc/apt/sources.list.d/mkosi.sources"),

@@ -17,6 +17,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -256,6 +257,41 @@ def wait_until(box: Box, what: str, deadline: float, probe):
     raise CheckFailed(f"timed out waiting for {what} (last error: {last}); the console:\n{box.log_tail()}")
 
 
+IMAGE_DEBIAN = "13"
+VULKAN_PACKAGES = ("libvulkan1", "mesa-vulkan-drivers")
+
+
+def backend_info(metrics_text: str) -> dict[str, str]:
+    """The labels of everycycle_backend_info: which backend serves, on what, and why."""
+    for line in metrics_text.splitlines():
+        if line.startswith("everycycle_backend_info{"):
+            return dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', line))
+    return {}
+
+
+def check_backends(box: Box, result: dict) -> None:
+    """Debian 13; the Vulkan loader and Mesa's drivers installed; llama.cpp built with Vulkan; and the backend
+    the box chose: the CPU where it has no GPU (nspawn, qemu), with the reason in /metrics."""
+    os_release = box.ssh(". /etc/os-release; echo $VERSION_ID $VERSION_CODENAME").stdout.split()
+    result["os"] = " ".join(os_release)
+    if os_release[:1] != [IMAGE_DEBIAN]:
+        raise CheckFailed(f"the image is {result['os']!r}, not Debian {IMAGE_DEBIAN}")
+    pkgs = box.ssh("dpkg-query -W -f='${Package} ${Version}\\n' " + " ".join(VULKAN_PACKAGES))
+    result["vulkan_packages"] = pkgs.stdout.split("\n")[:-1]
+    if pkgs.returncode != 0 or len(result["vulkan_packages"]) != len(VULKAN_PACKAGES):
+        raise CheckFailed(f"the Vulkan loader or Mesa's drivers are missing: {pkgs.stdout}{pkgs.stderr}")
+    built = box.ssh("/opt/everycycle/venv/bin/python -c 'from host_runtime.gpu.llama_devices import "
+                    "compiled_backends; print(\",\".join(compiled_backends()))' 2>/dev/null")
+    result["llama_backends"] = built.stdout.strip()
+    if "Vulkan" not in result["llama_backends"].split(","):
+        raise CheckFailed(f"the image's llama.cpp has no Vulkan backend: {built.stdout}{built.stderr}")
+    chosen = backend_info(http_get(box.http_base + "/metrics")[1])
+    result["backend"] = chosen
+    say(f"Debian {result['os']}; llama.cpp backends {result['llama_backends']}; serving on {chosen}")
+    if chosen.get("backend") != "cpu" or "no GPU" not in chosen.get("reason", ""):
+        raise CheckFailed(f"with no GPU the box should serve from the CPU and say why; /metrics says {chosen}")
+
+
 def check(box: Box, t0: float, timeout: float) -> dict:
     result: dict = {}
     deadline = t0 + timeout
@@ -315,6 +351,7 @@ def check(box: Box, t0: float, timeout: float) -> dict:
         if size < box.root_min_bytes:
             raise CheckFailed(f"the root file system did not grow over the disk: {size} bytes, expected at least "
                               f"{box.root_min_bytes}")
+    check_backends(box, result)
     record = box.ssh("cat /var/lib/everycycle/provisioned.json; hostname")
     if record.returncode != 0 or box.hostname not in record.stdout.splitlines()[-1:]:
         raise CheckFailed(f"the first boot did not apply the bundle: {record.stdout}{record.stderr}")

@@ -14,7 +14,7 @@ bash image/host-tools.sh
 bash image/build-wheels.sh $work/wheelhouse
 # mkosi's package manager uses this machine's own Debian mirror (main, updates, security).
 rm -rf $work/pkgmngr
-python3 image/apt_sources.py image bookworm $work/pkgmngr
+python3 image/apt_sources.py image "$(sed -n 's/^Release=//p' mkosi.conf)" $work/pkgmngr
 mirror=$(python3 image/apt_sources.py mirrors | sed -n 's/^archive=//p')
 # Reproducible: every mtime in the image is clamped to the last commit's time.
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 1700000000)

@@ -34,13 +34,11 @@ include=/usr/include
 if [ "$(header_version $include || echo 0)" -lt "$min_header" ]; then
   include=$cache/vulkan-headers/usr/include
   if [ "$(header_version "$include" || echo 0)" -lt "$min_header" ]; then
-    archive=$(python3 "$here/apt_sources.py" mirrors 2>/dev/null | sed -n 's/^archive=//p')
-    [ -n "$archive" ] || { say "not built: no Debian mirror in this machine's apt sources to fetch newer headers from"; exit 0; }
     say "Debian 12's Vulkan headers are too old for llama.cpp; fetching Debian 13's libvulkan-dev (headers only)"
     work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
     mkdir -p "$work/parts" "$work/lists/partial"
-    printf 'Types: deb\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
-      "$archive" > "$work/parts/trixie.sources"
+    python3 "$here/apt_sources.py" suite trixie "$work/parts/trixie.sources" \
+      || { say "not built: no Debian mirror in this machine's apt sources to fetch newer headers from"; exit 0; }
     o=(-oDir::Etc::SourceList=/dev/null "-oDir::Etc::SourceParts=$work/parts" "-oDir::State::Lists=$work/lists"
        -oAPT::Sandbox::User=root -oDebug::NoLocking=1)
     if ! { apt-get "${o[@]}" update -qq && (cd "$work" && apt-get "${o[@]}" download libvulkan-dev); } >/dev/null 2>&1; then

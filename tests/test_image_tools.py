@@ -66,13 +66,13 @@ def test_no_debian_archive_is_a_clear_error(tmp_path):
 
 def test_this_machines_sources_give_the_image_its_mirror(tmp_path):
     # The image build and CI run this on the host itself: it must find the mirror apt already uses.
-    out = subprocess.run([sys.executable, str(REPO / "image/apt_sources.py"), "image", "bookworm", str(tmp_path)],
+    out = subprocess.run([sys.executable, str(REPO / "image/apt_sources.py"), "image", "trixie", str(tmp_path)],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     written = (tmp_path / "etc/apt/sources.list.d/mkosi.sources").read_text()
     found = apt_sources.mirrors(apt_sources.read_entries())
-    assert f"URIs: {found['archive']}\nSuites: bookworm bookworm-updates\n" in written
-    assert f"URIs: {found['security']}\nSuites: bookworm-security\n" in written
+    assert f"URIs: {found['archive']}\nSuites: trixie trixie-updates\n" in written
+    assert f"URIs: {found['security']}\nSuites: trixie-security\n" in written
 
 
 def test_the_boot_checks_bundle_is_valid(tmp_path):
@@ -90,3 +90,11 @@ def test_supervisor_status_parsing_and_the_expected_programs():
     # The check must expect exactly the programs supervisor.d defines.
     programs = {p.stem for p in (REPO / "supervisor.d/programs").glob("*.conf")}
     assert boot_check.EXPECTED_PROGRAMS == programs
+
+
+def test_the_boot_check_reads_the_backend_the_box_chose():
+    metrics = ('# TYPE everycycle_backend_info gauge\n'
+               'everycycle_backend_info{backend="cpu",device="CPU",reason="no GPU found by the Vulkan backend"} 1\n')
+    assert boot_check.backend_info(metrics) == {"backend": "cpu", "device": "CPU",
+                                                "reason": "no GPU found by the Vulkan backend"}
+    assert boot_check.backend_info("everycycle_model_info{model=\"x\"} 1\n") == {}
