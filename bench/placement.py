@@ -25,11 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 MIB = 1 << 20
 
 
-def tolerance(planned: int) -> int:
-    """The issue's bound: 3% or 64 MiB, whichever is larger."""
-    return max(planned * 3 // 100, 64 * MIB)
-
-
 def settings(table, device, name: str, ctx: int, parallel: int):
     """(PlanRequest, devices) for one named setting on the first GPU (cpu: none)."""
     from host_runtime.placement.planner import Device, PlanRequest
@@ -60,7 +55,7 @@ def measure(model_path: str, names: list[str], ctx: int, parallel: int, n_batch:
     from host_runtime.engine import llama_log
     from host_runtime.engine.model import ContextConfig, LoadedModel
     from host_runtime.placement.model_table import read_table
-    from host_runtime.placement.proof import prove
+    from host_runtime.placement.proof import prove, tolerance
     from host_runtime.placement.session import live_devices
 
     llama_log.install()

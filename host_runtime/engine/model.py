@@ -82,35 +82,22 @@ class ContextConfig:
 
 def place(path: str | os.PathLike, config: ContextConfig):
     """The proven placement for this model and these settings (see host_runtime/placement)."""
-    import psutil
-
-    from host_runtime.gpu.llama_devices import list_devices
     from host_runtime.placement.model_table import ModelTableError, read_table
-    from host_runtime.placement.planner import Device, Host, PlacementError, PlanRequest
+    from host_runtime.placement.planner import PlacementError, PlanRequest
     from host_runtime.placement.proof import ProofFailed, prove
+    from host_runtime.placement.session import live_devices, only_main_gpu
 
-    try:
-        table = read_table(path)
-    except ModelTableError as exc:
-        raise ModelLoadError(str(exc)) from None
-    from host_runtime.placement.session import only_main_gpu
-
-    devices = [] if config.placement == "cpu" else [
-        Device(d.name, d.description, d.free_bytes, d.total_bytes, d.bandwidth_gbps, d.pci_address, d.backend)
-        for d in list_devices()]
-    try:
-        devices = only_main_gpu(devices, config.main_gpu)
-    except PlacementError as exc:
-        raise ModelLoadError(str(exc)) from None
-    vm = psutil.virtual_memory()
     request = PlanRequest(n_ctx_per_seq=config.n_ctx_per_seq, n_parallel=config.n_parallel,
                           kv_budget_bytes=config.kv_budget_bytes, max_waiting=config.max_waiting,
                           cpu_only=config.placement == "cpu", n_gpu_layers=config.n_gpu_layers,
                           tensor_split=config.tensor_split, margin_min_bytes=config.gpu_margin_bytes)
     try:
-        placement, _ = prove(str(path), table, devices, Host(vm.available, vm.total), request,
-                             n_batch=config.n_batch, n_threads=config.n_threads, batch_invariant=config.batch_invariant)
-    except (PlacementError, ProofFailed) as exc:
+        table = read_table(path)
+        devices, host = live_devices()
+        devices = [] if config.placement == "cpu" else only_main_gpu(devices, config.main_gpu)
+        placement, _ = prove(str(path), table, devices, host, request, n_batch=config.n_batch,
+                             n_threads=config.n_threads, batch_invariant=config.batch_invariant)
+    except (ModelTableError, PlacementError, ProofFailed) as exc:
         raise ModelLoadError(str(exc)) from None
     return placement
 

@@ -63,6 +63,7 @@ class EngineService:
     def _publish_placement(self) -> None:
         """Say where the model went and why, in the log and /metrics; warn where llama.cpp took more than planned."""
         from host_runtime.gpu.llama_devices import compiled_backends, list_devices
+        from host_runtime.placement.proof import tolerance
         from host_runtime.placement.render import backend_choice, prometheus_lines, render_table
 
         p, allocated = self.model.placement, self.model.allocation
@@ -72,7 +73,7 @@ class EngineService:
         log.info("placement:\n%s", render_table(p, proven=True, proof_note="compute buffers from llama.cpp's dry run"))
         for s in p.gpu_shares:
             real = sum(allocated.by_device.get(s.device, {}).values())
-            if real > s.used_bytes + max(64 << 20, s.used_bytes * 3 // 100):
+            if real > s.used_bytes + tolerance(s.used_bytes):
                 log.warning("%s: llama.cpp allocated %.0f MiB, the plan said %.0f MiB", s.device, real / 2**20,
                             s.used_bytes / 2**20)
         self.engine.metrics.placement_lines = prometheus_lines(p, allocated.by_device, self.backend)

@@ -23,6 +23,11 @@ KINDS = {"model": "weights", "KV": "kv", "RS": "kv", "compute": "compute", "outp
 MAX_ROUNDS = 3
 
 
+def tolerance(planned: int) -> int:
+    """How far llama.cpp's figure may stray from the plan before it counts as wrong: 3% or 64 MiB."""
+    return max(planned * 3 // 100, 64 << 20)
+
+
 class ProofFailed(Exception):
     """llama.cpp refused the placement in its dry run (the message says why)."""
 
