@@ -17,7 +17,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import secrets
 import shutil
 import socket
@@ -263,10 +262,9 @@ VULKAN_PACKAGES = ("libvulkan1", "mesa-vulkan-drivers")
 
 def backend_info(metrics_text: str) -> dict[str, str]:
     """The labels of everycycle_backend_info: which backend serves, on what, and why."""
-    for line in metrics_text.splitlines():
-        if line.startswith("everycycle_backend_info{"):
-            return dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', line))
-    return {}
+    from host_runtime.console.data import metric_samples
+
+    return next((labels for labels, _ in metric_samples(metrics_text, "everycycle_backend_info")), {})
 
 
 def check_backends(box: Box, result: dict) -> None:

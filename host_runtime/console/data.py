@@ -76,16 +76,15 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
-def metric_labels(metrics: dict[str, float], name: str) -> list[tuple[dict[str, str], float]]:
-    """Every sample of `name` as (labels, value), from parse_prometheus's output."""
-    import re
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of `name` as (labels, value), parsed by prometheus_client; none if the text is malformed."""
+    from prometheus_client.parser import text_string_to_metric_families
 
-    out = []
-    for key, value in metrics.items():
-        if key.startswith(name + "{"):
-            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', key[len(name):]))
-            out.append((labels, value))
-    return out
+    try:
+        return [(dict(s.labels), s.value) for family in text_string_to_metric_families(text)
+                for s in family.samples if s.name == name]
+    except ValueError:
+        return []
 
 
 def histogram_quantile(metrics: dict[str, float], name: str, q: float) -> float | None:
@@ -142,7 +141,8 @@ class StatusReader:
         base = self.config.serving_url
         try:
             health = json.loads(_get(base + "/health", SERVING_TIMEOUT_S))
-            metrics = parse_prometheus(_get(base + "/metrics", SERVING_TIMEOUT_S).decode())
+            metrics_text = _get(base + "/metrics", SERVING_TIMEOUT_S).decode()
+            metrics = parse_prometheus(metrics_text)
         except (OSError, ValueError) as exc:
             self._ready_at = 0.0
             return Serving(Source(False, f"not answering: {exc}"))
@@ -163,8 +163,8 @@ class StatusReader:
             self._history = (self._history + [rate])[-120:]
         self._last_tokens = (now, tokens)
         hits = sum(v for k, v in metrics.items() if k.startswith("everycycle_prefix_cache_hit_ratio{"))
-        backend = next((labels for labels, _ in metric_labels(metrics, "everycycle_backend_info")), {})
-        layers = {labels.get("device", "?"): int(v) for labels, v in metric_labels(metrics, "everycycle_model_layers")}
+        backend = next((labels for labels, _ in metric_samples(metrics_text, "everycycle_backend_info")), {})
+        layers = {labels.get("device", "?"): int(v) for labels, v in metric_samples(metrics_text, "everycycle_model_layers")}
         return Serving(Source(True, "answering"), ready=self._ready[0], ready_reason=self._ready[1],
                        model=model, running=metrics.get("everycycle_requests_processing", 0),
                        waiting=metrics.get("everycycle_requests_deferred", 0), tokens_total=tokens,

@@ -56,26 +56,28 @@ def backend_choice(p: Placement, compiled: list[str], seen: list[str], forced_cp
 
 def prometheus_lines(p: Placement, allocated: dict[str, dict[str, int]], backend: tuple[str, str, str]) -> list[str]:
     """The placement as gauges: layers and bytes per device (planned, and what llama.cpp allocated)."""
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-    name = "everycycle_"
-    lines = [f"# HELP {name}backend_info What serves the tokens, and why (1).", f"# TYPE {name}backend_info gauge",
-             f'{name}backend_info{{backend="{esc(backend[0])}",device="{esc(backend[1])}",reason="{esc(backend[2])}"}} 1',
-             f"# HELP {name}model_layers Model layers placed on each device (the output layer counts on its device).",
-             f"# TYPE {name}model_layers gauge"]
-    lines += [f'{name}model_layers{{device="{s.device}"}} {s.n_layers + (1 if s.holds_output else 0)}' for s in p.shares]
-    lines += [f"# HELP {name}device_memory_bytes Bytes the placement planned on each device.",
-              f"# TYPE {name}device_memory_bytes gauge"]
+    registry = CollectorRegistry()
+
+    def gauge(name: str, help_text: str, labels: list[str]) -> Gauge:
+        return Gauge(f"everycycle_{name}", help_text, labels, registry=registry)
+
+    gauge("backend_info", "What serves the tokens, and why (1).", ["backend", "device", "reason"]) \
+        .labels(*backend).set(1)
+    layers = gauge("model_layers", "Model layers placed on each device (the output layer counts on its device).",
+                   ["device"])
+    planned = gauge("device_memory_bytes", "Bytes the placement planned on each device.", ["device", "kind"])
+    margin = gauge("device_memory_margin_bytes", "Bytes the plan leaves free on each device after its margin.",
+                   ["device"])
     for s in p.shares:
+        layers.labels(s.device).set(s.n_layers + (1 if s.holds_output else 0))
         for kind, value in (("weights", s.weights_bytes), ("kv", s.kv_bytes), ("compute", s.compute_bytes)):
-            lines.append(f'{name}device_memory_bytes{{device="{s.device}",kind="{kind}"}} {value}')
-    lines += [f"# HELP {name}device_memory_allocated_bytes Bytes llama.cpp reported allocating on each device.",
-              f"# TYPE {name}device_memory_allocated_bytes gauge"]
-    for device, kinds in sorted(allocated.items()):
-        for kind, value in sorted(kinds.items()):
-            lines.append(f'{name}device_memory_allocated_bytes{{device="{device}",kind="{kind}"}} {value}')
-    lines += [f"# HELP {name}device_memory_margin_bytes Bytes the plan leaves free on each device after its margin.",
-              f"# TYPE {name}device_memory_margin_bytes gauge"]
-    lines += [f'{name}device_memory_margin_bytes{{device="{s.device}"}} {s.left_bytes}' for s in p.shares]
-    return lines
+            planned.labels(s.device, kind).set(value)
+        margin.labels(s.device).set(s.left_bytes)
+    real = gauge("device_memory_allocated_bytes", "Bytes llama.cpp reported allocating on each device.",
+                 ["device", "kind"])
+    for device, kinds in allocated.items():
+        for kind, value in kinds.items():
+            real.labels(device, kind).set(value)
+    return generate_latest(registry).decode().splitlines()
