@@ -241,10 +241,14 @@ def _refuse_an_unsupported_cpu(parser) -> None:
         parser.error(reason)
 
 
-def _check_offload_flags(parser, args) -> None:
-    """Explicit offload flags the installed llama.cpp cannot honour stop the start, naming the flag."""
+def _refuse_offload_with_cpu_placement(parser, args) -> None:
     if args.placement == "cpu" and (args.gpu_layers or args.tensor_split or args.main_gpu is not None):
         parser.error("--placement cpu: cannot be combined with --gpu-layers, --tensor-split or --main-gpu")
+
+
+def _check_offload_flags(parser, args) -> None:
+    """Explicit offload flags the installed llama.cpp cannot honour stop the start, naming the flag."""
+    _refuse_offload_with_cpu_placement(parser, args)
     if args.main_gpu is not None and args.tensor_split:
         parser.error("--main-gpu: puts the model on one GPU, so --tensor-split has nothing to split")
     if not (args.gpu_layers or args.tensor_split or args.main_gpu is not None):
@@ -338,8 +342,7 @@ def cmd_plan(parser, args) -> int:
     from host_runtime.placement.render import render_table
     from host_runtime.placement.session import PlanInputsError, plan_for_cli
 
-    if args.placement == "cpu" and (args.gpu_layers or args.tensor_split or args.main_gpu is not None):
-        parser.error("--placement cpu: cannot be combined with --gpu-layers, --tensor-split or --main-gpu")
+    _refuse_offload_with_cpu_placement(parser, args)
     model = _resolve_model(parser, args.model)
     try:
         outcome = plan_for_cli(model, ctx_size=args.ctx_size, parallel=args.parallel,

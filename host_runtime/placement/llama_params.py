@@ -23,7 +23,7 @@ class ModelParams:
 def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams:
     import llama_cpp
 
-    from host_runtime.gpu.llama_devices import list_devices
+    from host_runtime.gpu.llama_devices import device_handles, list_devices
 
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = placement.n_gpu_layers
@@ -31,8 +31,6 @@ def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams
     # The device list llama.cpp offloads to, in the plan's order; empty (just the terminator) keeps every
     # tensor and every operation on the CPU, even in a build with GPU backends.
     handles = {d.name: d for d in list_devices()}
-    from host_runtime.gpu.llama_devices import device_handles
-
     registry = device_handles()
     wanted = []
     for name in placement.device_order:
