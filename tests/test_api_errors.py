@@ -74,6 +74,27 @@ BAD_CHAT = [
      "logit_bias"),
     ("logit_bias past the vocabulary", {"model": MODEL_ID, "messages": MSGS, "logit_bias": {"99999999": -100}},
      "logit_bias"),
+    ("logit_bias key a superscript digit", {"model": MODEL_ID, "messages": MSGS, "logit_bias": {"\u00b2": 1}},
+     "logit_bias"),
+    ("logit_bias key an Arabic-Indic digit", {"model": MODEL_ID, "messages": MSGS, "logit_bias": {"\u0663": 1}},
+     "logit_bias"),
+    # The schema that crashed llama.cpp: a repetition past its limit made the grammar NULL, added unchecked.
+    ("json_schema maxLength past the repetition limit", {"model": MODEL_ID, "messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "maxLength": 100000}}}},
+     "response_format.json_schema.schema.maxLength"),
+    ("json_schema pattern repetition past the limit", {"model": MODEL_ID, "messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a{1,5000}$"}}}},
+     "response_format.json_schema.schema.pattern"),
+    ("json_schema self-referencing $ref", {"model": MODEL_ID, "messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}}},
+     "response_format.json_schema.schema"),
+    ("json_schema root $ref", {"model": MODEL_ID, "messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}},
+     "response_format.json_schema.schema"),
+    ("json_schema nested too deep", {"model": MODEL_ID, "messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": json.loads('{"items": ' * 30 + '{}' + '}' * 30)}}},
+     "response_format.json_schema.schema"),
     ("seed wrong type", {"model": MODEL_ID, "messages": MSGS, "seed": 1.5}, "seed"),
     ("stream wrong type", {"model": MODEL_ID, "messages": MSGS, "stream": "yes"}, "stream"),
 ]
@@ -118,6 +139,23 @@ def test_malformed_json_gets_400(server, api_key, path):
     assert status == 400
     assert_openai_error(doc, None)
     assert doc["error"]["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("path", [CHAT, EMBEDDINGS])
+def test_deeply_nested_json_gets_400_not_500(server, api_key, path):
+    # 100000 nested arrays made json.loads raise RecursionError: a 500 before.
+    body = b'{"model": "' + MODEL_ID.encode() + b'", "messages": ' + b"[" * 100000 + b"]" * 100000 + b"}"
+    status, doc, _ = post_raw(server, path, body, api_key[1])
+    assert status == 400, doc
+    assert doc["error"]["code"] == "invalid_json" and "deeper" in doc["error"]["message"]
+
+
+def test_json_schema_at_the_limits_still_works(client):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 1000}}, "required": ["a"]}
+    r = client.chat.completions.create(model=MODEL_ID, messages=MSGS, max_tokens=20, temperature=0,
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "x", "schema": schema}})
+    assert r.choices[0].message.content.startswith("{")
 
 
 def test_non_object_json_gets_400(server, api_key):

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from host_runtime.engine.engine import Engine, GenerationRequest
+from host_runtime.engine.engine import EmbeddingCancelled, Engine, GenerationRequest
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.model import ContextConfig, LoadedModel, default_model_path
 from host_runtime.engine.sampling import SamplingParams
@@ -185,3 +185,25 @@ def test_a_failed_admission_errors_that_request_only(model, monkeypatch):
     assert [e for n, e in log.events if n == "ok"][-1]["type"] == "done"
     assert engine.cache.free_slots() == model.n_parallel
     engine.stop()
+
+
+def test_a_grammar_llama_cpp_refuses_never_reaches_a_sampler_chain(model):
+    """llama_sampler_init_grammar returns NULL for a repetition past its limit, an undefined rule, a syntax error or
+    left recursion; before, that NULL went into the chain and the engine crashed on the first token."""
+    from host_runtime.engine.sampling import GrammarRejected, SamplingParams, build_sampler_chain, check_grammar
+
+    check_grammar(model.model, 'root ::= "a"{1,20}')
+    for refused in ('root ::= "a"{2500}', "root ::= undefined-rule", "root ::= (", 'root ::= x\nx ::= x "a"'):
+        with pytest.raises(GrammarRejected):
+            check_grammar(model.model, refused)
+        with pytest.raises(GrammarRejected):
+            build_sampler_chain(model.model, SamplingParams(grammar=refused))
+
+
+def test_embeddings_stop_when_their_client_leaves(model):
+    engine = Engine(model)
+    with pytest.raises(EmbeddingCancelled):
+        engine.embed(["one", "two"], cancelled=lambda: True)
+    # The context is free again for the next request.
+    vectors, _ = engine.embed(["one"])
+    assert len(vectors) == 1

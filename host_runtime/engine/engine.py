@@ -59,6 +59,13 @@ class PrefixCacheConfig:
     directory: str | None = None  # None: no disk tier
 
 
+EMBED_CANCEL_POLL_S = 0.05
+
+
+class EmbeddingCancelled(Exception):
+    """The embedding's client went away; nothing is answered."""
+
+
 class Sequence:
     """One choice of one request, bound to a llama.cpp seq_id while it runs."""
 
@@ -108,6 +115,7 @@ class Engine:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._embed_lock = threading.Lock()
+        self._embed_waiters = 0  # requests queued behind _embed_lock, bounded like the generation queue
         from llama_cpp._internals import LlamaBatch
 
         self._batch = LlamaBatch(n_tokens=model.n_batch, embd=0, n_seq_max=1, verbose=False)
@@ -158,8 +166,11 @@ class Engine:
             self._publish_queue_locked()
             self._cv.notify_all()
 
-    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
-        """Mean-pooled, unit-length embeddings and the total token count."""
+    def embed(self, texts: list[str], cancelled=lambda: False) -> tuple[list[list[float]], int]:
+        """Mean-pooled, unit-length embeddings and the total token count.
+
+        `cancelled()` is asked while waiting for the embedding context and between inputs: a request whose
+        client left stops there instead of holding the context."""
         from llama_cpp._internals import LlamaBatch
 
         token_lists = [self.model.tokenize(t, add_bos=self.model.add_bos(), special=False) for t in texts]
@@ -171,9 +182,29 @@ class Engine:
                                       f"{self.model.n_ctx_per_seq}", param="input", code="context_length_exceeded")
         n_embd = self.model.model.n_embd()
         vectors = []
-        with self._embed_lock:
+        with self._cv:
+            if self._embed_waiters >= self.max_waiting:
+                self.metrics.add("requests_rejected_total")
+                raise RequestRejected(503, f"the server is at capacity ({self._embed_waiters} embedding requests "
+                                      "waiting); retry shortly", error_type="server_busy", code="queue_full",
+                                      retry_after=2)
+            self._embed_waiters += 1
+        try:
+            while not self._embed_lock.acquire(timeout=EMBED_CANCEL_POLL_S):
+                if cancelled():
+                    raise EmbeddingCancelled()
+        finally:
+            with self._cv:
+                self._embed_waiters -= 1
+        try:
             ctx = self.model.embeddings_context()
+        except BaseException:
+            self._embed_lock.release()
+            raise
+        try:
             for tokens in token_lists:
+                if cancelled():
+                    raise EmbeddingCancelled()
                 ctx.kv_cache_clear()
                 batch = LlamaBatch(n_tokens=len(tokens), embd=0, n_seq_max=1, verbose=False)
                 batch.add_sequence(tokens, 0, logits_all=True)
@@ -181,7 +212,9 @@ class Engine:
                 vec = np.ctypeslib.as_array(ctx.get_embeddings_seq(0), shape=(n_embd,)).astype(np.float64)
                 norm = np.linalg.norm(vec)
                 vectors.append((vec / norm if norm > 0 else vec).tolist())
+        finally:
             ctx.kv_cache_clear()
+            self._embed_lock.release()
         return vectors, sum(len(t) for t in token_lists)
 
     # ---- the loop ------------------------------------------------------------

@@ -27,14 +27,36 @@ class SamplingParams:
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 
 
+class GrammarRejected(ValueError):
+    """llama.cpp could not compile the grammar (it logs why and returns NULL)."""
+
+
+def _grammar_sampler(model, grammar: str):
+    import llama_cpp
+
+    sampler = llama_cpp.llama_sampler_init_grammar(model.vocab, grammar.encode("utf-8"), b"root")
+    if not sampler:
+        raise GrammarRejected("llama.cpp refused the grammar made from this schema")
+    return sampler
+
+
+def check_grammar(model, grammar: str) -> None:
+    """Compile the grammar once and free it: run on the request's own thread, so a grammar llama.cpp refuses
+    (NULL, which must never reach a sampler chain) or a slow one never reaches the engine's loop."""
+    import llama_cpp
+
+    llama_cpp.llama_sampler_free(_grammar_sampler(model, grammar))
+
+
 def build_sampler_chain(model, params: SamplingParams, choice_index: int = 0):
     """A fresh llama.cpp sampler chain for one sequence; it owns its RNG and penalty state."""
+    import llama_cpp
     from llama_cpp._internals import LlamaSampler
-    from llama_cpp.llama_grammar import LlamaGrammar
 
     chain = LlamaSampler()
     if params.grammar:
-        chain.add_grammar(model, LlamaGrammar.from_string(params.grammar, verbose=False))
+        # Checked before admission (check_grammar); checked again here, since adding NULL to a chain crashes.
+        llama_cpp.llama_sampler_chain_add(chain.sampler, _grammar_sampler(model, params.grammar))
     if params.logit_bias:
         chain.add_logit_bias(model.n_vocab(), {int(t): b for t, b in params.logit_bias.items()})
     if params.presence_penalty or params.frequency_penalty:

@@ -5,19 +5,19 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import select
 import socket
 import socketserver
 import threading
 import time
 from pathlib import Path
 
-from host_runtime.engine.engine import Engine, GenerationRequest, PrefixCacheConfig
+from host_runtime.common.sockets import peer_closed
+from host_runtime.engine.engine import EmbeddingCancelled, Engine, GenerationRequest, PrefixCacheConfig
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import LineReader, send_message
 from host_runtime.engine.model import ContextConfig, LoadedModel, ModelLoadError, model_id_for
 from host_runtime.engine.prompt import PromptBuilder
-from host_runtime.engine.sampling import SamplingParams
+from host_runtime.engine.sampling import GrammarRejected, SamplingParams, check_grammar
 
 log = logging.getLogger(__name__)
 
@@ -142,26 +142,22 @@ class EngineService:
         if any(int(t) >= self.model.n_vocab for t in bias):
             raise RequestRejected(400, f"'logit_bias' names a token id past this model's vocabulary of "
                                   f"{self.model.n_vocab}", param="logit_bias")
+        grammar = message.get("sampling", {}).get("grammar")
+        if grammar:
+            try:
+                check_grammar(self.model.model, grammar)
+            except GrammarRejected as exc:
+                raise RequestRejected(400, f"'response_format': {exc}", param="response_format") from None
         return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink,
                                  sampling=SamplingParams(**message.get("sampling", {})), stops=stops,
                                  n=int(message.get("n", 1)))
 
-    def embed(self, message: dict) -> dict:
+    def embed(self, message: dict, cancelled=lambda: False) -> dict:
         if self.state != "ready":
             raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
                                   code="model_not_ready", retry_after=5)
-        vectors, n_tokens = self.engine.embed(list(message["inputs"]))
+        vectors, n_tokens = self.engine.embed(list(message["inputs"]), cancelled)
         return {"type": "result", "data": vectors, "prompt_tokens": n_tokens}
-
-
-def _peer_closed(sock: socket.socket) -> bool:
-    readable, _, _ = select.select([sock], [], [], 0)
-    if not readable:
-        return False
-    try:
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -186,7 +182,9 @@ class _Handler(socketserver.BaseRequestHandler):
                                                           float(message.get("deadline", 10))))
             elif op == "embed":
                 try:
-                    send_message(sock, self.service.embed(message))
+                    send_message(sock, self.service.embed(message, lambda: peer_closed(sock)))
+                except EmbeddingCancelled:
+                    return
                 except RequestRejected as exc:
                     send_message(sock, {"type": "error", "error": exc.to_wire()})
             elif op == "generate":
@@ -210,7 +208,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 try:
                     event = events.get(timeout=EVENT_POLL_S)
                 except queue.Empty:
-                    if _peer_closed(sock):
+                    if peer_closed(sock):
                         request.cancel()
                         return
                     continue

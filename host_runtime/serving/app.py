@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import falcon
 
 from host_runtime.auth.keystore import KeyVerifier
+from host_runtime.common.sockets import peer_closed
 from host_runtime.engine.ipc import EngineClient, EngineUnavailable
 from host_runtime.serving import protocol
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
@@ -76,6 +77,12 @@ def read_json(req: falcon.Request, limit: int) -> dict:
     if len(raw) > limit:
         raise APIError(413, f"the request body is over the limit of {limit} bytes", code="request_too_large")
     return protocol.parse_json_body(raw)
+
+
+def client_watch(req: falcon.Request):
+    """A check that the HTTP client is still connected, where the server exposes its socket (gunicorn does)."""
+    sock = req.env.get("gunicorn.socket")
+    return (lambda: peer_closed(sock)) if sock is not None else None
 
 
 def _json(resp: falcon.Response, doc: dict, status: int = 200) -> None:
@@ -155,7 +162,7 @@ class Generation:
             resp.set_header("Cache-Control", "no-cache")
             resp.stream = self._logic.stream(call, self._kind, model_id)
         else:
-            _json(resp, self._logic.complete(call, self._kind, model_id))
+            _json(resp, self._logic.complete(call, self._kind, model_id, client_watch(req)))
 
 
 class Embeddings:
@@ -167,7 +174,7 @@ class Embeddings:
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         model_id = self._identity.get()
-        _json(resp, self._logic.embed(protocol.parse_embeddings(body, model_id), model_id))
+        _json(resp, self._logic.embed(protocol.parse_embeddings(body, model_id), model_id, client_watch(req)))
 
 
 def create_app(config: AppConfig) -> falcon.App:

@@ -9,13 +9,18 @@ import time
 import uuid
 from typing import Iterator
 
-from host_runtime.engine.ipc import EngineClient, EngineUnavailable, EventStream
+from host_runtime.engine.ipc import ClientGone, EngineClient, EngineUnavailable, EventStream
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import EmbeddingCall, GenerationCall
 
 FIRST_EVENT_TIMEOUT_S = 15.0
 # Between two events of one generation; long, because a queued request sees none until it gets a slot.
 IDLE_EVENT_TIMEOUT_S = 600.0
+
+
+def client_left() -> APIError:
+    # nginx's code for "client closed request": what the access log shows; nobody reads the body.
+    return APIError(499, "the client closed the connection; the request was cancelled", code="client_closed_request")
 
 
 def engine_down(exc: EngineUnavailable) -> APIError:
@@ -59,14 +64,17 @@ class ServingLogic:
     def __init__(self, client: EngineClient):
         self.client = client
 
-    def _open(self, call: GenerationCall) -> tuple[EventStream, int]:
+    def _open(self, call: GenerationCall, client_gone=None) -> tuple[EventStream, int]:
         """Start the generation and wait for the engine to accept or refuse it."""
         try:
-            stream = self.client.stream(call.engine_message, FIRST_EVENT_TIMEOUT_S, IDLE_EVENT_TIMEOUT_S)
+            stream = self.client.stream(call.engine_message, FIRST_EVENT_TIMEOUT_S, IDLE_EVENT_TIMEOUT_S,
+                                        client_gone)
         except EngineUnavailable as exc:
             raise engine_down(exc) from None
         try:
             first = stream.next_event()
+        except ClientGone:
+            raise client_left() from None
         except EngineUnavailable as exc:
             stream.close()
             raise engine_down(exc) from None
@@ -75,14 +83,18 @@ class ServingLogic:
             raise APIError.from_engine(first["error"])
         return stream, int(first.get("prompt_tokens", 0))
 
-    def complete(self, call: GenerationCall, kind: str, model_id: str) -> dict:
-        stream, prompt_tokens = self._open(call)
+    def complete(self, call: GenerationCall, kind: str, model_id: str, client_gone=None) -> dict:
+        """The whole answer at once. `client_gone` is polled while waiting: a client that hangs up cancels the
+        generation at the engine, as closing a stream does."""
+        stream, prompt_tokens = self._open(call, client_gone)
         choices = _Choices(call.n)
         choices.prompt_tokens = prompt_tokens
         with stream:
             try:
                 for event in stream:
                     self._absorb(choices, event)
+            except ClientGone:
+                raise client_left() from None
             except EngineUnavailable as exc:
                 raise engine_down(exc) from None
         created = int(time.time())
@@ -177,9 +189,12 @@ class ServingLogic:
         finally:
             stream.close()
 
-    def embed(self, call: EmbeddingCall, model_id: str) -> dict:
+    def embed(self, call: EmbeddingCall, model_id: str, client_gone=None) -> dict:
         try:
-            reply = self.client.call({"op": "embed", "inputs": call.inputs}, timeout=IDLE_EVENT_TIMEOUT_S)
+            reply = self.client.call({"op": "embed", "inputs": call.inputs}, timeout=IDLE_EVENT_TIMEOUT_S,
+                                     client_gone=client_gone)
+        except ClientGone:
+            raise client_left() from None
         except EngineUnavailable as exc:
             raise engine_down(exc) from None
         if reply.get("type") == "error":
