@@ -4,8 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.everycycle-installed
 VAR := $(CURDIR)/var
+# Where the front (nginx) listens: HTTPS on HTTPS_PORT; plain HTTP on PORT serves too on a loopback HOST,
+# and only redirects to HTTPS on any other address.
 HOST ?= 127.0.0.1
 PORT ?= 8080
+HTTPS_PORT ?= 8443
 # Extra `everycycle serve` options, e.g. SERVE_ARGS="--model /models/x.gguf --ctx-size 8192"
 SERVE_ARGS ?=
 # The governor's backend: simulated GPUs locally (a demo); "--backend nvml" on a box with NVIDIA cards.
@@ -27,8 +30,13 @@ run: $(STAMP)
 	@mkdir -p $(VAR)/run $(VAR)/log $(VAR)/state && chmod 700 $(VAR)/state
 	@# A fresh development key each run: keys are stored only as hashes, so an old one cannot be shown again.
 	@$(VENV)/bin/everycycle keys revoke --keys $(VAR)/state/api_keys.json --missing-ok dev
+	@# The front's settings, through its own typed writer (a bad HOST or port is refused naming the field).
+	@$(PY) -c 'import ipaddress, sys; from host_runtime.front.settings import FrontSettings, save; \
+	  h = sys.argv[1]; save(FrontSettings(listen=h, http_port=int(sys.argv[2]), https_port=int(sys.argv[3]), \
+	  http="serve" if ipaddress.ip_address(h).is_loopback else "redirect"), sys.argv[4])' \
+	  $(HOST) $(PORT) $(HTTPS_PORT) $(VAR)/state/front.toml
 	@key=$$($(VENV)/bin/everycycle keys create --keys $(VAR)/state/api_keys.json dev 2>/dev/null); \
-	export EVERYCYCLE_BIN=$(CURDIR)/$(VENV)/bin EVERYCYCLE_HOST=$(HOST) EVERYCYCLE_PORT=$(PORT) \
+	export EVERYCYCLE_BIN=$(CURDIR)/$(VENV)/bin \
 	       EVERYCYCLE_STATE_DIR=$(VAR)/state EVERYCYCLE_RUN_DIR=$(VAR)/run EVERYCYCLE_LOG_DIR=$(VAR)/log \
 	       EVERYCYCLE_SERVE_ARGS="$(SERVE_ARGS)" EVERYCYCLE_GOVERNOR_ARGS="$(GOVERNOR_ARGS)" \
 	       EVERYCYCLE_BMC_ARGS="$(BMC_ARGS) --listen $(BMC_LISTEN)"; \
@@ -36,14 +44,15 @@ run: $(STAMP)
 	trap 'echo; echo "==> stopping"; kill -TERM $$sup 2>/dev/null; wait $$sup; exit 0' INT TERM; \
 	echo "==> starting the box's services under supervisord (logs: var/log/)"; \
 	for i in $$(seq 1 240); do \
-	  if curl -sf -o /dev/null http://$(HOST):$(PORT)/ready; then break; fi; \
+	  if curl -sfk -o /dev/null https://$(HOST):$(HTTPS_PORT)/ready; then break; fi; \
 	  kill -0 $$sup 2>/dev/null || { echo "supervisord exited; see var/log/" >&2; exit 1; }; sleep 0.5; \
 	done; \
-	curl -sf -o /dev/null http://$(HOST):$(PORT)/ready || echo "!! not ready yet; see var/log/serving.log" >&2; \
+	curl -sfk -o /dev/null https://$(HOST):$(HTTPS_PORT)/ready || echo "!! not ready yet; see var/log/serving.log and front.log" >&2; \
 	echo ""; \
-	echo "  EveryCycle is serving on  http://$(HOST):$(PORT)/v1"; \
+	echo "  EveryCycle is serving on  https://$(HOST):$(HTTPS_PORT)/v1  (self-signed: $(VAR)/state/tls/self-signed.crt)"; \
+	echo "  certificate SHA-256:      $$($(VENV)/bin/everycycle front fingerprint --state-dir $(VAR)/state | cut -d' ' -f1)"; \
 	echo "  development API key:      $$key"; \
-	echo "  try: curl http://$(HOST):$(PORT)/v1/chat/completions -H \"Authorization: Bearer $$key\" \\"; \
+	echo "  try: curl --cacert $(VAR)/state/tls/self-signed.crt https://localhost:$(HTTPS_PORT)/v1/chat/completions -H \"Authorization: Bearer $$key\" \\"; \
 	echo "         -d '{\"model\": \"SmolLM2-135M-Instruct.Q4_1\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'"; \
 	echo "  status: $(VENV)/bin/supervisorctl -s unix://$(VAR)/run/supervisor.sock status   (Ctrl-C stops everything)"; \
 	echo ""; \
@@ -55,7 +64,8 @@ run: $(STAMP)
 	wait $$sup
 
 # The dashboard (or its text form) for the box `make run` started, from a second terminal.
-CONSOLE_ARGS = --run-dir $(VAR)/run --serving-url http://$(HOST):$(PORT) --keys $(VAR)/state/api_keys.json \
+CONSOLE_ARGS = --run-dir $(VAR)/run --serving-socket $(VAR)/run/serving/http.sock --keys $(VAR)/state/api_keys.json \
+	--front-settings $(VAR)/state/front.toml --state-dir $(VAR)/state \
 	--bmc-url http://$(BMC_LISTEN)/telemetry --provision-root $(VAR)/root --bundle-dir $(VAR)/bundle
 console: $(STAMP)
 	@$(VENV)/bin/everycycle console $(CONSOLE_ARGS)

@@ -108,9 +108,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ready-timeout", type=float, default=10.0, metavar="S",
                        help="how long /ready's canary generation may take before the engine counts as wedged (default 10)")
     serve.add_argument("--run-dir", metavar="DIR", help="where the engine socket lives (default: a private temp dir)")
+    serve.add_argument("--unix-socket", metavar="PATH",
+                       help="listen on this Unix socket instead of --host/--port (behind the front, as on the box)")
+    serve.add_argument("--front-settings", metavar="FILE",
+                       help="the front's settings (front.toml): /metrics access follows its 'metrics' setting")
+    serve.add_argument("--metrics-access", choices=["open", "key", "loopback"],
+                       help="who may read /metrics (default: from --front-settings, else 'key')")
     serve.add_argument("--engine-socket", metavar="PATH",
                        help="use an engine already running at this socket instead of starting one")
     _add_engine_options(serve)
+
+    front = sub.add_parser("front", help="the LAN-facing front: nginx with TLS and slow-client limits before the API",
+                           description="Run nginx in front of the serving API (TLS, timeouts, per-client limits), "
+                                       "or show the certificate's fingerprint.")
+    front.add_argument("action", choices=["run", "fingerprint"],
+                       help="run: write nginx's config and run it in the foreground; fingerprint: print the "
+                            "certificate's SHA-256 fingerprint")
+    front.add_argument("--settings", metavar="FILE", help="the front's settings (front.toml; defaults without it)")
+    front.add_argument("--state-dir", required=True, metavar="DIR", help="where a self-signed certificate is kept")
+    front.add_argument("--run-dir", metavar="DIR", help="nginx's config, pid and temp files (run)")
+    front.add_argument("--upstream-socket", metavar="PATH", help="the serving API's Unix socket (run)")
 
     plan = sub.add_parser("plan", help="how a model would be placed over this box's GPUs and CPU, and whether it fits",
                           description="Plan a model's placement (layers per device, weights, KV, compute, margin), "
@@ -180,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_text)
         c.add_argument("--run-dir", metavar="DIR", help="where the services publish (default: $EVERYCYCLE_RUN_DIR or /run/everycycle)")
         c.add_argument("--serving-url", default="http://127.0.0.1:8080", metavar="URL")
+        c.add_argument("--serving-socket", metavar="PATH",
+                       help="read the API on its own Unix socket (as on the box) instead of --serving-url")
+        c.add_argument("--front-settings", metavar="FILE",
+                       help="the front's settings (front.toml): the URLs shown are its HTTPS ones")
+        c.add_argument("--state-dir", metavar="DIR", help="where the front keeps a self-signed certificate")
         c.add_argument("--bmc-url", default="http://127.0.0.1:9290/telemetry", metavar="URL")
         c.add_argument("--keys", metavar="FILE", help="the API key file (only hints are ever shown)")
         c.add_argument("--provision-root", default="/", metavar="DIR", help="what the set-up wizard configures (default /)")
@@ -303,12 +325,56 @@ def cmd_serve(parser, args) -> int:
         engine = EngineChild(engine_argv(socket_path, model, args))
     elif args.model:
         parser.error("--model: not used with --engine-socket (the running engine has its model)")
+    metrics_access = args.metrics_access
+    if metrics_access is None:
+        from host_runtime.front import settings as front_settings
+
+        try:
+            metrics_access = front_settings.load(args.front_settings).metrics
+        except front_settings.FrontSettingsError as exc:
+            parser.error(f"--front-settings: {exc}")
     config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes,
-                       ready_deadline_s=args.ready_timeout)
+                       ready_deadline_s=args.ready_timeout, metrics_access=metrics_access)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
-    ServingApplication(config, bind=f"{args.host}:{args.port}", workers=args.workers, threads=args.http_threads,
-                       engine=engine).run()
+    bind = f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"
+    if args.unix_socket:
+        Path(args.unix_socket).parent.mkdir(parents=True, exist_ok=True)
+    ServingApplication(config, bind=bind, workers=args.workers, threads=args.http_threads, engine=engine).run()
+    return 0
+
+
+def cmd_front(parser, args) -> int:
+    from host_runtime.front import settings as front_settings
+    from host_runtime.front.run import FrontError, exec_nginx, prepare
+    from host_runtime.front.tls import TLSError, certificate_pair, ensure_certificate, fingerprint
+
+    try:
+        settings = front_settings.load(args.settings)
+    except front_settings.FrontSettingsError as exc:
+        parser.error(f"--settings: {exc}")
+    state_dir = Path(args.state_dir)
+    try:
+        if args.action == "fingerprint":
+            pair = certificate_pair(settings, state_dir)
+            if not pair.certificate.exists():
+                print("no certificate yet: the front makes one when it first starts", file=sys.stderr)
+                return 1
+            print(f"{fingerprint(pair.certificate)}  {pair.certificate}"
+                  + ("  (self-signed)" if pair.self_signed else ""))
+            return 0
+        if not args.run_dir or not args.upstream_socket:
+            parser.error("front run: --run-dir and --upstream-socket are required")
+        conf = prepare(settings, state_dir, Path(args.run_dir), Path(args.upstream_socket))
+        pair = ensure_certificate(settings, state_dir)
+        logging.getLogger("everycycle.front").info(
+            "front on %s: HTTPS port %d (certificate %s, SHA-256 %s), HTTP port %d %s, /metrics %s",
+            settings.listen, settings.https_port, pair.certificate, fingerprint(pair.certificate),
+            settings.http_port, settings.http, settings.metrics)
+        exec_nginx(conf, Path(args.run_dir))
+    except (FrontError, TLSError) as exc:
+        print(f"everycycle front: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -472,9 +538,21 @@ def cmd_console(parser, args) -> int:
     from host_runtime.console.data import ConsoleConfig, StatusReader
 
     run_dir = _run_dir(args.run_dir)
+    api_scheme, api_port, api_listen, certificate = "http", urlparse(args.serving_url).port or 8080, "0.0.0.0", None
+    if args.front_settings:
+        from host_runtime.front import settings as front_settings
+        from host_runtime.front.tls import certificate_pair
+
+        try:
+            front = front_settings.load(args.front_settings)
+        except front_settings.FrontSettingsError as exc:
+            parser.error(f"--front-settings: {exc}")
+        api_scheme, api_port, api_listen = "https", front.https_port, front.listen
+        certificate = certificate_pair(front, Path(args.state_dir or os.path.dirname(args.front_settings))).certificate
     config = ConsoleConfig(run_dir=run_dir, serving_url=args.serving_url.rstrip("/"), bmc_url=args.bmc_url,
+                           serving_socket=Path(args.serving_socket) if args.serving_socket else None,
                            keys_file=Path(args.keys) if args.keys else None,
-                           api_port=urlparse(args.serving_url).port or 8080,
+                           api_port=api_port, api_scheme=api_scheme, api_listen=api_listen, tls_certificate=certificate,
                            provision_root=Path(args.provision_root), bundle_dir=Path(args.bundle_dir))
     reader = StatusReader(config)
     if args.command == "status":
@@ -573,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     handlers = {"serve": cmd_serve, "engine": cmd_engine, "plan": cmd_plan, "keys": cmd_keys, "discover": cmd_discover,
                 "governor": cmd_governor, "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
-                "bmc": cmd_bmc}
+                "bmc": cmd_bmc, "front": cmd_front}
     try:
         return handlers[args.command](parser, args)
     except KeyboardInterrupt:

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from host_runtime.common.processes import stop_process
 
-EXPECTED_PROGRAMS = {"serving", "discovery", "governor", "bmc"}
+EXPECTED_PROGRAMS = {"front", "serving", "discovery", "governor", "bmc"}
+HTTPS_PORT, HTTP_PORT = 8443, 8080  # the front's defaults, which the test bundle keeps
 ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
@@ -56,7 +57,7 @@ hostname = "{hostname}"
 interfaces = [{{ {net} }}]
 
 [api]
-port = 8080
+port = {HTTPS_PORT}
 keys = [{{ name = "boot-check", sha256 = "{api_key_sha256}" }}]
 
 [ssh]
@@ -87,7 +88,8 @@ def parse_supervisor_status(text: str) -> dict[str, str]:
 # ---- the box: one started with nspawn or qemu, reached over HTTP and SSH ----
 
 class Box:
-    http_base: str
+    http_base: str   # plain HTTP: only /health answers, everything else redirects
+    https_base: str  # the API, behind the front's TLS
     ssh_host: str
     ssh_port: int
     log_path: Path
@@ -149,7 +151,8 @@ class NspawnBox(Box):
         run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
         run("ip", "addr", "add", f"{host_ip}/30", "dev", self.host_if)
         run("ip", "link", "set", self.host_if, "up")
-        self.http_base, self.ssh_host, self.ssh_port = f"http://{box_ip}:8080", box_ip, 22
+        self.http_base, self.ssh_host, self.ssh_port = f"http://{box_ip}:{HTTP_PORT}", box_ip, 22
+        self.https_base = f"https://{box_ip}:{HTTPS_PORT}"
         self.log_path = self.work / "console.log"
         argv = ["systemd-nspawn", "--quiet", "--boot", "--ephemeral", "--directory", str(image_dir),
                 "--machine", f"ecboot{tag}", f"--network-namespace-path=/run/netns/{self.netns}",
@@ -198,8 +201,9 @@ class QemuBox(Box):
         self._copy_to_esp(bundle, esp["start"] * sector)
         vars_copy = self.work / "OVMF_VARS.fd"
         shutil.copy(OVMF_VARS, vars_copy)
-        http, ssh = _free_port(), _free_port()
+        http, https, ssh = _free_port(), _free_port(), _free_port()
         self.http_base, self.ssh_host, self.ssh_port = f"http://127.0.0.1:{http}", "127.0.0.1", ssh
+        self.https_base = f"https://127.0.0.1:{https}"
         self.log_path = self.work / "serial.log"
         # KVM is present on these hosts but QEMU crashes on it: software emulation, with a CPU model
         # that has the AVX2/FMA/F16C the portable llama.cpp build needs.
@@ -207,7 +211,8 @@ class QemuBox(Box):
                 "-drive", f"if=pflash,format=raw,readonly=on,file={OVMF_CODE}",
                 "-drive", f"if=pflash,format=raw,file={vars_copy}",
                 "-drive", f"file={self.disk},format=raw,if=virtio",
-                "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{http}-:8080,hostfwd=tcp:127.0.0.1:{ssh}-:22",
+                "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{http}-:{HTTP_PORT},"
+                f"hostfwd=tcp:127.0.0.1:{https}-:{HTTPS_PORT},hostfwd=tcp:127.0.0.1:{ssh}-:22",
                 "-device", "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x3",
                 "-display", "none", "-monitor", "none", "-serial", f"file:{self.log_path}"]
         say("starting: " + " ".join(argv))
@@ -233,12 +238,59 @@ class QemuBox(Box):
 
 # ---- the checks ----
 
-def http_get(url: str, timeout: float = 5) -> tuple[int, str]:
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def http_get(url: str, timeout: float = 5, *, context=None, key: str | None = None) -> tuple[int, str]:
+    """GET without following redirects: (status, body) for every status."""
+    opener = urllib.request.build_opener(_NoRedirect, urllib.request.HTTPSHandler(context=context))
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with opener.open(req, timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")
+
+
+def pinned_context(cert_pem: str):
+    """Trust exactly the box's own certificate (self-signed; its names do not include the test's address)."""
+    import ssl
+
+    context = ssl.create_default_context(cadata=cert_pem)
+    context.check_hostname = False
+    return context
+
+
+def pem_fingerprint(pem: str) -> str:
+    import ssl
+
+    digest = hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest().upper()
+    return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
+
+
+def check_front(box: Box, result: dict) -> None:
+    """HTTPS with the certificate whose fingerprint the box shows; plain HTTP only redirects; /metrics needs a
+    key. Sets box.tls (the pinned context) for the checks that follow."""
+    import ssl
+    from urllib.parse import urlsplit
+
+    shown = box.ssh("everycycle front fingerprint --state-dir /etc/everycycle").stdout.split()
+    served = urlsplit(box.https_base)
+    pem = ssl.get_server_certificate((served.hostname, served.port), timeout=10)
+    result["tls_fingerprint"] = pem_fingerprint(pem)
+    if not shown or shown[0] != result["tls_fingerprint"]:
+        raise CheckFailed(f"the front serves certificate {result['tls_fingerprint']}, the box shows {shown}")
+    box.tls = pinned_context(pem)
+    status, _ = http_get(box.http_base + "/v1/models")
+    result["http_redirects"] = status == 308
+    if status != 308:
+        raise CheckFailed(f"plain HTTP answered /v1/models with {status}, not a redirect to HTTPS")
+    status, _ = http_get(box.https_base + "/metrics", context=box.tls)
+    if status != 401:
+        raise CheckFailed(f"/metrics without a key answered {status}, not 401")
+    say(f"front: HTTPS with certificate {result['tls_fingerprint'][:23]}..., HTTP redirects, /metrics needs a key")
 
 
 def wait_until(box: Box, what: str, deadline: float, probe):
@@ -283,7 +335,7 @@ def check_backends(box: Box, result: dict) -> None:
     result["llama_backends"] = built.stdout.strip()
     if "Vulkan" not in result["llama_backends"].split(","):
         raise CheckFailed(f"the image's llama.cpp has no Vulkan backend: {built.stdout}{built.stderr}")
-    chosen = backend_info(http_get(box.http_base + "/metrics")[1])
+    chosen = backend_info(http_get(box.https_base + "/metrics", context=box.tls, key=box.api_key)[1])
     result["backend"] = chosen
     say(f"Debian {result['os']}; llama.cpp backends {result['llama_backends']}; serving on {chosen}")
     if chosen.get("backend") != "cpu" or "no GPU" not in chosen.get("reason", ""):
@@ -296,17 +348,21 @@ def check(box: Box, t0: float, timeout: float) -> dict:
     wait_until(box, "/health", deadline, lambda: http_get(box.http_base + "/health")[0] == 200)
     result["boot_to_health_s"] = round(time.monotonic() - t0, 1)
     say(f"/health answered after {result['boot_to_health_s']} s")
+    check_front(box, result)
     ready = wait_until(box, "/ready", deadline, lambda: (lambda s, b: b if s == 200 else None)(
-        *http_get(box.http_base + "/ready")))
+        *http_get(box.https_base + "/ready", context=box.tls)))
     result["boot_to_ready_s"] = round(time.monotonic() - t0, 1)
     result["ready"] = json.loads(ready)
     say(f"/ready after {result['boot_to_ready_s']} s: {ready.strip()}")
 
+    import httpx2
     from openai import AuthenticationError, OpenAI
 
-    client = OpenAI(base_url=box.http_base + "/v1", api_key=box.api_key, timeout=600, max_retries=0)
+    client = OpenAI(base_url=box.https_base + "/v1", api_key=box.api_key, timeout=600, max_retries=0,
+                    http_client=httpx2.Client(verify=box.tls, timeout=600))
     try:
-        OpenAI(base_url=box.http_base + "/v1", api_key="ec-wrong", max_retries=0).models.list()
+        OpenAI(base_url=box.https_base + "/v1", api_key="ec-wrong", max_retries=0,
+               http_client=httpx2.Client(verify=box.tls)).models.list()
         raise CheckFailed("a wrong API key was accepted")
     except AuthenticationError:
         result["wrong_key_rejected"] = True

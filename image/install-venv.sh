@@ -13,6 +13,8 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 command -v cc >/dev/null && command -v c++ >/dev/null || need_apt+=(build-essential)
 python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
   2>/dev/null || need_apt+=(python3-dev)
+# The front (TLS and slow-client limits before the API) is Debian's nginx, run by supervisord, not by systemd.
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "==> installing system packages: ${need_apt[*]}"

@@ -81,8 +81,10 @@ def plan_files(bundle: Bundle, generated: dict[str, str]) -> dict[str, tuple[byt
         model_arg = f"--model /var/lib/everycycle/models/{name} "
     ctx = f"--ctx-size {model['context_length']} " if model.get("context_length") else ""
     power = box.get("power", {})
+    from host_runtime.front.settings import dump as dump_front, from_box as front_from_box
+
+    files["etc/everycycle/front.toml"] = (dump_front(front_from_box(box)), 0o644)
     env = {
-        "EVERYCYCLE_PORT": str(api.get("port", 8080)),
         "EVERYCYCLE_SERVE_ARGS": (model_arg + ctx).strip(),
         "EVERYCYCLE_GOVERNOR_ARGS": f"--backend auto --target {power.get('target_c', 75)}",
         "EVERYCYCLE_BMC_ARGS": (f"--backend ipmi --host {bmc['address']} --user {bmc['user']} "

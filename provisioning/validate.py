@@ -98,6 +98,12 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
         for key in ("address", "user", "password_file"):
             if not bmc.get(key):
                 errors.append(BundleError(f"bmc.{key}", "is required when bmc.mode is 'ipmi'"))
+    from host_runtime.front.settings import FrontSettingsError, from_box
+
+    try:
+        from_box(box)
+    except FrontSettingsError as exc:
+        errors.append(BundleError(exc.field, str(exc).split(": ", 1)[1]))
     power = box["power"]
     if "target_c" in power and "ceiling_c" in power and power["ceiling_c"] <= power["target_c"]:
         errors.append(BundleError("power.ceiling_c", "must be above power.target_c"))

@@ -59,7 +59,7 @@ def server(tmp_path_factory, api_key):
     keys_file, _ = api_key
     port = free_port()
     logdir = tmp_path_factory.mktemp("serve")
-    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--threads", "2",
+    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--metrics-access", "open", "--threads", "2",
                            "--ctx-size", "2048", "--parallel", "4", "--run-dir", str(logdir)), logdir / "serve.log")
     base = ServerURL(f"http://127.0.0.1:{port}")
     base.proc = proc

@@ -21,12 +21,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+def http_get(url: str, timeout: float = 5.0, *, context=None, key: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def http_status(url: str, **kw) -> int:
+    return http_get(url, **kw)[0]
+
+
+def raw_get(port: int, path: str, host: str = "127.0.0.1", timeout: float = 5.0) -> tuple[int, dict, bytes]:
+    """One plain-HTTP GET without following redirects: (status, lower-cased headers, body)."""
+    import http.client
+
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
 
 
 def everycycle(*args: str) -> list[str]:
@@ -63,8 +81,8 @@ def wait_for(predicate, timeout: float, what: str, proc: Proc | None = None):
                          (f":\n{proc.log()[-3000:]}" if proc else ""))
 
 
-def ready(base: str) -> bool:
+def ready(base: str, context=None) -> bool:
     try:
-        return http_get(base + "/ready")[0] == 200
+        return http_get(base + "/ready", context=context)[0] == 200
     except OSError:
         return False

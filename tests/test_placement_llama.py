@@ -76,7 +76,7 @@ def test_lavapipe_serves_the_cpus_greedy_tokens_through_the_openai_client(tmp_pa
     keys_file, key = api_key
     port = free_port()
     # -ngl 31 (every layer and the head): the planner alone would keep lavapipe, slower than the CPU, idle.
-    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--threads", "2", "--ctx-size", "2048",
+    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--metrics-access", "open", "--threads", "2", "--ctx-size", "2048",
                            "--parallel", "4", "--gpu-layers", "31", "--run-dir", str(tmp_path)), tmp_path / "serve.log",
                 env=vulkan_env())
     base = f"http://127.0.0.1:{port}"
@@ -115,7 +115,7 @@ def test_with_no_vulkan_device_the_cpu_serves_and_says_why(tmp_path, api_key):
     port = free_port()
     env = vulkan_env(VK_ICD_FILENAMES="/nonexistent/icd.json", VK_DRIVER_FILES="/nonexistent/icd.json")
     env.pop("GGML_VK_VISIBLE_DEVICES")
-    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--threads", "2", "--ctx-size", "1024",
+    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--metrics-access", "open", "--threads", "2", "--ctx-size", "1024",
                            "--parallel", "1", "--run-dir", str(tmp_path)), tmp_path / "serve.log", env=env)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -28,7 +28,7 @@ BASE = {
     "schema_version": 1, "hostname": "box-7",
     "network": {"interfaces": [{"name": "eth0", "mode": "static", "address": "10.20.0.5/24", "gateway": "10.20.0.1",
                                 "dns": ["10.20.0.1"]}]},
-    "api": {"port": 8080, "generate_keys": ["owner"]},
+    "api": {"port": 8443, "generate_keys": ["owner"]},
     "model": {"source": "image"},
     "bmc": {"mode": "ipmi", "address": "10.20.0.9", "user": "admin", "password_file": "files/bmc.pass"},
     "power": {"target_c": 75, "ceiling_c": 87},
@@ -88,6 +88,9 @@ BAD = [
         {"name": "eth1", "mode": "static", "address": "10.20.0.5/24"}]), {}, "network.interfaces[1].address"),
     ("bmc without user", _with("bmc.user", None), {}, "bmc.user"),
     ("ceiling under target", _with("power.ceiling_c", 70), {}, "power.ceiling_c"),
+    ("HTTPS and HTTP on one port", _with("api.http_port", 8443), {}, "api.http_port"),
+    ("plain HTTP serving on the LAN", _with("api.http", "serve"), {}, "api.http"),
+    ("unknown metrics access", _with("api.metrics", "public"), {}, "api.metrics"),
     ("unknown setting", _with("colour", "blue"), {}, "(top level)"),
     ("world-readable secret", None, {"modes": {"files/bmc.pass": 0o644}}, "bmc.password_file"),
     ("hash mismatch", None, {"tamper": "files/bmc.pass"}, "files.files/bmc.pass"),
@@ -275,3 +278,14 @@ def test_live_network_waits_for_a_late_interface_and_names_a_missing_one(tmp_pat
     addrs = subprocess.run(["ip", "netns", "exec", netns, "ip", "-j", "addr", "show", "late0"], capture_output=True,
                            text=True, check=True).stdout
     assert "10.78.0.2" in addrs
+
+
+def test_the_front_reads_back_what_provisioning_wrote(tmp_path):
+    """box.toml's [api] reaches the front (and the API's /metrics rule) as front.toml, through the front's parser."""
+    from host_runtime.front import settings as front_settings
+
+    box = _with("api", {"port": 9443, "http_port": 9080, "http": "off", "metrics": "loopback",
+                        "generate_keys": ["owner"]})
+    apply(open_bundle(make_bundle(tmp_path / "bundle", box)), tmp_path / "root")
+    front = front_settings.load(tmp_path / "root/etc/everycycle/front.toml")
+    assert front == front_settings.FrontSettings(https_port=9443, http_port=9080, http="off", metrics="loopback")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import ssl
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from host_runtime.auth.keystore import create_key
-from tests.servers import REPO, Proc, free_port, ready, wait_for
+from host_runtime.common.unix_http import unix_get
+from host_runtime.front import settings as front_settings
+from host_runtime.front.settings import FrontSettings
+from tests.servers import REPO, Proc, free_port, http_status, raw_get, ready, wait_for
 
 BIN = Path(sys.executable).parent
 
@@ -19,8 +23,9 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
     for d in (state, run, log):
         d.mkdir()
     key = create_key(state / "api_keys.json", "dev")
-    port = free_port()
-    env = {**os.environ, "EVERYCYCLE_BIN": str(BIN), "EVERYCYCLE_HOST": "127.0.0.1", "EVERYCYCLE_PORT": str(port),
+    port, http_port = free_port(), free_port()
+    front_settings.save(FrontSettings(listen="127.0.0.1", https_port=port, http_port=http_port), state / "front.toml")
+    env = {**os.environ, "EVERYCYCLE_BIN": str(BIN),
            "EVERYCYCLE_STATE_DIR": str(state), "EVERYCYCLE_RUN_DIR": str(run), "EVERYCYCLE_LOG_DIR": str(log),
            "EVERYCYCLE_SERVE_ARGS": "--threads 2 --ctx-size 1024 --parallel 2",
            "EVERYCYCLE_GOVERNOR_ARGS": "--backend simulator --sim-speed 20",
@@ -28,10 +33,27 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
     conf = str(REPO / "supervisor.d" / "supervisord.conf")
     sup = Proc([str(BIN / "supervisord"), "-c", conf], tmp_path / "supervisord.out", env=env)
     ctl = [str(BIN / "supervisorctl"), "-s", f"unix://{run}/supervisor.sock"]
-    base = f"http://127.0.0.1:{port}"
+    base = f"https://127.0.0.1:{port}"
+    cert = state / "tls" / "self-signed.crt"
+    https = ssl.create_default_context(cafile=None)
+
+    def ready_https() -> bool:
+        if not cert.exists():
+            return False
+        https.load_verify_locations(cafile=str(cert))
+        return ready(base, context=https)
+
     try:
-        wait_for(lambda: ready(base), 90, "serving under supervisord", sup)
-        for program in ("serving", "discovery", "governor", "bmc"):
+        wait_for(ready_https, 90, "serving under supervisord, through the front", sup)
+        # Plain HTTP only redirects (the key never crosses the LAN in clear); /health answers there for probes.
+        status, headers, _ = raw_get(http_port, "/v1/models")
+        assert status == 308 and headers["location"] == f"https://127.0.0.1:{port}/v1/models"
+        assert raw_get(http_port, "/health")[0] == 200
+        # /metrics needs a key by default; the box's own readers use the Unix socket without one.
+        assert http_status(base + "/metrics", context=https) == 401
+        assert http_status(base + "/metrics", context=https, key=key) == 200
+        assert unix_get(str(run / "serving" / "http.sock"), "/metrics", 5)[0] == 200
+        for program in ("front", "serving", "discovery", "governor", "bmc"):
             wait_for(lambda: "RUNNING" in subprocess.run(ctl + ["status", program], capture_output=True,
                                                            text=True).stdout, 30, f"{program} RUNNING")
         wait_for(lambda: (run / "topology.json").exists(), 30, "discovery to write the topology")
@@ -43,12 +65,14 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
         engine_pid = int(subprocess.run(["pgrep", "-f", f"engine --socket {run}/serving/engine.sock"],
                                         capture_output=True, text=True).stdout.split()[0])
         os.kill(engine_pid, 9)
-        wait_for(lambda: not ready(base), 30, "the server to notice the dead engine")
-        wait_for(lambda: ready(base), 90, "supervisord to restart serving", sup)
+        wait_for(lambda: not ready_https(), 30, "the server to notice the dead engine")
+        wait_for(ready_https, 90, "supervisord to restart serving", sup)
         assert (log / "serving.log").stat().st_size > 0
+        import httpx2
         import openai
 
-        client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+        client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0,
+                               http_client=httpx2.Client(verify=https))
         assert client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", max_tokens=3,
                                               messages=[{"role": "user", "content": "Hi"}]).choices[0].message.content
     finally:

@@ -20,7 +20,7 @@ hostname = "shed-box"
 interfaces = [{ name = "eth0", mode = "static", address = "10.9.0.20/24", gateway = "10.9.0.1", dns = ["10.9.0.1", "1.1.1.1"] }]
 
 [api]
-port = 8080
+port = 8443
 generate_keys = ["owner"]
 
 [model]
@@ -36,7 +36,7 @@ ceiling_c = 85.0
 """
 ANSWERS = {"hostname": "shed-box", "links": [{"name": "eth0", "mode": "static", "address": "10.9.0.20/24",
                                               "gateway": "10.9.0.1", "dns": "10.9.0.1, 1.1.1.1"}],
-           "port": "8080", "context_length": "4096", "bmc_mode": "none", "target_c": "72", "ceiling_c": "85"}
+           "port": "8443", "context_length": "4096", "bmc_mode": "none", "target_c": "72", "ceiling_c": "85"}
 
 
 def test_answers_make_the_same_box_as_the_hand_written_bundle():

@@ -99,6 +99,8 @@ class Dashboard(App):
         header = Text(f"{s.box_name}", style="bold")
         header.append(f"   EveryCycle {s.version}   up {s.uptime_s / 3600:.1f} h\n")
         header.append("API  " + "   ".join(s.api_urls), style="bold cyan")
+        if s.tls_fingerprint:
+            header.append(f"\nTLS  SHA-256 {s.tls_fingerprint}")
         self.query_one("#header", Static).update(header)
 
         sv = s.serving

@@ -62,6 +62,7 @@ class BoxStatus:
     ram_used_percent: float
     events: list[dict] = field(default_factory=list)
     token_history: list[float] = field(default_factory=list)
+    tls_fingerprint: str | None = None
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -117,9 +118,13 @@ def _get_allowing_errors(url: str, timeout: float = TIMEOUT_S) -> tuple[int, byt
 class ConsoleConfig:
     run_dir: Path
     serving_url: str = "http://127.0.0.1:8080"
+    serving_socket: Path | None = None  # the API's own Unix socket: read there (no key, no front) when set
     bmc_url: str | None = "http://127.0.0.1:9290/telemetry"
     keys_file: Path | None = None
     api_port: int = 8080
+    api_scheme: str = "http"
+    api_listen: str = "0.0.0.0"  # the front's address: a specific one is the only URL shown
+    tls_certificate: Path | None = None  # the front's: its fingerprint is shown for clients meeting a self-signed one
     box_name: str | None = None
     provision_root: Path = Path("/")          # what the wizard configures ("/" on the box)
     bundle_dir: Path = Path("/efi/everycycle")  # where the wizard writes its bundle: the ESP, which gpt-auto mounts at /efi
@@ -137,18 +142,30 @@ class StatusReader:
 
     # ---- sources ------------------------------------------------------------------
 
+    def _serving_get(self, path: str, timeout: float) -> tuple[int, bytes]:
+        if self.config.serving_socket is not None:
+            from host_runtime.common.unix_http import unix_get
+
+            return unix_get(str(self.config.serving_socket), path, timeout)
+        return _get_allowing_errors(self.config.serving_url + path, timeout)
+
+    def _serving_ok(self, path: str, timeout: float) -> bytes:
+        status, body = self._serving_get(path, timeout)
+        if status >= 400:
+            raise OSError(f"HTTP {status} on {path}")
+        return body
+
     def serving(self) -> Serving:
-        base = self.config.serving_url
         try:
-            health = json.loads(_get(base + "/health", SERVING_TIMEOUT_S))
-            metrics_text = _get(base + "/metrics", SERVING_TIMEOUT_S).decode()
+            health = json.loads(self._serving_ok("/health", SERVING_TIMEOUT_S))
+            metrics_text = self._serving_ok("/metrics", SERVING_TIMEOUT_S).decode()
             metrics = parse_prometheus(metrics_text)
         except (OSError, ValueError) as exc:
             self._ready_at = 0.0
             return Serving(Source(False, f"not answering: {exc}"))
         if time.monotonic() - self._ready_at >= READY_EVERY_S:
             try:
-                status, body = _get_allowing_errors(base + "/ready", READY_TIMEOUT_S)
+                status, body = self._serving_get("/ready", READY_TIMEOUT_S)
                 self._ready = (status == 200, json.loads(body).get("reason", ""))
             except (OSError, ValueError):
                 self._ready = (self._ready[0], f"readiness check timed out (engine {health.get('engine')}, busy?)")
@@ -180,6 +197,9 @@ class StatusReader:
 
     def api_urls(self, topo: dict | None) -> list[str]:
         port = self.config.api_port
+        if self.config.api_listen not in ("0.0.0.0", "::"):
+            host = self.config.api_listen if ":" not in self.config.api_listen else f"[{self.config.api_listen}]"
+            return [f"{self.config.api_scheme}://{host}:{port}/v1"]
         urls = []
         for link in (topo or {}).get("network") or []:
             if link.get("kind") == "loopback" or not isinstance(link.get("addresses"), list):
@@ -187,8 +207,8 @@ class StatusReader:
             for a in link["addresses"]:
                 if a.get("scope") == "global":
                     host = a["address"] if a["family"] == "ipv4" else f"[{a['address']}]"
-                    urls.append(f"http://{host}:{port}/v1")
-        return urls or [f"http://127.0.0.1:{port}/v1"]
+                    urls.append(f"{self.config.api_scheme}://{host}:{port}/v1")
+        return urls or [f"{self.config.api_scheme}://127.0.0.1:{port}/v1"]
 
     def governor(self) -> tuple[Source, list[dict], int | None, list[dict]]:
         path = self.config.run_dir / "governor.json"
@@ -256,7 +276,18 @@ class StatusReader:
             version=__version__, uptime_s=time.time() - psutil.boot_time(), api_urls=self.api_urls(topo),
             serving=serving, gpus=gpus, governor=gov_source, throttle_level=throttle, chassis=chassis,
             bmc=bmc_source, services=services, supervisor=sup_source, cpu_percent=psutil.cpu_percent(interval=None),
-            ram_used_percent=psutil.virtual_memory().percent, events=events[:30], token_history=list(self._history))
+            ram_used_percent=psutil.virtual_memory().percent, events=events[:30], token_history=list(self._history),
+            tls_fingerprint=self.tls_fingerprint())
+
+    def tls_fingerprint(self) -> str | None:
+        if self.config.tls_certificate is None:
+            return None
+        from host_runtime.front.tls import fingerprint
+
+        try:
+            return fingerprint(self.config.tls_certificate)
+        except (OSError, ValueError) as exc:
+            return f"unavailable ({exc.__class__.__name__}: the front makes its certificate when it first starts)"
 
     def provisioned(self) -> dict | None:
         try:

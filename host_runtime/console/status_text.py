@@ -13,6 +13,8 @@ def render(s: BoxStatus) -> str:
     sv = s.serving
     lines = [f"{s.box_name}  EveryCycle {s.version}  up {s.uptime_s / 3600:.1f} h",
              "API      " + "  ".join(s.api_urls)]
+    if s.tls_fingerprint:
+        lines.append(f"TLS      certificate SHA-256 {s.tls_fingerprint}")
     if sv.source.ok:
         lines.append(f"Serving  {sv.model or '?'}: {'ready' if sv.ready else 'NOT READY'} ({sv.ready_reason}); "
                      f"{sv.running:.0f} running, {sv.waiting:.0f} waiting; {fmt(sv.tokens_per_s, '.1f')} tok/s; "

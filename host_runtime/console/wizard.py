@@ -36,7 +36,7 @@ def box_from_answers(a: dict) -> tuple[dict, dict[str, bytes]]:
                 iface["dns"] = [d.strip() for d in link["dns"].split(",") if d.strip()]
         interfaces.append(iface)
     box = {"schema_version": 1, "hostname": a["hostname"], "network": {"interfaces": interfaces},
-           "api": {"port": int(a.get("port") or 8080), "generate_keys": ["owner"]},
+           "api": {"port": int(a.get("port") or 8443), "generate_keys": ["owner"]},
            "model": {"source": "image", "context_length": int(a["context_length"])},
            "bmc": {"mode": a["bmc_mode"]},
            "power": {"target_c": float(a["target_c"]), "ceiling_c": float(a["ceiling_c"])}}
@@ -84,8 +84,8 @@ class Wizard(Screen):
                 yield Input(placeholder="DNS servers, comma-separated", id=f"dns-{i}")
             yield Label(f"Model: the image's SmolLM2-135M; context for {self.total_memory / 2**30:.0f} GiB of RAM")
             yield Input(str(context_for_memory(self.total_memory)), id="context_length")
-            yield Label("API port (an API key named 'owner' is generated and shown once)")
-            yield Input("8080", id="port")
+            yield Label("API port, HTTPS (an API key named 'owner' is generated and shown once)")
+            yield Input("8443", id="port")
             yield Label("BMC")
             yield Select([("none", "none"), ("IPMI over LAN", "ipmi")], value="none", id="bmc_mode", allow_blank=False)
             yield Input(placeholder="BMC address", id="bmc_address")

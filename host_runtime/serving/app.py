@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ from host_runtime.serving import protocol
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
 from host_runtime.serving.handlers import ServingLogic, engine_down
 
-OPEN_PATHS = {"/health", "/ready", "/metrics"}  # probes and scrapers carry no key
+OPEN_PATHS = {"/health", "/ready"}  # probes carry no key; /metrics follows AppConfig.metrics_access
 
 
 @dataclass(frozen=True)
@@ -25,14 +26,19 @@ class AppConfig:
     max_body_bytes: int = 1 << 20
     ready_max_age_s: float = 5.0
     ready_deadline_s: float = 10.0
+    # "open", "key", or "loopback" (the front lets only this machine reach /metrics; here it needs no key)
+    metrics_access: str = "key"
 
 
 class AuthMiddleware:
-    def __init__(self, verifier: KeyVerifier):
+    def __init__(self, verifier: KeyVerifier, metrics_access: str = "key"):
         self._verifier = verifier
+        self._open = OPEN_PATHS | ({"/metrics"} if metrics_access != "key" else set())
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if req.path in OPEN_PATHS:
+        if req.path in self._open:
+            return
+        if req.path == "/metrics" and is_local_reader(req):
             return
         header = req.get_header("Authorization") or ""
         scheme, _, token = header.partition(" ")
@@ -77,6 +83,14 @@ def read_json(req: falcon.Request, limit: int) -> dict:
     if len(raw) > limit:
         raise APIError(413, f"the request body is over the limit of {limit} bytes", code="request_too_large")
     return protocol.parse_json_body(raw)
+
+
+def is_local_reader(req: falcon.Request) -> bool:
+    """A program on this box reading the Unix socket directly (the console, the boot check), not a LAN client via
+    the front: the front always sets X-Forwarded-For, and the socket's directory admits only the box's services."""
+    sock = req.env.get("gunicorn.socket")
+    return (sock is not None and sock.family == socket.AF_UNIX
+            and req.get_header("X-Forwarded-For") is None)
 
 
 def client_watch(req: falcon.Request):
@@ -160,6 +174,7 @@ class Generation:
         if call.stream:
             resp.content_type = "text/event-stream"
             resp.set_header("Cache-Control", "no-cache")
+            resp.set_header("X-Accel-Buffering", "no")  # the front passes each event on at once
             resp.stream = self._logic.stream(call, self._kind, model_id)
         else:
             _json(resp, self._logic.complete(call, self._kind, model_id, client_watch(req)))
@@ -179,7 +194,7 @@ class Embeddings:
 
 def create_app(config: AppConfig) -> falcon.App:
     client = EngineClient(config.engine_socket)
-    middleware = [AuthMiddleware(KeyVerifier(config.keys_file))] if config.keys_file else []
+    middleware = [AuthMiddleware(KeyVerifier(config.keys_file), config.metrics_access)] if config.keys_file else []
     app = falcon.App(middleware=middleware)
     identity = ModelIdentity(client)
     logic = ServingLogic(client)

@@ -1,0 +1,129 @@
+"""nginx's configuration for the front (pure): settings and paths in, the config text out.
+
+Why nginx: gunicorn's gthread workers give every accepted socket a thread before the request is read, so a few
+dozen idle connections stop the API (gunicorn's deployment guide puts a buffering proxy in front for this).
+nginx holds idle and slow connections for a few hundred bytes each, closes them on timeouts, caps what one
+client address may hold or ask, buffers whole request bodies, and only then hands a request to gunicorn."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from host_runtime.front.settings import FrontSettings
+from host_runtime.front.tls import CertificatePair
+
+
+@dataclass(frozen=True)
+class FrontPaths:
+    run_dir: Path          # nginx's pid and temp files
+    upstream_socket: Path  # gunicorn's Unix socket
+    # Started as root, nginx would hand its workers to 'nobody', who may not reach the API's socket: name the
+    # user whose services own it (on the box the front runs unprivileged and this stays None).
+    worker_user: str | None = None
+
+
+def _error(status: int, message: str, error_type: str, code: str) -> str:
+    body = json.dumps({"error": {"message": message, "type": error_type, "param": None, "code": code}})
+    return "'" + body.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+ERROR_PAGES = {
+    "too_many": (429, "too many requests or connections from this client; retry shortly", "rate_limit_error",
+                 "rate_limited"),
+    "too_large": (413, "the request body is over this box's limit", "invalid_request_error", "request_too_large"),
+    "forbidden": (403, "this path is served to this machine only", "invalid_request_error", "forbidden"),
+    "upstream_down": (503, "the serving API is not running (it may be starting); retry shortly", "server_error",
+                      "api_unavailable"),
+    "timeout": (408, "the request was not received in time", "invalid_request_error", "request_timeout"),
+}
+
+
+def _server_body(s: FrontSettings, *, metrics_location: bool = True) -> list[str]:
+    lines = [
+        f"        limit_conn per_client_conn {s.connections_per_client};",
+        f"        limit_req zone=per_client_req burst={s.request_burst_per_client} nodelay;",
+        "        error_page 429 @too_many;",
+        "        error_page 413 @too_large;",
+        "        error_page 403 @forbidden;",
+        "        error_page 408 @timeout;",
+        "        error_page 502 503 504 @upstream_down;",
+        "        location / { proxy_pass http://serving; }",
+    ]
+    if metrics_location and s.metrics == "loopback":
+        lines.append("        location = /metrics { allow 127.0.0.1; allow ::1; deny all; proxy_pass http://serving; }")
+    for name, (status, message, error_type, code) in ERROR_PAGES.items():
+        retry = " add_header Retry-After 2 always;" if status in (429, 503) else ""
+        lines.append(f"        location @{name} {{ default_type application/json;{retry} "
+                     f"return {status} {_error(status, message, error_type, code)}; }}")
+    return lines
+
+
+def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
+    run = paths.run_dir
+    listen = f"[{s.listen}]" if ":" in s.listen else s.listen
+    out = [
+        "# Written by `everycycle front` from its settings at every start: edits here are overwritten.",
+        "daemon off;",
+        *([f"user {paths.worker_user};"] if paths.worker_user else []),
+        "worker_processes 2;",
+        "worker_rlimit_nofile 16384;",
+        f"pid {run}/nginx.pid;",
+        # warn: the limits' own lines (limit_conn/limit_req log at warn); client timeouts log at info, not here.
+        "error_log stderr warn;",
+        "events { worker_connections 8192; }",
+        "http {",
+        "    access_log off;  # gunicorn's access log has every request that reached the API",
+        "    server_tokens off;",
+        "    default_type application/octet-stream;",
+    ]
+    out += [f"    {kind}_temp_path {run}/{kind}-temp;" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")]
+    out += [
+        f"    client_header_timeout {s.header_timeout_s}s;",
+        f"    client_body_timeout {s.body_timeout_s}s;",
+        "    send_timeout 120s;",
+        "    keepalive_timeout 30s;",
+        "    keepalive_requests 1000;",
+        "    reset_timedout_connection on;",
+        f"    client_max_body_size {s.max_body_bytes};",
+        f"    client_body_buffer_size {min(s.max_body_bytes, 1 << 20)};",
+        "    large_client_header_buffers 4 16k;",
+        "    limit_conn_zone $binary_remote_addr zone=per_client_conn:4m;",
+        f"    limit_req_zone $binary_remote_addr zone=per_client_req:4m rate={s.requests_per_second_per_client}r/s;",
+        "    limit_conn_status 429;",
+        "    limit_req_status 429;",
+        "    limit_conn_log_level warn;",
+        "    limit_req_log_level warn;",
+        f"    upstream serving {{ server unix:{paths.upstream_socket}; }}",
+        "    proxy_http_version 1.1;",
+        "    proxy_set_header Connection \"\";",
+        "    proxy_set_header Host $host;",
+        "    proxy_set_header X-Forwarded-For $remote_addr;",
+        "    proxy_set_header X-Forwarded-Proto $scheme;",
+        "    proxy_request_buffering on;  # gunicorn gets a request only once all of it has arrived",
+        "    proxy_buffering on;          # SSE answers opt out with X-Accel-Buffering: no",
+        "    proxy_connect_timeout 5s;",
+        "    proxy_send_timeout 60s;",
+        "    proxy_read_timeout 900s;     # a long generation without streaming",
+        "    server {",
+        f"        listen {listen}:{s.https_port} ssl;",
+        f"        ssl_certificate {pair.certificate};",
+        f"        ssl_certificate_key {pair.private_key};",
+        "        ssl_protocols TLSv1.2 TLSv1.3;",
+        "        ssl_session_cache shared:tls:2m;",
+    ]
+    out += _server_body(s)
+    out.append("    }")
+    if s.http != "off":
+        out += ["    server {", f"        listen {listen}:{s.http_port};"]
+        if s.http == "serve":
+            out += _server_body(s)
+        else:
+            # Only the liveness probe answers in clear; everything else moves to HTTPS before a key is sent.
+            out += [line for line in _server_body(s, metrics_location=False) if "location / " not in line]
+            out += ["        location = /health { proxy_pass http://serving; }",
+                    f"        location / {{ return 308 https://$host:{s.https_port}$request_uri; }}"]
+        out.append("    }")
+    out.append("}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,133 @@
+"""The front's settings: one typed structure, written by provisioning (and `make run`), read by the front's
+runner and by the serving API (which enforces the /metrics access it names). Both sides import this module."""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from host_runtime.common.atomic_file import atomic_write
+
+HTTP_MODES = ("redirect", "off", "serve")
+METRICS_ACCESS = ("open", "key", "loopback")
+
+
+class FrontSettingsError(ValueError):
+    """A settings file that cannot be used; names the field."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class FrontSettings:
+    listen: str = "0.0.0.0"          # the address LAN clients reach
+    https_port: int = 8443
+    http_port: int = 8080
+    # Plain HTTP: "redirect" to HTTPS (only /health answers there), "off", or "serve" (a loopback address only:
+    # `make run` on a developer's machine).
+    http: str = "redirect"
+    metrics: str = "key"             # /metrics: "open", "key" (an API key), or "loopback" (this machine only)
+    certificate: str = ""            # PEM paths from the bundle; empty: a self-signed pair made at first start
+    private_key: str = ""
+    # Slow-client limits (nginx). Idle and slow-header connections cost nginx a few hundred bytes each, never a
+    # gunicorn thread: these close them, and cap what one client address can hold or ask.
+    header_timeout_s: int = 10
+    body_timeout_s: int = 30
+    connections_per_client: int = 64
+    requests_per_second_per_client: int = 20
+    request_burst_per_client: int = 100
+    max_body_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        check(self)
+
+    @property
+    def loopback_only(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.listen).is_loopback
+        except ValueError:
+            return False
+
+
+def check(s: FrontSettings) -> None:
+    try:
+        ipaddress.ip_address(s.listen)
+    except ValueError:
+        raise FrontSettingsError("listen", f"{s.listen!r} is not an IP address") from None
+    for name in ("https_port", "http_port"):
+        port = getattr(s, name)
+        if not 1 <= port <= 65535:
+            raise FrontSettingsError(name, f"{port} is not a TCP port")
+    if s.https_port == s.http_port:
+        raise FrontSettingsError("http_port", "must differ from https_port")
+    if s.http not in HTTP_MODES:
+        raise FrontSettingsError("http", f"must be one of {', '.join(HTTP_MODES)}, got {s.http!r}")
+    if s.http == "serve" and not s.loopback_only:
+        raise FrontSettingsError("http", "'serve' (keys in clear text) is allowed only on a loopback address; "
+                                 "use 'redirect' or 'off' on the LAN")
+    if s.metrics not in METRICS_ACCESS:
+        raise FrontSettingsError("metrics", f"must be one of {', '.join(METRICS_ACCESS)}, got {s.metrics!r}")
+    if bool(s.certificate) != bool(s.private_key):
+        raise FrontSettingsError("certificate", "a certificate and its private_key come together")
+    for name in ("header_timeout_s", "body_timeout_s", "connections_per_client", "requests_per_second_per_client",
+                 "request_burst_per_client", "max_body_bytes"):
+        if getattr(s, name) < 1:
+            raise FrontSettingsError(name, "must be at least 1")
+
+
+BOX_TLS_CERTIFICATE = "/etc/everycycle/tls/api.crt"  # where provisioning puts a bundle's certificate and key
+BOX_TLS_KEY = "/etc/everycycle/tls/api.key"
+
+
+def from_box(box: dict) -> FrontSettings:
+    """box.toml's [api] section as the front's settings: the one translation, used by provisioning (to write
+    front.toml) and by bundle validation (so a bad combination is refused naming the box.toml field)."""
+    api = box.get("api", {})
+    try:
+        return FrontSettings(https_port=api.get("port", FrontSettings.https_port),
+                             http_port=api.get("http_port", FrontSettings.http_port),
+                             http=api.get("http", FrontSettings.http), metrics=api.get("metrics", FrontSettings.metrics),
+                             certificate=BOX_TLS_CERTIFICATE if api.get("tls_certificate") else "",
+                             private_key=BOX_TLS_KEY if api.get("tls_key") else "")
+    except FrontSettingsError as exc:
+        box_field = {"https_port": "api.port", "http_port": "api.http_port", "http": "api.http",
+                     "metrics": "api.metrics", "certificate": "api.tls_certificate"}.get(exc.field, f"api.{exc.field}")
+        raise FrontSettingsError(box_field, str(exc).split(": ", 1)[1]) from None
+
+
+def from_mapping(doc: dict) -> FrontSettings:
+    known = {f.name: f for f in fields(FrontSettings)}
+    values = {}
+    for key, value in doc.items():
+        if key not in known:
+            raise FrontSettingsError(key, "unknown setting")
+        want = int if known[key].type == "int" else str
+        if isinstance(value, bool) or not isinstance(value, want):
+            raise FrontSettingsError(key, f"must be {'an integer' if want is int else 'a string'}")
+        values[key] = value
+    return FrontSettings(**values)
+
+
+def load(path: str | Path | None) -> FrontSettings:
+    """The settings in `path`; the defaults where there is no file."""
+    if path is None or not Path(path).exists():
+        return FrontSettings()
+    try:
+        doc = tomllib.loads(Path(path).read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise FrontSettingsError("(file)", f"{path} is not valid TOML: {exc}") from None
+    return from_mapping(doc)
+
+
+def dump(settings: FrontSettings) -> bytes:
+    import tomli_w
+
+    return tomli_w.dumps(asdict(settings)).encode()
+
+
+def save(settings: FrontSettings, path: str | Path) -> None:
+    atomic_write(Path(path), dump(settings), 0o644)
