@@ -108,3 +108,24 @@ def test_a_shared_system_message_is_reused_up_to_its_end():
     assert cache.slots[0].prefix == tuple(system + [1, 60, 61, END])
     b = cache.admit(system + [1, 70, 71, END])
     assert (b.source, b.reuse) == ("context", len(system))
+
+
+def test_the_disk_tier_budget_keeps_the_file_systems_reserve():
+    from host_runtime.engine.kv_store import disk_budget, free_space_reserve
+
+    GiB = 1 << 30
+    assert free_space_reserve(100 * GiB) == 10 * GiB
+    assert free_space_reserve(4 * GiB) == GiB            # at least 1 GiB
+    assert free_space_reserve(1000 * GiB) == 20 * GiB    # at most 20 GiB
+    assert disk_budget(4 * GiB, free_bytes=50 * GiB, total_bytes=100 * GiB) == 4 * GiB
+    # A nearly full disk shrinks the tier: 12 GiB free, 10 GiB reserve -> 2 GiB.
+    assert disk_budget(4 * GiB, free_bytes=12 * GiB, total_bytes=100 * GiB) == 2 * GiB
+    # Entries the tier already holds count as its own room.
+    assert disk_budget(4 * GiB, free_bytes=12 * GiB, total_bytes=100 * GiB, already_cached=GiB) == 3 * GiB
+    assert disk_budget(4 * GiB, free_bytes=5 * GiB, total_bytes=100 * GiB) == 0
+
+
+def test_entries_past_a_smaller_budget_are_not_adopted():
+    cache = PrefixCache(n_slots=1, chunk=4, ram_budget=0, disk_budget=100)
+    assert cache.found_on_disk((1, 2, 3, 4), 80)
+    assert not cache.found_on_disk((5, 6, 7, 8), 80)

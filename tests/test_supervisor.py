@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
-import ssl
 import os
+import ssl
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from host_runtime.auth.keystore import create_key
 from host_runtime.common.unix_http import unix_get
 from host_runtime.front import settings as front_settings
 from host_runtime.front.settings import FrontSettings
 from tests.servers import REPO, Proc, free_port, http_status, raw_get, ready, wait_for
+
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
 
 BIN = Path(sys.executable).parent
 
@@ -27,6 +31,7 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
     front_settings.save(FrontSettings(listen="127.0.0.1", https_port=port, http_port=http_port), state / "front.toml")
     env = {**os.environ, "EVERYCYCLE_BIN": str(BIN),
            "EVERYCYCLE_STATE_DIR": str(state), "EVERYCYCLE_RUN_DIR": str(run), "EVERYCYCLE_LOG_DIR": str(log),
+           "EVERYCYCLE_CACHE_DIR": str(tmp_path / "cache"),
            "EVERYCYCLE_SERVE_ARGS": "--threads 2 --ctx-size 1024 --parallel 2",
            "EVERYCYCLE_GOVERNOR_ARGS": "--backend simulator --sim-speed 20",
            "EVERYCYCLE_BMC_ARGS": f"--backend local --listen 127.0.0.1:{free_port()}"}
@@ -56,6 +61,10 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
         for program in ("front", "serving", "discovery", "governor", "bmc"):
             wait_for(lambda: "RUNNING" in subprocess.run(ctl + ["status", program], capture_output=True,
                                                            text=True).stdout, 30, f"{program} RUNNING")
+        # The prefix cache's disk tier is on disk, private, and nowhere under RUN_DIR (a RAM file system on the box).
+        cache_dir = tmp_path / "cache" / "prefix-cache"
+        assert cache_dir.is_dir() and cache_dir.stat().st_mode & 0o777 == 0o700
+        assert not list(run.rglob("prefix-cache"))
         wait_for(lambda: (run / "topology.json").exists(), 30, "discovery to write the topology")
         wait_for(lambda: (run / "governor.json").exists(), 30, "the governor to publish its state")
         from host_runtime.discovery import topology

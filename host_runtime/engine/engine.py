@@ -20,7 +20,7 @@ import numpy as np
 
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.capacity import sequences_allowed
-from host_runtime.engine.kv_store import KVStore
+from host_runtime.engine.kv_store import KVStore, disk_budget
 from host_runtime.engine.metrics import EngineMetrics
 from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demote, PrefixCache, Restore, Spill,
                                               Trim)
@@ -105,12 +105,21 @@ class Engine:
         self._cv = threading.Condition()  # guards _waiting; everything below it is the loop thread's alone
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._active: list[Sequence] = []
-        self.cache = PrefixCache(model.n_parallel, model.prefill_chunk, prefix_cache.ram_bytes,
-                                 prefix_cache.disk_bytes if prefix_cache.directory else 0, prefix_cache.enabled,
-                                 boundary_tokens=model.boundary_tokens)
         self.store = KVStore(prefix_cache.directory if prefix_cache.enabled else None, model.cache_fingerprint)
-        for key, nbytes in self.store.scan():
-            self.cache.found_on_disk(key, nbytes)
+        found = self.store.scan()
+        disk = 0
+        if self.store.directory is not None:
+            free, total = self.store.space()
+            disk = disk_budget(prefix_cache.disk_bytes, free, total, sum(n for _, n in found))
+            if disk < prefix_cache.disk_bytes:
+                log.warning("prefix cache: %.1f GiB on disk instead of %.1f GiB: %s has %.1f GiB free and keeps a "
+                            "reserve", disk / 2**30, prefix_cache.disk_bytes / 2**30, self.store.directory,
+                            free / 2**30)
+        self.cache = PrefixCache(model.n_parallel, model.prefill_chunk, prefix_cache.ram_bytes, disk,
+                                 prefix_cache.enabled, boundary_tokens=model.boundary_tokens)
+        for key, nbytes in found:
+            if not self.cache.found_on_disk(key, nbytes):
+                self.store.drop_disk(key)  # past today's budget: not left behind as an orphan
         self._publish_cache()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import queue
+import shutil
 import struct
 import threading
 from pathlib import Path
@@ -68,18 +70,38 @@ def decode_file(raw: bytes, fingerprint: str, key: Key) -> bytes:
     return payload
 
 
+def free_space_reserve(total_bytes: int) -> int:
+    """What the disk tier leaves free on its file system: 10 % of it, at least 1 GiB, at most 20 GiB (the
+    journal, updates and the model store share that disk)."""
+    return min(max(total_bytes // 10, 1 << 30), 20 << 30)
+
+
+def disk_budget(configured: int, free_bytes: int, total_bytes: int, already_cached: int = 0) -> int:
+    """The disk tier's budget: the configured one, bounded by what the file system can give without dropping
+    below its reserve (entries already there count as available, since they are the tier's own)."""
+    return max(0, min(configured, free_bytes + already_cached - free_space_reserve(total_bytes)))
+
+
 class KVStore:
     def __init__(self, directory: str | Path | None, fingerprint: str):
         self.directory = Path(directory) if directory else None
         self.fingerprint = fingerprint
         self.ram: dict[Key, bytes] = {}
         self.corrupt_files = 0
+        self.writes_skipped_for_space = 0
         self._pending: dict[Key, bytes] = {}
         self._lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
         if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            # 0700: the entries are users' prompts, in the model's representation.
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.directory, 0o700)
             threading.Thread(target=self._writer, name="kv-writer", daemon=True).start()
+
+    def space(self) -> tuple[int, int]:
+        """(free, total) bytes of the disk tier's file system."""
+        usage = shutil.disk_usage(self.directory)
+        return usage.free, usage.total
 
     def path_for(self, key: Key) -> Path:
         return self.directory / (tokens_digest(self.fingerprint, key)[:40] + ".kv")
@@ -114,6 +136,8 @@ class KVStore:
         path = self.path_for(key)
         try:
             return decode_file(path.read_bytes(), self.fingerprint, key)
+        except FileNotFoundError:
+            return None  # never written (the disk was short of space): a plain miss
         except (OSError, CorruptEntry) as exc:
             self.corrupt_files += 1
             log.warning("prefix cache file %s ignored: %s", path.name, exc)
@@ -153,7 +177,15 @@ class KVStore:
                     with self._lock:
                         data = self._pending.get(arg)
                     if data is not None:
-                        atomic_write(self.path_for(arg), encode_file(self.fingerprint, arg, data), mode=0o600)
+                        free, total = self.space()
+                        if free - len(data) < free_space_reserve(total):
+                            # The disk filled up for other reasons since the budget was set: keep its reserve.
+                            self.writes_skipped_for_space += 1
+                            if self.writes_skipped_for_space == 1:
+                                log.warning("prefix cache: %s has %.1f GiB free, under its reserve; entries are no "
+                                            "longer written to disk", self.directory, free / 2**30)
+                        else:
+                            atomic_write(self.path_for(arg), encode_file(self.fingerprint, arg, data), mode=0o600)
                     with self._lock:
                         self._pending.pop(arg, None)
                 elif job == "delete":

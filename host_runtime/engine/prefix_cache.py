@@ -205,7 +205,9 @@ class PrefixCache:
             actions.append(DropDisk(old))
         return actions
 
-    def found_on_disk(self, key: Key, nbytes: int) -> None:
-        """An entry left on disk by an earlier run, checked and adopted at start."""
+    def found_on_disk(self, key: Key, nbytes: int) -> bool:
+        """An entry left on disk by an earlier run, checked and adopted at start if the budget has room."""
         if key not in self.disk and self.bytes_in("disk") + nbytes <= self.disk_budget:
             self.disk[key] = Entry(key, nbytes)
+            return True
+        return False
