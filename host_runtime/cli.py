@@ -202,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--front-settings", metavar="FILE",
                        help="the front's settings (front.toml): the URLs shown are its HTTPS ones")
         c.add_argument("--state-dir", metavar="DIR", help="where the front keeps a self-signed certificate")
+        c.add_argument("--new-keys-file", metavar="FILE",
+                       help="API keys first boot made: shown once on the screen, then the file is removed")
         c.add_argument("--bmc-url", default="http://127.0.0.1:9290/telemetry", metavar="URL")
         c.add_argument("--keys", metavar="FILE", help="the API key file (only hints are ever shown)")
         c.add_argument("--provision-root", default="/", metavar="DIR", help="what the set-up wizard configures (default /)")
@@ -220,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (pv, pa):
         p.add_argument("--require-signature", metavar="PUBKEY", help="refuse bundles not signed by this key (PEM)")
     pa.add_argument("--root", default="/", metavar="DIR", help="the filesystem to configure (default /)")
+    pa.add_argument("--new-keys-file", metavar="FILE",
+                    help="hand generated API keys to the console (it shows them once) in this 0600 file instead of "
+                         "printing them: first boot's output reaches the journal and the serial console")
     pa.add_argument("--live-network", action="store_true", help="also configure static addresses and the hostname on the running system now")
     pa.add_argument("--wait-for-links", type=float, default=30.0, metavar="S",
                     help="with --live-network: how long a named interface may take to appear (default 30)")
@@ -553,7 +558,8 @@ def cmd_console(parser, args) -> int:
                            serving_socket=Path(args.serving_socket) if args.serving_socket else None,
                            keys_file=Path(args.keys) if args.keys else None,
                            api_port=api_port, api_scheme=api_scheme, api_listen=api_listen, tls_certificate=certificate,
-                           provision_root=Path(args.provision_root), bundle_dir=Path(args.bundle_dir))
+                           provision_root=Path(args.provision_root), bundle_dir=Path(args.bundle_dir),
+                           new_keys_file=Path(args.new_keys_file) if args.new_keys_file else None)
     reader = StatusReader(config)
     if args.command == "status":
         from host_runtime.console.status_text import render
@@ -610,8 +616,14 @@ def cmd_provision(parser, args) -> int:
         print(f"already applied (bundle {result.digest[:12]}): nothing changed")
         return 0
     print(f"applied bundle {result.digest[:12]}; record: {result.record}")
-    for name, key in result.generated_keys.items():
-        print(f"new API key {name!r}: {key}   (shown once; only its hash is stored)")
+    if result.generated_keys and args.new_keys_file:
+        from host_runtime.auth.new_keys import write_new_keys
+
+        write_new_keys(args.new_keys_file, result.generated_keys)
+        print(f"new API key(s) {', '.join(map(repr, result.generated_keys))}: shown once on the console's screen")
+    else:
+        for name, key in result.generated_keys.items():
+            print(f"new API key {name!r}: {key}   (shown once; only its hash is stored)")
     if result.removed_secrets:
         print(f"removed secrets from the bundle: {', '.join(result.removed_secrets)}")
     return 0

@@ -171,3 +171,32 @@ class FixedReader:
 
 def test_layout_snapshot(snap_compare):
     assert snap_compare(Dashboard(FixedReader(), tick_s=60), terminal_size=(120, 32))
+
+
+def test_first_boot_keys_are_shown_once_on_the_screen_and_then_forgotten(tmp_path):
+    from host_runtime.auth.new_keys import write_new_keys
+
+    keys_file = tmp_path / "run" / "new-keys.json"
+    write_new_keys(keys_file, {"owner": "ec-ThisIsTheOwnersKey"})
+    assert keys_file.stat().st_mode & 0o777 == 0o600
+
+    class Reader(FixedReader):
+        config = ConsoleConfig(run_dir=tmp_path, new_keys_file=keys_file)
+
+    async def drive():
+        app = Dashboard(Reader(), tick_s=60)
+        async with app.run_test(size=(120, 32)) as pilot:
+            await _until(pilot, lambda: app.screen.__class__.__name__ == "NewKeys")
+            assert "ec-ThisIsTheOwnersKey" in str(app.screen.query_one("#new-keys").render())
+            await pilot.press("enter")
+            await _until(pilot, lambda: app.screen.__class__.__name__ != "NewKeys")
+        assert not keys_file.exists()
+        # A second start shows nothing: the key is gone from the box.
+        again = Dashboard(Reader(), tick_s=60)
+        async with again.run_test(size=(120, 32)) as pilot:
+            await pilot.pause(0.5)
+            assert again.screen.__class__.__name__ != "NewKeys"
+
+    import asyncio
+
+    asyncio.run(drive())

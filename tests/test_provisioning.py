@@ -289,3 +289,21 @@ def test_the_front_reads_back_what_provisioning_wrote(tmp_path):
     apply(open_bundle(make_bundle(tmp_path / "bundle", box)), tmp_path / "root")
     front = front_settings.load(tmp_path / "root/etc/everycycle/front.toml")
     assert front == front_settings.FrontSettings(https_port=9443, http_port=9080, http="off", metrics="loopback")
+
+
+def test_first_boot_hands_generated_keys_to_the_console_not_to_its_output(tmp_path):
+    """First boot's output reaches the journal and the serial console: the key must not be in it."""
+    from host_runtime.auth.keystore import hash_key
+    from host_runtime.auth.new_keys import read_new_keys
+
+    bundle_dir = make_bundle(tmp_path / "bundle")
+    handoff = tmp_path / "run" / "new-keys.json"
+    out = subprocess.run(everycycle("provision", "apply", str(bundle_dir), "--root", str(tmp_path / "root"),
+                                    "--new-keys-file", str(handoff)), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    keys = read_new_keys(handoff)
+    assert list(keys) == ["owner"] and keys["owner"].startswith("ec-")
+    assert keys["owner"] not in out.stdout + out.stderr and "shown once on the console" in out.stdout
+    assert handoff.stat().st_mode & 0o777 == 0o600
+    stored = json.loads((tmp_path / "root/etc/everycycle/api_keys.json").read_text())["keys"]
+    assert hash_key(keys["owner"]) in [k["sha256"] for k in stored]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -40,6 +42,30 @@ class GpuDetails(ModalScreen):
                 if key in g:
                     body.append(f"  {key:<16} {g[key]}\n")
         yield Static(body, id="gpu-details")
+
+
+class NewKeys(ModalScreen):
+    """First boot's API keys, on this screen only and only once: closing it forgets them."""
+    BINDINGS = [Binding("enter", "done", "I have written them down"), Binding("escape", "done", "close")]
+
+    def __init__(self, keys: dict[str, str], path: Path):
+        super().__init__()
+        self.keys = keys
+        self.path = path
+
+    def compose(self) -> ComposeResult:
+        body = Text("New API keys (shown only now: write them down, then press Enter)\n\n", style="bold")
+        for name, key in self.keys.items():
+            body.append(f"  {name}: ")
+            body.append(f"{key}\n", style="bold yellow")
+        body.append("\nOnly their hashes are kept on the box; a lost key is replaced with 'everycycle keys create'.")
+        yield Static(body, id="new-keys")
+
+    def action_done(self) -> None:
+        from host_runtime.auth.new_keys import forget_new_keys
+
+        forget_new_keys(self.path)
+        self.app.pop_screen()
 
 
 class Dashboard(App):
@@ -83,6 +109,17 @@ class Dashboard(App):
         self.set_interval(self.tick_s, self.refresh_data)
         if hasattr(self.reader, "provisioned") and self.reader.provisioned() is None:
             self.action_wizard()  # first boot with no bundle: set the box up before anything else
+        self.show_new_keys()
+
+    def show_new_keys(self) -> None:
+        path = getattr(getattr(self.reader, "config", None), "new_keys_file", None)
+        if path is None:
+            return
+        from host_runtime.auth.new_keys import read_new_keys
+
+        keys = read_new_keys(path)
+        if keys:
+            self.push_screen(NewKeys(keys, path))
 
     def refresh_data(self) -> None:
         self.run_worker(self._read, thread=True, exclusive=True, group="read")

@@ -127,6 +127,7 @@ class ConsoleConfig:
     tls_certificate: Path | None = None  # the front's: its fingerprint is shown for clients meeting a self-signed one
     box_name: str | None = None
     provision_root: Path = Path("/")          # what the wizard configures ("/" on the box)
+    new_keys_file: Path | None = None  # first boot's generated keys, shown once (host_runtime/auth/new_keys.py)
     bundle_dir: Path = Path("/efi/everycycle")  # where the wizard writes its bundle: the ESP, which gpt-auto mounts at /efi
 
 
