@@ -22,9 +22,19 @@ def _nvml_works() -> bool:
         return False
 
 
+# Fixtures that start real processes (servers, supervisord, nginx, ipmi_sim, namespaces) or load the model:
+# a test using one is marked `system`, so `pytest -m "not system"` runs the pure tests in seconds.
+SYSTEM_FIXTURES = {"api_key", "server", "client", "netns", "front", "box", "sim", "model", "tiny", "small_steps",
+                   "miss_answer", "split_server"}
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` run where NVML works (a lent GPU machine), those marked `vulkan` where llama.cpp has a
-    Vulkan device (lavapipe in CI); elsewhere they are reported skipped with the reason."""
+    Vulkan device (lavapipe in CI); elsewhere they are reported skipped with the reason. Tests that use a
+    process-starting fixture are marked `system`."""
+    for item in items:
+        if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.system)
     if any("gpu" in item.keywords for item in items) and not _nvml_works():
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU with NVML (marked gpu)")
         for item in items:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from tests.conftest import MODEL_ID
 from tests.servers import http_get
+
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 

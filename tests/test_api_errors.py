@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import MODEL_ID
 
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"

@@ -13,6 +13,8 @@ from host_runtime.engine.prompt import PromptBuilder
 from host_runtime.engine.sampling import SamplingParams
 from tests.conftest import MODEL_ID
 
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
+
 QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Explain gravity briefly.",
              "Write a haiku about rain. " * 12]  # longer than the 96-token step budget: several chunks, several steps
 

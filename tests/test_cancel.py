@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.conftest import MODEL_ID
 from tests.servers import http_get, wait_for
+
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
 
 
 def metric(server: str, name: str) -> float:

@@ -174,6 +174,7 @@ def test_the_table_summarises_cpus_memory_disks_and_links(doc):
     assert "BMC" in text
 
 
+@pytest.mark.system
 def test_cli_prints_and_writes(tmp_path):
     out = subprocess.run(everycycle("discover", "--print"), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0

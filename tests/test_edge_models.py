@@ -11,6 +11,8 @@ import pytest
 from tests.servers import Proc, everycycle, free_port, ready, wait_for
 from tests.tiny_gguf import write_tiny_llama
 
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

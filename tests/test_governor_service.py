@@ -103,6 +103,7 @@ def test_nvml_slowdown_reasons():
     assert not nvml_reasons_mean_slowdown(0x1 | 0x4)  # idle, software power cap: not the hardware protecting itself
 
 
+@pytest.mark.system
 def test_the_service_runs_on_the_simulator_and_restores_on_sigterm(tmp_path):
     state = tmp_path / "governor.json"
     proc = Proc(everycycle("governor", "run", "--backend", "simulator", "--sim-gpus", "2", "--sim-speed", "60",
@@ -158,6 +159,7 @@ def test_auto_picks_the_backend_this_box_has(tmp_path):
         proc.stop()
 
 
+@pytest.mark.system
 def test_the_scheduler_follows_the_throttle_level(tmp_path):
     from host_runtime.engine.engine import Engine, GenerationRequest
     from host_runtime.engine.model import ContextConfig, LoadedModel, default_model_path

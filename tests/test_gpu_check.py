@@ -11,6 +11,8 @@ import pytest
 
 from tests.servers import REPO
 
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
+
 
 @pytest.mark.vulkan
 def test_the_device_check_runs_on_lavapipe_and_reports_everything():

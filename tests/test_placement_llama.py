@@ -13,6 +13,8 @@ import pytest
 from host_runtime.engine.model import default_model_path
 from tests.servers import REPO, everycycle
 
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
+
 MIB = 1 << 20
 
 

@@ -10,6 +10,8 @@ from host_runtime.engine.engine import Engine, GenerationRequest, PrefixCacheCon
 from host_runtime.engine.model import ContextConfig, LoadedModel, default_model_path
 from host_runtime.engine.sampling import SamplingParams
 
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
+
 SYSTEM = ("You are the assistant of a small bakery. You answer questions about bread, opening hours, "
           "allergens and prices, politely and briefly. ") * 6  # ~170 tokens: several 32-token chunks
 QUESTION = "Question: when do you open on Sundays? Answer:"

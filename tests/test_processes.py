@@ -7,7 +7,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from host_runtime.common.processes import stop_process
+
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
 
 
 def test_a_process_that_obeys_sigterm_stops_in_time():

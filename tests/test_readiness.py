@@ -10,6 +10,8 @@ import pytest
 
 from tests.servers import Proc, everycycle, free_port, http_get, wait_for
 
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
+
 
 @pytest.fixture
 def split_server(tmp_path):

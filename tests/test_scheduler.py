@@ -16,6 +16,8 @@ from host_runtime.engine.sampling import SamplingParams
 from tests.conftest import MODEL_ID
 from tests.servers import Proc, everycycle, free_port, http_get, ready, wait_for
 
+pytestmark = pytest.mark.system  # every test here starts processes or loads the model
+
 
 def test_capacity_follows_the_kv_budget():
     from host_runtime.placement.model_table import read_table
