@@ -102,3 +102,15 @@ def test_simulate_cli_prints_the_trajectory_summary():
     bad = subprocess.run(everycycle("governor", "simulate", "--inlet-step", "hot"), capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "--inlet-step" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_every_inlet_from_20_to_35_c_settles_without_overshoot_or_hunting():
+    """At a 35 C inlet the target drops to 65 C: the old law only started controlling there and overshot 7.2 C."""
+    from host_runtime.governor.simulate import sweep
+
+    rows = sweep(range(20, 36))
+    assert len(rows) == 32
+    for row in rows:
+        assert row["overshoot_c"] <= 2.0, row
+        assert row["settling_s"] is not None and row["settling_s"] <= 300, row
+        assert row["limit_swing_last_5_min_w"] < 2.0, row  # whole-degree readings must not make it hunt

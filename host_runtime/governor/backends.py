@@ -27,7 +27,7 @@ class GpuReading:
     power_w: float | None
     limit_w: float | None
     hw_slowdown: bool
-    read_at: float  # time.monotonic() of the reading
+    read_at: float  # when it was read, on the backend's clock (time.monotonic() for real cards)
     vram_used_bytes: int | None = None
     vram_total_bytes: int | None = None
 
@@ -99,7 +99,12 @@ class SimulatorBackend:
         self.sims = [SimulatedGpu(name=f"simulated-gpu-{i}", ambient_c=ambient_c, temperature_c=ambient_c + 5)
                      for i in range(gpus)]
         self.time_scale = time_scale
-        self._last = time.monotonic()
+        self._started = time.monotonic()
+        self._last = self.clock()
+
+    def clock(self) -> float:
+        """Simulated seconds: the wall clock, sped up by time_scale (the governor's dt is in these)."""
+        return (time.monotonic() - self._started) * self.time_scale
 
     def set_ambient(self, celsius: float) -> None:
         for s in self.sims:
@@ -109,8 +114,8 @@ class SimulatorBackend:
         return [GpuInfo(s.name, f"{s.name} (simulator)", s.limits) for s in self.sims]
 
     def read(self) -> list[GpuReading]:
-        now = time.monotonic()
-        elapsed, self._last = (now - self._last) * self.time_scale, now
+        now = self.clock()
+        elapsed, self._last = now - self._last, now
         for s in self.sims:
             left = elapsed
             while left > 1e-9:  # small steps keep the model stable at high time scales

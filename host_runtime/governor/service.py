@@ -34,7 +34,7 @@ def _now_iso() -> str:
 
 class Governor:
     def __init__(self, backend, policy: PowerPolicy, *, mode: str, state_path: Path, tick_s: float = 1.0,
-                 inlet_source=None):
+                 inlet_source=None, clock=None):
         if mode not in ("observe", "enforce"):
             raise ValueError(f"mode must be observe or enforce, not {mode!r}")
         self.backend = backend
@@ -45,9 +45,13 @@ class Governor:
         self.restore_path = self.state_path.with_name(self.state_path.stem + "-restore.json")
         self.tick_s = tick_s
         self.inlet_source = inlet_source or (lambda: None)
+        # The cards' clock: the wall clock for real cards; a simulator running faster than real time brings its own,
+        # so the control law's dt and the staleness of readings are in the time the cards live in.
+        self.clock = clock or getattr(backend, "clock", time.monotonic)
+        self._last_tick: float | None = None
         self.gpus: dict[str, GpuInfo] = {g.gpu_id: g for g in backend.gpus()}
         self.controllers = {gid: GpuController(g.limits, policy) for gid, g in self.gpus.items()}
-        self.last_good: dict[str, float] = {gid: time.monotonic() for gid in self.gpus}
+        self.last_good: dict[str, float] = {gid: self.clock() for gid in self.gpus}
         self.applied: dict[str, float | None] = {gid: None for gid in self.gpus}
         self.touched: set[str] = set()
         self.events: collections.deque = collections.deque(maxlen=50)
@@ -92,7 +96,9 @@ class Governor:
         try:
             while not self._stop.is_set():
                 started = time.monotonic()
-                self.tick(self.tick_s)
+                now = self.clock()
+                self.tick(self.tick_s if self._last_tick is None else now - self._last_tick)
+                self._last_tick = now
                 self._stop.wait(max(0.0, self.tick_s - (time.monotonic() - started)))
         finally:
             self.restore_defaults()
@@ -103,7 +109,8 @@ class Governor:
     # ---- one tick ----------------------------------------------------------------
 
     def tick(self, dt_s: float) -> None:
-        now = time.monotonic()
+        """One control step; dt_s is the time since the last one, on the cards' clock."""
+        now = self.clock()
         try:
             readings = {r.gpu_id: r for r in self.backend.read()}
         except GovernorBackendError as exc:

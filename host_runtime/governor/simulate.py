@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from host_runtime.governor.control import GpuController, PowerPolicy, Reading, throttle_level
 from host_runtime.governor.simulator import SimulatedGpu
@@ -17,6 +18,7 @@ class Scenario:
     gpus: int = 1
     dt: float = 0.5                 # one telemetry tick
     stale_from_s: float | None = None   # telemetry stops arriving from here (fail-safe check)
+    whole_degrees: bool = False     # readings rounded down to whole degrees, as NVML and most hwmon sensors give
 
 
 def run(scenario: Scenario, policy: PowerPolicy = PowerPolicy()) -> dict:
@@ -37,7 +39,8 @@ def run(scenario: Scenario, policy: PowerPolicy = PowerPolicy()) -> dict:
             last_fresh = t
         for i, (sim, ctrl) in enumerate(zip(sims, ctrls)):
             sim.ambient_c = inlet
-            reading = Reading(sim.temperature_c, age_s=t - last_fresh, hw_slowdown=sim.hw_slowdown())
+            shown = math.floor(sim.temperature_c) if scenario.whole_degrees else sim.temperature_c
+            reading = Reading(shown, age_s=t - last_fresh, hw_slowdown=sim.hw_slowdown())
             before = ctrl.state
             sim.limit_w, state = ctrl.step(reading, scenario.dt, inlet_c=inlet)
             if state != before:
@@ -70,6 +73,7 @@ def summarise(sim: SimulatedGpu, ctrl: GpuController, trace: list, changes: list
             break
         settled_at = row[0]
     limits = [row[3] for row in trace]
+    last_5_min = [row[3] for row in trace if row[0] >= trace[-1][0] - 300]
     return {
         "name": sim.name,
         "peak_temperature_c": round(peak[1], 2),
@@ -80,7 +84,22 @@ def summarise(sim: SimulatedGpu, ctrl: GpuController, trace: list, changes: list
         "final_target_c": round(trace[-1][2], 2),
         "final_limit_w": round(ctrl.limit_w, 1),
         "limit_range_seen_w": [round(min(limits), 1), round(max(limits), 1)],
+        # Hunting: how far the limit still moves in the last five minutes (0 once it holds).
+        "limit_swing_last_5_min_w": round(max(last_5_min) - min(last_5_min), 1),
         "card_limits_w": [sim.limits.min_w, sim.limits.max_w],
         "final_state": ctrl.state,
         "state_changes": changes,
     }
+
+
+def sweep(ambients=range(20, 36), policy: PowerPolicy = PowerPolicy(), base: Scenario = Scenario(seconds=900)) -> list:
+    """Cold starts under full load at each inlet temperature, with exact and whole-degree readings: the
+    figures the control law is tuned against (overshoot, settling, hunting)."""
+    rows = []
+    for ambient in ambients:
+        for whole in (False, True):
+            g = run(replace(base, ambient_c=float(ambient), whole_degrees=whole), policy)["gpus"][0]
+            rows.append({"ambient_c": ambient, "whole_degrees": whole, "target_c": g["final_target_c"],
+                         "overshoot_c": g["overshoot_over_target_c"], "settling_s": g["settling_time_s"],
+                         "limit_swing_last_5_min_w": g["limit_swing_last_5_min_w"], "final_limit_w": g["final_limit_w"]})
+    return rows
