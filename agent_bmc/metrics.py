@@ -36,12 +36,12 @@ def render(snapshot: dict) -> str:
         lines += [f"# HELP {state_metric} Reported state of the sensor (0=nominal, 1=warning, 2=critical).",
                   f"# TYPE {state_metric} gauge", *states]
     power = snapshot.get("power")
-    if power:
+    if power and power.get("current_w") is not None:  # {"unavailable": ...} on a BMC without DCMI
         lines += ["# HELP ipmi_dcmi_power_consumption_current_watts Current power consumption (DCMI).",
                   "# TYPE ipmi_dcmi_power_consumption_current_watts gauge",
                   f"ipmi_dcmi_power_consumption_current_watts {power['current_w']}"]
     sel = snapshot.get("sel")
-    if sel is not None:
+    if sel is not None and "count" in sel:
         lines += ["# HELP ipmi_sel_entries_count Number of entries in the SEL.", "# TYPE ipmi_sel_entries_count gauge",
                   f"ipmi_sel_entries_count {sel['count']}"]
     return "\n".join(lines) + "\n"

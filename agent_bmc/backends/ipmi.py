@@ -60,6 +60,11 @@ class IpmiBackend:
             raise map_connect_error(exc, f"{self.host}:{self.port}") from None
         return self._cmd
 
+    @property
+    def has_session(self) -> bool:
+        """A session is open (with its SDR cache): the next collection is a warm one."""
+        return self._cmd is not None
+
     def drop(self) -> None:
         """Forget the session: after a timeout it is dead for good (pyghmi never revives it)."""
         self._cmd = None
