@@ -342,6 +342,32 @@ def check_backends(box: Box, result: dict) -> None:
         raise CheckFailed(f"with no GPU the box should serve from the CPU and say why; /metrics says {chosen}")
 
 
+ROOT_ALLOWED = ("supervisord", "everycycle governor run")  # the governor writes GPU power limits (NVML: root)
+
+
+def parse_service_processes(text: str) -> list[tuple[str, str]]:
+    """`ps -o user=,args=` lines of the services' cgroup, as (user, command line)."""
+    rows = []
+    for line in text.splitlines():
+        if line.strip():
+            user, _, args = line.strip().partition(" ")
+            rows.append((user, args.strip()))
+    return rows
+
+
+def check_users(box: Box, result: dict) -> None:
+    """No program of the box's services runs as root but supervisord and the governor."""
+    out = box.ssh("cg=$(systemctl show -P ControlGroup everycycle-supervisord.service); "
+                  "for p in $(cat /sys/fs/cgroup$cg/cgroup.procs); do ps -o user=,args= -p $p; done")
+    rows = parse_service_processes(out.stdout)
+    result["service_users"] = sorted({user for user, _ in rows})
+    as_root = [args for user, args in rows if user == "root" and not any(a in args for a in ROOT_ALLOWED)]
+    if not rows or as_root:
+        raise CheckFailed(f"programs running as root that need not: {as_root or out.stdout + out.stderr}")
+    say(f"service users: {result['service_users']}; as root: supervisord and the governor only "
+        f"({len(rows)} processes)")
+
+
 def check(box: Box, t0: float, timeout: float) -> dict:
     result: dict = {}
     deadline = t0 + timeout
@@ -406,6 +432,7 @@ def check(box: Box, t0: float, timeout: float) -> dict:
             raise CheckFailed(f"the root file system did not grow over the disk: {size} bytes, expected at least "
                               f"{box.root_min_bytes}")
     check_backends(box, result)
+    check_users(box, result)
     record = box.ssh("cat /var/lib/everycycle/provisioned.json; hostname")
     if record.returncode != 0 or box.hostname not in record.stdout.splitlines()[-1:]:
         raise CheckFailed(f"the first boot did not apply the bundle: {record.stdout}{record.stderr}")

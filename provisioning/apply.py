@@ -13,9 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common.service_user import give_to_services
 from provisioning.bundle import Bundle, BundleError
 from provisioning.signing import manifest
 from provisioning.validate import SECRET_FIELDS, field_value, validate
+
+
+# Secrets the unprivileged services read (serving: the keys; the front: the TLS key; the BMC agent: its password).
+SERVICE_READ_FILES = ("etc/everycycle/api_keys.json", "etc/everycycle/tls/api.key", "etc/everycycle/bmc.password")
 
 
 class BundleInvalid(Exception):
@@ -199,6 +204,8 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
     shutil.rmtree(staging, ignore_errors=True)
     for rel, (data, mode) in files.items():
         atomic_write(staging / "new" / rel, data, mode=mode)
+        if rel in SERVICE_READ_FILES:
+            give_to_services(staging / "new" / rel)
     undo = []
     try:
         if live_network:

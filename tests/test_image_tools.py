@@ -98,3 +98,12 @@ def test_the_boot_check_reads_the_backend_the_box_chose():
     assert boot_check.backend_info(metrics) == {"backend": "cpu", "device": "CPU",
                                                 "reason": "no GPU found by the Vulkan backend"}
     assert boot_check.backend_info("everycycle_model_info{model=\"x\"} 1\n") == {}
+
+
+def test_the_boot_check_reads_which_user_each_service_runs_as():
+    rows = boot_check.parse_service_processes(
+        "root     /opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/supervisord -c x\n"
+        "everycycle nginx: master process /usr/sbin/nginx -e stderr\n"
+        "root     /opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/everycycle governor run --state y\n")
+    assert [u for u, _ in rows] == ["root", "everycycle", "root"]
+    assert all(any(a in args for a in boot_check.ROOT_ALLOWED) for u, args in rows if u == "root")

@@ -307,3 +307,30 @@ def test_first_boot_hands_generated_keys_to_the_console_not_to_its_output(tmp_pa
     assert handoff.stat().st_mode & 0o777 == 0o600
     stored = json.loads((tmp_path / "root/etc/everycycle/api_keys.json").read_text())["keys"]
     assert hash_key(keys["owner"]) in [k["sha256"] for k in stored]
+
+
+def test_the_secrets_services_read_are_handed_to_their_user_and_root_rewrites_keep_the_owner(tmp_path):
+    """Serving, the front and the BMC agent run unprivileged: the 0600 files they read must be theirs, and stay
+    theirs when root's tools (keys create, the wizard) rewrite them atomically."""
+    from host_runtime.common.atomic_file import atomic_write
+    from host_runtime.common.service_user import give_to_services, service_ids
+    from provisioning.apply import SERVICE_READ_FILES, plan_files
+
+    box = _with("api", {"port": 8443, "generate_keys": ["owner"], "tls_certificate": "files/api.crt",
+                        "tls_key": "files/api.key"})
+    box["bmc"] = {"mode": "ipmi", "address": "10.0.0.9", "user": "admin", "password_file": "files/bmc.pass"}
+    bundle = open_bundle(make_bundle(tmp_path / "bundle", box, {"files/api.crt": b"c", "files/api.key": b"k",
+                                                                "files/bmc.pass": b"p"}, {"files/api.key": 0o600}))
+    secrets = {rel for rel, (_, mode) in plan_files(bundle, {"owner": "ec-x"}).items() if mode == 0o600}
+    # Every secret is either the services' or root's own (the admin's SSH keys; services.env, which systemd reads).
+    assert secrets - set(SERVICE_READ_FILES) <= {"root/.ssh/authorized_keys", "etc/everycycle/services.env"}
+    assert set(SERVICE_READ_FILES) <= secrets | {"etc/everycycle/tls/api.key"}
+    if os.geteuid() != 0:
+        pytest.skip("handing files to another user needs root")
+    nobody = service_ids("nobody")
+    f = tmp_path / "api_keys.json"
+    f.write_text("{}")
+    give_to_services(f, "nobody")
+    assert (f.stat().st_uid, f.stat().st_gid) == nobody
+    atomic_write(f, b'{"keys": []}', 0o600)
+    assert (f.stat().st_uid, f.stat().st_gid) == nobody and f.stat().st_mode & 0o777 == 0o600

@@ -7,17 +7,30 @@ import tempfile
 from pathlib import Path
 
 
+def _keep_owner(fd: int, target: Path) -> None:
+    """A file root rewrites keeps its owner: the services' key file, edited by root's tools, stays theirs."""
+    if os.geteuid() != 0:
+        return
+    try:
+        st = target.stat()
+    except FileNotFoundError:
+        return
+    if (st.st_uid, st.st_gid) != (0, 0):
+        os.fchown(fd, st.st_uid, st.st_gid)
+
+
 def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
     """Write `data` to `path` via a temp file in the same directory, fsync, rename.
 
-    The temp file gets `mode` before any byte is written, so a secret is never
-    readable by others even for an instant.
+    The temp file gets `mode` (and, written by root, the replaced file's owner) before any byte is
+    written, so a secret is never readable by others even for an instant.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, mode)
+        _keep_owner(fd, target)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
