@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (pv, pa):
         p.add_argument("--require-signature", metavar="PUBKEY", help="refuse bundles not signed by this key (PEM)")
     pa.add_argument("--root", default="/", metavar="DIR", help="the filesystem to configure (default /)")
+    pa.add_argument("--trusted-key", metavar="PUBKEY",
+                    help="where this key file exists (the image's, baked in by `make image BUNDLE_PUBKEY=`), "
+                         "only bundles it signed are applied")
     pa.add_argument("--new-keys-file", metavar="FILE",
                     help="hand generated API keys to the console (it shows them once) in this 0600 file instead of "
                          "printing them: first boot's output reaches the journal and the serial console")
@@ -573,9 +576,7 @@ def cmd_console(parser, args) -> int:
 
 
 def cmd_provision(parser, args) -> int:
-    from provisioning.apply import BundleInvalid, apply
     from provisioning.bundle import BundleError, open_bundle
-    from provisioning.validate import validate
 
     def read_key(option: str, path: str) -> bytes:
         try:
@@ -591,10 +592,27 @@ def cmd_provision(parser, args) -> int:
     if args.provision_command == "sign":
         from provisioning.signing import sign
 
+        if bundle.temp_dir is not None:
+            bundle.close()
+            print("everycycle provision: sign a bundle directory, then pack it; an archive cannot be signed in "
+                  "place", file=sys.stderr)
+            return 1
         sign(bundle, read_key("--key", args.key))
         print(f"signed {args.bundle}")
         return 0
+    with bundle:  # an unpacked archive's temporary directory goes at the end
+        return _provision_with(parser, args, bundle, read_key)
+
+
+def _provision_with(parser, args, bundle, read_key) -> int:
+    from provisioning.apply import BundleInvalid, apply
+    from provisioning.bundle import BundleError
+    from provisioning.validate import validate
+
     pubkey = read_key("--require-signature", args.require_signature) if args.require_signature else None
+    trusted = getattr(args, "trusted_key", None)
+    if pubkey is None and trusted and os.path.exists(trusted):
+        pubkey = read_key("--trusted-key", trusted)  # the image's baked key: only bundles it signed
     if args.provision_command == "validate":
         errors = validate(bundle, pubkey)
         for e in errors:

@@ -357,8 +357,8 @@ def parse_service_processes(text: str) -> list[tuple[str, str]]:
 
 def check_users(box: Box, result: dict) -> None:
     """No program of the box's services runs as root but supervisord and the governor."""
-    out = box.ssh("cg=$(systemctl show -P ControlGroup everycycle-supervisord.service); "
-                  "for p in $(cat /sys/fs/cgroup$cg/cgroup.procs); do ps -o user=,args= -p $p; done")
+    out = box.ssh("for p in $(ls /proc | grep -E '^[0-9]+$'); do grep -qs everycycle-supervisord.service "
+                  "/proc/$p/cgroup && ps -o user:32=,args= -p $p; done")
     rows = parse_service_processes(out.stdout)
     result["service_users"] = sorted({user for user, _ in rows})
     as_root = [args for user, args in rows if user == "root" and not any(a in args for a in ROOT_ALLOWED)]

@@ -21,6 +21,16 @@ SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 1700000000)
 export SOURCE_DATE_EPOCH
 
 args=(--force --format="$format" --package-manager-tree="$work/pkgmngr" --mirror="$mirror")
+# BUNDLE_PUBKEY=FILE (make image BUNDLE_PUBKEY=...): the key first boot trusts; bundles it did not sign are refused.
+rm -rf "$work/trust"
+if [ -n "${BUNDLE_PUBKEY:-}" ]; then
+  openssl pkey -pubin -in "$BUNDLE_PUBKEY" -noout 2>/dev/null || { echo "BUNDLE_PUBKEY: $BUNDLE_PUBKEY is not a" \
+    "PEM public key (openssl genpkey -algorithm ed25519 -out key.pem; openssl pkey -in key.pem -pubout -out" \
+    "pub.pem)" >&2; exit 2; }
+  install -D -m 0644 "$BUNDLE_PUBKEY" "$work/trust/etc/everycycle/bundle-signing.pub"
+  args+=(--extra-tree="$work/trust:/")
+  echo "==> first boot will apply only bundles signed by $BUNDLE_PUBKEY"
+fi
 [ "$format" = disk ] && args+=(--include=image/mkosi.disk.conf)
 echo "==> mkosi build ($format; log: $work/mkosi-$format.log)"
 if ! mkosi "${args[@]}" build > "$work/mkosi-$format.log" 2>&1; then

@@ -9,12 +9,13 @@ import json
 import os
 import secrets as pysecrets
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.service_user import give_to_services
-from provisioning.bundle import Bundle, BundleError
+from provisioning.bundle import MAX_MODEL_BYTES, Bundle, BundleError
 from provisioning.signing import manifest
 from provisioning.validate import SECRET_FIELDS, field_value, validate
 
@@ -70,19 +71,19 @@ def plan_files(bundle: Bundle, generated: dict[str, str]) -> dict[str, tuple[byt
     for iface in box["network"]["interfaces"]:
         files[f"etc/systemd/network/10-everycycle-{iface['name']}.network"] = (_networkd(iface).encode(), 0o644)
     if box.get("ssh", {}).get("authorized_keys"):
-        files["root/.ssh/authorized_keys"] = (bundle.path(box["ssh"]["authorized_keys"]).read_bytes(), 0o600)
+        files["root/.ssh/authorized_keys"] = (bundle.read(box["ssh"]["authorized_keys"]), 0o600)
     if api.get("tls_certificate"):
-        files["etc/everycycle/tls/api.crt"] = (bundle.path(api["tls_certificate"]).read_bytes(), 0o644)
+        files["etc/everycycle/tls/api.crt"] = (bundle.read(api["tls_certificate"]), 0o644)
     if api.get("tls_key"):
-        files["etc/everycycle/tls/api.key"] = (bundle.path(api["tls_key"]).read_bytes(), 0o600)
+        files["etc/everycycle/tls/api.key"] = (bundle.read(api["tls_key"]), 0o600)
     bmc = box["bmc"]
     if bmc["mode"] == "ipmi":
-        files["etc/everycycle/bmc.password"] = (bundle.path(bmc["password_file"]).read_bytes(), 0o600)
+        files["etc/everycycle/bmc.password"] = (bundle.read(bmc["password_file"]), 0o600)
     model = box["model"]
     model_arg = ""
     if model["source"] == "bundle":
         name = Path(model["path"]).name
-        files[f"var/lib/everycycle/models/{name}"] = (bundle.path(model["path"]).read_bytes(), 0o644)
+        files[f"var/lib/everycycle/models/{name}"] = (bundle.read(model["path"], MAX_MODEL_BYTES), 0o644)
         model_arg = f"--model /var/lib/everycycle/models/{name} "
     ctx = f"--ctx-size {model['context_length']} " if model.get("context_length") else ""
     power = box.get("power", {})
@@ -255,16 +256,28 @@ def _remove_secrets(bundle: Bundle) -> list[str]:
     removed = []
     for f in SECRET_FIELDS:
         rel = field_value(bundle.box, f)
-        path = bundle.root / rel if rel else None
-        if path and path.exists():
-            try:
-                size = path.stat().st_size
-                with open(path, "r+b") as handle:
-                    handle.write(b"\0" * size)
-                    handle.flush()
-                    os.fsync(handle.fileno())
+        if not rel:
+            continue
+        path = bundle.root / rel
+        try:
+            bundle.path(rel)  # never outside the bundle
+            # Never through a symlink: it could name any file on the box (O_NOFOLLOW refuses it; the link
+            # itself is removed below, its target left alone).
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (OSError, BundleError):
+            fd = None
+        try:
+            if fd is not None:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode):
+                    os.write(fd, b"\0" * st.st_size)
+                    os.fsync(fd)
+            if path.is_symlink() or path.exists():
                 path.unlink()
                 removed.append(rel)
-            except OSError:
-                pass  # a read-only boot medium: reported by omission
+        except OSError:
+            pass  # a read-only boot medium: reported by omission
+        finally:
+            if fd is not None:
+                os.close(fd)
     return removed

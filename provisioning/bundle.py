@@ -1,12 +1,24 @@
-"""Reading a bundle: a directory, or a tar archive unpacked safely into a temporary directory."""
+"""Reading a bundle: a directory, or a tar archive unpacked safely into a temporary directory.
+
+Every file is read once (Bundle.read): opened without following a symlink, checked to be a regular file under
+its size limit, and kept; validation hashes those bytes and apply writes the same bytes, so nothing can change
+between the check and the use. An unpacked archive's temporary directory goes when the bundle is closed."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
 import tarfile
 import tempfile
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+MAX_TOML_BYTES = 64 << 10
+MAX_FILE_BYTES = 1 << 20          # keys, certificates, passwords
+MAX_MODEL_BYTES = 16 << 30        # a model in the bundle (it lives on the boot disk's EFI partition)
+MAX_ARCHIVE_BYTES = MAX_MODEL_BYTES + (64 << 20)
 
 
 class BundleError(Exception):
@@ -23,6 +35,8 @@ class Bundle:
     root: Path
     box: dict
     raw_toml: bytes
+    temp_dir: Path | None = None   # where an archive was unpacked: removed by close()
+    _files: dict = field(default_factory=dict)  # rel -> (bytes, mode), as read once
 
     def path(self, relative: str) -> Path:
         p = (self.root / relative).resolve()
@@ -30,28 +44,91 @@ class Bundle:
             raise BundleError(relative, "points outside the bundle")
         return p
 
+    def read(self, relative: str, limit: int = MAX_FILE_BYTES) -> bytes:
+        """The file's bytes, read once and kept. BundleError: outside the bundle, missing, a symlink, not a
+        regular file, or over `limit`."""
+        if relative not in self._files:
+            self.path(relative)  # containment
+            try:
+                fd = os.open(self.root / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise BundleError(f"files.{relative}", "the file is missing from the bundle") from None
+            except OSError as exc:
+                raise BundleError(f"files.{relative}", f"cannot be read ({exc.strerror}; symlinks are refused)") from None
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise BundleError(f"files.{relative}", "is not a regular file")
+                if st.st_size > limit:
+                    raise BundleError(f"files.{relative}", f"is {st.st_size} bytes; the limit is {limit}")
+                with os.fdopen(fd, "rb", closefd=False) as handle:
+                    data = handle.read(limit + 1)
+                if len(data) > limit:
+                    raise BundleError(f"files.{relative}", f"is over the limit of {limit} bytes")
+            finally:
+                os.close(fd)
+            self._files[relative] = (data, stat.S_IMODE(st.st_mode))
+        return self._files[relative][0]
 
-def open_bundle(location: str | Path) -> Bundle:
-    location = Path(location)
-    if location.is_file() and tarfile.is_tarfile(location):
-        target = Path(tempfile.mkdtemp(prefix="everycycle-bundle-"))
-        with tarfile.open(location) as tar:
+    def mode(self, relative: str) -> int:
+        """The permission bits the file had when it was read (read() first)."""
+        return self._files[relative][1]
+
+    def close(self) -> None:
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
+
+    def __enter__(self) -> "Bundle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _unpack(archive: Path) -> Path:
+    target = Path(tempfile.mkdtemp(prefix="everycycle-bundle-"))
+    try:
+        with tarfile.open(archive) as tar:
+            total = 0
             for member in tar.getmembers():
                 name = Path(member.name)
                 if name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir()):
                     raise BundleError(member.name, "unsafe archive member (absolute, '..', or not a plain file)")
+                total += member.size
+                if total > MAX_ARCHIVE_BYTES:
+                    raise BundleError(member.name, f"the archive unpacks to more than {MAX_ARCHIVE_BYTES} bytes")
             tar.extractall(target, filter="data")
-        inner = [p for p in target.iterdir()]
-        location = inner[0] if len(inner) == 1 and inner[0].is_dir() and not (target / "box.toml").exists() else target
-    if not location.is_dir():
-        raise BundleError(str(location), "not a bundle directory or tar archive")
-    toml_path = location / "box.toml"
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    return target
+
+
+def open_bundle(location: str | Path) -> Bundle:
+    location = Path(location)
+    temp_dir = None
+    if location.is_file() and tarfile.is_tarfile(location):
+        temp_dir = _unpack(location)
+        inner = [p for p in temp_dir.iterdir()]
+        location = inner[0] if len(inner) == 1 and inner[0].is_dir() and not (temp_dir / "box.toml").exists() \
+            else temp_dir
     try:
-        raw = toml_path.read_bytes()
-    except FileNotFoundError:
-        raise BundleError("box.toml", "missing from the bundle") from None
-    try:
-        box = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError("box.toml", f"not valid TOML: {exc}") from None
-    return Bundle(location, box, raw)
+        if not location.is_dir():
+            raise BundleError(str(location), "not a bundle directory or tar archive")
+        bundle = Bundle(location, {}, b"", temp_dir)
+        try:
+            raw = bundle.read("box.toml", MAX_TOML_BYTES)
+        except BundleError as exc:
+            raise BundleError("box.toml", exc.message.replace("the file is missing from the bundle",
+                                                              "missing from the bundle")) from None
+        try:
+            bundle.box = tomllib.loads(raw.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise BundleError("box.toml", f"not valid TOML: {exc}") from None
+        bundle.raw_toml = raw
+        return bundle
+    except BaseException:
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        raise

@@ -11,7 +11,10 @@ SIGNATURE_FILE = "bundle.sig"
 
 def manifest(bundle: Bundle) -> bytes:
     lines = [b"everycycle-bundle-1", hashlib.sha256(bundle.raw_toml).hexdigest().encode()]
-    for rel, digest in sorted((bundle.box.get("files") or {}).items()):
+    files = bundle.box.get("files") or {}
+    if not isinstance(files, dict):
+        raise BundleError("files", "must be a table of file = sha256")
+    for rel, digest in sorted(files.items()):
         lines.append(f"{rel} {digest}".encode())
     return b"\n".join(lines) + b"\n"
 
@@ -36,11 +39,12 @@ def sign(bundle: Bundle, private_key_pem: bytes) -> None:
 def verify(bundle: Bundle, public_key_pem: bytes) -> None:
     from cryptography.exceptions import InvalidSignature
 
-    path = bundle.root / SIGNATURE_FILE
-    if not path.exists():
-        raise BundleError(SIGNATURE_FILE, "this box requires signed bundles and this one is not signed")
     try:
-        _public_key(public_key_pem).verify(bytes.fromhex(path.read_text().strip()), manifest(bundle))
-    except (InvalidSignature, ValueError):
+        signature = bundle.read(SIGNATURE_FILE, 4096)
+    except BundleError:
+        raise BundleError(SIGNATURE_FILE, "this box requires signed bundles and this one is not signed") from None
+    try:
+        _public_key(public_key_pem).verify(bytes.fromhex(signature.decode("ascii").strip()), manifest(bundle))
+    except (InvalidSignature, ValueError, UnicodeDecodeError):
         raise BundleError(SIGNATURE_FILE, "the signature does not match: the bundle was altered or signed by "
                                           "another key") from None

@@ -5,10 +5,9 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import stat
 from importlib import resources
 
-from provisioning.bundle import Bundle, BundleError
+from provisioning.bundle import MAX_FILE_BYTES, MAX_MODEL_BYTES, Bundle, BundleError
 
 SECRET_FIELDS = ("api.tls_key", "bmc.password_file")
 FILE_FIELDS = ("ssh.authorized_keys", "api.tls_certificate", "api.tls_key", "model.path", "bmc.password_file")
@@ -52,6 +51,15 @@ def schema_errors(box: dict) -> list[BundleError]:
 
 def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list[BundleError]:
     box = bundle.box
+    if require_signature_pem is not None:
+        # First: nothing else in an unsigned or altered bundle is read, let alone parsed (a GGUF parser is a
+        # large attack surface).
+        from provisioning.signing import verify
+
+        try:
+            verify(bundle, require_signature_pem)
+        except BundleError as exc:
+            return [exc]
     errors = schema_errors(box)
     if errors:
         return errors  # the checks below assume the shape is right
@@ -62,22 +70,22 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
             continue
         if rel not in declared:
             errors.append(BundleError(field, f"{rel!r} is not listed with its sha256 in [files]"))
+    model_rel = box["model"].get("path") if box["model"]["source"] == "bundle" else None
+    readable = set()
     for rel, digest in declared.items():
         try:
-            path = bundle.path(rel)
-            data = path.read_bytes()
+            data = bundle.read(rel, MAX_MODEL_BYTES if rel == model_rel else MAX_FILE_BYTES)
         except BundleError as exc:
             errors.append(exc)
             continue
-        except OSError:
-            errors.append(BundleError(f"files.{rel}", "the file is missing from the bundle"))
-            continue
         if hashlib.sha256(data).hexdigest() != digest:
             errors.append(BundleError(f"files.{rel}", "the file's sha256 does not match the declared one"))
+        else:
+            readable.add(rel)
     for field in SECRET_FIELDS:
         rel = field_value(box, field)
-        if rel and (bundle.root / rel).exists():
-            mode = stat.S_IMODE((bundle.root / rel).stat().st_mode)
+        if rel in readable:
+            mode = bundle.mode(rel)  # as it was when read: no second look at the path
             if mode & 0o077:
                 errors.append(BundleError(field, f"{rel} has mode {mode:04o}: secrets must not be readable by "
                                                  "others (chmod 600)"))
@@ -86,13 +94,10 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
     if model["source"] == "bundle":
         if not model.get("path"):
             errors.append(BundleError("model.path", "is required when model.source is 'bundle'"))
-        elif (bundle.root / model["path"]).exists():
-            try:
-                import gguf
-
-                gguf.GGUFReader(str(bundle.root / model["path"]))
-            except Exception as exc:  # gguf raises ValueError, struct errors, and more on foreign files
-                errors.append(BundleError("model.path", f"{model['path']} is not a readable GGUF model: {exc}"))
+        elif model["path"] in readable:
+            error = _gguf_error(bundle.read(model["path"], MAX_MODEL_BYTES))
+            if error:
+                errors.append(BundleError("model.path", f"{model['path']} is not a readable GGUF model: {error}"))
     bmc = box["bmc"]
     if bmc["mode"] == "ipmi":
         for key in ("address", "user", "password_file"):
@@ -107,14 +112,23 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
     power = box["power"]
     if "target_c" in power and "ceiling_c" in power and power["ceiling_c"] <= power["target_c"]:
         errors.append(BundleError("power.ceiling_c", "must be above power.target_c"))
-    if require_signature_pem is not None and not errors:
-        from provisioning.signing import verify
-
-        try:
-            verify(bundle, require_signature_pem)
-        except BundleError as exc:
-            errors.append(exc)
     return errors
+
+
+def _gguf_error(data: bytes) -> str | None:
+    """Parse the bytes that were hashed (the reader wants a file: a private copy, removed after)."""
+    import tempfile
+
+    import gguf
+
+    with tempfile.NamedTemporaryFile(prefix="everycycle-model-", suffix=".gguf") as copy:
+        copy.write(data)
+        copy.flush()
+        try:
+            gguf.GGUFReader(copy.name)
+        except Exception as exc:  # gguf raises ValueError, struct errors, and more on foreign files
+            return str(exc)
+    return None
 
 
 def _network_errors(interfaces: list[dict]) -> list[BundleError]:

@@ -334,3 +334,81 @@ def test_the_secrets_services_read_are_handed_to_their_user_and_root_rewrites_ke
     assert (f.stat().st_uid, f.stat().st_gid) == nobody
     atomic_write(f, b'{"keys": []}', 0o600)
     assert (f.stat().st_uid, f.stat().st_gid) == nobody and f.stat().st_mode & 0o777 == 0o600
+
+
+def _keypair(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "pub.pem").write_bytes(pub)
+    return pub
+
+
+def test_the_signature_is_checked_before_anything_else_is_read(tmp_path, monkeypatch):
+    """Today's order was: hashes, the GGUF parsed, and the signature last."""
+    import provisioning.validate as v
+
+    pub = _keypair(tmp_path)
+    bundle_dir = make_bundle(tmp_path / "bundle", _with("model", {"source": "bundle", "path": "files/model.gguf"}),
+                             {"files/bmc.pass": b"s3cret\n", "files/model.gguf": b"not a model"})
+    parsed = []
+    monkeypatch.setattr(v, "_gguf_error", lambda data: parsed.append(data) or "bad")
+    errors = validate(open_bundle(bundle_dir), pub)
+    assert [e.field for e in errors] == ["bundle.sig"] and parsed == []
+
+
+def test_a_baked_in_key_refuses_unsigned_bundles_at_first_boot(tmp_path):
+    pub_path = tmp_path / "trust" / "bundle-signing.pub"
+    pub_path.parent.mkdir()
+    pub_path.write_bytes(_keypair(tmp_path))
+    bundle_dir = make_bundle(tmp_path / "bundle")
+    argv = everycycle("provision", "apply", str(bundle_dir), "--root", str(tmp_path / "root"),
+                      "--trusted-key", str(pub_path))
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "bundle.sig" in out.stderr and not (tmp_path / "root").exists()
+    assert subprocess.run(everycycle("provision", "sign", str(bundle_dir), "--key", str(tmp_path / "key.pem")),
+                          capture_output=True, timeout=60).returncode == 0
+    assert subprocess.run(argv, capture_output=True, text=True, timeout=60).returncode == 0
+    # An image without a baked key (no such file) applies unsigned bundles, as before.
+    other = make_bundle(tmp_path / "other")
+    assert subprocess.run(everycycle("provision", "apply", str(other), "--root", str(tmp_path / "root2"),
+                                     "--trusted-key", str(tmp_path / "absent.pub")),
+                          capture_output=True, timeout=60).returncode == 0
+
+
+def test_symlinks_oversized_files_and_the_unpacked_archive(tmp_path):
+    from provisioning.apply import _remove_secrets
+    from provisioning.bundle import MAX_FILE_BYTES
+
+    outside = tmp_path / "precious"
+    outside.write_bytes(b"the box's own file\n")
+    bundle_dir = make_bundle(tmp_path / "bundle")
+    (bundle_dir / "files/bmc.pass").unlink()
+    (bundle_dir / "files/bmc.pass").symlink_to(outside)
+    errors = validate(open_bundle(bundle_dir))
+    assert "files/bmc.pass" in [e.field for e in errors] and "outside the bundle" in str(errors)
+    inside = make_bundle(tmp_path / "inside")  # a link to a file inside the bundle is refused too
+    (inside / "files/bmc.pass").unlink()
+    (inside / "files/bmc.pass").symlink_to(inside / "box.toml")
+    errors = validate(open_bundle(inside))
+    assert "files.files/bmc.pass" in [e.field for e in errors] and "symlinks are refused" in str(errors)
+    # Wiping secrets never writes through a link: the link goes, its target is untouched.
+    _remove_secrets(open_bundle(bundle_dir))
+    assert outside.read_bytes() == b"the box's own file\n" and not (bundle_dir / "files/bmc.pass").is_symlink()
+
+    big = make_bundle(tmp_path / "big", files={"files/bmc.pass": b"x" * (MAX_FILE_BYTES + 1)})
+    assert any("limit" in e.message for e in validate(open_bundle(big)))
+
+    good = tmp_path / "bundle.tar"
+    with tarfile.open(good, "w") as tar:
+        tar.add(make_bundle(tmp_path / "good"), arcname="bundle")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = subprocess.run(everycycle("provision", "validate", str(good)), capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "TMPDIR": str(scratch)})
+    assert out.returncode == 0, out.stderr
+    assert list(scratch.iterdir()) == []  # the unpacked copy (secrets included) is gone
