@@ -55,14 +55,19 @@ def _networkd(iface: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plan_files(bundle: Bundle, generated: dict[str, str]) -> dict[str, tuple[bytes, int]]:
-    """Every file apply writes, relative to the root: contents and mode."""
+def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[dict] = ()) -> dict[str, tuple[bytes, int]]:
+    """Every file apply writes, relative to the root: contents and mode.
+
+    Keys already on the box (made there with `everycycle keys create`, or by an earlier bundle) stay unless the
+    bundle names a key of the same name: re-provisioning never silently revokes a key."""
     from host_runtime.auth.keystore import FILE_VERSION, hash_key, key_hint
 
     box = bundle.box
     api = box.get("api", {})
     keys = [{"name": k["name"], "sha256": k["sha256"], "hint": "provisioned", "created": 0} for k in api.get("keys", [])]
     keys += [{"name": n, "sha256": hash_key(k), "hint": key_hint(k), "created": 0} for n, k in generated.items()]
+    named = {k["name"] for k in keys}
+    keys = [k for k in existing_keys if isinstance(k, dict) and k.get("name") not in named] + keys
     files = {
         "etc/everycycle/box.toml": (bundle.raw_toml, 0o644),
         "etc/everycycle/api_keys.json": (json.dumps({"version": FILE_VERSION, "keys": keys}, indent=2).encode(), 0o600),
@@ -199,7 +204,11 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
     if errors:
         raise BundleInvalid(errors)
     generated = {name: "ec-" + pysecrets.token_urlsafe(32) for name in bundle.box.get("api", {}).get("generate_keys", [])}
-    files = plan_files(bundle, generated)
+    try:
+        existing = json.loads((root / "etc/everycycle/api_keys.json").read_text()).get("keys", [])
+    except (OSError, ValueError, AttributeError):
+        existing = []
+    files = plan_files(bundle, generated, existing)
 
     staging = state / f".staging-{digest[:12]}"
     shutil.rmtree(staging, ignore_errors=True)

@@ -412,3 +412,15 @@ def test_symlinks_oversized_files_and_the_unpacked_archive(tmp_path):
                          timeout=60, env={**os.environ, "TMPDIR": str(scratch)})
     assert out.returncode == 0, out.stderr
     assert list(scratch.iterdir()) == []  # the unpacked copy (secrets included) is gone
+
+
+def test_reapplying_a_bundle_keeps_the_keys_made_on_the_box(tmp_path):
+    from host_runtime.auth.keystore import KeyVerifier, create_key
+
+    root = tmp_path / "root"
+    apply(open_bundle(make_bundle(tmp_path / "first")), root)
+    laptop = create_key(root / "etc/everycycle/api_keys.json", "laptop")  # made on the box, after provisioning
+    result = apply(open_bundle(make_bundle(tmp_path / "second", _with("hostname", "box-8"))), root)
+    verifier = KeyVerifier(root / "etc/everycycle/api_keys.json")
+    assert verifier.verify(laptop) == "laptop"
+    assert verifier.verify(result.generated_keys["owner"]) == "owner"  # the bundle's own key is the new one

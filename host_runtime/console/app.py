@@ -68,6 +68,38 @@ class NewKeys(ModalScreen):
         self.app.pop_screen()
 
 
+class AdminPassphrase(ModalScreen):
+    """Asked before the wizard reopens on a provisioned box: whoever is at the keyboard is not yet the owner."""
+    BINDINGS = [Binding("escape", "app.pop_screen", "cancel")]
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import Input
+
+        yield Static("The box is set up: the admin passphrase reopens the wizard (Esc cancels; F on the "
+                     "dashboard is the factory reset).", id="passphrase-help")
+        yield Input(placeholder="admin passphrase", password=True, id="passphrase")
+
+    def on_input_submitted(self, event) -> None:
+        self.dismiss(event.value)
+
+
+class FactoryReset(ModalScreen):
+    """Says what it erases; typing 'erase' does it."""
+    BINDINGS = [Binding("escape", "app.pop_screen", "cancel")]
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import Input
+
+        from host_runtime.auth.admin_passphrase import describe_reset
+
+        yield Static(describe_reset() + "\nType 'erase' and Enter to reset this box, Esc to leave it as it is.",
+                     id="reset-help")
+        yield Input(placeholder="erase", id="confirm")
+
+    def on_input_submitted(self, event) -> None:
+        self.dismiss(event.value.strip() == "erase")
+
+
 class Dashboard(App):
     CSS = """
     Screen { layout: vertical; }
@@ -79,6 +111,7 @@ class Dashboard(App):
     """
     BINDINGS = [Binding("r", "restart_serving", "restart serving"), Binding("k", "key_hint", "API key hint"),
                 Binding("g", "gpu_details", "GPU details"), Binding("w", "wizard", "set-up wizard"),
+                Binding("F", "factory_reset", "factory reset"),
                 Binding("q", "quit_console", "quit")]
 
     def __init__(self, reader: StatusReader, tick_s: float = 2.0, allow_quit: bool = False):
@@ -215,7 +248,56 @@ class Dashboard(App):
         self.notice("restarting serving…")
         self.run_worker(restart, thread=True, group="restart")
 
+    PASSPHRASE_TRIES = 3
+    LOCKOUT_S = 60.0
+
     def action_wizard(self) -> None:
+        """First boot: the wizard at once. Provisioned: only with the admin passphrase."""
+        import time
+
+        from host_runtime.auth import admin_passphrase
+
+        provisioned = getattr(self.reader, "provisioned", lambda: None)() is not None
+        if not provisioned:
+            self.open_wizard()
+            return
+        root = self.reader.config.provision_root
+        if admin_passphrase.stored(root) is None:
+            self.notice("the wizard is locked: this box was set up without an admin passphrase (F: factory reset)")
+            return
+        if time.monotonic() < getattr(self, "_locked_until", 0.0):
+            self.notice("too many wrong passphrases: try again in a minute")
+            return
+
+        def checked(passphrase: str | None) -> None:
+            if passphrase is None:
+                return
+            if admin_passphrase.check(root, passphrase):
+                self._wrong_passphrases = 0
+                self.open_wizard()
+                return
+            self._wrong_passphrases = getattr(self, "_wrong_passphrases", 0) + 1
+            if self._wrong_passphrases >= self.PASSPHRASE_TRIES:
+                self._wrong_passphrases = 0
+                self._locked_until = time.monotonic() + self.LOCKOUT_S
+            self.notice("wrong admin passphrase")
+
+        self.push_screen(AdminPassphrase(), checked)
+
+    def action_factory_reset(self) -> None:
+        from host_runtime.auth.admin_passphrase import factory_reset
+
+        def confirmed(yes: bool | None) -> None:
+            if not yes:
+                self.notice("factory reset cancelled: nothing was erased")
+                return
+            gone = factory_reset(self.reader.config.provision_root)
+            self.notice(f"factory reset: erased {len(gone)} files; set the box up again")
+            self.open_wizard()
+
+        self.push_screen(FactoryReset(), confirmed)
+
+    def open_wizard(self) -> None:
         import psutil
 
         from host_runtime.console.wizard import Wizard

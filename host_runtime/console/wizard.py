@@ -12,6 +12,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Input, Label, Select, Static
 
+from host_runtime.auth import admin_passphrase
 from host_runtime.common.atomic_file import atomic_write
 from provisioning.apply import BundleInvalid, apply
 from provisioning.bundle import Bundle, open_bundle
@@ -69,6 +70,7 @@ class Wizard(Screen):
         self.bundle_dir = bundle_dir
         self.root = root
         self.generated: dict[str, str] = {}
+        self.has_passphrase = admin_passphrase.stored(root) is not None
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
@@ -94,6 +96,10 @@ class Wizard(Screen):
             yield Label("Power policy: target and ceiling temperature (C)")
             yield Input("75", id="target_c")
             yield Input("87", id="ceiling_c")
+            yield Label("Admin passphrase: what reopens this wizard later (at least 8 characters, twice)"
+                        + ("; leave empty to keep the current one" if self.has_passphrase else ""))
+            yield Input(placeholder="admin passphrase", password=True, id="admin_passphrase")
+            yield Input(placeholder="admin passphrase again", password=True, id="admin_passphrase_again")
             yield Static("", id="problems")
             yield Static("", id="preview")
             yield Button("Apply", id="apply", variant="primary")
@@ -120,7 +126,16 @@ class Wizard(Screen):
         errors = validate(Bundle(Path("/nonexistent"), box, tomli_w.dumps(box).encode()))
         # Files live only in memory until Apply: their presence is checked when the bundle is written.
         problems = [f"{e.field}: {e.message}" for e in errors if not e.field.startswith("files.")]
+        passphrase, again = self._passphrases()
+        if passphrase or again or not self.has_passphrase:
+            wrong = admin_passphrase.problem(passphrase, again)
+            if wrong:
+                problems.append(f"admin passphrase: {wrong}")
         return box, files, problems
+
+    def _passphrases(self) -> tuple[str, str]:
+        return (str(self.query_one("#admin_passphrase").value or ""),
+                str(self.query_one("#admin_passphrase_again").value or ""))
 
     def recheck(self) -> bool:
         box, _, problems = self.candidate()
@@ -145,6 +160,10 @@ class Wizard(Screen):
         except BundleInvalid as exc:
             self.query_one("#result", Static).update("refused: " + "; ".join(str(e) for e in exc.errors))
             return
+        passphrase, _ = self._passphrases()
+        if passphrase:
+            admin_passphrase.save(self.root, passphrase)
+            self.has_passphrase = True
         self.generated = result.generated_keys
         keys = "".join(f"\nAPI key {n}: {k}  (write it down: it is shown only now)" for n, k in self.generated.items())
         self.query_one("#result", Static).update(f"applied bundle {result.digest[:12]}{keys}")
