@@ -19,14 +19,25 @@ def add_arguments(p) -> None:
     p.add_argument("--password-file", metavar="FILE", help="file holding the BMC password (mode 0600)")
     p.add_argument("--listen", metavar="HOST:PORT", help="where to serve /telemetry and /metrics (default 127.0.0.1:9290)")
     p.add_argument("--period", type=float, default=None, metavar="S", help="seconds between collections (default 5)")
-    p.add_argument("--config", metavar="FILE", help="a JSON file with the same settings (command-line options win)")
+    p.add_argument("--settings", metavar="FILE",
+                   help="bmc.toml (written by provisioning from box.toml's [bmc]; defaults without it)")
+    p.add_argument("--config", metavar="FILE", help="a JSON file with the same settings and fan policies "
+                                                     "(it wins over --settings; command-line options win over both)")
 
 
 def _settings(parser, args) -> dict:
+    from agent_bmc.settings import BmcSettings
+    from host_runtime.common.settings_file import SettingsError, load
+
     cfg: dict = {}
+    try:
+        if args.settings:
+            cfg = load(BmcSettings, args.settings).as_config()
+    except SettingsError as exc:
+        parser.error(f"--settings: {exc}")
     if args.config:
         try:
-            cfg = json.loads(Path(args.config).read_text())
+            cfg.update(json.loads(Path(args.config).read_text()))
         except OSError as exc:
             parser.error(f"--config: cannot read {args.config}: {exc.strerror}")
         except ValueError as exc:

@@ -44,10 +44,13 @@ def _run_dir(explicit: str | None = None) -> Path:
     return Path(explicit or os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
 
 
+DEFAULT_CTX = 4096
+
+
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=_non_negative, default=0, metavar="N", help="CPU threads for llama.cpp (0: all cores)")
-    p.add_argument("--ctx-size", type=_positive, default=4096, metavar="N", help="context tokens per sequence (default 4096)")
+    p.add_argument("--ctx-size", type=_positive, metavar="N", help="context tokens per sequence (default 4096)")
     p.add_argument("--parallel", type=_positive, metavar="N",
                    help="sequences decoded together (default: as many as --kv-budget-mib holds at full context, up to 16)")
     p.add_argument("--kv-budget-mib", type=_positive, default=1024, metavar="MIB",
@@ -108,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ready-timeout", type=float, default=10.0, metavar="S",
                        help="how long /ready's canary generation may take before the engine counts as wedged (default 10)")
     serve.add_argument("--run-dir", metavar="DIR", help="where the engine socket lives (default: a private temp dir)")
+    serve.add_argument("--settings", metavar="FILE",
+                       help="serving.toml (written by provisioning from box.toml's [model]); options given here win")
     serve.add_argument("--unix-socket", metavar="PATH",
                        help="listen on this Unix socket instead of --host/--port (behind the front, as on the box)")
     serve.add_argument("--front-settings", metavar="FILE",
@@ -170,16 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print the whole summary as JSON")
 
     gov_run = gov_sub.add_parser("run", help="run the governor: read temperatures, decide limits, publish them")
-    gov_run.add_argument("--backend", choices=["auto", "nvml", "amdgpu", "simulator"], required=True,
+    gov_run.add_argument("--settings", metavar="FILE",
+                         help="governor.toml (written by provisioning from box.toml's [power]); options given "
+                              "here win over it")
+    gov_run.add_argument("--backend", choices=["auto", "nvml", "amdgpu", "simulator"],
                          help="where temperatures come from and limits go (auto: nvml, else amdgpu, else no GPU "
-                              "to govern; simulator: simulated GPUs, for demos and tests)")
+                              "to govern; simulator: simulated GPUs, for demos and tests; default: --settings', "
+                              "else auto)")
     gov_run.add_argument("--mode", choices=["observe", "enforce"],
                          help="observe: decide and publish, never change a card (the default for real GPUs); "
                               "enforce: apply the limits (the default for the simulator)")
     gov_run.add_argument("--state", metavar="PATH",
                          help="state file (default: $EVERYCYCLE_RUN_DIR/governor.json); metrics go beside it as .prom")
     gov_run.add_argument("--tick", type=float, default=1.0, metavar="S", help="seconds between decisions (default 1)")
-    gov_run.add_argument("--target", type=float, default=75.0, metavar="C", help="target temperature (default 75)")
+    gov_run.add_argument("--target", type=float, metavar="C", help="target temperature (default: --settings', else 75)")
     gov_run.add_argument("--bmc-url", metavar="URL",
                          help="the BMC agent's /telemetry: a hot chassis inlet lowers every GPU's target")
     gov_run.add_argument("--sim-gpus", type=_positive, default=2, metavar="N", help="simulator: number of GPUs")
@@ -307,8 +316,18 @@ def _check_offload_flags(parser, args) -> None:
 
 def cmd_serve(parser, args) -> int:
     from host_runtime.auth.keystore import KeyStoreError, check_permissions, load_keys
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.common.settings_file import load as load_settings
     from host_runtime.serving.app import AppConfig
     from host_runtime.serving.gunicorn_runner import EngineChild, ServingApplication, engine_argv
+    from host_runtime.serving.settings import ServingSettings
+
+    try:
+        settings = load_settings(ServingSettings, args.settings)
+    except SettingsError as exc:
+        parser.error(f"--settings: {exc}")
+    args.model = args.model or settings.model or None
+    args.ctx_size = args.ctx_size or settings.context_length or DEFAULT_CTX
 
     if args.engine_socket is None:
         _refuse_an_unsupported_cpu(parser)
@@ -387,6 +406,7 @@ def cmd_front(parser, args) -> int:
 
 
 def cmd_engine(parser, args) -> int:
+    args.ctx_size = args.ctx_size or DEFAULT_CTX
     _refuse_an_unsupported_cpu(parser)
     _check_offload_flags(parser, args)
     from host_runtime.engine.engine import PrefixCacheConfig
@@ -509,7 +529,21 @@ def cmd_governor_run(parser, args) -> int:
     from host_runtime.governor.control import PowerPolicy
     from host_runtime.governor.service import Governor
 
-    mode = args.mode or ("enforce" if args.backend == "simulator" else "observe")
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.common.settings_file import load as load_settings
+    from host_runtime.governor.settings import GovernorSettings
+
+    try:
+        settings = load_settings(GovernorSettings, args.settings)
+    except SettingsError as exc:
+        parser.error(f"--settings: {exc}")
+    args.backend = args.backend or settings.backend
+    from_file = bool(args.settings and os.path.exists(args.settings))
+    mode = args.mode or (settings.mode if from_file else "enforce" if args.backend == "simulator" else "observe")
+    policy = PowerPolicy(target_c=settings.target_c if args.target is None else args.target,
+                         ceiling_c=settings.ceiling_c, safe_fraction=settings.safe_fraction)
+    if policy.ceiling_c <= policy.target_c:
+        parser.error(f"--target: {policy.target_c} must be under the ceiling, {policy.ceiling_c} C")
     state = Path(args.state) if args.state else _run_dir() / "governor.json"
     if args.tick <= 0:
         parser.error("--tick: must be more than 0")
@@ -532,10 +566,12 @@ def cmd_governor_run(parser, args) -> int:
         from host_runtime.governor.inlet import BmcInletSource
 
         inlet = BmcInletSource(args.bmc_url)
-    governor = Governor(backend, PowerPolicy(target_c=args.target), mode=mode, state_path=state, tick_s=args.tick,
+    governor = Governor(backend, policy, mode=mode, state_path=state, tick_s=args.tick,
                         inlet_source=inlet)
     signal.signal(signal.SIGTERM, lambda *_: governor.stop())  # stop, then restore the cards' defaults
-    logging.getLogger("everycycle.governor").info("governor: %s backend, %s mode, state in %s", backend.name, mode, state)
+    logging.getLogger("everycycle.governor").info("governor: %s backend, %s mode, target %.1f C, ceiling %.1f C, "
+                                                  "state in %s", backend.name, mode, policy.target_c,
+                                                  policy.ceiling_c, state)
     governor.run()
     return 0
 

@@ -13,7 +13,9 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from host_runtime.common import settings_file
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common.settings_file import SettingsError
 from host_runtime.common.service_user import give_to_services
 from provisioning.bundle import MAX_MODEL_BYTES, Bundle, BundleError
 from provisioning.signing import manifest
@@ -55,6 +57,28 @@ def _networkd(iface: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+MODELS_DIR = "var/lib/everycycle/models"
+
+
+def service_settings(box: dict) -> dict:
+    """box.toml as each service's typed settings, by the file provisioning writes. Raises SettingsError naming
+    the box.toml field; validation calls it first."""
+    from agent_bmc.settings import from_box as bmc_from_box
+    from host_runtime.front.settings import from_box as front_from_box
+    from host_runtime.governor.settings import from_box as governor_from_box
+    from host_runtime.serving.settings import ServingSettings
+
+    model = box["model"]
+    path = f"/{MODELS_DIR}/{Path(model['path']).name}" if model["source"] == "bundle" and model.get("path") else ""
+    try:
+        serving = ServingSettings(model=path, context_length=int(model.get("context_length") or 0),
+                                  quantization=model.get("quantization", ""))
+    except SettingsError as exc:
+        raise SettingsError(f"model.{exc.field}", exc.message) from None
+    return {"etc/everycycle/front.toml": front_from_box(box), "etc/everycycle/governor.toml": governor_from_box(box),
+            "etc/everycycle/serving.toml": serving, "etc/everycycle/bmc.toml": bmc_from_box(box)}
+
+
 def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[dict] = ()) -> dict[str, tuple[bytes, int]]:
     """Every file apply writes, relative to the root: contents and mode.
 
@@ -85,24 +109,13 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
     if bmc["mode"] == "ipmi":
         files["etc/everycycle/bmc.password"] = (bundle.read(bmc["password_file"]), 0o600)
     model = box["model"]
-    model_arg = ""
     if model["source"] == "bundle":
         name = Path(model["path"]).name
-        files[f"var/lib/everycycle/models/{name}"] = (bundle.read(model["path"], MAX_MODEL_BYTES), 0o644)
-        model_arg = f"--model /var/lib/everycycle/models/{name} "
-    ctx = f"--ctx-size {model['context_length']} " if model.get("context_length") else ""
-    power = box.get("power", {})
-    from host_runtime.front.settings import dump as dump_front, from_box as front_from_box
-
-    files["etc/everycycle/front.toml"] = (dump_front(front_from_box(box)), 0o644)
-    env = {
-        "EVERYCYCLE_SERVE_ARGS": (model_arg + ctx).strip(),
-        "EVERYCYCLE_GOVERNOR_ARGS": f"--backend auto --target {power.get('target_c', 75)}",
-        "EVERYCYCLE_BMC_ARGS": (f"--backend ipmi --host {bmc['address']} --user {bmc['user']} "
-                                "--password-file /etc/everycycle/bmc.password" if bmc["mode"] == "ipmi"
-                                else "--backend local"),
-    }
-    files["etc/everycycle/services.env"] = ("".join(f'{k}="{v}"\n' for k, v in env.items()).encode(), 0o600)
+        files[f"{MODELS_DIR}/{name}"] = (bundle.read(model["path"], MAX_MODEL_BYTES), 0o644)
+    # Each service's settings through its own typed writer (the service's parser reads the same structure):
+    # no value from the bundle reaches a command line or an environment file.
+    for rel, settings in service_settings(box).items():
+        files[rel] = (settings_file.dump(settings), 0o644)
     return files
 
 

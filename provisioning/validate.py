@@ -103,16 +103,69 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
         for key in ("address", "user", "password_file"):
             if not bmc.get(key):
                 errors.append(BundleError(f"bmc.{key}", "is required when bmc.mode is 'ipmi'"))
-    from host_runtime.front.settings import FrontSettingsError, from_box
+    from host_runtime.common.settings_file import SettingsError
+    from provisioning.apply import service_settings
 
     try:
-        from_box(box)
-    except FrontSettingsError as exc:
-        errors.append(BundleError(exc.field, str(exc).split(": ", 1)[1]))
+        service_settings(box)  # every service's settings, each checked by its own type
+    except SettingsError as exc:
+        errors.append(BundleError(exc.field, exc.message))
+    errors += _quantization_errors(bundle, box, readable)
     power = box["power"]
     if "target_c" in power and "ceiling_c" in power and power["ceiling_c"] <= power["target_c"]:
         errors.append(BundleError("power.ceiling_c", "must be above power.target_c"))
     return errors
+
+
+def model_quantization(file_type: int | None, name: str) -> str | None:
+    """A GGUF's quantization as owners write it ('Q4_1'): from general.file_type, else from the file name."""
+    import re
+
+    import gguf
+
+    if file_type is not None:
+        try:
+            return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    found = re.search(r"\.(I?Q\d[\w]*|F16|BF16|F32)\.gguf$", name, re.IGNORECASE)
+    return found.group(1).upper() if found else None
+
+
+def _quantization_errors(bundle: Bundle, box: dict, readable: set) -> list[BundleError]:
+    """model.quantization must be what the model is: it was accepted and ignored."""
+    wanted = box["model"].get("quantization")
+    if not wanted:
+        return []
+    if box["model"]["source"] == "image":
+        from host_runtime.engine.model import default_model_path
+
+        have = model_quantization(None, default_model_path().name)
+        where = "the image's model"
+    elif box["model"].get("path") in readable:
+        have = _gguf_file_type(bundle.read(box["model"]["path"], MAX_MODEL_BYTES), box["model"]["path"])
+        where = box["model"]["path"]
+    else:
+        return []  # the model's own error says why
+    if have is None or have.upper() != str(wanted).upper():
+        return [BundleError("model.quantization", f"{where} is {have or 'of an unknown quantization'}, not {wanted}")]
+    return []
+
+
+def _gguf_file_type(data: bytes, name: str) -> str | None:
+    import tempfile
+
+    import gguf
+
+    with tempfile.NamedTemporaryFile(prefix="everycycle-model-", suffix=".gguf") as copy:
+        copy.write(data)
+        copy.flush()
+        try:
+            field = gguf.GGUFReader(copy.name).fields.get("general.file_type")
+            value = int(field.parts[field.data[0]][0]) if field is not None else None
+        except Exception:
+            value = None
+    return model_quantization(value, name)
 
 
 def _gguf_error(data: bytes) -> str | None:

@@ -125,7 +125,7 @@ def test_apply_writes_everything_with_the_right_modes_and_removes_secrets(tmp_pa
     assert result.changed and set(result.generated_keys) == {"owner"}
     assert KeyVerifier(root / "etc/everycycle/api_keys.json").verify(result.generated_keys["owner"]) == "owner"
     assert result.generated_keys["owner"] not in (root / "etc/everycycle/api_keys.json").read_text()
-    for rel in ("etc/everycycle/api_keys.json", "etc/everycycle/bmc.password", "etc/everycycle/services.env"):
+    for rel in ("etc/everycycle/api_keys.json", "etc/everycycle/bmc.password"):
         assert stat.S_IMODE((root / rel).stat().st_mode) == 0o600, rel
     assert (root / "etc/everycycle/bmc.password").read_bytes() == b"s3cret\n"
     assert (root / "etc/hostname").read_text() == "box-7\n"
@@ -213,7 +213,11 @@ def test_a_model_shipped_in_the_bundle(tmp_path):
     root = tmp_path / "root"
     apply(open_bundle(bundle_dir), root)
     assert (root / "var/lib/everycycle/models/tiny.gguf").read_bytes() == model.read_bytes()
-    assert "--model /var/lib/everycycle/models/tiny.gguf --ctx-size 512" in (root / "etc/everycycle/services.env").read_text()
+    from host_runtime.common.settings_file import load
+    from host_runtime.serving.settings import ServingSettings
+
+    serving = load(ServingSettings, root / "etc/everycycle/serving.toml")
+    assert serving.model == "/var/lib/everycycle/models/tiny.gguf" and serving.context_length == 512
 
 
 def test_static_network_applied_in_a_namespace_with_a_veth_pair(tmp_path, netns):
@@ -322,8 +326,8 @@ def test_the_secrets_services_read_are_handed_to_their_user_and_root_rewrites_ke
     bundle = open_bundle(make_bundle(tmp_path / "bundle", box, {"files/api.crt": b"c", "files/api.key": b"k",
                                                                 "files/bmc.pass": b"p"}, {"files/api.key": 0o600}))
     secrets = {rel for rel, (_, mode) in plan_files(bundle, {"owner": "ec-x"}).items() if mode == 0o600}
-    # Every secret is either the services' or root's own (the admin's SSH keys; services.env, which systemd reads).
-    assert secrets - set(SERVICE_READ_FILES) <= {"root/.ssh/authorized_keys", "etc/everycycle/services.env"}
+    # Every secret is either the services' or root's own (the admin's SSH keys).
+    assert secrets - set(SERVICE_READ_FILES) <= {"root/.ssh/authorized_keys"}
     assert set(SERVICE_READ_FILES) <= secrets | {"etc/everycycle/tls/api.key"}
     if os.geteuid() != 0:
         pytest.skip("handing files to another user needs root")
@@ -424,3 +428,69 @@ def test_reapplying_a_bundle_keeps_the_keys_made_on_the_box(tmp_path):
     verifier = KeyVerifier(root / "etc/everycycle/api_keys.json")
     assert verifier.verify(laptop) == "laptop"
     assert verifier.verify(result.generated_keys["owner"]) == "owner"  # the bundle's own key is the new one
+
+
+def test_every_service_reads_back_what_provisioning_wrote_through_its_own_parser(tmp_path):
+    """power.ceiling_c and safe_fraction never reached the governor, nothing set it to enforce, and bmc.*/model.*
+    went into services.env unquoted. Now each service's settings file is read by the service's own code."""
+    import argparse
+
+    from agent_bmc.cli import _settings as bmc_settings_as_the_agent_reads_them
+    from agent_bmc.cli import add_arguments as bmc_arguments
+    from host_runtime.cli import build_parser
+    from host_runtime.common.settings_file import load
+    from host_runtime.governor.settings import GovernorSettings
+
+    box = _with("power", {"target_c": 70, "ceiling_c": 83, "safe_fraction": 0.4, "mode": "enforce"})
+    box["bmc"]["address"], box["bmc"]["user"] = "10.20.0.9", "admin"
+    box["model"]["quantization"] = "Q4_1"
+    root = tmp_path / "root"
+    apply(open_bundle(make_bundle(tmp_path / "bundle", box)), root)
+    etc = root / "etc/everycycle"
+    assert not (etc / "services.env").exists()
+    assert load(GovernorSettings, etc / "governor.toml") == GovernorSettings(
+        backend="auto", mode="enforce", target_c=70.0, ceiling_c=83.0, safe_fraction=0.4)
+    parser = argparse.ArgumentParser()
+    bmc_arguments(parser)
+    agent = bmc_settings_as_the_agent_reads_them(parser, parser.parse_args(["--settings", str(etc / "bmc.toml")]))
+    assert agent == {"backend": "ipmi", "host": "10.20.0.9", "port": 623, "user": "admin",
+                     "password_file": "/etc/everycycle/bmc.password", "listen": "127.0.0.1:9290", "period": 5.0}
+    # The serve command's own parser takes the file (and explicit options still win).
+    args = build_parser().parse_args(["serve", "--settings", str(etc / "serving.toml")])
+    assert args.settings == str(etc / "serving.toml")
+
+
+@pytest.mark.parametrize("field,value,named", [
+    ("bmc.user", 'x"\nEVERYCYCLE_BIN=/tmp/evil', "bmc.user"),   # a quote and a newline set any variable, before
+    ("bmc.address", "10.0.0.1 --user root", "bmc.address"),
+    ("power.safe_fraction", 1.5, "power.safe_fraction"),
+    ("power.mode", "turbo", "power.mode"),
+    ("model.quantization", "Q8_0", "model.quantization"),       # the image's model is Q4_1: it was ignored
+    ("model.context_length", 0, "model.context_length"),
+])
+def test_settings_a_service_cannot_use_are_refused_naming_the_field(tmp_path, field, value, named):
+    box = _with(field, value)
+    errors = validate(open_bundle(make_bundle(tmp_path / "bundle", box)))
+    assert named in [e.field for e in errors], [str(e) for e in errors]
+
+
+def test_every_box_toml_field_has_an_owner():
+    """A new box.toml field must say where it goes: a service's settings file, or the system's own files."""
+    schema = json.loads((Path(__file__).parents[1] / "provisioning/box_schema.json").read_text())
+    owners = {
+        "schema_version": "checked", "hostname": "/etc/hostname", "network": "systemd-networkd",
+        "api.port": "front.toml", "api.http_port": "front.toml", "api.http": "front.toml", "api.metrics": "front.toml",
+        "api.tls_certificate": "front.toml", "api.tls_key": "front.toml", "api.keys": "api_keys.json",
+        "api.generate_keys": "api_keys.json", "ssh.authorized_keys": "/root/.ssh", "model.source": "serving.toml",
+        "model.path": "serving.toml", "model.context_length": "serving.toml", "model.quantization": "validated",
+        "bmc.mode": "bmc.toml", "bmc.address": "bmc.toml", "bmc.user": "bmc.toml", "bmc.password_file": "bmc.toml",
+        "power.target_c": "governor.toml", "power.ceiling_c": "governor.toml",
+        "power.safe_fraction": "governor.toml", "power.mode": "governor.toml", "files": "checked",
+    }
+    fields = set()
+    for top, node in schema["properties"].items():
+        if top in ("api", "ssh", "model", "bmc", "power"):
+            fields |= {f"{top}.{k}" for k in node["properties"]}
+        else:
+            fields.add(top)
+    assert fields == set(owners)

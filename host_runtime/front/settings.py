@@ -4,22 +4,17 @@ runner and by the serving API (which enforces the /metrics access it names). Bot
 from __future__ import annotations
 
 import ipaddress
-import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common import settings_file
+from host_runtime.common.settings_file import SettingsError
 
 HTTP_MODES = ("redirect", "off", "serve")
 METRICS_ACCESS = ("open", "key", "loopback")
 
 
-class FrontSettingsError(ValueError):
-    """A settings file that cannot be used; names the field."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
+FrontSettingsError = SettingsError  # the front's name for it
 
 
 @dataclass(frozen=True)
@@ -100,34 +95,17 @@ def from_box(box: dict) -> FrontSettings:
 
 
 def from_mapping(doc: dict) -> FrontSettings:
-    known = {f.name: f for f in fields(FrontSettings)}
-    values = {}
-    for key, value in doc.items():
-        if key not in known:
-            raise FrontSettingsError(key, "unknown setting")
-        want = int if known[key].type == "int" else str
-        if isinstance(value, bool) or not isinstance(value, want):
-            raise FrontSettingsError(key, f"must be {'an integer' if want is int else 'a string'}")
-        values[key] = value
-    return FrontSettings(**values)
+    return settings_file.from_mapping(FrontSettings, doc)
 
 
 def load(path: str | Path | None) -> FrontSettings:
     """The settings in `path`; the defaults where there is no file."""
-    if path is None or not Path(path).exists():
-        return FrontSettings()
-    try:
-        doc = tomllib.loads(Path(path).read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise FrontSettingsError("(file)", f"{path} is not valid TOML: {exc}") from None
-    return from_mapping(doc)
+    return settings_file.load(FrontSettings, path)
 
 
 def dump(settings: FrontSettings) -> bytes:
-    import tomli_w
-
-    return tomli_w.dumps(asdict(settings)).encode()
+    return settings_file.dump(settings)
 
 
 def save(settings: FrontSettings, path: str | Path) -> None:
-    atomic_write(Path(path), dump(settings), 0o644)
+    settings_file.save(settings, path)
