@@ -16,7 +16,8 @@ from host_runtime.serving import protocol
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
 from host_runtime.serving.handlers import ServingLogic, engine_down
 
-OPEN_PATHS = {"/health", "/ready"}  # probes carry no key; /metrics follows AppConfig.metrics_access
+OPEN_PATHS = {"/health", "/ready", "/openapi.json"}  # probes and the API's description carry no key;
+# /metrics follows AppConfig.metrics_access
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,19 @@ class Metrics:
         resp.text = "# TYPE everycycle_up gauge\neverycycle_up 1\n" + resp.text
 
 
+class OpenAPIDocument:
+    """The API's description (host_runtime/serving/openapi.json, checked against these routes by a test)."""
+
+    def __init__(self):
+        from importlib import resources
+
+        self._text = resources.files("host_runtime.serving").joinpath("openapi.json").read_text()
+
+    def on_get(self, req, resp):
+        resp.content_type = falcon.MEDIA_JSON
+        resp.text = self._text
+
+
 class Models:
     def __init__(self, identity: ModelIdentity):
         self._identity = identity
@@ -201,6 +215,7 @@ def create_app(config: AppConfig) -> falcon.App:
     app.add_route("/health", Health(client))
     app.add_route("/ready", Ready(client, config))
     app.add_route("/metrics", Metrics(client))
+    app.add_route("/openapi.json", OpenAPIDocument())
     app.add_route("/v1/models", Models(identity))
     app.add_route("/v1/chat/completions", Generation(logic, identity, config, "chat"))
     app.add_route("/v1/completions", Generation(logic, identity, config, "completion"))
