@@ -152,7 +152,9 @@ def _quantization_errors(bundle: Bundle, box: dict, readable: set) -> list[Bundl
     return []
 
 
-def _gguf_file_type(data: bytes, name: str) -> str | None:
+def _parse_gguf(data: bytes):
+    """Parse the bytes that were hashed (the reader wants a file: a private copy, removed after).
+    (general.file_type or None, None) when it parses, (None, why) when it does not."""
     import tempfile
 
     import gguf
@@ -162,26 +164,20 @@ def _gguf_file_type(data: bytes, name: str) -> str | None:
         copy.flush()
         try:
             field = gguf.GGUFReader(copy.name).fields.get("general.file_type")
-            value = int(field.parts[field.data[0]][0]) if field is not None else None
-        except Exception:
-            value = None
-    return model_quantization(value, name)
+        except Exception as exc:  # gguf raises ValueError, struct errors, and more on foreign files
+            return None, str(exc) or type(exc).__name__
+        try:
+            return (int(field.parts[field.data[0]][0]) if field is not None else None), None
+        except (IndexError, TypeError, ValueError):
+            return None, None
+
+
+def _gguf_file_type(data: bytes, name: str) -> str | None:
+    return model_quantization(_parse_gguf(data)[0], name)
 
 
 def _gguf_error(data: bytes) -> str | None:
-    """Parse the bytes that were hashed (the reader wants a file: a private copy, removed after)."""
-    import tempfile
-
-    import gguf
-
-    with tempfile.NamedTemporaryFile(prefix="everycycle-model-", suffix=".gguf") as copy:
-        copy.write(data)
-        copy.flush()
-        try:
-            gguf.GGUFReader(copy.name)
-        except Exception as exc:  # gguf raises ValueError, struct errors, and more on foreign files
-            return str(exc)
-    return None
+    return _parse_gguf(data)[1]
 
 
 def _network_errors(interfaces: list[dict]) -> list[BundleError]:

@@ -167,7 +167,7 @@ def test_a_failure_mid_apply_restores_the_previous_state(tmp_path):
     assert (root / "etc/hostname").read_text() == "box-7\n"
 
 
-def test_signed_bundles(tmp_path):
+def _keypair(tmp_path):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -176,6 +176,11 @@ def test_signed_bundles(tmp_path):
                                                          serialization.NoEncryption()))
     pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     (tmp_path / "pub.pem").write_bytes(pub)
+    return pub
+
+
+def test_signed_bundles(tmp_path):
+    pub = _keypair(tmp_path)
     bundle_dir = make_bundle(tmp_path / "bundle")
     unsigned = validate(open_bundle(bundle_dir), pub)
     assert [e.field for e in unsigned] == ["bundle.sig"] and "not signed" in unsigned[0].message
@@ -338,18 +343,6 @@ def test_the_secrets_services_read_are_handed_to_their_user_and_root_rewrites_ke
     assert (f.stat().st_uid, f.stat().st_gid) == nobody
     atomic_write(f, b'{"keys": []}', 0o600)
     assert (f.stat().st_uid, f.stat().st_gid) == nobody and f.stat().st_mode & 0o777 == 0o600
-
-
-def _keypair(tmp_path):
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    key = Ed25519PrivateKey.generate()
-    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                         serialization.NoEncryption()))
-    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    (tmp_path / "pub.pem").write_bytes(pub)
-    return pub
 
 
 def test_the_signature_is_checked_before_anything_else_is_read(tmp_path, monkeypatch):
