@@ -366,7 +366,10 @@ def cmd_serve(parser, args) -> int:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"
     if args.unix_socket:
+        # Only the services' user (the front) and root (the console) reach the API's socket: the box's own
+        # readers get /metrics there without a key.
         Path(args.unix_socket).parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(Path(args.unix_socket).parent, 0o700)
     ServingApplication(config, bind=bind, workers=args.workers, threads=args.http_threads, engine=engine).run()
     return 0
 

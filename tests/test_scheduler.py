@@ -209,3 +209,11 @@ def test_embeddings_stop_when_their_client_leaves(model):
     # The context is free again for the next request.
     vectors, _ = engine.embed(["one"])
     assert len(vectors) == 1
+
+
+def test_embedding_waiters_are_bounded(model):
+    """Embeddings wait for one context: past the queue's bound they are refused at once (503), not queued."""
+    engine = Engine(model, max_waiting=0)
+    with pytest.raises(RequestRejected) as exc:
+        engine.embed(["one"])
+    assert exc.value.status == 503 and exc.value.code == "queue_full"
