@@ -1,6 +1,10 @@
-"""Prometheus text with ipmi_exporter's names, so existing dashboards work (pure)."""
+"""Prometheus text with ipmi_exporter's names, so existing dashboards work. prometheus_client writes it
+(escaping, formats); this module only says which families a snapshot holds."""
 
 from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 FAMILIES = {  # snapshot sensor type -> (metric, help)
     "temperature": ("ipmi_temperature_celsius", "Temperature reading in degree Celsius."),
@@ -12,36 +16,45 @@ FAMILIES = {  # snapshot sensor type -> (metric, help)
 STATE_VALUE = {"ok": 0, "warning": 1, "critical": 2, "failed": 2}
 
 
-def _label(value) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"')
-
-
-def render(snapshot: dict) -> str:
-    lines = ["# HELP ipmi_up '1' if the BMC answered the last collection, '0' otherwise.",
-             "# TYPE ipmi_up gauge", f"ipmi_up {1 if snapshot['up'] and not snapshot['stale'] else 0}"]
+def families(snapshot: dict) -> list[GaugeMetricFamily]:
+    up = GaugeMetricFamily("ipmi_up", "'1' if the BMC answered the last collection, '0' otherwise.",
+                           value=1 if snapshot["up"] and not snapshot["stale"] else 0)
+    out = [up]
     grouped: dict[str, list[dict]] = {}
     for s in snapshot["sensors"]:
         grouped.setdefault(s["type"] if s["type"] in FAMILIES else "other", []).append(s)
     for kind, sensors in grouped.items():
+        known = kind in FAMILIES
         metric, help_text = FAMILIES.get(kind, ("ipmi_sensor_value", "Generic data read from an IPMI sensor."))
-        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
-        state_metric = metric.rsplit("_", 1)[0] + "_state" if kind in FAMILIES else "ipmi_sensor_state"
-        states = []
+        labels = ["id", "name"] + ([] if known else ["type"])
+        value = GaugeMetricFamily(metric, help_text, labels=labels)
+        state = GaugeMetricFamily(metric.rsplit("_", 1)[0] + "_state" if known else "ipmi_sensor_state",
+                                  "Reported state of the sensor (0=nominal, 1=warning, 2=critical).", labels=labels)
         for s in sensors:
-            labels = f'id="{_label(s["id"])}",name="{_label(s["name"])}"' + \
-                ("" if kind in FAMILIES else f',type="{_label(s["type"])}"')
+            label_values = [str(s["id"]), str(s["name"])] + ([] if known else [str(s["type"])])
             if s["value"] is not None:
-                lines.append(f"{metric}{{{labels}}} {s['value']}")
-            states.append(f"{state_metric}{{{labels}}} {STATE_VALUE.get(s['health'], 2)}")
-        lines += [f"# HELP {state_metric} Reported state of the sensor (0=nominal, 1=warning, 2=critical).",
-                  f"# TYPE {state_metric} gauge", *states]
+                value.add_metric(label_values, s["value"])
+            state.add_metric(label_values, STATE_VALUE.get(s["health"], 2))
+        out += [value, state]
     power = snapshot.get("power")
     if power and power.get("current_w") is not None:  # {"unavailable": ...} on a BMC without DCMI
-        lines += ["# HELP ipmi_dcmi_power_consumption_current_watts Current power consumption (DCMI).",
-                  "# TYPE ipmi_dcmi_power_consumption_current_watts gauge",
-                  f"ipmi_dcmi_power_consumption_current_watts {power['current_w']}"]
+        out.append(GaugeMetricFamily("ipmi_dcmi_power_consumption_current_watts",
+                                     "Current power consumption (DCMI).", value=power["current_w"]))
     sel = snapshot.get("sel")
     if sel is not None and "count" in sel:
-        lines += ["# HELP ipmi_sel_entries_count Number of entries in the SEL.", "# TYPE ipmi_sel_entries_count gauge",
-                  f"ipmi_sel_entries_count {sel['count']}"]
-    return "\n".join(lines) + "\n"
+        out.append(GaugeMetricFamily("ipmi_sel_entries_count", "Number of entries in the SEL.", value=sel["count"]))
+    return out
+
+
+class _Snapshot:
+    def __init__(self, snapshot: dict):
+        self._snapshot = snapshot
+
+    def collect(self):
+        return families(self._snapshot)
+
+
+def render(snapshot: dict) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(snapshot))
+    return generate_latest(registry).decode()
