@@ -16,6 +16,7 @@ from pathlib import Path
 from host_runtime.common import settings_file
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.settings_file import SettingsError
+from host_runtime.governor.settings import process_environment
 from host_runtime.common.service_user import give_to_services
 from provisioning.bundle import MAX_MODEL_BYTES, Bundle, BundleError
 from provisioning.signing import manifest
@@ -114,8 +115,10 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
         files[f"{MODELS_DIR}/{name}"] = (bundle.read(model["path"], MAX_MODEL_BYTES), 0o644)
     # Each service's settings through its own typed writer (the service's parser reads the same structure):
     # no value from the bundle reaches a command line or an environment file.
-    for rel, settings in service_settings(box).items():
+    settings_by_file = service_settings(box)
+    for rel, settings in settings_by_file.items():
         files[rel] = (settings_file.dump(settings), 0o644)
+    files["etc/everycycle/governor.env"] = (process_environment(settings_by_file["etc/everycycle/governor.toml"]), 0o644)
     return files
 
 

@@ -104,6 +104,6 @@ def test_the_boot_check_reads_which_user_each_service_runs_as():
     rows = boot_check.parse_service_processes(
         "root     /opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/supervisord -c x\n"
         "everycycle nginx: master process /usr/sbin/nginx -e stderr\n"
-        "root     /opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/everycycle governor run --state y\n")
-    assert [u for u, _ in rows] == ["root", "everycycle", "root"]
+        "everycycle /opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/everycycle governor run --state y\n")
+    assert [u for u, _ in rows] == ["root", "everycycle", "everycycle"]
     assert all(any(a in args for a in boot_check.ROOT_ALLOWED) for u, args in rows if u == "root")

@@ -68,6 +68,7 @@ FACTORY_RESET_ERASES = (
     "etc/everycycle/front.toml",
     "etc/everycycle/serving.toml",
     "etc/everycycle/governor.toml",
+    "etc/everycycle/governor.env",
     "etc/everycycle/bmc.toml",
     "etc/everycycle/bmc.password",
     "etc/everycycle/tls/api.crt",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from host_runtime.common.service_user import SERVICE_USER
 from host_runtime.common.settings_file import SettingsError
 
 BACKENDS = ("auto", "nvml", "amdgpu", "simulator")
@@ -31,6 +32,13 @@ class GovernorSettings:
             raise SettingsError("ceiling_c", f"must be above target_c ({self.target_c}) and at most 105 C")
         if not 0.0 < self.safe_fraction <= 1.0:
             raise SettingsError("safe_fraction", f"must be above 0 and at most 1, got {self.safe_fraction}")
+
+
+def process_environment(settings: GovernorSettings) -> bytes:
+    """governor.env, which systemd reads: the user the governor runs as. Root only to enforce (NVML's power-limit
+    write needs it); the services' unprivileged user to observe. Fixed text, never a value from a bundle."""
+    user = "root" if settings.mode == "enforce" else SERVICE_USER
+    return f"EVERYCYCLE_GOVERNOR_USER={user}\n".encode()
 
 
 def from_box(box: dict) -> GovernorSettings:
