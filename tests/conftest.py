@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 
@@ -39,6 +40,11 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU with NVML (marked gpu)")
         for item in items:
             if "gpu" in item.keywords:
+                item.add_marker(skip)
+    if os.geteuid() != 0:
+        skip = pytest.mark.skip(reason="needs root, as on the box and in CI (marked root)")
+        for item in items:
+            if "root" in item.keywords:
                 item.add_marker(skip)
     if any("vulkan" in item.keywords for item in items):
         from tests.test_placement_llama import _lavapipe_works

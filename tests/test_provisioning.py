@@ -318,11 +318,9 @@ def test_first_boot_hands_generated_keys_to_the_console_not_to_its_output(tmp_pa
     assert hash_key(keys["owner"]) in [k["sha256"] for k in stored]
 
 
-def test_the_secrets_services_read_are_handed_to_their_user_and_root_rewrites_keep_the_owner(tmp_path):
+def test_the_secrets_services_read_are_handed_to_their_user(tmp_path):
     """Serving, the front and the BMC agent run unprivileged: the 0600 files they read must be theirs, and stay
-    theirs when root's tools (keys create, the wizard) rewrite them atomically."""
-    from host_runtime.common.atomic_file import atomic_write
-    from host_runtime.common.service_user import give_to_services, service_ids
+    theirs when root's tools (keys create, the wizard) rewrite them atomically (the next test)."""
     from provisioning.apply import SERVICE_READ_FILES, plan_files
 
     box = _with("api", {"port": 8443, "generate_keys": ["owner"], "tls_certificate": "files/api.crt",
@@ -334,8 +332,13 @@ def test_the_secrets_services_read_are_handed_to_their_user_and_root_rewrites_ke
     # Every secret is either the services' or root's own (the admin's SSH keys).
     assert secrets - set(SERVICE_READ_FILES) <= {"root/.ssh/authorized_keys"}
     assert set(SERVICE_READ_FILES) <= secrets | {"etc/everycycle/tls/api.key"}
-    if os.geteuid() != 0:
-        pytest.skip("handing files to another user needs root")
+
+
+@pytest.mark.root
+def test_files_handed_to_the_services_stay_theirs_when_root_rewrites_them(tmp_path):
+    from host_runtime.common.atomic_file import atomic_write
+    from host_runtime.common.service_user import give_to_services, service_ids
+
     nobody = service_ids("nobody")
     f = tmp_path / "api_keys.json"
     f.write_text("{}")
@@ -353,7 +356,7 @@ def test_the_signature_is_checked_before_anything_else_is_read(tmp_path, monkeyp
     bundle_dir = make_bundle(tmp_path / "bundle", _with("model", {"source": "bundle", "path": "files/model.gguf"}),
                              {"files/bmc.pass": b"s3cret\n", "files/model.gguf": b"not a model"})
     parsed = []
-    monkeypatch.setattr(v, "_gguf_error", lambda data: parsed.append(data) or "bad")
+    monkeypatch.setattr(v, "_parse_gguf", lambda data: parsed.append(data) or (None, "bad"))
     errors = validate(open_bundle(bundle_dir), pub)
     assert [e.field for e in errors] == ["bundle.sig"] and parsed == []
 
@@ -443,6 +446,10 @@ def test_every_service_reads_back_what_provisioning_wrote_through_its_own_parser
     assert not (etc / "services.env").exists()
     assert load(GovernorSettings, etc / "governor.toml") == GovernorSettings(
         backend="auto", mode="enforce", target_c=70.0, ceiling_c=83.0, safe_fraction=0.4)
+    # Enforcing needs root (NVML's power-limit write); observing runs as the services' user.
+    assert (etc / "governor.env").read_text() == "EVERYCYCLE_GOVERNOR_USER=root\n"
+    apply(open_bundle(make_bundle(tmp_path / "observe", _with("hostname", "box-8"))), root)
+    assert (etc / "governor.env").read_text() == "EVERYCYCLE_GOVERNOR_USER=everycycle\n"
     parser = argparse.ArgumentParser()
     bmc_arguments(parser)
     agent = bmc_settings_as_the_agent_reads_them(parser, parser.parse_args(["--settings", str(etc / "bmc.toml")]))
