@@ -358,7 +358,7 @@ def cmd_serve(parser, args) -> int:
 
         try:
             metrics_access = front_settings.load(args.front_settings).metrics
-        except front_settings.FrontSettingsError as exc:
+        except front_settings.SettingsError as exc:
             parser.error(f"--front-settings: {exc}")
     config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes,
                        ready_deadline_s=args.ready_timeout, metrics_access=metrics_access)
@@ -377,11 +377,11 @@ def cmd_serve(parser, args) -> int:
 def cmd_front(parser, args) -> int:
     from host_runtime.front import settings as front_settings
     from host_runtime.front.run import FrontError, exec_nginx, prepare
-    from host_runtime.front.tls import TLSError, certificate_pair, ensure_certificate, fingerprint
+    from host_runtime.front.tls import TLSError, certificate_pair, fingerprint
 
     try:
         settings = front_settings.load(args.settings)
-    except front_settings.FrontSettingsError as exc:
+    except front_settings.SettingsError as exc:
         parser.error(f"--settings: {exc}")
     state_dir = Path(args.state_dir)
     try:
@@ -395,8 +395,7 @@ def cmd_front(parser, args) -> int:
             return 0
         if not args.run_dir or not args.upstream_socket:
             parser.error("front run: --run-dir and --upstream-socket are required")
-        conf = prepare(settings, state_dir, Path(args.run_dir), Path(args.upstream_socket))
-        pair = ensure_certificate(settings, state_dir)
+        conf, pair = prepare(settings, state_dir, Path(args.run_dir), Path(args.upstream_socket))
         logging.getLogger("everycycle.front").info(
             "front on %s: HTTPS port %d (certificate %s, SHA-256 %s), HTTP port %d %s, /metrics %s",
             settings.listen, settings.https_port, pair.certificate, fingerprint(pair.certificate),
@@ -592,7 +591,7 @@ def cmd_console(parser, args) -> int:
 
         try:
             front = front_settings.load(args.front_settings)
-        except front_settings.FrontSettingsError as exc:
+        except front_settings.SettingsError as exc:
             parser.error(f"--front-settings: {exc}")
         api_scheme, api_port, api_listen = "https", front.https_port, front.listen
         certificate = certificate_pair(front, Path(args.state_dir or os.path.dirname(args.front_settings))).certificate

@@ -91,13 +91,16 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
                                                  "others (chmod 600)"))
     errors += _network_errors(box["network"]["interfaces"])
     model = box["model"]
+    model_quant = None  # the bundle's model's quantization, from its one parse
     if model["source"] == "bundle":
         if not model.get("path"):
             errors.append(BundleError("model.path", "is required when model.source is 'bundle'"))
         elif model["path"] in readable:
-            error = _gguf_error(bundle.read(model["path"], MAX_MODEL_BYTES))
+            file_type, error = _parse_gguf(bundle.read(model["path"], MAX_MODEL_BYTES))
             if error:
                 errors.append(BundleError("model.path", f"{model['path']} is not a readable GGUF model: {error}"))
+            else:
+                model_quant = model_quantization(file_type, model["path"]) or ""
     bmc = box["bmc"]
     if bmc["mode"] == "ipmi":
         for key in ("address", "user", "password_file"):
@@ -110,7 +113,7 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
         service_settings(box)  # every service's settings, each checked by its own type
     except SettingsError as exc:
         errors.append(BundleError(exc.field, exc.message))
-    errors += _quantization_errors(bundle, box, readable)
+    errors += _quantization_errors(box, model_quant)
     power = box["power"]
     if "target_c" in power and "ceiling_c" in power and power["ceiling_c"] <= power["target_c"]:
         errors.append(BundleError("power.ceiling_c", "must be above power.target_c"))
@@ -132,8 +135,9 @@ def model_quantization(file_type: int | None, name: str) -> str | None:
     return found.group(1).upper() if found else None
 
 
-def _quantization_errors(bundle: Bundle, box: dict, readable: set) -> list[BundleError]:
-    """model.quantization must be what the model is: it was accepted and ignored."""
+def _quantization_errors(box: dict, bundle_model_quant: str | None) -> list[BundleError]:
+    """model.quantization must be what the model is: it was accepted and ignored. bundle_model_quant: the bundle's
+    model's ('' when unknown), None when it could not be read (its own error says why)."""
     wanted = box["model"].get("quantization")
     if not wanted:
         return []
@@ -142,11 +146,11 @@ def _quantization_errors(bundle: Bundle, box: dict, readable: set) -> list[Bundl
 
         have = model_quantization(None, default_model_path().name)
         where = "the image's model"
-    elif box["model"].get("path") in readable:
-        have = _gguf_file_type(bundle.read(box["model"]["path"], MAX_MODEL_BYTES), box["model"]["path"])
+    elif bundle_model_quant is not None:
+        have = bundle_model_quant or None
         where = box["model"]["path"]
     else:
-        return []  # the model's own error says why
+        return []
     if have is None or have.upper() != str(wanted).upper():
         return [BundleError("model.quantization", f"{where} is {have or 'of an unknown quantization'}, not {wanted}")]
     return []
@@ -170,14 +174,6 @@ def _parse_gguf(data: bytes):
             return (int(field.parts[field.data[0]][0]) if field is not None else None), None
         except (IndexError, TypeError, ValueError):
             return None, None
-
-
-def _gguf_file_type(data: bytes, name: str) -> str | None:
-    return model_quantization(_parse_gguf(data)[0], name)
-
-
-def _gguf_error(data: bytes) -> str | None:
-    return _parse_gguf(data)[1]
 
 
 def _network_errors(interfaces: list[dict]) -> list[BundleError]:

@@ -13,7 +13,7 @@ import pytest
 
 from host_runtime.front import settings as front_settings
 from host_runtime.front.nginx_conf import FrontPaths, render
-from host_runtime.front.settings import FrontSettings, FrontSettingsError
+from host_runtime.front.settings import FrontSettings, SettingsError
 from host_runtime.front.tls import CertificatePair, check_pair, fingerprint, make_self_signed, self_signed_paths
 from tests.conftest import MODEL_ID
 from tests.servers import Proc, everycycle, free_port, http_get, wait_for
@@ -40,7 +40,7 @@ def test_settings_round_trip_through_their_own_parser(tmp_path):
     ({"colour": "blue"}, "colour"),
 ])
 def test_bad_settings_name_the_field(doc, field):
-    with pytest.raises(FrontSettingsError) as exc:
+    with pytest.raises(SettingsError) as exc:
         front_settings.from_mapping(doc)
     assert exc.value.field == field
 

@@ -140,6 +140,7 @@ class StatusReader:
         self._ready: tuple[bool, str] = (False, "not checked yet")
         self._ready_at = 0.0
         self._service_events: list[dict] = []
+        self._fingerprint: tuple[int | None, str | None] = (None, None)  # (certificate mtime, its fingerprint)
 
     # ---- sources ------------------------------------------------------------------
 
@@ -281,12 +282,16 @@ class StatusReader:
             tls_fingerprint=self.tls_fingerprint())
 
     def tls_fingerprint(self) -> str | None:
+        """The front's certificate's fingerprint, parsed again only when the file changes (reads run every tick)."""
         if self.config.tls_certificate is None:
             return None
         from host_runtime.front.tls import fingerprint
 
         try:
-            return fingerprint(self.config.tls_certificate)
+            stamp = self.config.tls_certificate.stat().st_mtime_ns
+            if self._fingerprint[0] != stamp:
+                self._fingerprint = (stamp, fingerprint(self.config.tls_certificate))
+            return self._fingerprint[1]
         except (OSError, ValueError) as exc:
             return f"unavailable ({exc.__class__.__name__}: the front makes its certificate when it first starts)"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.front.nginx_conf import FrontPaths, render
 from host_runtime.front.settings import FrontSettings
-from host_runtime.front.tls import ensure_certificate
+from host_runtime.front.tls import CertificatePair, ensure_certificate
 
 
 class FrontError(Exception):
@@ -26,8 +26,10 @@ def nginx_binary() -> str:
     return found
 
 
-def prepare(settings: FrontSettings, state_dir: Path, run_dir: Path, upstream_socket: Path) -> Path:
-    """Write the config (and make the certificate if needed); check it with `nginx -t`. Returns its path."""
+def prepare(settings: FrontSettings, state_dir: Path, run_dir: Path,
+            upstream_socket: Path) -> tuple[Path, CertificatePair]:
+    """Write the config (and make the certificate if needed); check it with `nginx -t`. Returns its path and the
+    certificate pair it serves."""
     pair = ensure_certificate(settings, state_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     conf = run_dir / "nginx.conf"
@@ -37,7 +39,7 @@ def prepare(settings: FrontSettings, state_dir: Path, run_dir: Path, upstream_so
                           capture_output=True, text=True)
     if test.returncode != 0:
         raise FrontError(f"nginx refused the generated config {conf}: {test.stderr.strip()}")
-    return conf
+    return conf, pair
 
 
 def exec_nginx(conf: Path, run_dir: Path) -> None:

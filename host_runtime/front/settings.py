@@ -14,7 +14,6 @@ HTTP_MODES = ("redirect", "off", "serve")
 METRICS_ACCESS = ("open", "key", "loopback")
 
 
-FrontSettingsError = SettingsError  # the front's name for it
 
 
 @dataclass(frozen=True)
@@ -52,26 +51,26 @@ def check(s: FrontSettings) -> None:
     try:
         ipaddress.ip_address(s.listen)
     except ValueError:
-        raise FrontSettingsError("listen", f"{s.listen!r} is not an IP address") from None
+        raise SettingsError("listen", f"{s.listen!r} is not an IP address") from None
     for name in ("https_port", "http_port"):
         port = getattr(s, name)
         if not 1 <= port <= 65535:
-            raise FrontSettingsError(name, f"{port} is not a TCP port")
+            raise SettingsError(name, f"{port} is not a TCP port")
     if s.https_port == s.http_port:
-        raise FrontSettingsError("http_port", "must differ from https_port")
+        raise SettingsError("http_port", "must differ from https_port")
     if s.http not in HTTP_MODES:
-        raise FrontSettingsError("http", f"must be one of {', '.join(HTTP_MODES)}, got {s.http!r}")
+        raise SettingsError("http", f"must be one of {', '.join(HTTP_MODES)}, got {s.http!r}")
     if s.http == "serve" and not s.loopback_only:
-        raise FrontSettingsError("http", "'serve' (keys in clear text) is allowed only on a loopback address; "
+        raise SettingsError("http", "'serve' (keys in clear text) is allowed only on a loopback address; "
                                  "use 'redirect' or 'off' on the LAN")
     if s.metrics not in METRICS_ACCESS:
-        raise FrontSettingsError("metrics", f"must be one of {', '.join(METRICS_ACCESS)}, got {s.metrics!r}")
+        raise SettingsError("metrics", f"must be one of {', '.join(METRICS_ACCESS)}, got {s.metrics!r}")
     if bool(s.certificate) != bool(s.private_key):
-        raise FrontSettingsError("certificate", "a certificate and its private_key come together")
+        raise SettingsError("certificate", "a certificate and its private_key come together")
     for name in ("header_timeout_s", "body_timeout_s", "connections_per_client", "requests_per_second_per_client",
                  "request_burst_per_client", "max_body_bytes"):
         if getattr(s, name) < 1:
-            raise FrontSettingsError(name, "must be at least 1")
+            raise SettingsError(name, "must be at least 1")
 
 
 BOX_TLS_CERTIFICATE = "/etc/everycycle/tls/api.crt"  # where provisioning puts a bundle's certificate and key
@@ -88,10 +87,10 @@ def from_box(box: dict) -> FrontSettings:
                              http=api.get("http", FrontSettings.http), metrics=api.get("metrics", FrontSettings.metrics),
                              certificate=BOX_TLS_CERTIFICATE if api.get("tls_certificate") else "",
                              private_key=BOX_TLS_KEY if api.get("tls_key") else "")
-    except FrontSettingsError as exc:
+    except SettingsError as exc:
         box_field = {"https_port": "api.port", "http_port": "api.http_port", "http": "api.http",
                      "metrics": "api.metrics", "certificate": "api.tls_certificate"}.get(exc.field, f"api.{exc.field}")
-        raise FrontSettingsError(box_field, str(exc).split(": ", 1)[1]) from None
+        raise SettingsError(box_field, exc.message) from None
 
 
 def from_mapping(doc: dict) -> FrontSettings:
