@@ -717,6 +717,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging()
+    if args.command in ("serve", "engine", "plan", "discover"):
+        # Before anything imports llama_cpp: which llama.cpp build this process and its engines load.
+        from host_runtime.gpu.llama_build import select
+
+        select()
     handlers = {"serve": cmd_serve, "engine": cmd_engine, "plan": cmd_plan, "keys": cmd_keys, "discover": cmd_discover,
                 "governor": cmd_governor, "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
                 "bmc": cmd_bmc, "front": cmd_front}

@@ -62,13 +62,16 @@ class EngineService:
 
     def _publish_placement(self) -> None:
         """Say where the model went and why, in the log and /metrics; warn where llama.cpp took more than planned."""
+        from host_runtime.gpu.llama_build import select
         from host_runtime.gpu.llama_devices import compiled_backends, list_devices
         from host_runtime.placement.proof import tolerance
         from host_runtime.placement.render import backend_choice, prometheus_lines, render_table
 
         p, allocated = self.model.placement, self.model.allocation
+        build = select()
         self.backend = backend_choice(p, compiled_backends(), [d.name for d in list_devices()],
-                                      self.config.placement == "cpu")
+                                      self.config.placement == "cpu", build.reason)
+        log.info("llama.cpp build: %s (%s), from %s", build.name, build.reason, build.lib_dir or "the venv's wheel")
         log.info("backend %s on %s: %s", *self.backend)
         log.info("placement:\n%s", render_table(p, proven=True, proof_note="compute buffers from llama.cpp's dry run"))
         for s in p.gpu_shares:

@@ -49,12 +49,18 @@ class _Props(ctypes.Structure):
 
 
 def _ggml():
+    from host_runtime.gpu.llama_build import lib_dir, select
+
+    select()
     try:
         import llama_cpp  # noqa: F401  (loads libllama and, with it, libggml)
-        from llama_cpp._ggml import libggml
+        # The very libggml that libllama loaded: from its folder (llama_cpp._ggml always takes the wheel's,
+        # which with the CUDA build chosen is a second registry that knows no CUDA device) and by its
+        # SONAME file (a wheel holds libggml.so as a separate copy, which would load twice).
+        d = lib_dir()
+        lib = ctypes.CDLL(str(d / "libggml.so.0" if (d / "libggml.so.0").exists() else d / "libggml.so"))
     except (ImportError, OSError) as exc:
         raise LlamaDevicesError(f"llama.cpp cannot be loaded: {exc}") from None
-    lib = libggml
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
     lib.ggml_backend_dev_get.restype = ctypes.c_void_p
     lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]

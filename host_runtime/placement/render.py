@@ -38,8 +38,18 @@ def render_table(p: Placement, *, proven: bool, proof_note: str = "") -> str:
     return "\n".join(lines)
 
 
-def backend_choice(p: Placement, compiled: list[str], seen: list[str], forced_cpu: bool) -> tuple[str, str, str]:
-    """(backend, device, reason) for the log, /metrics and status: what serves the tokens, and why."""
+def backend_choice(p: Placement, compiled: list[str], seen: list[str], forced_cpu: bool,
+                   build_note: str = "") -> tuple[str, str, str]:
+    """(backend, device, reason) for the log, /metrics and status: what serves the tokens, and why. build_note:
+    why this process loaded the llama.cpp build it did (host_runtime/gpu/llama_build.py), told where the tokens
+    are not served by CUDA, so an NVIDIA card serving through Vulkan or not at all says why."""
+    backend, device, reason = _backend_choice(p, compiled, seen, forced_cpu)
+    if build_note and backend != "cuda":
+        reason += f"; not CUDA: {build_note}"
+    return backend, device, reason
+
+
+def _backend_choice(p: Placement, compiled: list[str], seen: list[str], forced_cpu: bool) -> tuple[str, str, str]:
     if p.gpu_shares:
         backends = sorted({s.device.rstrip("0123456789") for s in p.gpu_shares})
         devices = ", ".join(f"{s.device} ({s.description})" for s in p.gpu_shares)
