@@ -7,9 +7,12 @@ security mirrors from /etc/apt (deb822 .sources files and one-line .list files a
   apt_sources.py mirrors                 prints archive=URI and security=URI
   apt_sources.py backports RELEASE FILE  writes a deb822 source for RELEASE-backports
   apt_sources.py suite SUITE FILE        writes a deb822 source for SUITE (e.g. trixie) from the archive
-  apt_sources.py image RELEASE DIR       writes DIR/etc/apt/sources.list.d/mkosi.sources for
-                                         mkosi 24 reads in place of its own list): main,
-                                         updates and security for the image build
+  apt_sources.py image RELEASE DIR [COMPONENT ...]
+                                         writes DIR/etc/apt/sources.list.d/mkosi.sources (which
+                                         mkosi 24 reads in place of its own list): the release,
+                                         its updates and security, with these components (main
+                                         unless named; the NVIDIA image adds contrib non-free
+                                         non-free-firmware)
 Standard library only (and the project's stdlib-only atomic_write): it runs on the host's python3
 before any venv exists.
 """
@@ -94,8 +97,9 @@ def mirrors(entries: list[tuple[str, list[str]]]) -> dict[str, str]:
     return found
 
 
-def _stanza(uri: str, suites: str) -> str:
-    return f"Types: deb\nURIs: {uri}\nSuites: {suites}\nComponents: main\nSigned-By: {KEYRING}\n"
+def _stanza(uri: str, suites: str, components: tuple[str, ...] = ("main",)) -> str:
+    return (f"Types: deb\nURIs: {uri}\nSuites: {suites}\nComponents: {' '.join(components)}\n"
+            f"Signed-By: {KEYRING}\n")
 
 
 def main(argv: list[str]) -> int:
@@ -108,11 +112,11 @@ def main(argv: list[str]) -> int:
             atomic_write(argv[2], _stanza(found["archive"], f"{argv[1]}-backports").encode())
         elif argv[:1] == ["suite"] and len(argv) == 3:
             atomic_write(argv[2], _stanza(found["archive"], argv[1]).encode())
-        elif argv[:1] == ["image"] and len(argv) == 3:
-            release, root = argv[1], argv[2]
+        elif argv[:1] == ["image"] and len(argv) >= 3:
+            release, root, components = argv[1], argv[2], tuple(argv[3:]) or ("main",)
             atomic_write(os.path.join(root, "etc/apt/sources.list.d/mkosi.sources"),
-                         (_stanza(found["archive"], f"{release} {release}-updates") + "\n"
-                          + _stanza(found["security"], f"{release}-security")).encode())
+                         (_stanza(found["archive"], f"{release} {release}-updates", components) + "\n"
+                          + _stanza(found["security"], f"{release}-security", components)).encode())
         else:
             print(__doc__, file=sys.stderr)
             return 2

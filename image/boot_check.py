@@ -342,6 +342,40 @@ def check_backends(box: Box, result: dict) -> None:
         raise CheckFailed(f"with no GPU the box should serve from the CPU and say why; /metrics says {chosen}")
 
 
+NVIDIA_PACKAGES = ("nvidia-kernel-dkms", "firmware-nvidia-gsp", "libcuda1", "libnvidia-ml1", "nvidia-smi",
+                   "nvidia-modprobe", "libcudart12", "libcublas12", "libcublaslt12", "nvidia-vulkan-icd")
+CUDA_LIB = "/opt/everycycle/llama-cuda/lib"
+
+
+def check_nvidia(box: Box, result: dict, required: bool) -> None:
+    """The NVIDIA pieces of `make image` (image/mkosi.nvidia.conf): the driver's packages, its kernel module
+    built for the kernel that booted, and the CUDA build of llama.cpp with every library it links found. There
+    is no NVIDIA card under qemu, so the box must say it serves from the CPU because no driver answered."""
+    present = box.ssh(f"test -e {CUDA_LIB}/libggml-cuda.so").returncode == 0
+    result["nvidia"] = {"cuda_build": present}
+    if not present:
+        if required:
+            raise CheckFailed(f"no CUDA build of llama.cpp at {CUDA_LIB} (built with NVIDIA=0?)")
+        return
+    pkgs = box.ssh("dpkg-query -W -f='${Package} ${Version}\\n' " + " ".join(NVIDIA_PACKAGES))
+    result["nvidia"]["packages"] = pkgs.stdout.split("\n")[:-1]
+    if pkgs.returncode != 0 or len(result["nvidia"]["packages"]) != len(NVIDIA_PACKAGES):
+        raise CheckFailed(f"NVIDIA packages missing: {pkgs.stdout}{pkgs.stderr}")
+    mod = box.ssh("modinfo -k $(uname -r) -F version nvidia-current; modinfo -k $(uname -r) -F filename nvidia-current")
+    result["nvidia"]["kernel_module"] = mod.stdout.split()
+    if mod.returncode != 0 or not mod.stdout.strip():
+        raise CheckFailed(f"no nvidia kernel module for the running kernel: {mod.stdout}{mod.stderr}")
+    ldd = box.ssh(f"ldd {CUDA_LIB}/libggml-cuda.so {CUDA_LIB}/libllama.so")
+    missing = [line.strip() for line in ldd.stdout.splitlines() if "not found" in line]
+    result["nvidia"]["cuda_libs_resolved"] = ldd.returncode == 0 and not missing
+    if not result["nvidia"]["cuda_libs_resolved"]:
+        raise CheckFailed(f"the CUDA build's libraries do not all resolve: {missing or ldd.stderr}")
+    reason = result.get("backend", {}).get("reason", "")
+    if "not CUDA: no NVIDIA driver answered" not in reason:
+        raise CheckFailed(f"with no NVIDIA card the backend's reason should say no driver answered: {reason!r}")
+    say(f"NVIDIA: module {' '.join(result['nvidia']['kernel_module'])}; the CUDA build's libraries resolve")
+
+
 # Only supervisord: the governor is root only where governor.toml says enforce, and the test bundle observes.
 ROOT_ALLOWED = ("supervisord",)
 
@@ -369,7 +403,7 @@ def check_users(box: Box, result: dict) -> None:
         f"({len(rows)} processes)")
 
 
-def check(box: Box, t0: float, timeout: float) -> dict:
+def check(box: Box, t0: float, timeout: float, nvidia_required: bool = False) -> dict:
     result: dict = {}
     deadline = t0 + timeout
     wait_until(box, "/health", deadline, lambda: http_get(box.http_base + "/health")[0] == 200)
@@ -433,6 +467,7 @@ def check(box: Box, t0: float, timeout: float) -> dict:
             raise CheckFailed(f"the root file system did not grow over the disk: {size} bytes, expected at least "
                               f"{box.root_min_bytes}")
     check_backends(box, result)
+    check_nvidia(box, result, nvidia_required)
     check_users(box, result)
     record = box.ssh("cat /var/lib/everycycle/provisioned.json; hostname")
     if record.returncode != 0 or box.hostname not in record.stdout.splitlines()[-1:]:
@@ -447,6 +482,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("image", type=Path, help="the directory image (nspawn) or the raw disk (qemu)")
     ap.add_argument("--timeout", type=float, help="seconds from start to every check passing "
                                                    "(default 300 for nspawn, 900 for qemu)")
+    ap.add_argument("--nvidia", action="store_true", help="require the NVIDIA driver and the CUDA build (make image's "
+                                                          "default); without it they are checked where present")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, bundle) afterwards")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -463,7 +500,7 @@ def main(argv: list[str]) -> int:
     try:
         t0 = time.monotonic()
         box.start(args.image)
-        summary.update(check(box, t0, args.timeout or (300 if args.kind == "nspawn" else 900)))
+        summary.update(check(box, t0, args.timeout or (300 if args.kind == "nspawn" else 900), args.nvidia))
         ok = True
     except (CheckFailed, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", None)

@@ -73,6 +73,16 @@ def test_this_machines_sources_give_the_image_its_mirror(tmp_path):
     found = apt_sources.mirrors(apt_sources.read_entries())
     assert f"URIs: {found['archive']}\nSuites: trixie trixie-updates\n" in written
     assert f"URIs: {found['security']}\nSuites: trixie-security\n" in written
+    assert written.count("Components: main\n") == 2
+
+
+def test_the_nvidia_image_gets_the_non_free_components(tmp_path):
+    # image/build.sh with NVIDIA=1: the driver, CUDA and the GSP firmware are in contrib/non-free(-firmware).
+    out = subprocess.run([sys.executable, str(REPO / "image/apt_sources.py"), "image", "trixie", str(tmp_path),
+                          "main", "contrib", "non-free", "non-free-firmware"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    written = (tmp_path / "etc/apt/sources.list.d/mkosi.sources").read_text()
+    assert written.count("Components: main contrib non-free non-free-firmware\n") == 2
 
 
 def test_the_boot_checks_bundle_is_valid(tmp_path):
