@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+
+from host_runtime.common.prometheus_text import exposition
 
 FAMILIES = {  # snapshot sensor type -> (metric, help)
     "temperature": ("ipmi_temperature_celsius", "Temperature reading in degree Celsius."),
@@ -46,15 +47,5 @@ def families(snapshot: dict) -> list[GaugeMetricFamily]:
     return out
 
 
-class _Snapshot:
-    def __init__(self, snapshot: dict):
-        self._snapshot = snapshot
-
-    def collect(self):
-        return families(self._snapshot)
-
-
 def render(snapshot: dict) -> str:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(snapshot))
-    return generate_latest(registry).decode()
+    return exposition(lambda: families(snapshot))

@@ -66,15 +66,15 @@ class BoxStatus:
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = float(value)
-            except ValueError:
-                pass
-    return out
+    """Every sample by its name and labels as written (`name{k="v"}`), parsed by prometheus_client; none if the
+    text is malformed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        return {s.name + ("{" + ",".join(f'{k}="{v}"' for k, v in s.labels.items()) + "}" if s.labels else ""): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+    except ValueError:
+        return {}
 
 
 def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:

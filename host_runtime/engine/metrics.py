@@ -1,12 +1,18 @@
-"""Engine metrics (pure): counters, gauges and histograms rendered as Prometheus text.
+"""Engine metrics (pure): counters, gauges and histograms, written as Prometheus text by prometheus_client.
 
-Names follow llama-server's `llamacpp:*` set with our `everycycle_` prefix.
+Names follow llama-server's `llamacpp:*` set with our `everycycle_` prefix. The engine keeps its figures under
+one lock (the scheduler thread adds, the metrics request reads); a collector turns a consistent copy of them
+into metric families when /metrics is asked for.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from host_runtime.common.prometheus_text import exposition
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -24,16 +30,13 @@ class Histogram:
         self.total += value
         self.n += 1
 
-    def render(self, name: str, help_text: str) -> list[str]:
-        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        cumulative = 0
+    def family(self, name: str, help_text: str) -> HistogramMetricFamily:
+        cumulative, buckets = 0, []
         for bound, count in zip(self.buckets, self.counts):
             cumulative += count
-            lines.append(f'{name}_bucket{{le="{bound}"}} {cumulative}')
-        lines.append(f'{name}_bucket{{le="+Inf"}} {self.n}')
-        lines.append(f"{name}_sum {self.total:.6f}")
-        lines.append(f"{name}_count {self.n}")
-        return lines
+            buckets.append((repr(float(bound)), cumulative))
+        buckets.append(("+Inf", self.n))
+        return HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=self.total)
 
 
 class EngineMetrics:
@@ -100,11 +103,14 @@ class EngineMetrics:
             }
 
     def render(self, model_id: str, state: str) -> str:
+        # The placement's gauges are fixed at load and already written by prometheus_client (placement/render.py).
+        return exposition(lambda: self.families(model_id, state)) + "".join(line + "\n" for line in self.placement_lines)
+
+    def families(self, model_id: str, state: str) -> list:
         p = "everycycle_"
         with self._lock:
-            lines: list[str] = []
-            for name, help_text in self.COUNTERS.items():
-                lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} counter", f"{p}{name} {self.counters[name]:g}"]
+            out = [CounterMetricFamily(p + name, help_text, value=self.counters[name])
+                   for name, help_text in self.COUNTERS.items()]
             gauges = {
                 "requests_processing": (self.requests_processing, "Requests being generated now."),
                 "requests_deferred": (self.requests_deferred, "Requests waiting for a free sequence slot."),
@@ -117,39 +123,45 @@ class EngineMetrics:
                     "Share of KV cache cells held by running sequences.",
                 ),
             }
-            for name, (value, help_text) in gauges.items():
-                lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} gauge", f"{p}{name} {value:g}"]
-            lines += [
-                f"# HELP {p}model_info The loaded model and the engine's state.",
-                f"# TYPE {p}model_info gauge",
-                f'{p}model_info{{model="{model_id}",state="{state}"}} 1',
-            ]
-            lines += self.placement_lines
-            lines += self._cache_lines(p)
-            lines += self.ttft.render(f"{p}time_to_first_token_seconds", "Time from arrival to first generated token.")
-            lines += self.time_per_token.render(f"{p}time_per_output_token_seconds", "Time between generated tokens of one sequence.")
-        return "\n".join(lines) + "\n"
+            out += [GaugeMetricFamily(p + name, help_text, value=value) for name, (value, help_text) in gauges.items()]
+            out.append(_model_info(model_id, state))
+            out += self._cache_families(p)
+            out.append(self.ttft.family(f"{p}time_to_first_token_seconds", "Time from arrival to first generated token."))
+            out.append(self.time_per_token.family(f"{p}time_per_output_token_seconds",
+                                                  "Time between generated tokens of one sequence."))
+        return out
 
-    def _cache_lines(self, p: str) -> list[str]:
+    def _cache_families(self, p: str) -> list:
         c = self.cache
         if not c:
             return []
         lookups = c["lookups"]
-        lines = [f"# HELP {p}prefix_cache_lookups_total Requests that looked for a cached prompt prefix.",
-                 f"# TYPE {p}prefix_cache_lookups_total counter", f"{p}prefix_cache_lookups_total {lookups}",
-                 f"# HELP {p}prefix_cache_hits_total Lookups served from a tier.",
-                 f"# TYPE {p}prefix_cache_hits_total counter"]
-        lines += [f'{p}prefix_cache_hits_total{{tier="{t}"}} {n}' for t, n in c["hits"].items()]
-        lines += [f"# HELP {p}prefix_cache_hit_ratio Share of lookups served from each tier.",
-                  f"# TYPE {p}prefix_cache_hit_ratio gauge"]
-        lines += [f'{p}prefix_cache_hit_ratio{{tier="{t}"}} {n / lookups if lookups else 0:g}'
-                  for t, n in c["hits"].items()]
-        lines += [f"# HELP {p}prefix_cache_bytes Bytes held by each tier.", f"# TYPE {p}prefix_cache_bytes gauge"]
-        lines += [f'{p}prefix_cache_bytes{{tier="{t}"}} {n}' for t, n in c["bytes"].items()]
-        lines += [f"# HELP {p}prefix_cache_entries Cached prefixes in each tier.",
-                  f"# TYPE {p}prefix_cache_entries gauge"]
-        lines += [f'{p}prefix_cache_entries{{tier="{t}"}} {n}' for t, n in c["entries"].items()]
-        lines += [f"# HELP {p}prefix_cache_corrupt_files_total Disk entries found damaged and ignored.",
-                  f"# TYPE {p}prefix_cache_corrupt_files_total counter",
-                  f"{p}prefix_cache_corrupt_files_total {c['corrupt_files']}"]
-        return lines
+        hits = CounterMetricFamily(p + "prefix_cache_hits_total", "Lookups served from a tier.", labels=["tier"])
+        ratio = GaugeMetricFamily(p + "prefix_cache_hit_ratio", "Share of lookups served from each tier.",
+                                  labels=["tier"])
+        for tier, n in c["hits"].items():
+            hits.add_metric([tier], n)
+            ratio.add_metric([tier], n / lookups if lookups else 0)
+        held = GaugeMetricFamily(p + "prefix_cache_bytes", "Bytes held by each tier.", labels=["tier"])
+        for tier, n in c["bytes"].items():
+            held.add_metric([tier], n)
+        entries = GaugeMetricFamily(p + "prefix_cache_entries", "Cached prefixes in each tier.", labels=["tier"])
+        for tier, n in c["entries"].items():
+            entries.add_metric([tier], n)
+        return [CounterMetricFamily(p + "prefix_cache_lookups_total", "Requests that looked for a cached prompt prefix.",
+                                    value=lookups), hits, ratio, held, entries,
+                CounterMetricFamily(p + "prefix_cache_corrupt_files_total", "Disk entries found damaged and ignored.",
+                                    value=c["corrupt_files"])]
+
+
+def _model_info(model_id: str, state: str) -> GaugeMetricFamily:
+    info = GaugeMetricFamily("everycycle_model_info", "The loaded model and the engine's state.",
+                             labels=["model", "state"])
+    info.add_metric([model_id, state], 1)
+    return info
+
+
+def model_info_text(model_id: str, state: str) -> str:
+    """/metrics of an engine with no model loaded yet: only what it is and its state."""
+    return exposition(lambda: [_model_info(model_id, state)])
+

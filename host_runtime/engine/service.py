@@ -93,7 +93,9 @@ class EngineService:
 
     def metrics_text(self) -> str:
         if self.engine is None:
-            return f'everycycle_model_info{{model="{self.model_id}",state="{self.state}"}} 1\n'
+            from host_runtime.engine.metrics import model_info_text
+
+            return model_info_text(self.model_id, self.state)
         return self.engine.metrics.render(self.model_id, self.state)
 
     def readiness(self, max_age: float, deadline: float) -> dict:

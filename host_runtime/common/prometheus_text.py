@@ -1,0 +1,21 @@
+"""Prometheus text for metric families, written by prometheus_client: how the engine and the BMC agent turn
+the figures they read when /metrics is asked for into its answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+
+
+class _Collector:
+    def __init__(self, families: Callable[[], Iterable[Metric]]):
+        self.collect = families
+
+
+def exposition(families: Callable[[], Iterable[Metric]]) -> str:
+    """The text of what families() returns, called once, now."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(families))
+    return generate_latest(registry).decode()
