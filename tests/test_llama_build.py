@@ -98,8 +98,9 @@ def test_select_takes_the_cuda_folder_only_where_a_driver_answers(tmp_path):
     d = _libs_folder(tmp_path)
     (d / "libggml-cuda.so").symlink_to("libggml.so.0")  # laid out as a CUDA build is
     code = ("import json, os; from host_runtime.gpu.llama_build import select; b = select(); "
-            "print(json.dumps({'build': b.to_json(), 'env': os.environ.get('LLAMA_CPP_LIB_PATH')}))")
-    env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
+            "print(json.dumps({'build': b.to_json(), 'env': os.environ.get('LLAMA_CPP_LIB_PATH'), "
+            "'exported': os.environ.get('EVERYCYCLE_LLAMA_BUILD')}))")
+    env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_CPP_LIB_PATH", "EVERYCYCLE_LLAMA_BUILD")}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env=dict(env, EVERYCYCLE_LLAMA_CUDA_LIB=str(d)))
     assert out.returncode == 0, out.stderr[-2000:]
@@ -109,3 +110,11 @@ def test_select_takes_the_cuda_folder_only_where_a_driver_answers(tmp_path):
     else:
         assert doc["build"]["name"] == "default" and doc["env"] is None
         assert doc["build"]["reason"].startswith("no NVIDIA driver answered")
+    # Exported for the engines this process starts, which take it without asking NVML again.
+    assert json.loads(doc["exported"]) == doc["build"]
+    parents = dict(doc["build"], reason="chosen by the serving process")
+    child = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                           env=dict(env, EVERYCYCLE_LLAMA_BUILD=json.dumps(parents),
+                                    **({"LLAMA_CPP_LIB_PATH": doc["env"]} if doc["env"] else {}),
+                                    PYTHONPATH=str(REPO), EVERYCYCLE_LLAMA_CUDA_LIB="/nonexistent"))
+    assert json.loads(child.stdout)["build"] == parents

@@ -11,7 +11,9 @@ it here reaches this process and every engine process it starts.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from pathlib import Path
 CUDA_LIB_DIR = Path("/opt/everycycle/llama-cuda/lib")
 LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"      # llama-cpp-python's own override
 CUDA_DIR_ENV = "EVERYCYCLE_LLAMA_CUDA_LIB"  # where the CUDA build lives, if not at CUDA_LIB_DIR
+CHOICE_ENV = "EVERYCYCLE_LLAMA_BUILD"     # the choice, as JSON, for the processes this one starts
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,6 @@ def choose(cards: dict[str, tuple[int, int] | None] | str, cuda_dir: Path | None
 
 def oldest_arch(cmake_args: str) -> tuple[int, int] | None:
     """Pure: the oldest compute capability in -DCMAKE_CUDA_ARCHITECTURES=61-real;75-real;... (None: unknown)."""
-    import re
-
     m = re.search(r"CMAKE_CUDA_ARCHITECTURES=([0-9a-z;\-]+)", cmake_args)
     archs = [int(a) for a in re.findall(r"(\d+)", m.group(1))] if m else []
     return (min(archs) // 10, min(archs) % 10) if archs else None
@@ -90,11 +91,20 @@ _chosen: LlamaBuild | None = None
 
 
 def select() -> LlamaBuild:
-    """Choose this process's build (once) and point llama-cpp-python at it. An explicit LLAMA_CPP_LIB_PATH
-    (set by whoever started us, the serving process for its engines) wins, so parent and child agree."""
+    """Choose this process's build (once) and point llama-cpp-python at it. The engines take the choice their
+    serving process made (CHOICE_ENV), without asking NVML again; an explicit LLAMA_CPP_LIB_PATH wins."""
     global _chosen
     if _chosen is not None:
         return _chosen
+    inherited = os.environ.get(CHOICE_ENV)
+    if inherited:
+        try:
+            _chosen = LlamaBuild(**json.loads(inherited))
+        except (ValueError, TypeError):
+            _chosen = None  # not ours: choose afresh
+        if _chosen is not None and (_chosen.lib_dir or None) == (os.environ.get(LIB_PATH_ENV) or None):
+            return _chosen
+        _chosen = None
     if os.environ.get(LIB_PATH_ENV):
         d = os.environ[LIB_PATH_ENV]
         name = "cuda" if (Path(d) / "libggml-cuda.so").exists() else "default"
@@ -110,6 +120,7 @@ def select() -> LlamaBuild:
                      oldest_arch(args.read_text()) if args and args.exists() else None)
     if _chosen.lib_dir:
         os.environ[LIB_PATH_ENV] = _chosen.lib_dir
+    os.environ[CHOICE_ENV] = json.dumps(_chosen.to_json())
     return _chosen
 
 
