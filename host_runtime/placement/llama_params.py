@@ -4,6 +4,7 @@ dry run and the real load, so the proof checks exactly what is then loaded)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from dataclasses import dataclass
 
@@ -20,6 +21,17 @@ class ModelParams:
     keep: tuple = ()        # ctypes arrays the params point into: alive as long as the params are used
 
 
+@functools.cache
+def extra_buffers_safe() -> bool:
+    """Whether llama.cpp may repack weights into its extra CPU buffer types. Not where its CPU backend was
+    built with AMX (a native build on a Sapphire Rapids or newer Xeon): the AMX buffer's matrix multiply
+    segfaults in the first batched llama_decode (seen here on this llama.cpp; llama.cpp issue #20824, open),
+    so weights stay in plain CPU buffers there: slower on that CPU than AMX, but serving."""
+    import llama_cpp
+
+    return b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info()
+
+
 def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams:
     import llama_cpp
 
@@ -28,6 +40,7 @@ def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = placement.n_gpu_layers
     mparams.split_mode = llama_cpp.LLAMA_SPLIT_MODE_LAYER
+    mparams.use_extra_bufts = extra_buffers_safe()
     # The device list llama.cpp offloads to, in the plan's order; empty (just the terminator) keeps every
     # tensor and every operation on the CPU, even in a build with GPU backends.
     handles = {d.name: d for d in list_devices()}
