@@ -3,12 +3,12 @@ everything into place; any failure restores what was there. Re-applying the same
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import os
 import secrets as pysecrets
-import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,23 +226,31 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
         existing = []
     files = plan_files(bundle, generated, existing)
 
-    staging = state / f".staging-{digest[:12]}"
-    shutil.rmtree(staging, ignore_errors=True)
-    for rel, (data, mode) in files.items():
-        atomic_write(staging / "new" / rel, data, mode=mode)
-        if rel in SERVICE_READ_FILES:
-            give_to_services(staging / "new" / rel)
+    # Each new file is staged beside the one it replaces: the same file system (the box's /etc is on the root
+    # slot, /var on the data partition), so putting it in place is one rename that cannot fail half way.
+    tag = digest[:12]
+    staged = {rel: _beside(root / rel, "new", tag) for rel in files}
+    # Directories this apply makes, removed again if it fails: nothing half-applied stays behind.
+    made = sorted({d for rel in files for d in (root / rel).parents if d.is_relative_to(root) and not d.exists()},
+                  key=lambda d: len(d.parts), reverse=True)
     undo = []
     try:
         if live_network:
             undo = apply_network_live(bundle.box["network"]["interfaces"], link_wait_s)
             undo += apply_hostname_live(bundle.box["hostname"])
-        _commit(staging, root, list(files))
+        for rel, (data, mode) in files.items():
+            atomic_write(staged[rel], data, mode=mode)
+            if rel in SERVICE_READ_FILES:
+                give_to_services(staged[rel])
+        _commit(staged, root, tag)
     except BaseException:
         _undo_live(undo)
+        for path in staged.values():
+            path.unlink(missing_ok=True)
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()
         raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
     history = (previous or {}).get("history", [])
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -253,19 +261,21 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
     return ApplyResult(True, digest, record_path, generated, _remove_secrets(bundle))
 
 
-def _commit(staging: Path, root: Path, rels: list[str]) -> None:
+def _beside(target: Path, kind: str, tag: str) -> Path:
+    return target.with_name(f".{target.name}.everycycle-{kind}-{tag}")
+
+
+def _commit(staged: dict[str, Path], root: Path, tag: str) -> None:
     """Move staged files into place; on any failure put every replaced file back."""
     done: list[tuple[Path, Path | None]] = []
     try:
-        for rel in rels:
+        for rel, new in staged.items():
             target = root / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
             backup = None
             if target.exists():
-                backup = staging / "old" / rel
-                backup.parent.mkdir(parents=True, exist_ok=True)
+                backup = _beside(target, "old", tag)
                 os.replace(target, backup)
-            os.replace(staging / "new" / rel, target)
+            os.replace(new, target)
             done.append((target, backup))
     except BaseException:
         for target, backup in reversed(done):
@@ -274,6 +284,9 @@ def _commit(staging: Path, root: Path, rels: list[str]) -> None:
             else:
                 target.unlink(missing_ok=True)
         raise
+    for _, backup in done:
+        if backup is not None:
+            backup.unlink(missing_ok=True)
 
 
 def _remove_secrets(bundle: Bundle) -> list[str]:

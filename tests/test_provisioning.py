@@ -136,6 +136,25 @@ def test_apply_writes_everything_with_the_right_modes_and_removes_secrets(tmp_pa
     assert record["provisioned"] and record["digest"] == result.digest and len(record["history"]) == 1
 
 
+def test_apply_works_when_var_is_another_file_system(tmp_path):
+    """On the box /var is the data partition, /etc the root slot: a rename between them fails (EXDEV), so each
+    file is staged beside its target. Here /var is a folder on /dev/shm (tmpfs), /etc on the test's disk."""
+    shm = Path("/dev/shm") / f"everycycle-test-{os.getpid()}"
+    shm.mkdir()
+    try:
+        root = tmp_path / "root"
+        root.mkdir()
+        (root / "var").symlink_to(shm)
+        assert os.stat(shm).st_dev != os.stat(root).st_dev
+        result = apply(open_bundle(make_bundle(tmp_path / "bundle")), root)
+        assert result.changed and (root / "etc/hostname").read_text() == "box-7\n"
+        assert json.loads((shm / "lib/everycycle/provisioned.json").read_text())["digest"] == result.digest
+        leftovers = [p for p in root.rglob("*") if "everycycle-new" in p.name or "everycycle-old" in p.name]
+        assert leftovers == []
+    finally:
+        shutil.rmtree(shm)
+
+
 def test_reapplying_changes_nothing_and_a_new_bundle_is_logged(tmp_path):
     root = tmp_path / "root"
     make_bundle(tmp_path / "a")
