@@ -242,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --live-network: how long a named interface may take to appear (default 30)")
     ps.add_argument("--key", required=True, metavar="PRIVKEY", help="Ed25519 private key, PEM")
 
+    from host_runtime.update.cli import add_parser as add_update_parser
+
+    add_update_parser(sub)
+
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     create = keys_sub.add_parser("create", help="create a key, print it once, store only its hash")
@@ -713,6 +717,12 @@ def cmd_keys(parser, args) -> int:
     return 0
 
 
+def cmd_update(parser, args) -> int:
+    from host_runtime.update.cli import run
+
+    return run(parser, args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -724,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
         select()
     handlers = {"serve": cmd_serve, "engine": cmd_engine, "plan": cmd_plan, "keys": cmd_keys, "discover": cmd_discover,
                 "governor": cmd_governor, "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
-                "bmc": cmd_bmc, "front": cmd_front}
+                "bmc": cmd_bmc, "front": cmd_front, "update": cmd_update}
     try:
         return handlers[args.command](parser, args)
     except KeyboardInterrupt:

@@ -1,0 +1,178 @@
+"""Bringing a release onto the box, from a directory (a USB stick) or an http(s) URL on the LAN, into the
+staging directory on the data partition. The signed list is read and checked first; each file is hashed as it
+arrives and the staged set becomes visible (one rename) only when every hash matched. The slots and the ESP
+are not touched here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from host_runtime.update import release as rel
+from host_runtime.update.errors import UpdateError
+
+FREE_SPACE_MARGIN = 256 << 20
+HTTP_TIMEOUT_S = 30
+
+
+class Source:
+    """A release's files: a local directory, or an http(s) URL whose files sit side by side."""
+
+    def __init__(self, where: str):
+        self.where = where
+        scheme = urllib.parse.urlsplit(where).scheme
+        if scheme in ("http", "https"):
+            self.url = where.rstrip("/") + "/"
+            self.directory = None
+        elif scheme in ("", "file"):
+            self.url = None
+            self.directory = Path(urllib.parse.urlsplit(where).path if scheme else where)
+            if not self.directory.is_dir():
+                raise UpdateError(f"--from {where}: not a directory (give the folder that holds "
+                                  f"{rel.SUMS}, or an http(s) URL)")
+        else:
+            raise UpdateError(f"--from {where}: only a directory or an http(s) URL")
+
+    def open(self, name: str):
+        """(a binary stream, its size or None)."""
+        if self.directory is not None:
+            path = self.directory / name
+            try:
+                return open(path, "rb"), path.stat().st_size
+            except OSError as exc:
+                raise UpdateError(f"{path}: {exc.strerror}") from None
+        try:
+            resp = urllib.request.urlopen(self.url + urllib.parse.quote(name), timeout=HTTP_TIMEOUT_S)
+        except urllib.error.HTTPError as exc:
+            raise UpdateError(f"{self.url}{name}: HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise UpdateError(f"{self.url}{name}: {getattr(exc, 'reason', exc)}") from None
+        length = resp.headers.get("Content-Length")
+        return resp, int(length) if length and length.isdigit() else None
+
+    def read_small(self, name: str, limit: int) -> bytes:
+        stream, size = self.open(name)
+        with stream:
+            data = stream.read(limit + 1)
+        if len(data) > limit or (size is not None and size > limit):
+            raise UpdateError(f"{name} is larger than {limit} bytes: not a release's {name}")
+        return data
+
+
+def signed_release(source: Source, public_key_pem: bytes) -> tuple[rel.Release, bytes, bytes]:
+    sums = source.read_small(rel.SUMS, rel.MAX_SUMS_BYTES)
+    signature = source.read_small(rel.SIGNATURE, rel.MAX_SIGNATURE_BYTES)
+    return rel.verified_release(sums, signature, public_key_pem), sums, signature
+
+
+class Progress:
+    """Bytes, rate and time left for one file, printed at most once a second (and once at the end)."""
+
+    def __init__(self, name: str, total: int | None, say, interval_s: float = 1.0):
+        self.name, self.total, self.say, self.interval = name, total, say, interval_s
+        self.done = 0
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self.last >= self.interval or (self.total is not None and self.done >= self.total):
+            self.last = now
+            self.say(self.line(now))
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = max((now or time.monotonic()) - self.start, 1e-6)
+        rate = self.done / elapsed
+        text = f"{self.name}: {self.done / 2**20:,.0f} MiB"
+        if self.total:
+            left = (self.total - self.done) / rate if rate > 0 else 0
+            text += f" of {self.total / 2**20:,.0f} MiB ({100 * self.done // self.total}%), {left:,.0f} s left"
+        return text + f", {rate / 2**20:,.1f} MiB/s"
+
+
+def stage(source: Source, staging: Path, public_key_pem: bytes, say=print,
+          expanded_bytes: int | None = None) -> rel.Release:
+    """Copy and verify a release into `staging` (replacing whatever was staged), the root image expanded for
+    systemd-sysupdate. `expanded_bytes`: room the expanded root image needs (the root slot's size; by default
+    the size of the running root file system, which fills its slot). Returns the release."""
+    release, sums, signature = signed_release(source, public_key_pem)
+    say(f"release {release.version}: {rel.SIGNATURE} verified with this box's update key")
+    partial = staging.with_name(staging.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True, mode=0o700)
+    try:
+        streams = {name: source.open(name) for name in release.files}
+        total = sum(size or 0 for _, size in streams.values())
+        total += shutil.disk_usage("/").total if expanded_bytes is None else expanded_bytes
+        free = shutil.disk_usage(partial).free
+        if total + FREE_SPACE_MARGIN > free:
+            raise UpdateError(f"the data partition has {free / 2**20:,.0f} MiB free; the release needs "
+                              f"{total / 2**20:,.0f} MiB (its files, and its root image expanded) and "
+                              f"{FREE_SPACE_MARGIN >> 20} MiB to spare")
+        for name, (stream, size) in streams.items():
+            progress = Progress(f"copying {name}", size, say)
+            digest = _copy_hashing(stream, partial / name, progress)
+            if digest != release.sha256[name]:
+                raise UpdateError(f"{name}: sha256 {digest} is not the {release.sha256[name]} that {rel.SUMS} "
+                                  f"lists: the file was altered or damaged; nothing was written to a slot")
+        _expand(partial / release.root_file, partial / release.root_staged_file, say)
+        (partial / rel.SUMS).write_bytes(sums)
+        (partial / rel.SIGNATURE).write_bytes(signature)
+        _fsync_tree(partial)
+        old = staging.with_name(staging.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if staging.exists():
+            staging.rename(old)
+        partial.rename(staging)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        for stream, _ in locals().get("streams", {}).values():
+            stream.close()
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return release
+
+
+def _expand(compressed: Path, dest: Path, say) -> None:
+    """The verified root image, decompressed by zstd (its frames carry their own checksums too)."""
+    import subprocess
+
+    say(f"expanding {compressed.name} ({compressed.stat().st_size / 2**20:,.0f} MiB)")
+    start = time.monotonic()
+    try:
+        done = subprocess.run(["zstd", "-d", "-q", "--no-progress", "-f", "-o", str(dest), str(compressed)],
+                              capture_output=True, text=True)
+    except FileNotFoundError:
+        raise UpdateError("zstd is missing: it expands the release's root image") from None
+    if done.returncode != 0:
+        raise UpdateError(f"{compressed.name} does not expand: {done.stderr.strip()[-200:]}")
+    compressed.unlink()
+    say(f"expanded to {dest.stat().st_size / 2**20:,.0f} MiB in {time.monotonic() - start:.0f} s")
+
+
+def _copy_hashing(stream, dest: Path, progress) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with stream, open(dest, "wb") as out:
+        while block := stream.read(4 << 20):
+            digest.update(block)
+            out.write(block)
+            progress(len(block))
+    return digest.hexdigest()
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

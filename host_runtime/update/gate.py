@@ -1,0 +1,86 @@
+"""The health gate of a newly updated slot: it is blessed (systemd-boot stops counting its tries) only when
+every supervisord program is RUNNING, /ready answers 200 from a real canary generation and no unit failed.
+
+everycycle-health-gate.service runs this before boot-complete.target on a boot whose entry systemd-boot is
+counting; when it fails the unit's FailureAction reboots, so a slot that never passes uses up its tries and
+systemd-boot goes back to the other one by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+EXPECTED_PROGRAMS = frozenset({"front", "serving", "discovery", "governor", "bmc"})
+# supervisord's states that will not become RUNNING without someone's help.
+DEAD_STATES = ("FATAL", "EXITED", "STOPPED")
+PASS, WAIT, FAIL = "pass", "wait", "fail"
+GATE_UNIT = "everycycle-health-gate.service"
+
+
+def verdict(programs: dict[str, str] | None, ready: tuple[int, str] | None, failed_units: list[str]) -> tuple[str, str]:
+    """(PASS | WAIT | FAIL, why) from one look at the box (pure)."""
+    failed = [u for u in failed_units if u != GATE_UNIT]
+    if failed:
+        return FAIL, f"failed units: {', '.join(failed)}"
+    if programs is None:
+        return WAIT, "supervisord is not answering yet"
+    dead = sorted(f"{name} {state}" for name, state in programs.items() if state in DEAD_STATES)
+    if dead:
+        return FAIL, f"programs that will not run: {', '.join(dead)}"
+    missing = sorted(EXPECTED_PROGRAMS - set(programs))
+    if missing:
+        return FAIL, f"programs missing from supervisord: {', '.join(missing)}"
+    starting = sorted(f"{name} {state}" for name, state in programs.items() if state != "RUNNING")
+    if starting:
+        return WAIT, f"not RUNNING yet: {', '.join(starting)}"
+    if ready is None:
+        return WAIT, "the serving API is not answering yet"
+    status, body = ready
+    if status != 200:
+        try:
+            reason = json.loads(body).get("reason", body)
+        except ValueError:
+            reason = body
+        return WAIT, f"/ready answered {status}: {str(reason)[:200]}"
+    return PASS, "every program RUNNING, /ready 200 from a canary generation, no failed units"
+
+
+def look(run_dir: Path, serving_socket: Path) -> tuple[dict | None, tuple[int, str] | None, list[str]]:
+    """One look at the box: supervisord's programs, /ready over the API's Unix socket, systemd's failed units."""
+    from host_runtime.common.unix_http import unix_get
+    from host_runtime.console.data import supervisor_proxy
+
+    try:
+        programs = {p["name"]: p["statename"]
+                    for p in supervisor_proxy(run_dir / "supervisor.sock").supervisor.getAllProcessInfo()}
+    except Exception:  # xmlrpc and socket errors both mean "not answering yet"
+        programs = None
+    try:
+        status, body = unix_get(str(serving_socket), "/ready", timeout=60)
+        ready = (status, body.decode(errors="replace"))
+    except OSError:
+        ready = None
+    out = subprocess.run(["systemctl", "list-units", "--state=failed", "--plain", "--no-legend"],
+                         capture_output=True, text=True)
+    failed = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+    return programs, ready, failed
+
+
+def wait_for_health(timeout_s: float, probe, say, interval_s: float = 5.0, clock=time.monotonic,
+                    sleep=time.sleep) -> tuple[bool, str]:
+    """Look until the verdict is PASS or FAIL, or `timeout_s` passes: (passed, why)."""
+    deadline = clock() + timeout_s
+    last = ""
+    while True:
+        state, why = verdict(*probe())
+        if why != last:
+            say(f"health gate: {state}: {why}")
+            last = why
+        if state != WAIT:
+            return state == PASS, why
+        if clock() >= deadline:
+            return False, f"not healthy within {timeout_s:.0f} s: {why}"
+        sleep(interval_s)
