@@ -18,7 +18,8 @@ BMC_ARGS ?= --backend local
 BMC_LISTEN ?= 127.0.0.1:9290
 PYTEST_ARGS ?=
 
-.PHONY: install run test console status clean image image-dir image-test image-dir-test image-test-full
+.PHONY: install run test console status clean image image-dir image-test image-dir-test image-test-full \
+	image-update-test
 
 install: $(STAMP)
 
@@ -107,17 +108,33 @@ image-test: $(STAMP)
 image-dir-test: image-dir
 	@$(PY) image/boot_check.py nspawn $(IMAGE_DIR)/everycycle
 
-# Everything: build the disk, boot it under qemu, build it again and compare the two sha256 sums.
+# Everything: build the disk, boot it under qemu, build it again and compare the two sha256 sums (the disks and
+# the update files).
 image-test-full: $(STAMP)
 	@bash image/host-tools.sh --boot
 	@bash image/build.sh disk
 	@cp $(IMAGE_DIR)/everycycle.raw.sha256 build/image/first.sha256
+	@cp $(IMAGE_DIR)/update/SHA256SUMS build/image/first.SHA256SUMS
 	@$(PY) image/boot_check.py qemu $(IMAGE_DIR)/everycycle.raw $(if $(filter 1,$(NVIDIA)),--nvidia)
 	@bash image/build.sh disk
 	@echo "==> reproducibility: two builds of $$(git rev-parse --short HEAD)"; \
 	a=$$(cut -d' ' -f1 build/image/first.sha256); b=$$(cut -d' ' -f1 $(IMAGE_DIR)/everycycle.raw.sha256); \
 	echo "    first:  $$a"; echo "    second: $$b"; \
-	if [ "$$a" = "$$b" ]; then echo "    identical"; else echo "    DIFFERENT" >&2; exit 1; fi
+	if [ "$$a" = "$$b" ]; then echo "    identical"; else echo "    DIFFERENT" >&2; exit 1; fi; \
+	if cmp -s build/image/first.SHA256SUMS $(IMAGE_DIR)/update/SHA256SUMS; then echo "    update files identical"; \
+	else echo "    update files DIFFERENT" >&2; diff build/image/first.SHA256SUMS $(IMAGE_DIR)/update/SHA256SUMS >&2; exit 1; fi
+
+# A/B updates under qemu (image/update_check.py): v1's disk, v2 (the same tree, another version) and v3 (serving
+# broken on purpose) as update files served over HTTP; a tampered release refused, v1 -> v2 blessed, a power cut
+# during apply, v3 rolled back by itself. NVIDIA=0 unless given. UPDATE_STEPS=tamper,update runs the first two
+# (what CI runs).
+UPDATE_TEST := build/image/update-test
+UPDATE_STEPS ?= tamper,update,power-cut,rollback
+image-update-test: $(STAMP)
+	@bash image/host-tools.sh --boot
+	@NVIDIA=$(if $(filter command line,$(origin NVIDIA)),$(NVIDIA),0) bash image/update-test-build.sh $(UPDATE_TEST) \
+	  $(if $(findstring power-cut,$(UPDATE_STEPS))$(findstring rollback,$(UPDATE_STEPS)),v2 v3,v2)
+	@$(PY) image/update_check.py $(UPDATE_TEST) --only $(UPDATE_STEPS)
 
 # ---- benchmark references (built outside the repo; nothing built is committed) ----
 BENCH_CACHE ?= $(HOME)/.cache/everycycle/bench-ref

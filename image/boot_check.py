@@ -29,8 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from host_runtime.common.processes import stop_process
-
-EXPECTED_PROGRAMS = {"front", "serving", "discovery", "governor", "bmc"}
+from host_runtime.update.gate import EXPECTED_PROGRAMS
 HTTPS_PORT, HTTP_PORT = 8443, 8080  # the front's defaults, which the test bundle keeps
 ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
@@ -181,7 +180,7 @@ def _free_port() -> int:
 class QemuBox(Box):
     has_tty1 = True
     IFACE = "enp0s3"  # virtio-net at PCI slot 3 of q35's root bus: a fixed predictable name
-    EXTRA_DISK = 2 << 30  # the box's disk is larger than the image: the root must grow into the rest
+    EXTRA_DISK = 4 << 30  # the box's disk is larger than the image: the data partition must grow into the rest
 
     def start(self, disk: Path) -> None:
         # A sparse copy: the bundle is written into its ESP and the box writes to its disk.
@@ -190,8 +189,10 @@ class QemuBox(Box):
         table = json.loads(subprocess.run(["sfdisk", "--json", str(self.disk)], check=True,
                                           capture_output=True, text=True).stdout)["partitiontable"]
         sector = table.get("sectorsize", 512)
-        root_bytes = max(p["size"] for p in table["partitions"]) * sector
-        self.root_min_bytes = root_bytes + self.EXTRA_DISK * 3 // 4
+        data = next((p for p in table["partitions"] if p.get("name") == "everycycle-data"), None)
+        if data is None:
+            raise CheckFailed(f"{disk} has no data partition (everycycle-data)")
+        self.data_min_bytes = data["size"] * sector + self.EXTRA_DISK * 3 // 4
         esp = next((p for p in table["partitions"] if p["type"].upper() == ESP_TYPE), None)
         if esp is None:
             raise CheckFailed(f"{disk} has no EFI system partition")
@@ -199,17 +200,23 @@ class QemuBox(Box):
         bundle = self.work / "bundle"
         self.write_bundle(bundle, {"name": self.IFACE, "mode": "dhcp"})
         self._copy_to_esp(bundle, esp["start"] * sector)
-        vars_copy = self.work / "OVMF_VARS.fd"
-        shutil.copy(OVMF_VARS, vars_copy)
-        http, https, ssh = _free_port(), _free_port(), _free_port()
+        self.vars_copy = self.work / "OVMF_VARS.fd"
+        shutil.copy(OVMF_VARS, self.vars_copy)
+        self.ports = _free_port(), _free_port(), _free_port()
+        http, https, ssh = self.ports
         self.http_base, self.ssh_host, self.ssh_port = f"http://127.0.0.1:{http}", "127.0.0.1", ssh
         self.https_base = f"https://127.0.0.1:{https}"
         self.log_path = self.work / "serial.log"
+        self.boot()
+
+    def boot(self) -> None:
+        """Start qemu on the box's disk as it is now (again after a power cut: the same disk and UEFI variables)."""
+        http, https, ssh = self.ports
         # KVM is present on these hosts but QEMU crashes on it: software emulation, with a CPU model
         # that has the AVX2/FMA/F16C the portable llama.cpp build needs.
         argv = ["qemu-system-x86_64", "-machine", "q35,accel=tcg", "-cpu", "max", "-smp", "2", "-m", "3072",
                 "-drive", f"if=pflash,format=raw,readonly=on,file={OVMF_CODE}",
-                "-drive", f"if=pflash,format=raw,file={vars_copy}",
+                "-drive", f"if=pflash,format=raw,file={self.vars_copy}",
                 "-drive", f"file={self.disk},format=raw,if=virtio",
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{http}-:{HTTP_PORT},"
                 f"hostfwd=tcp:127.0.0.1:{https}-:{HTTPS_PORT},hostfwd=tcp:127.0.0.1:{ssh}-:22",
@@ -217,7 +224,12 @@ class QemuBox(Box):
                 "-display", "none", "-monitor", "none", "-serial", f"file:{self.log_path}"]
         say("starting: " + " ".join(argv))
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.work / "qemu.stderr", "wb"))
+                                     stderr=open(self.work / "qemu.stderr", "ab"))
+
+    def power_cut(self) -> None:
+        """Pull the plug: qemu is killed, nothing is flushed or shut down."""
+        self.proc.kill()
+        self.proc.wait()
 
     def _copy_to_esp(self, bundle: Path, esp_offset: int) -> None:
         target = f"{self.disk}@@{esp_offset}"
@@ -376,6 +388,20 @@ def check_nvidia(box: Box, result: dict, required: bool) -> None:
     say(f"NVIDIA: module {' '.join(result['nvidia']['kernel_module'])}; the CUDA build's libraries resolve")
 
 
+def check_slots(box: Box, result: dict) -> None:
+    """A disk boots from root slot A with its version, shown in /health; slot B waits empty for an update."""
+    status, body = http_get(box.http_base + "/health")
+    system = json.loads(body).get("system", {}) if status == 200 else {}
+    result["system"] = system
+    parts = box.ssh("lsblk -rno PARTLABEL,MOUNTPOINTS $(findmnt -nvo SOURCE /) $(findmnt -nvo SOURCE /var)").stdout
+    result["mounted_partitions"] = parts.split()
+    say(f"running {system.get('version')} from slot {system.get('slot')}; mounted: {' '.join(parts.split())}")
+    if system.get("slot") not in ("A", "B") or system.get("version", "").startswith("unavailable"):
+        raise CheckFailed(f"/health should show the running version and slot: {system}")
+    if f"ec_{system['version']}" not in parts.split():
+        raise CheckFailed(f"the root is not the slot labelled ec_{system['version']}: {parts}")
+
+
 # Only supervisord: the governor is root only where governor.toml says enforce, and the test bundle observes.
 ROOT_ALLOWED = ("supervisord",)
 
@@ -460,12 +486,13 @@ def check(box: Box, t0: float, timeout: float, nvidia_required: bool = False) ->
     result["console_tty1"] = box.ssh("systemctl is-active everycycle-console.service").stdout.strip()
     if box.has_tty1 and result["console_tty1"] != "active":
         raise CheckFailed(f"the console on tty1 is {result['console_tty1']}")
-    if getattr(box, "root_min_bytes", None):
-        size = int(box.ssh("df -B1 --output=size / | tail -1").stdout.strip() or 0)
-        result["root_fs_bytes"] = size
-        if size < box.root_min_bytes:
-            raise CheckFailed(f"the root file system did not grow over the disk: {size} bytes, expected at least "
-                              f"{box.root_min_bytes}")
+    if getattr(box, "data_min_bytes", None):
+        size = int(box.ssh("df -B1 --output=size /var | tail -1").stdout.strip() or 0)
+        result["data_fs_bytes"] = size
+        if size < box.data_min_bytes:
+            raise CheckFailed(f"the data partition (/var) did not grow over the disk: {size} bytes, expected at "
+                              f"least {box.data_min_bytes}")
+        check_slots(box, result)
     check_backends(box, result)
     check_nvidia(box, result, nvidia_required)
     check_users(box, result)

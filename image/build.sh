@@ -6,7 +6,8 @@
 #              on 2 cores, then cached)
 #   directory: the same system as a directory tree, which systemd-nspawn boots (CI's boot test); no
 #              kernel, so no NVIDIA pieces
-# Prints the output's path, size, build time and (disk) sha256.
+# Prints the output's path, size, build time, version and (disk) sha256; a disk build also writes its update
+# files to build/image/out/update (image/update_artifacts.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 format=${1:-disk}
@@ -28,23 +29,68 @@ mirror=$(python3 image/apt_sources.py mirrors | sed -n 's/^archive=//p')
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 1700000000)
 export SOURCE_DATE_EPOCH
 
+py=${PYTHON:-.venv/bin/python}
+# The image's version: the project's, the commit's UTC time and the commit (host_runtime/update/versioning.py).
+# IMAGE_VERSION=... overrides it (the update test builds one tree as two versions).
+version=${IMAGE_VERSION:-$($py -c 'import sys, tomllib; from host_runtime.update.versioning import compose
+print(compose(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"], int(sys.argv[1]), sys.argv[2]))' \
+  "$SOURCE_DATE_EPOCH" "$(git rev-parse HEAD 2>/dev/null || echo 0000000)")}
+$py -c 'import sys; from host_runtime.update.versioning import check; check(sys.argv[1])' "$version" || exit 2
+
 args=(--force --format="$format" --package-manager-tree="$work/pkgmngr" --mirror="$mirror")
-# BUNDLE_PUBKEY=FILE (make image BUNDLE_PUBKEY=...): the key first boot trusts; bundles it did not sign are refused.
+mkdir -p "$work"
+printf '[Output]\nImageVersion=%s\nOutput=everycycle\n' "$version" > "$work/version.conf"
+args+=(--include="$PWD/$work/version.conf")
 rm -rf "$work/trust"
+# UPDATE_KEY=FILE (make image UPDATE_KEY=...): the Ed25519 private key (PEM) that signs the update files; the
+# image trusts its public half. Without one, a development key made once in build/image/update-key signs.
+update_key=${UPDATE_KEY:-}
+if [ -z "$update_key" ]; then
+  update_key=$work/update-key/development.pem
+  if [ ! -f "$update_key" ]; then
+    mkdir -p -m 0700 "$work/update-key"
+    (umask 077; openssl genpkey -algorithm ed25519 -out "$update_key")
+  fi
+  echo "==> update files signed by the development key $update_key (UPDATE_KEY=FILE for a release)"
+fi
+openssl pkey -in "$update_key" -noout 2>/dev/null && [ "$(openssl pkey -in "$update_key" -noout -text 2>/dev/null |
+  head -1)" = "ED25519 Private-Key:" ] || { echo "UPDATE_KEY: $update_key is not an Ed25519 private key in PEM" \
+  "(openssl genpkey -algorithm ed25519 -out key.pem)" >&2; exit 2; }
+mkdir -p "$work/trust/usr/share/everycycle"
+openssl pkey -in "$update_key" -pubout -out "$work/trust/usr/share/everycycle/update-signing.pub"
+chmod 0644 "$work/trust/usr/share/everycycle/update-signing.pub"
+args+=(--extra-tree="$work/trust:/")
+# BUNDLE_PUBKEY=FILE (make image BUNDLE_PUBKEY=...): the key first boot trusts; bundles it did not sign are refused.
 if [ -n "${BUNDLE_PUBKEY:-}" ]; then
   openssl pkey -pubin -in "$BUNDLE_PUBKEY" -noout 2>/dev/null || { echo "BUNDLE_PUBKEY: $BUNDLE_PUBKEY is not a" \
     "PEM public key (openssl genpkey -algorithm ed25519 -out key.pem; openssl pkey -in key.pem -pubout -out" \
     "pub.pem)" >&2; exit 2; }
   install -D -m 0644 "$BUNDLE_PUBKEY" "$work/trust/etc/everycycle/bundle-signing.pub"
-  args+=(--extra-tree="$work/trust:/")
   echo "==> first boot will apply only bundles signed by $BUNDLE_PUBKEY"
 fi
-[ "$format" = disk ] && args+=(--include=image/mkosi.disk.conf)
+# The disk: root slots A and B of ROOT_SLOT_SIZE each (every update's root image must fit one: room for the
+# NVIDIA driver and CUDA build where they are in), the ESP, and the data partition on /var. This version's kernel
+# image mounts its own slot (root=PARTLABEL=ec_<version>).
+slot_size=${ROOT_SLOT_SIZE:-$([ "$nvidia" = 1 ] && echo 6G || echo 3G)}
+if [ "$format" = disk ]; then
+  rm -rf "$work/repart.d" "$work/disk-tree"
+  cp -r image/repart.d "$work/repart.d"
+  cp -r image/disk-tree "$work/disk-tree"
+  find "$work/repart.d" "$work/disk-tree/etc/repart.d" -name '*.conf' -exec \
+    sed -i -e "s/@VERSION@/$version/g" -e "s/@SLOT_SIZE@/$slot_size/g" {} +
+  printf '[Output]\nRepartDirectories=%s\n[Content]\nKernelCommandLine=root=PARTLABEL=ec_%s rw\n' \
+    "$PWD/$work/repart.d" "$version" > "$work/disk-version.conf"
+  printf 'UnifiedKernelImageFormat=everycycle_%s\nExtraTrees=%s:/\n' "$version" "$PWD/$work/disk-tree" \
+    >> "$work/disk-version.conf"
+  args+=(--include=image/mkosi.disk.conf --include="$PWD/$work/disk-version.conf")
+fi
 # CUDA_ARCHS: Pascal (P40, 1080 Ti), Turing, Ampere (3090) and Ada as machine code, and Ada's PTX, which
 # the driver compiles for newer cards (Hopper, Blackwell) on first load. Each architecture costs about 25
 # minutes on 2 cores; a box of 3090s alone can be built with CUDA_ARCHS=86-real. Commas, not ';' (which
 # ends a value in mkosi's settings); the build script turns them into CMake's list.
 cuda_archs=${CUDA_ARCHS:-61-real,75-real,86-real,89}
+# EXTRA_TREE=DIR: files laid over the image last (the update test's deliberately broken release).
+[ -n "${EXTRA_TREE:-}" ] && args+=(--extra-tree="$EXTRA_TREE:/")
 [ "$nvidia" = 1 ] && args+=(--include=image/mkosi.nvidia.conf --environment="EVERYCYCLE_CUDA_ARCHS=$cuda_archs")
 echo "==> mkosi build ($format$([ "$nvidia" = 1 ] && echo ", with the NVIDIA driver and CUDA"); log: $work/mkosi-$format.log)"
 if ! mkosi "${args[@]}" build > "$work/mkosi-$format.log" 2>&1; then
@@ -58,6 +104,10 @@ out=$work/out/everycycle
 echo "==> built in $(( $(date +%s) - start )) s"
 echo "    image:  $PWD/$out"
 echo "    size:   $(du -sh --apparent-size "$out" | cut -f1) ($(du -sh "$out" | cut -f1) on disk)"
+echo "    version: $version"
 if [ "$format" = disk ]; then
   sha256sum "$out" | tee "$out.sha256" | awk '{print "    sha256: " $1}'
+  # The update files of this version (everycycle update apply --from DIR-or-URL takes the folder).
+  echo "==> update files (root slot image, kernel image, SHA256SUMS, its signature):"
+  $py image/update_artifacts.py "$out" "$work/out/everycycle.efi" "$version" "$update_key" "$work/out/update"
 fi

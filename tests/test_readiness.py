@@ -41,7 +41,11 @@ def test_ready_follows_the_engine(split_server):
     base, sock, tmp, procs = split_server
     status, body = http_get(base + "/ready")
     assert status == 503 and json.loads(body)["status"] == "not_ready"
-    assert json.loads(http_get(base + "/health")[1]) == {"status": "ok", "engine": "unreachable"}
+    health = json.loads(http_get(base + "/health")[1])
+    assert {k: health[k] for k in ("status", "engine")} == {"status": "ok", "engine": "unreachable"}
+    # Off the box image, the system's version and slot say why they cannot be read.
+    assert health["system"]["version"].startswith("unavailable: no IMAGE_VERSION")
+    assert health["system"]["slot"].startswith("unavailable") and health["system"]["last_update"] is None
 
     engine = Proc(everycycle("engine", "--socket", sock, "--threads", "2", "--ctx-size", "512", "--parallel", "1"),
                   tmp / "engine.log")

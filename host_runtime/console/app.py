@@ -11,7 +11,7 @@ from textual.containers import Grid, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Sparkline, Static
 
-from host_runtime.console.data import BoxStatus, StatusReader, restart_service
+from host_runtime.console.data import BoxStatus, StatusReader, restart_service, system_line
 from host_runtime.console.status_text import fmt
 
 HEALTH_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "failed": "bold red"}
@@ -171,6 +171,8 @@ class Dashboard(App):
         header.append("API  " + "   ".join(s.api_urls), style="bold cyan")
         if s.tls_fingerprint:
             header.append(f"\nTLS  SHA-256 {s.tls_fingerprint}")
+        if line := system_line(s.system):
+            header.append(f"\n{line}")
         self.query_one("#header", Static).update(header)
 
         sv = s.serving

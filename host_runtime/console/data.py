@@ -63,6 +63,19 @@ class BoxStatus:
     events: list[dict] = field(default_factory=list)
     token_history: list[float] = field(default_factory=list)
     tls_fingerprint: str | None = None
+    system: dict = field(default_factory=dict)  # host_runtime.update.system.status: version, slot, last update
+
+
+def system_line(system: dict) -> str | None:
+    """The image's version and slot and the last update's outcome, one line (None off the box image)."""
+    version, slot = system.get("version", ""), system.get("slot", "")
+    if not version or version.startswith("unavailable"):
+        return None
+    line = f"image {version}" + (f", slot {slot}" if not slot.startswith("unavailable") else "")
+    last = system.get("last_update")
+    if last:
+        line += f"; last update {last.get('target')}: {last.get('phase')} ({last.get('reason')})"
+    return line
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -272,6 +285,11 @@ class StatusReader:
                    for e in gov_events[:20]] +
                   [{"at": e.get("timestamp", ""), "source": "bmc", "detail": f"{e.get('component')}: {e.get('event')}"}
                    for e in sel[:20]] + self._service_events[:20])
+        system = self.system()
+        last = system.get("last_update")
+        if last:
+            events.append({"at": last.get("updated_at", ""), "source": "update",
+                           "detail": f"{last.get('target')}: {last.get('phase')}: {last.get('reason')}"})
         events.sort(key=lambda e: str(e["at"]), reverse=True)
         return BoxStatus(
             box_name=self.config.box_name or ((topo or {}).get("host") or {}).get("hostname") or "everycycle",
@@ -279,7 +297,13 @@ class StatusReader:
             serving=serving, gpus=gpus, governor=gov_source, throttle_level=throttle, chassis=chassis,
             bmc=bmc_source, services=services, supervisor=sup_source, cpu_percent=psutil.cpu_percent(interval=None),
             ram_used_percent=psutil.virtual_memory().percent, events=events[:30], token_history=list(self._history),
-            tls_fingerprint=self.tls_fingerprint())
+            tls_fingerprint=self.tls_fingerprint(), system=system)
+
+    def system(self) -> dict:
+        """The running image's version and slot and the last update (no boot entries: that would mount the ESP)."""
+        from host_runtime.update.system import UpdatePaths, status
+
+        return status(UpdatePaths(state=self.config.provision_root / "var/lib/everycycle/update"), with_entries=False)
 
     def tls_fingerprint(self) -> str | None:
         """The front's certificate's fingerprint, parsed again only when the file changes (reads run every tick)."""

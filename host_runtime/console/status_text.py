@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from host_runtime.console.data import BoxStatus
+from host_runtime.console.data import BoxStatus, system_line
 
 
 def fmt(v, spec: str = "", none: str = "n/a") -> str:
@@ -13,6 +13,8 @@ def render(s: BoxStatus) -> str:
     sv = s.serving
     lines = [f"{s.box_name}  EveryCycle {s.version}  up {s.uptime_s / 3600:.1f} h",
              "API      " + "  ".join(s.api_urls)]
+    if line := system_line(s.system):
+        lines.append(f"System   {line}")
     if s.tls_fingerprint:
         lines.append(f"TLS      certificate SHA-256 {s.tls_fingerprint}")
     if sv.source.ok:

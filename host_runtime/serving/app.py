@@ -115,7 +115,11 @@ class Health:
             engine = self._client.call({"op": "info"}, timeout=1.0)["state"]
         except EngineUnavailable:
             engine = "unreachable"
-        _json(resp, {"status": "ok", "engine": engine})
+        from host_runtime.update.system import status
+
+        system = status(with_entries=False)
+        _json(resp, {"status": "ok", "engine": engine,
+                     "system": {k: system[k] for k in ("version", "slot", "last_update")}})
 
 
 class Ready:
