@@ -48,3 +48,16 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Non
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def replace_directory(prepared: Path, dest: Path) -> None:
+    """Put a fully written directory in `dest`'s place: a reader finds the old one or the new one whole (the old
+    one is moved aside, then removed)."""
+    import shutil
+
+    old = dest.with_name(dest.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    prepared.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)

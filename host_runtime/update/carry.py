@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common.atomic_file import atomic_write, replace_directory
 
 # Relative to the root. The image's own files in /etc/everycycle (the service environment, the bundle key it was
 # built to trust) come with each slot and are never carried.
@@ -66,12 +66,7 @@ def snapshot(root: Path, dest: Path) -> str:
     manifest = json.dumps({"files": entries}, indent=2, sort_keys=True).encode()
     snapshot_id = hashlib.sha256(manifest).hexdigest()[:16]
     atomic_write(partial / MANIFEST, manifest, mode=0o600)
-    old = dest.with_name(dest.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dest.exists():
-        dest.rename(old)
-    partial.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_directory(partial, dest)
     return snapshot_id
 
 

@@ -13,6 +13,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from host_runtime.common.atomic_file import replace_directory
 from host_runtime.update import release as rel
 from host_runtime.update.errors import UpdateError
 
@@ -124,12 +125,7 @@ def stage(source: Source, staging: Path, public_key_pem: bytes, say=print,
         (partial / rel.SUMS).write_bytes(sums)
         (partial / rel.SIGNATURE).write_bytes(signature)
         _fsync_tree(partial)
-        old = staging.with_name(staging.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if staging.exists():
-            staging.rename(old)
-        partial.rename(staging)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_directory(partial, staging)
     except BaseException:
         for stream, _ in locals().get("streams", {}).values():
             stream.close()
