@@ -523,11 +523,21 @@ def main(argv: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="everycycle-boot-"))
     box = NspawnBox(work) if args.kind == "nspawn" else QemuBox(work)
     summary: dict = {"kind": args.kind, "image": str(args.image.resolve())}
-    ok = False
-    try:
+
+    def body() -> None:
         t0 = time.monotonic()
         box.start(args.image)
         summary.update(check(box, t0, args.timeout or (300 if args.kind == "nspawn" else 900), args.nvidia))
+
+    return run_and_report(box, work, summary, body, keep=args.keep)
+
+
+def run_and_report(box: Box, work: Path, summary: dict, body, keep: bool = False, cleanup=lambda: None) -> int:
+    """Run `body` against the box; whatever happens, stop the box, print the JSON summary, keep the work
+    directory where asked or where something failed. The exit status: 0 when every check passed."""
+    ok = False
+    try:
+        body()
         ok = True
     except (CheckFailed, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", None)
@@ -537,9 +547,10 @@ def main(argv: list[str]) -> int:
         summary["error"] = f"{type(exc).__name__}: {exc}"
         say(f"FAILED: {summary['error']}\n{box.log_tail() if hasattr(box, 'log_path') else ''}")
     finally:
+        cleanup()
         took = box.stop()
         summary["shutdown_s"] = round(took, 1) if took is not None else None
-        if args.keep or not ok:
+        if keep or not ok:
             summary["work_dir"] = str(work)
         else:
             shutil.rmtree(work, ignore_errors=True)
