@@ -456,3 +456,19 @@ def test_staging_progress_reaches_the_record_the_console_reads(tmp_path):
     report("copying everycycle_x.efi: 12 MiB of 134 MiB (8%), 3 s left, 40.0 MiB/s")
     saved = rec.load(paths.record)
     assert lines and saved["phase"] == rec.STAGING and saved["reason"] == lines[0]
+
+
+def test_what_a_cut_off_apply_staged_is_cleared_at_boot_and_before_the_next_apply(tmp_path):
+    private, public = key_pair()
+    paths = box_paths(tmp_path)
+    paths.trusted_key.write_bytes(public)
+    (paths.staged).mkdir(parents=True)
+    (paths.staged / "everycycle_x.root.raw").write_bytes(b"\0" * 4096)  # left by a power cut
+    rec.save(paths.record, rec.advance(rec.begin({}, V2, V1), rec.WRITING, "", target=V2))
+    done = service.on_boot(paths, lambda _: None)
+    assert done["phase"] == rec.INTERRUPTED and "being written" in done["reason"]
+    assert not paths.staged.exists()
+    (paths.staged.with_name("staged.partial")).mkdir()
+    make_release(tmp_path / "usb", V2, private)
+    service.apply(Source(str(tmp_path / "usb")), paths, lambda _: None, sysupdate=lambda v, say: None)
+    assert not paths.staged.with_name("staged.partial").exists()

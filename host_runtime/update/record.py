@@ -95,7 +95,8 @@ def reconcile(record: dict, running: str | None, entries: list[BootEntry]) -> di
     if phase in IN_APPLY:
         # Nothing runs at boot: an apply that had not finished was cut off (power, reset). sysupdate names
         # the slot and installs the kernel image last, so the box is on the slot it was on.
-        return advance(record, INTERRUPTED, f"the box restarted while the update was being {phase}; "
+        doing = {STAGING: "copied", WRITING: "written"}[phase]
+        return advance(record, INTERRUPTED, f"the box restarted while the update was being {doing}; "
                                             f"{target} was not installed and {running} kept serving")
     if phase in (INSTALLED, BOOTING):
         if running == target:

@@ -87,11 +87,18 @@ def _also_in_record(say, paths: UpdatePaths, record: dict, every_s: float = 2.0)
     return both
 
 
+def _clear_staging(paths: UpdatePaths) -> None:
+    """What an apply cut off (a power cut, a kill) left staged: up to a root slot's size on the data partition."""
+    for suffix in ("", ".partial", ".old"):
+        shutil.rmtree(paths.staged.with_name(paths.staged.name + suffix), ignore_errors=True)
+
+
 def apply(source: Source, paths: UpdatePaths, say, allow_downgrade: bool = False,
           sysupdate=run_sysupdate) -> Release:
     """Verify, stage and write a release into the idle slot; the running slot is never touched. The record
     says how far it got; an error leaves the box as it was (UpdateError)."""
     with _one_at_a_time(paths):
+        _clear_staging(paths)
         running = _running(paths)
         record = rec.begin(rec.load(paths.record), "unknown", running)
         rec.save(paths.record, record)
@@ -136,6 +143,8 @@ def on_boot(paths: UpdatePaths, say) -> dict:
             hostname = (paths.root / "etc/hostname").read_text().strip()
             subprocess.run(["hostname", hostname], check=False)
     record = rec.load(paths.record)
+    if record.get("phase") in rec.IN_APPLY:
+        _clear_staging(paths)
     new = rec.reconcile(record, running_version(paths), rec.entries_in(paths.esp_entries))
     if new is not record:
         rec.save(paths.record, new)
