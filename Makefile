@@ -90,7 +90,8 @@ IMAGE_DIR := build/image/out
 NVIDIA ?= 1
 export NVIDIA CUDA_ARCHS
 
-# The bootable disk image: prints its path, size and sha256.
+# The bootable disk image: prints its path, size and sha256, and writes its update files to build/image/out/update
+# (signed by UPDATE_KEY=FILE, an Ed25519 private key in PEM; a development key without one).
 image: $(STAMP)
 	@bash image/build.sh disk
 

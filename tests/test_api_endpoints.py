@@ -178,7 +178,9 @@ def test_similar_texts_embed_closer(client):
 
 def test_health_needs_no_key_and_reports_engine(server):
     status, body = http_get(server + "/health")
-    assert status == 200 and json.loads(body) == {"status": "ok", "engine": "ready"}
+    health = json.loads(body)
+    assert status == 200 and {k: health[k] for k in ("status", "engine")} == {"status": "ok", "engine": "ready"}
+    assert set(health["system"]) == {"version", "slot", "last_update"}
 
 
 def test_metrics_expose_the_everycycle_set(server, client):
