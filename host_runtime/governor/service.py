@@ -183,19 +183,34 @@ class Governor:
 
 
 def prometheus_text(snap: dict) -> str:
+    """The governor's snapshot as Prometheus text, written by prometheus_client (labels escaped by it)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from host_runtime.common.prometheus_text import exposition
+
     p = "everycycle_governor_"
-    lines = [f"# HELP {p}throttle_level Admission hint: 0 normal, 1 a GPU at its floor, 2 emergency or failsafe.",
-             f"# TYPE {p}throttle_level gauge", f'{p}throttle_level{{backend="{snap["backend"]}",mode="{snap["mode"]}"}} '
-             f'{snap["throttle_level"]}']
-    series = [("temperature_celsius", "temperature_c", "GPU temperature."),
-              ("power_watts", "power_w", "GPU power draw."),
-              ("decided_limit_watts", "decided_limit_w", "The limit the controller decided."),
-              ("applied_limit_watts", "applied_limit_w", "The limit in force on the card."),
-              ("target_celsius", "target_c", "The temperature target after chassis awareness.")]
-    for metric, key, help_text in series:
-        lines += [f"# HELP {p}{metric} {help_text}", f"# TYPE {p}{metric} gauge"]
-        lines += [f'{p}{metric}{{gpu="{g["id"]}"}} {g[key]}' for g in snap["gpus"] if g[key] is not None]
-    lines += [f"# HELP {p}state The controller's state (1 for the current one).", f"# TYPE {p}state gauge"]
-    for g in snap["gpus"]:
-        lines += [f'{p}state{{gpu="{g["id"]}",state="{s}"}} {int(g["state"] == s)}' for s in STATES]
-    return "\n".join(lines) + "\n"
+
+    def families():
+        throttle = GaugeMetricFamily(f"{p}throttle_level", "Admission hint: 0 normal, 1 a GPU at its floor, "
+                                     "2 emergency or failsafe.", labels=["backend", "mode"])
+        throttle.add_metric([str(snap["backend"]), str(snap["mode"])], snap["throttle_level"])
+        yield throttle
+        series = [("temperature_celsius", "temperature_c", "GPU temperature."),
+                  ("power_watts", "power_w", "GPU power draw."),
+                  ("decided_limit_watts", "decided_limit_w", "The limit the controller decided."),
+                  ("applied_limit_watts", "applied_limit_w", "The limit in force on the card."),
+                  ("target_celsius", "target_c", "The temperature target after chassis awareness.")]
+        for metric, key, help_text in series:
+            family = GaugeMetricFamily(f"{p}{metric}", help_text, labels=["gpu"])
+            for g in snap["gpus"]:
+                if g[key] is not None:
+                    family.add_metric([str(g["id"])], g[key])
+            yield family
+        state = GaugeMetricFamily(f"{p}state", "The controller's state (1 for the current one).",
+                                  labels=["gpu", "state"])
+        for g in snap["gpus"]:
+            for s in STATES:
+                state.add_metric([str(g["id"]), s], int(g["state"] == s))
+        yield state
+
+    return exposition(families)
