@@ -479,10 +479,10 @@ def cmd_discover(parser, args) -> int:
         return 0
     try:
         if args.watch:
-            import signal
+            from host_runtime.common.stop_signal import stop_on_signals
 
             watcher = TopologyWatcher(output, args.debounce, args.bmc_address)
-            signal.signal(signal.SIGTERM, lambda *_: watcher.stop())  # supervisord's stop: finish cleanly
+            stop_on_signals(watcher.stop)  # supervisord's stop: finish cleanly
             watcher.run()
             return 0
         doc = topology.collect(args.bmc_address)
@@ -528,8 +528,7 @@ def cmd_governor(parser, args) -> int:
 
 
 def cmd_governor_run(parser, args) -> int:
-    import signal
-
+    from host_runtime.common.stop_signal import stop_on_signals
     from host_runtime.governor.backends import (AmdHwmonBackend, GovernorBackendError, NvmlBackend, SimulatorBackend,
                                                 detect_backend)
     from host_runtime.governor.control import PowerPolicy
@@ -574,7 +573,7 @@ def cmd_governor_run(parser, args) -> int:
         inlet = BmcInletSource(args.bmc_url)
     governor = Governor(backend, policy, mode=mode, state_path=state, tick_s=args.tick,
                         inlet_source=inlet)
-    signal.signal(signal.SIGTERM, lambda *_: governor.stop())  # stop, then restore the cards' defaults
+    stop_on_signals(governor.stop)  # stop, then restore the cards' defaults
     logging.getLogger("everycycle.governor").info("governor: %s backend, %s mode, target %.1f C, ceiling %.1f C, "
                                                   "state in %s", backend.name, mode, policy.target_c,
                                                   policy.ceiling_c, state)
