@@ -39,6 +39,16 @@ _positive = _int_at_least(1)
 _non_negative = _int_at_least(0)
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
 def _run_dir(explicit: str | None = None) -> Path:
     """Where the services publish: the option, else $EVERYCYCLE_RUN_DIR (make run), else the box's /run/everycycle."""
     return Path(explicit or os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
@@ -64,6 +74,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache-dir", metavar="DIR",
                    help="where the disk tier lives (serve: RUN_DIR/prefix-cache; engine: no disk tier without it)")
     p.add_argument("--no-prefix-cache", action="store_true", help="recompute every prompt from scratch")
+    p.add_argument("--wedge-floor", type=_positive_float, default=30.0, metavar="S",
+                   help="the engine counts as wedged when pending work sees no decode call complete for the larger "
+                        "of this and 10x its expected call time, measured (default 30)")
     p.add_argument("--governor-state", metavar="PATH",
                    help="the power governor's state file: its throttle level lowers concurrency (default: none)")
     _add_placement_options(p)
@@ -108,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=_positive, default=2, metavar="N", help="HTTP worker processes (default 2)")
     serve.add_argument("--http-threads", type=_positive, default=32, metavar="N", help="threads per HTTP worker (default 32)")
     serve.add_argument("--max-body-bytes", type=_positive, default=1 << 20, metavar="N", help="request body limit (default 1 MiB)")
-    serve.add_argument("--ready-timeout", type=float, default=10.0, metavar="S",
-                       help="how long /ready's canary generation may take before the engine counts as wedged (default 10)")
+    serve.add_argument("--ready-wait", type=_positive_float, default=2.0, metavar="S",
+                       help="how long a /ready probe waits for the canary generation that runs before it answers from "
+                            "the engine's progress (default 2); slow is not wedged, see --wedge-floor")
     serve.add_argument("--run-dir", metavar="DIR", help="where the engine socket lives (default: a private temp dir)")
     serve.add_argument("--settings", metavar="FILE",
                        help="serving.toml (written by provisioning from box.toml's [model]); options given here win")
@@ -365,7 +379,7 @@ def cmd_serve(parser, args) -> int:
         except front_settings.SettingsError as exc:
             parser.error(f"--front-settings: {exc}")
     config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes,
-                       ready_deadline_s=args.ready_timeout, metrics_access=metrics_access)
+                       ready_wait_s=args.ready_wait, wedge_floor_s=args.wedge_floor, metrics_access=metrics_access)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"
@@ -427,7 +441,10 @@ def cmd_engine(parser, args) -> int:
                            main_gpu=args.main_gpu)
     cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
                               disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
-    service = EngineService(model, config, cache, governor_state=args.governor_state)
+    from host_runtime.engine.readiness import WedgePolicy
+
+    service = EngineService(model, config, cache, governor_state=args.governor_state,
+                            wedge=WedgePolicy(floor_s=args.wedge_floor))
     serve_engine(args.socket, service)
     return 0 if service.state != "failed" else 1
 

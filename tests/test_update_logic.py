@@ -344,6 +344,10 @@ RUNNING = {name: "RUNNING" for name in gate.EXPECTED_PROGRAMS}
     (RUNNING, (200, "{}"), ["nginx.service", gate.GATE_UNIT], gate.FAIL, "failed units: nginx.service"),
     (RUNNING, (200, "{}"), [gate.GATE_UNIT], gate.PASS, "every program"),
     (None, None, [], gate.WAIT, "supervisord is not answering"),
+    (RUNNING, (503, '{"state": "wedged", "reason": "wedged: no decode completed for 41 s"}'), [], gate.FAIL,
+     "the engine is wedged: wedged: no decode"),
+    (RUNNING, (503, '{"state": "starting", "reason": "starting: the first canary has run 40 s"}'), [], gate.WAIT,
+     "first canary has run 40 s"),
 ])
 def test_the_gate_passes_only_a_box_that_serves(programs, ready, failed, state, why):
     got_state, got_why = gate.verdict(programs, ready, failed)
@@ -358,9 +362,16 @@ def test_the_gate_waits_for_a_slow_box_and_gives_up_at_its_deadline():
                                 sleep=lambda s: now.__setitem__(0, now[0] + s)) == (True, gate.verdict(
                                     RUNNING, (200, "{}"), [])[1])
     assert len(said) == 3
-    ok, why = gate.wait_for_health(60, lambda: (RUNNING, (503, '{"reason": "loading"}'), []), said.append,
-                                   clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
-    assert not ok and why.startswith("not healthy within 60 s: /ready answered 503")
+    ok, why = gate.wait_for_health(600, lambda: (RUNNING, (503, '{"reason": "loading"}'), []), said.append,
+                                   clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s), quiet_s=60)
+    assert not ok and why.startswith("not healthy: no sign of progress for 6")
+    # A box whose load keeps moving keeps its time past the quiet limit, up to the whole timeout.
+    progress = iter(range(10**6))
+    start = now[0]
+    ok, why = gate.wait_for_health(
+        600, lambda: (RUNNING, (503, json.dumps({"state": "loading", "load_progress": next(progress)})), []),
+        said.append, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s), quiet_s=60)
+    assert not ok and why.startswith("not healthy: not ready within 600 s") and now[0] - start >= 600
 
 
 # ---- contracts between the image's files and this code ---------------------------------------------------------

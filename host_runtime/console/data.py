@@ -178,7 +178,10 @@ class StatusReader:
         except (OSError, ValueError) as exc:
             self._ready_at = 0.0
             return Serving(Source(False, f"not answering: {exc}"))
-        if time.monotonic() - self._ready_at >= READY_EVERY_S:
+        if health.get("engine") not in ("ready", "unreachable"):
+            # Loading (with its progress) or failed: /health says so on every tick; /ready follows once loaded.
+            self._ready, self._ready_at = (False, health.get("engine_detail") or health.get("engine", "")), 0.0
+        elif time.monotonic() - self._ready_at >= READY_EVERY_S:
             try:
                 status, body = self._serving_get("/ready", READY_TIMEOUT_S)
                 self._ready = (status == 200, json.loads(body).get("reason", ""))

@@ -11,6 +11,7 @@ import codecs
 import collections
 import ctypes
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.capacity import sequences_allowed
 from host_runtime.engine.kv_store import KVStore, disk_budget
 from host_runtime.engine.metrics import EngineMetrics
+from host_runtime.engine.progress import DecodeProgress
 from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demote, PrefixCache, Restore, Spill,
                                               Trim)
 from host_runtime.engine.sampling import SamplingParams, build_sampler_chain, token_logprobs
@@ -32,6 +34,8 @@ from host_runtime.engine.throttle import ThrottleReader
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[dict], None]
+# A test hook, named as such: seconds added to every decode call, to show readiness on a slow box.
+TEST_DECODE_DELAY_S = float(os.environ.get("EVERYCYCLE_TEST_DECODE_DELAY_S") or 0)
 
 
 @dataclass
@@ -101,6 +105,7 @@ class Engine:
         self.model = model
         self.throttle = ThrottleReader(governor_state)
         self.metrics = EngineMetrics()
+        self.progress = DecodeProgress()
         self.max_waiting = max_waiting
         self._cv = threading.Condition()  # guards _waiting; everything below it is the loop thread's alone
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
@@ -140,6 +145,31 @@ class Engine:
             self._cv.notify_all()
         self._thread.join(timeout=10)
 
+    def warm_up(self, n_tokens: int = 16) -> float:
+        """One decode of a short prompt chunk on a free slot, then forgotten, before the loop starts: the first
+        call pays for paging weights in and setting up buffers, and its time (per token too) seeds the wedge
+        bound before any request has run. Returns its seconds."""
+        import llama_cpp
+
+        n = max(1, min(n_tokens, self.model.n_batch, self.model.n_ctx_per_seq - 1))
+        token = self.model.model.token_bos()
+        batch = self._batch.batch
+        batch.n_tokens = 0
+        for i in range(n):
+            batch.token[i] = token if token >= 0 else 0
+            batch.pos[i] = i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i == n - 1
+        batch.n_tokens = n
+        self.progress.call_started(n)
+        rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
+        seconds = self.progress.call_ended()
+        llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, 0, -1, -1)
+        if rc != 0:
+            raise RuntimeError(f"the warm-up decode failed: llama_decode returned {rc}")
+        return seconds
+
     def check_fits(self, n_prompt: int, max_tokens: int | None, prompt_param: str) -> int:
         """Validate lengths against the per-sequence context; return the effective max_tokens."""
         n_ctx = self.model.n_ctx_per_seq
@@ -171,6 +201,7 @@ class Engine:
                                       "retry shortly", error_type="server_busy", code="queue_full", retry_after=2)
             request.open_choices = request.n
             self._waiting.append(request)
+            self.progress.pending(True)
             self.metrics.add("requests_total")
             self._publish_queue_locked()
             self._cv.notify_all()
@@ -251,6 +282,7 @@ class Engine:
             with self._cv:
                 # Finished sequences left during the step: the gauges must say so even if the loop now idles.
                 self._publish_queue_locked()
+                self.progress.pending(bool(self._active or self._waiting))
 
     def _pop_admissible_locked(self) -> list[GenerationRequest]:
         """Requests that get their slots now, strictly in arrival order."""
@@ -407,9 +439,11 @@ class Engine:
             if part.wants_logits:
                 sample_at.append((part.seq, batch.n_tokens - 1))
         has_prompt = any(p.seq.is_prefilling() for p in call)
-        started = time.monotonic()
+        self.progress.call_started(batch.n_tokens)
         rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
-        elapsed = time.monotonic() - started
+        if TEST_DECODE_DELAY_S:
+            time.sleep(TEST_DECODE_DELAY_S)
+        elapsed = self.progress.call_ended()
         self.metrics.add("n_decode_total")
         self.metrics.add("n_busy_slots_total", len(call))
         self.metrics.add("prompt_seconds_total" if has_prompt else "predicted_seconds_total", elapsed)

@@ -51,6 +51,7 @@ class EngineMetrics:
         "prompt_tokens_cached_total": "Prompt tokens not computed because the prefix cache had them.",
         "prompt_seconds_total": "Time spent in decode calls that carried prompt tokens.",
         "predicted_seconds_total": "Time spent in decode calls that carried only generated tokens.",
+        "canaries_total": "Readiness canary generations finished (each is also in requests_total).",
     }
 
     def __init__(self):
@@ -63,6 +64,7 @@ class EngineMetrics:
         self.cache: dict = {}
         self.throttle_level = 0
         self.sequences_allowed = 0
+        self.canary_seconds = 0.0
         self.placement_lines: list[str] = []  # fixed at load: where the model lives (placement/render.py)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.time_per_token = Histogram(TOKEN_BUCKETS)
@@ -81,6 +83,11 @@ class EngineMetrics:
     def set_throttle(self, level: int, allowed: int) -> None:
         with self._lock:
             self.throttle_level, self.sequences_allowed = level, allowed
+
+    def canary(self, seconds: float) -> None:
+        with self._lock:
+            self.counters["canaries_total"] += 1
+            self.canary_seconds = seconds
 
     def set_cache(self, figures: dict) -> None:
         with self._lock:
@@ -118,6 +125,7 @@ class EngineMetrics:
                                             "The power governor's admission hint (0 normal, 1 a GPU at its floor, "
                                             "2 emergency or failsafe)."),
                 "sequences_allowed": (self.sequences_allowed, "Sequences the scheduler may run now, after the hint."),
+                "canary_seconds": (self.canary_seconds, "How long the last readiness canary took: what a probe costs."),
                 "kv_cache_usage_ratio": (
                     self.kv_cells_used / self.kv_cells_total if self.kv_cells_total else 0.0,
                     "Share of KV cache cells held by running sequences.",

@@ -106,7 +106,9 @@ class LoadedModel:
     """The one copy of the weights, placed over the devices as the planner proved, a generation context sized
     for the placement's sequences, and (made on first use) an embeddings context sharing the same weights."""
 
-    def __init__(self, path: str | os.PathLike, config: ContextConfig, placement=None):
+    def __init__(self, path: str | os.PathLike, config: ContextConfig, placement=None, on_progress=None):
+        """on_progress(phase, fraction) is told where loading is: "planning", "loading weights" (0..1 from
+        llama.cpp's own progress callback), "creating the context"."""
         import llama_cpp
         from llama_cpp._internals import LlamaContext, LlamaModel
 
@@ -119,13 +121,23 @@ class LoadedModel:
         self.model_id = model_id_for(self.path)
         llama_cpp.llama_backend_init()
         llama_log.install()  # llama.cpp's warnings reach our log; its buffer reports reach the proof
+        say = on_progress or (lambda phase, fraction=None: None)
+        say("planning the placement")
         self.placement = placement or place(self.path, config)
         p = self.placement
         try:
             mp = model_params(p)
         except DeviceMissing as exc:
             raise ModelLoadError(str(exc)) from None
-        self._params_keep = mp.keep
+        say("loading weights", 0.0)
+
+        def weights_progress(fraction, _user_data):
+            say("loading weights", float(fraction))
+            return True
+
+        progress_callback = llama_cpp.llama_progress_callback(weights_progress)
+        mp.params.progress_callback = progress_callback
+        self._params_keep = mp.keep + (progress_callback,)
         self.n_ctx_per_seq = p.n_ctx_per_seq
         self.n_parallel = p.n_parallel
         self.capacity = Capacity(p.n_parallel, p.max_waiting, p.kv_bytes_per_token, p.kv_bytes_total)
@@ -141,6 +153,7 @@ class LoadedModel:
                 self.model = LlamaModel(path_model=str(self.path), params=mp.params, verbose=False)
             except ValueError as exc:
                 raise ModelLoadError(f"llama.cpp could not load {self.path}: {exc}") from None
+            say("creating the context")
             try:
                 self.ctx = LlamaContext(model=self.model, params=cparams, verbose=False)
             except ValueError as exc:

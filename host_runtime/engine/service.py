@@ -17,6 +17,7 @@ from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import LineReader, send_message
 from host_runtime.engine.model import ContextConfig, LoadedModel, ModelLoadError, model_id_for
 from host_runtime.engine.prompt import PromptBuilder
+from host_runtime.engine.readiness import CanaryRecord, Verdict, WedgePolicy, judge
 from host_runtime.engine.sampling import GrammarRejected, SamplingParams, check_grammar
 
 log = logging.getLogger(__name__)
@@ -27,8 +28,9 @@ EVENT_POLL_S = 0.05  # how often a waiting handler checks whether its worker hun
 
 class EngineService:
     def __init__(self, model_path: str, config: ContextConfig, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
-                 governor_state: str | None = None):
+                 governor_state: str | None = None, wedge: WedgePolicy = WedgePolicy()):
         self.model_path = model_path
+        self.wedge = wedge
         self.config = config
         self.prefix_cache = prefix_cache
         self.governor_state = governor_state
@@ -38,27 +40,54 @@ class EngineService:
         self.model: LoadedModel | None = None
         self.engine: Engine | None = None
         self.prompts: PromptBuilder | None = None
+        self.load_progress: float | None = None
+        # One canary at a time; every probe shares its result (guarded by _canary_lock).
         self._canary_lock = threading.Lock()
-        self._canary_ok_at = 0.0
+        self._canary_started: float | None = None
+        self._canary_done = threading.Event()
+        self._canary_passed_at: float | None = None
+        self._canary_seconds: float | None = None
+        self._canary_failure: str | None = None
+        self._canaries = 0
 
     def load(self) -> None:
         started = time.monotonic()
         try:
-            self.model = LoadedModel(self.model_path, self.config)
+            self.model = LoadedModel(self.model_path, self.config, on_progress=self._loading)
             self.prompts = PromptBuilder(self.model)
             self.engine = Engine(self.model, max_waiting=self.model.capacity.max_waiting,
                                  prefix_cache=self.prefix_cache, governor_state=self.governor_state)
+            self._loading("warming up")
+            warm = self.engine.warm_up()
             self.engine.start()
-        except ModelLoadError as exc:
+        except (ModelLoadError, RuntimeError) as exc:
             self.state, self.state_reason = "failed", str(exc)
             log.error("%s", exc)
             return
         self.state, self.state_reason = "ready", "model loaded"
+        self.load_progress = 1.0
+        log.info("warm-up decode: %.3fs", warm)
         cap = self.model.capacity
         self._publish_placement()
         log.info("loaded %s in %.1fs: context %d tokens per sequence, %d sequences (KV %.0f MiB), "
                  "queue %d, %d threads", self.model_id, time.monotonic() - started, self.model.n_ctx_per_seq,
                  cap.n_parallel, cap.kv_bytes_total / 2**20, cap.max_waiting, self.model.n_threads)
+
+    def _loading(self, phase: str, fraction: float | None = None) -> None:
+        """Where loading is, for /ready, /health and the console (llama.cpp's callback calls this often)."""
+        size = self._model_size()
+        if fraction is None:
+            self.state_reason = f"loading: {phase}"
+        else:
+            self.load_progress = fraction
+            done = f" of {size / 2**30:.2f} GiB" if size else ""
+            self.state_reason = f"loading: {phase} {fraction * 100:.0f}%{done}"
+
+    def _model_size(self) -> int:
+        try:
+            return os.stat(self.model_path).st_size
+        except OSError:
+            return 0
 
     def _publish_placement(self) -> None:
         """Say where the model went and why, in the log and /metrics; warn where llama.cpp took more than planned."""
@@ -85,7 +114,8 @@ class EngineService:
 
     def info(self) -> dict:
         m = self.model
-        return {"state": self.state, "reason": self.state_reason, "model_id": self.model_id,
+        return {"state": self.state, "reason": self.state_reason, "load_progress": self.load_progress,
+                "model_id": self.model_id,
                 "n_ctx": m.n_ctx_per_seq if m else None, "n_parallel": m.n_parallel if m else None,
                 "max_waiting": m.capacity.max_waiting if m else None,
                 "placement": m.placement.to_json() if m else None,
@@ -98,36 +128,65 @@ class EngineService:
             return model_info_text(self.model_id, self.state)
         return self.engine.metrics.render(self.model_id, self.state)
 
-    def readiness(self, max_age: float, deadline: float) -> dict:
+    def readiness(self, max_age: float, wait: float) -> dict:
+        """The verdict (engine/readiness.py). Starts a canary when the last passed more than max_age ago and none
+        runs; waits up to `wait` for the one running, never cancels it, and otherwise answers from progress."""
         if self.state != "ready":
-            return {"ready": False, "reason": self.state_reason}
+            return self.verdict().to_wire()
         with self._canary_lock:
-            if time.monotonic() - self._canary_ok_at < max_age:
-                return {"ready": True, "reason": "canary passed recently"}
-            events: queue.Queue = queue.Queue()
-            tokens = self.prompts.completion_tokens(CANARY_PROMPT)
-            canary = GenerationRequest(prompt_tokens=tokens, max_tokens=2, sink=events.put,
-                                       sampling=SamplingParams(temperature=0.0, ignore_eos=True))
-            started = time.monotonic()
-            try:
-                self.engine.submit(canary)
-            except RequestRejected as exc:
-                return {"ready": False, "reason": f"canary refused: {exc.message}"}
-            end = started + deadline
-            while True:
-                left = end - time.monotonic()
-                if left <= 0:
-                    canary.cancel()
-                    return {"ready": False, "reason": f"wedged: the canary generation did not finish within {deadline:g}s"}
-                try:
-                    event = events.get(timeout=left)
-                except queue.Empty:
-                    continue
+            now = time.monotonic()
+            stale = self._canary_passed_at is None or now - self._canary_passed_at >= max_age
+            start = self._canary_started is None and (stale or self._canary_failure is not None)
+            if start:  # claimed here; submitted below, outside the lock the loop thread's events take
+                self._canary_started, self._canary_done = now, threading.Event()
+            running, done = self._canary_started is not None, self._canary_done
+        note = self._submit_canary(done) if start else None
+        if running and note is None:
+            done.wait(max(0.0, wait))
+        return self.verdict(note).to_wire()
+
+    def _submit_canary(self, done: threading.Event) -> str | None:
+        """Submit the claimed canary; its events settle the record from the loop thread. A note when refused."""
+        started = self._canary_started
+
+        def sink(event: dict) -> None:
+            if event["type"] not in ("done", "error"):
+                return
+            with self._canary_lock:
+                finished = time.monotonic()
+                self._canary_started = None
+                self._canary_seconds = finished - started
                 if event["type"] == "done":
-                    self._canary_ok_at = time.monotonic()
-                    return {"ready": True, "reason": f"canary finished in {self._canary_ok_at - started:.3f}s"}
-                if event["type"] == "error":
-                    return {"ready": False, "reason": f"canary failed: {event['error']['message']}"}
+                    self._canary_passed_at, self._canary_failure = finished, None
+                else:
+                    self._canary_failure = event["error"]["message"]
+            self.engine.metrics.canary(finished - started)
+            done.set()
+
+        canary = GenerationRequest(prompt_tokens=self.prompts.completion_tokens(CANARY_PROMPT), max_tokens=2,
+                                   sink=sink, sampling=SamplingParams(temperature=0.0, ignore_eos=True))
+        try:
+            self.engine.submit(canary)
+        except RequestRejected as exc:
+            with self._canary_lock:
+                self._canary_started = None
+            done.set()
+            return f"no canary now: {exc.message}"
+        with self._canary_lock:
+            self._canaries += 1
+        return None
+
+    def verdict(self, note: str | None = None) -> Verdict:
+        if self.state != "ready":
+            return judge(self.state, self.state_reason, None, CanaryRecord(), self.wedge, self.load_progress)
+        with self._canary_lock:
+            now = time.monotonic()
+            record = CanaryRecord(
+                running_for_s=None if self._canary_started is None else now - self._canary_started,
+                passed_ago_s=None if self._canary_passed_at is None else now - self._canary_passed_at,
+                last_seconds=self._canary_seconds, failure=self._canary_failure, count=self._canaries, note=note)
+        return judge(self.state, self.state_reason, self.engine.progress.snapshot(), record, self.wedge,
+                     self.load_progress)
 
     def build_request(self, message: dict, sink) -> GenerationRequest:
         if self.state != "ready":
@@ -184,7 +243,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 send_message(sock, {"text": self.service.metrics_text()})
             elif op == "ready":
                 send_message(sock, self.service.readiness(float(message.get("max_age", 5)),
-                                                          float(message.get("deadline", 10))))
+                                                          float(message.get("wait", 2))))
             elif op == "embed":
                 try:
                     send_message(sock, self.service.embed(message, lambda: peer_closed(sock)))

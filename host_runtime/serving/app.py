@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass
 
 import falcon
@@ -12,6 +13,7 @@ import falcon
 from host_runtime.auth.keystore import KeyVerifier
 from host_runtime.common.sockets import peer_closed
 from host_runtime.engine.ipc import EngineClient, EngineUnavailable
+from host_runtime.engine.readiness import Verdict, WedgePolicy, unanswered
 from host_runtime.serving import protocol
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
 from host_runtime.serving.handlers import ServingLogic, engine_down
@@ -25,8 +27,9 @@ class AppConfig:
     engine_socket: str
     keys_file: str | None = None
     max_body_bytes: int = 1 << 20
-    ready_max_age_s: float = 5.0
-    ready_deadline_s: float = 10.0
+    ready_max_age_s: float = 5.0  # a canary that passed this recently is not run again
+    ready_wait_s: float = 2.0  # a probe waits this long for the canary that runs, then answers from progress
+    wedge_floor_s: float = 30.0  # for an engine that never answered: see engine/readiness.py
     # "open", "key", or "loopback" (the front lets only this machine reach /metrics; here it needs no key)
     metrics_access: str = "key"
 
@@ -112,31 +115,46 @@ class Health:
 
     def on_get(self, req, resp):
         try:
-            engine = self._client.call({"op": "info"}, timeout=1.0)["state"]
-        except EngineUnavailable:
-            engine = "unreachable"
+            info = self._client.call({"op": "info"}, timeout=1.0)
+            engine, detail = info["state"], info.get("reason")
+        except EngineUnavailable as exc:
+            engine, detail = "unreachable", str(exc)
         from host_runtime.update.system import status
 
         system = status(with_entries=False)
-        _json(resp, {"status": "ok", "engine": engine,
+        _json(resp, {"status": "ok", "engine": engine, "engine_detail": detail,
                      "system": {k: system[k] for k in ("version", "slot", "last_update")}})
 
 
 class Ready:
+    """The engine's readiness verdict (engine/readiness.py); when the engine does not answer at all, this worker
+    judges from the last verdict it got and how long the engine has been silent."""
+
     def __init__(self, client: EngineClient, config: AppConfig):
         self._client = client
         self._config = config
+        self._lock = threading.Lock()
+        self._last: Verdict | None = None
+        self._answered_at: float | None = None  # the last answer, else the first question
 
     def on_get(self, req, resp):
+        wait = self._config.ready_wait_s
         try:
-            reply = self._client.call({"op": "ready", "max_age": self._config.ready_max_age_s,
-                                       "deadline": self._config.ready_deadline_s},
-                                      timeout=self._config.ready_deadline_s + 2.0)
+            doc = self._client.call({"op": "ready", "max_age": self._config.ready_max_age_s, "wait": wait},
+                                    timeout=wait + 3.0)
+            verdict = Verdict.from_wire(doc)
+            with self._lock:
+                self._last, self._answered_at = verdict, time.monotonic()
         except EngineUnavailable as exc:
-            reply = {"ready": False, "reason": str(exc)}
-        _json(resp, {"status": "ready" if reply["ready"] else "not_ready", "reason": reply["reason"]},
-              200 if reply["ready"] else 503)
-        if not reply["ready"]:
+            with self._lock:
+                now = time.monotonic()
+                if self._answered_at is None:
+                    self._answered_at = now
+                verdict = unanswered(self._last, now - self._answered_at,
+                                     WedgePolicy(floor_s=self._config.wedge_floor_s), str(exc))
+        _json(resp, {"status": "ready" if verdict.ready else "not_ready", **verdict.to_wire()},
+              200 if verdict.ready else 503)
+        if not verdict.ready:
             resp.set_header("Retry-After", "5")
 
 

@@ -13,6 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from host_runtime.engine.readiness import QUIET_LIMIT_S, ReadyDeadline
+
 EXPECTED_PROGRAMS = frozenset({"front", "serving", "discovery", "governor", "bmc"})
 # supervisord's states that will not become RUNNING without someone's help.
 DEAD_STATES = ("FATAL", "EXITED", "STOPPED")
@@ -40,12 +42,21 @@ def verdict(programs: dict[str, str] | None, ready: tuple[int, str] | None, fail
         return WAIT, "the serving API is not answering yet"
     status, body = ready
     if status != 200:
-        try:
-            reason = json.loads(body).get("reason", body)
-        except ValueError:
-            reason = body
+        doc = ready_document(body)
+        reason = doc.get("reason", body) if doc else body
+        if doc and doc.get("state") in ("wedged", "failed"):
+            # The engine judged itself from its own measured progress: waiting longer will not help.
+            return FAIL, f"the engine is {doc['state']}: {str(reason)[:200]}"
         return WAIT, f"/ready answered {status}: {str(reason)[:200]}"
     return PASS, "every program RUNNING, /ready 200 from a canary generation, no failed units"
+
+
+def ready_document(body: str) -> dict | None:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def look(run_dir: Path, serving_socket: Path) -> tuple[dict | None, tuple[int, str] | None, list[str]]:
@@ -70,17 +81,22 @@ def look(run_dir: Path, serving_socket: Path) -> tuple[dict | None, tuple[int, s
 
 
 def wait_for_health(timeout_s: float, probe, say, interval_s: float = 5.0, clock=time.monotonic,
-                    sleep=time.sleep) -> tuple[bool, str]:
-    """Look until the verdict is PASS or FAIL, or `timeout_s` passes: (passed, why)."""
-    deadline = clock() + timeout_s
+                    sleep=time.sleep, quiet_s: float = QUIET_LIMIT_S) -> tuple[bool, str]:
+    """Look until the verdict is PASS or FAIL: (passed, why). A box that is still loading or decoding slowly keeps
+    its time while /ready shows progress; the wait fails after quiet_s (or twice the engine's wedge bound) with
+    no sign of it, or after timeout_s in all."""
+    watch = ReadyDeadline(quiet_s=quiet_s, cap_s=timeout_s, clock=clock)
     last = ""
     while True:
-        state, why = verdict(*probe())
+        programs, ready, failed = probe()
+        watch.observe(ready_document(ready[1]) if ready else None)
+        state, why = verdict(programs, ready, failed)
         if why != last:
             say(f"health gate: {state}: {why}")
             last = why
         if state != WAIT:
             return state == PASS, why
-        if clock() >= deadline:
-            return False, f"not healthy within {timeout_s:.0f} s: {why}"
+        over = watch.failed()
+        if over:
+            return False, f"not healthy: {over}; {why}"
         sleep(interval_s)
