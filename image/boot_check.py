@@ -28,8 +28,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from host_runtime.common.processes import stop_process
-from host_runtime.update.gate import EXPECTED_PROGRAMS
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # image.* beside host_runtime.*, run as a script
+
+from host_runtime.common.processes import stop_process  # noqa: E402
+from host_runtime.update.gate import EXPECTED_PROGRAMS  # noqa: E402
 HTTPS_PORT, HTTP_PORT = 8443, 8080  # the front's defaults, which the test bundle keeps
 ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
@@ -181,6 +183,8 @@ class QemuBox(Box):
     has_tty1 = True
     IFACE = "enp0s3"  # virtio-net at PCI slot 3 of q35's root bus: a fixed predictable name
     EXTRA_DISK = 4 << 30  # the box's disk is larger than the image: the data partition must grow into the rest
+    cpu_quota: float | None = None  # percent of one host CPU for qemu: a slower box, on demand
+    _quota = None
 
     def start(self, disk: Path) -> None:
         # A sparse copy: the bundle is written into its ESP and the box writes to its disk.
@@ -225,6 +229,14 @@ class QemuBox(Box):
         say("starting: " + " ".join(argv))
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(self.work / "qemu.stderr", "ab"))
+        if self.cpu_quota:
+            from image.cpu_quota import CpuQuota, QuotaUnavailable
+
+            try:
+                self._quota = CpuQuota(self.proc.pid, self.cpu_quota, f"everycycle-boot-{self.proc.pid}")
+            except (QuotaUnavailable, OSError) as exc:
+                raise CheckFailed(f"--cpu-quota: {exc}") from None
+            say(f"qemu limited to {self.cpu_quota:g}% of one CPU ({self._quota.group})")
 
     def power_cut(self) -> None:
         """Pull the plug: qemu is killed, nothing is flushed or shut down."""
@@ -245,7 +257,11 @@ class QemuBox(Box):
             except subprocess.TimeoutExpired:
                 pass  # the connection may die with the box; the wait below decides
 
-        return stop_process(self.proc, 120, ask=poweroff) if getattr(self, "proc", None) else None
+        try:
+            return stop_process(self.proc, 120, ask=poweroff) if getattr(self, "proc", None) else None
+        finally:
+            if self._quota is not None:
+                self._quota.lift()
 
 
 # ---- the checks ----
@@ -318,6 +334,37 @@ def wait_until(box: Box, what: str, deadline: float, probe):
             last = exc
         time.sleep(1)
     raise CheckFailed(f"timed out waiting for {what} (last error: {last}); the console:\n{box.log_tail()}")
+
+
+def wait_ready(box: Box, t0: float, result: dict) -> dict:
+    """/ready's verdict once it is 200. No fixed wait: the box keeps its time while its verdict shows progress
+    (loading, the first canary, decode calls completing) and fails once the engine reports itself wedged or
+    shows no progress past the limit (host_runtime/engine/readiness.py). Each change of state is recorded."""
+    from host_runtime.engine.readiness import ReadyDeadline
+
+    watch = ReadyDeadline()
+    states: list[dict] = result.setdefault("ready_states", [])
+    while True:
+        if not box.alive():
+            raise CheckFailed(f"the box stopped while waiting for /ready; its console:\n{box.log_tail()}")
+        try:
+            status, body = http_get(box.https_base + "/ready", context=box.tls, timeout=30)
+            doc = json.loads(body)
+        except (OSError, ValueError):
+            status, doc = None, None
+        watch.observe(doc)
+        # Each change of state, and each step of loading (placement, weights, context, warm-up).
+        if doc and (not states or states[-1]["state"] != doc.get("state")
+                    or (doc.get("state") == "loading" and states[-1]["reason"] != doc.get("reason"))):
+            states.append({"at_s": round(time.monotonic() - t0, 1), "state": doc.get("state"),
+                           "reason": doc.get("reason")})
+            say(f"/ready {status}: {doc.get('reason')}")
+        if status == 200:
+            return doc
+        why = watch.failed()
+        if why:
+            raise CheckFailed(f"/ready: {why}; the console:\n{box.log_tail()}")
+        time.sleep(2)
 
 
 IMAGE_DEBIAN = "13"
@@ -436,11 +483,10 @@ def check(box: Box, t0: float, timeout: float, nvidia_required: bool = False) ->
     result["boot_to_health_s"] = round(time.monotonic() - t0, 1)
     say(f"/health answered after {result['boot_to_health_s']} s")
     check_front(box, result)
-    ready = wait_until(box, "/ready", deadline, lambda: (lambda s, b: b if s == 200 else None)(
-        *http_get(box.https_base + "/ready", context=box.tls)))
+    ready = wait_ready(box, t0, result)
     result["boot_to_ready_s"] = round(time.monotonic() - t0, 1)
-    result["ready"] = json.loads(ready)
-    say(f"/ready after {result['boot_to_ready_s']} s: {ready.strip()}")
+    result["ready"] = ready
+    say(f"/ready after {result['boot_to_ready_s']} s: {ready['reason']}")
 
     import httpx2
     from openai import AuthenticationError, OpenAI
@@ -507,11 +553,17 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("kind", choices=["nspawn", "qemu"])
     ap.add_argument("image", type=Path, help="the directory image (nspawn) or the raw disk (qemu)")
-    ap.add_argument("--timeout", type=float, help="seconds from start to every check passing "
-                                                   "(default 300 for nspawn, 900 for qemu)")
+    ap.add_argument("--timeout", type=float, help="seconds from start to /health (default 300 for nspawn, 900 for "
+                                                   "qemu); /ready then gets as long as the box shows progress")
     ap.add_argument("--nvidia", action="store_true", help="require the NVIDIA driver and the CUDA build (make image's "
                                                           "default); without it they are checked where present")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, bundle) afterwards")
+    ap.add_argument("--cpu-quota", type=float, metavar="PERCENT",
+                    help="qemu: limit the emulator to this share of one host CPU (a slow box: readiness must wait "
+                         "for it, not call it wedged)")
+    ap.add_argument("--slow-canary", type=float, metavar="S",
+                    help="fail unless /ready's canary took at least S seconds (shows that --cpu-quota made the box "
+                         "as slow as intended: past the 10 s that once counted as wedged)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("boot_check: needs root (network namespaces, nspawn)", file=sys.stderr)
@@ -522,12 +574,20 @@ def main(argv: list[str]) -> int:
         return 2
     work = Path(tempfile.mkdtemp(prefix="everycycle-boot-"))
     box = NspawnBox(work) if args.kind == "nspawn" else QemuBox(work)
-    summary: dict = {"kind": args.kind, "image": str(args.image.resolve())}
+    if args.cpu_quota:
+        if args.kind != "qemu":
+            ap.error("--cpu-quota: qemu only")
+        box.cpu_quota = args.cpu_quota
+    summary: dict = {"kind": args.kind, "image": str(args.image.resolve()), "cpu_quota_percent": args.cpu_quota}
 
     def body() -> None:
         t0 = time.monotonic()
         box.start(args.image)
         summary.update(check(box, t0, args.timeout or (300 if args.kind == "nspawn" else 900), args.nvidia))
+        canary = summary["ready"].get("canary_s") or 0.0
+        if args.slow_canary and canary < args.slow_canary:
+            raise CheckFailed(f"the canary took {canary:.1f} s, not the {args.slow_canary:g} s asked for: lower "
+                              "--cpu-quota")
 
     return run_and_report(box, work, summary, body, keep=args.keep)
 

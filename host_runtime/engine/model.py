@@ -80,8 +80,9 @@ class ContextConfig:
     main_gpu: int | None = None  # only this GPU (llama-server's --split-mode none --main-gpu)
 
 
-def place(path: str | os.PathLike, config: ContextConfig):
-    """The proven placement for this model and these settings (see host_runtime/placement)."""
+def place(path: str | os.PathLike, config: ContextConfig, say=lambda phase, fraction=None: None):
+    """The proven placement for this model and these settings (see host_runtime/placement); say(phase) is told
+    each step, as each can take a while on a slow box."""
     from host_runtime.placement.model_table import ModelTableError, read_table
     from host_runtime.placement.planner import PlacementError, PlanRequest
     from host_runtime.placement.proof import ProofFailed, prove
@@ -92,7 +93,9 @@ def place(path: str | os.PathLike, config: ContextConfig):
                           cpu_only=config.placement == "cpu", n_gpu_layers=config.n_gpu_layers,
                           tensor_split=config.tensor_split, margin_min_bytes=config.gpu_margin_bytes)
     try:
+        say("planning: reading the GGUF's tensor table")
         table = read_table(path)
+        say("planning: proving the placement with llama.cpp's dry run")
         devices, host = live_devices()
         devices = [] if config.placement == "cpu" else only_main_gpu(devices, config.main_gpu)
         placement, _ = prove(str(path), table, devices, host, request, n_batch=config.n_batch,
@@ -122,8 +125,7 @@ class LoadedModel:
         llama_cpp.llama_backend_init()
         llama_log.install()  # llama.cpp's warnings reach our log; its buffer reports reach the proof
         say = on_progress or (lambda phase, fraction=None: None)
-        say("planning the placement")
-        self.placement = placement or place(self.path, config)
+        self.placement = placement or place(self.path, config, say)
         p = self.placement
         try:
             mp = model_params(p)
