@@ -379,7 +379,8 @@ def cmd_serve(parser, args) -> int:
         except front_settings.SettingsError as exc:
             parser.error(f"--front-settings: {exc}")
     config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes,
-                       ready_wait_s=args.ready_wait, wedge_floor_s=args.wedge_floor, metrics_access=metrics_access)
+                       ready_wait_s=args.ready_wait, wedge_floor_s=args.wedge_floor, metrics_access=metrics_access,
+                       governor_state=args.governor_state)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"

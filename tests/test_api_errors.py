@@ -68,8 +68,15 @@ BAD_CHAT = [
     ("stream_options without stream", {"model": MODEL_ID, "messages": MSGS, "stream_options": {"include_usage": True}},
      "stream_options"),
     ("penalty out of range", {"model": MODEL_ID, "messages": MSGS, "presence_penalty": 5}, "presence_penalty"),
-    ("tools", {"model": MODEL_ID, "messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]},
-     "tools"),
+    ("a tool without a function", {"model": MODEL_ID, "messages": MSGS, "tools": [{"type": "function"}]},
+     "tools[0]"),
+    ("the legacy functions", {"model": MODEL_ID, "messages": MSGS, "functions": [{"name": "f"}]}, "functions"),
+    ("a tool message without its call id", {"model": MODEL_ID, "messages": MSGS + [{"role": "tool", "content": "x"}]},
+     "messages[1].tool_call_id"),
+    ("tool calls on a user message", {"model": MODEL_ID, "messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls"),
+    ("tool_choice naming a missing tool", {"model": MODEL_ID, "messages": MSGS, "tool_choice": {
+        "type": "function", "function": {"name": "f"}}}, "tool_choice.function.name"),
     ("logit_bias key not an id", {"model": MODEL_ID, "messages": MSGS, "logit_bias": {"abc": 1}}, "logit_bias"),
     ("logit_bias value out of range", {"model": MODEL_ID, "messages": MSGS, "logit_bias": {"5": 500}}, "logit_bias"),
     ("logit_bias too many", {"model": MODEL_ID, "messages": MSGS, "logit_bias": {str(i): 1 for i in range(301)}},

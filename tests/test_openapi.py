@@ -65,6 +65,7 @@ def test_schemathesis_finds_no_server_error_and_the_engine_survives(tmp_path, ap
         pinned = {"type": "string", "enum": [MODEL_ID]}
         doc["components"]["schemas"]["Sampling"]["properties"]["model"] = pinned
         doc["components"]["schemas"]["EmbeddingRequest"]["properties"]["model"] = pinned
+        doc["components"]["schemas"]["MessagesRequest"]["properties"]["model"] = pinned
         (tmp_path / "openapi.json").write_text(json.dumps(doc))
         report = tmp_path / "junit.xml"
         out = subprocess.run(

@@ -19,3 +19,14 @@ def exposition(families: Callable[[], Iterable[Metric]]) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(families))
     return generate_latest(registry).decode()
+
+
+def up_text(up: bool) -> str:
+    """`everycycle_up`: whether the serving API reached its engine."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    def families():
+        yield GaugeMetricFamily("everycycle_up", "1 when the serving API reaches its inference engine.",
+                                value=1 if up else 0)
+
+    return exposition(families)

@@ -49,6 +49,7 @@ class GenerationRequest:
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token_seen: bool = False
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied
     open_choices: int = 0
 
     def cancel(self) -> None:
@@ -313,6 +314,8 @@ class Engine:
                 admission = self.cache.admit(prompt)
                 taken.append(admission.slot_id)
                 reuse = self._apply(admission)
+                if index == 0:
+                    request.cached_tokens = reuse
                 self._active.append(Sequence(self, request, index, admission.slot_id, n_past=reuse))
         except Exception:
             # A failure here is this request's alone: free what it took, tell its client, keep the batch.
@@ -490,7 +493,7 @@ class Engine:
         text, hit_stop = seq.stop.feed(seq.decoder.decode(self.model.token_piece(token)))
         self._emit_text(seq, text, logprob_entry)
         if hit_stop:
-            self._finish(seq, "stop")
+            self._finish(seq, "stop", stop_string=seq.stop.matched)
         elif seq.generated >= request.max_tokens or seq.n_past + 1 >= self.model.n_ctx_per_seq:
             self._emit_text(seq, seq.decoder.decode(b"", final=True) + seq.stop.flush(), None)
             self._finish(seq, "length")
@@ -504,7 +507,8 @@ class Engine:
         if text or logprob_entry is not None:
             seq.request.sink({"type": "token", "index": seq.index, "text": text, "logprob": logprob_entry})
 
-    def _finish(self, seq: Sequence, reason: str | None, error: RequestRejected | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: str | None, error: RequestRejected | None = None,
+                stop_string: str | None = None) -> None:
         request = seq.request
         self._release(seq)
         if error is not None:
@@ -513,7 +517,8 @@ class Engine:
                 request.sink({"type": "error", "error": error.to_wire()})
             return
         request.sink({"type": "finish", "index": seq.index, "finish_reason": reason,
-                      "completion_tokens": seq.generated})
+                      "completion_tokens": seq.generated, "stop_string": stop_string})
         request.open_choices -= 1
         if request.open_choices == 0:
-            request.sink({"type": "done", "prompt_tokens": len(request.prompt_tokens)})
+            request.sink({"type": "done", "prompt_tokens": len(request.prompt_tokens),
+                          "cached_tokens": request.cached_tokens})

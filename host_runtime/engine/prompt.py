@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine.tool_format import prepare, template_format
 
 
 class PromptBuilder:
@@ -14,10 +15,16 @@ class PromptBuilder:
             template=model.chat_template, eos_token=model.eos_text, bos_token=model.bos_text,
             add_generation_prompt=True)
 
-    def chat_tokens(self, messages: list[dict]) -> tuple[list[int], list[str]]:
+    @property
+    def tool_format(self) -> str:
+        return template_format(self._model.chat_template)
+
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None,
+                    parallel_tool_calls: bool = True) -> tuple[list[int], list[str]]:
         """Token ids for the rendered conversation, and the template's own stop strings."""
+        messages, tools = prepare(messages, self.tool_format, tools, parallel_tool_calls)
         try:
-            rendered = self._formatter(messages=messages)
+            rendered = self._formatter(messages=messages, tools=tools)
         except Exception as exc:  # jinja raises its own types, and templates call raise_exception()
             raise RequestRejected(400, f"the model's chat template refused these messages: {exc}",
                                   param="messages") from None

@@ -116,6 +116,7 @@ class EngineService:
         m = self.model
         return {"state": self.state, "reason": self.state_reason, "load_progress": self.load_progress,
                 "model_id": self.model_id,
+                "tool_format": self.prompts.tool_format if self.prompts else None,
                 "n_ctx": m.n_ctx_per_seq if m else None, "n_parallel": m.n_parallel if m else None,
                 "max_waiting": m.capacity.max_waiting if m else None,
                 "placement": m.placement.to_json() if m else None,
@@ -195,7 +196,8 @@ class EngineService:
         prompt = message["prompt"]
         stops = list(message.get("stop") or [])
         if "messages" in prompt:
-            tokens, template_stops = self.prompts.chat_tokens(prompt["messages"])
+            tokens, template_stops = self.prompts.chat_tokens(prompt["messages"], prompt.get("tools"),
+                                                              bool(prompt.get("parallel_tool_calls", True)))
             stops += [s for s in template_stops if s not in stops]
             param = "messages"
         else:
@@ -215,6 +217,43 @@ class EngineService:
         return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink,
                                  sampling=SamplingParams(**message.get("sampling", {})), stops=stops,
                                  n=int(message.get("n", 1)))
+
+    def count_tokens(self, message: dict) -> dict:
+        """The prompt's length as the model sees it: the template rendered, then tokenized."""
+        if self.state != "ready":
+            raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
+                                  code="model_not_ready", retry_after=5)
+        prompt = message["prompt"]
+        tokens, _ = self.prompts.chat_tokens(prompt["messages"], prompt.get("tools"),
+                                             bool(prompt.get("parallel_tool_calls", True)))
+        return {"type": "result", "prompt_tokens": len(tokens)}
+
+    def tokens(self, message: dict) -> dict:
+        """llama-server's /tokenize (special markup parsed) and /detokenize."""
+        if self.state != "ready":
+            raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
+                                  code="model_not_ready", retry_after=5)
+        m = self.model
+        if message["op"] == "tokenize":
+            ids = m.tokenize(message["content"], add_bos=bool(message.get("add_special")) and m.add_bos(),
+                             special=True) if message["content"] else []
+            if not message.get("with_pieces"):
+                return {"type": "result", "result": {"tokens": ids}}
+            pieces = []
+            for t in ids:
+                raw = m.token_piece(t)
+                try:
+                    piece = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    piece = list(raw)  # part of a character: its bytes, as llama-server gives them
+                pieces.append({"id": t, "piece": piece})
+            return {"type": "result", "result": {"tokens": pieces}}
+        bad = [t for t in message["tokens"] if t >= m.n_vocab]
+        if bad:
+            raise RequestRejected(400, f"'tokens' has ids past this model's vocabulary of {m.n_vocab}: {bad[:5]}",
+                                  param="tokens")
+        text = b"".join(m.token_piece(t) for t in message["tokens"]).decode("utf-8", errors="replace")
+        return {"type": "result", "result": {"content": text}}
 
     def embed(self, message: dict, cancelled=lambda: False) -> dict:
         if self.state != "ready":
@@ -249,6 +288,16 @@ class _Handler(socketserver.BaseRequestHandler):
                     send_message(sock, self.service.embed(message, lambda: peer_closed(sock)))
                 except EmbeddingCancelled:
                     return
+                except RequestRejected as exc:
+                    send_message(sock, {"type": "error", "error": exc.to_wire()})
+            elif op == "count_tokens":
+                try:
+                    send_message(sock, self.service.count_tokens(message))
+                except RequestRejected as exc:
+                    send_message(sock, {"type": "error", "error": exc.to_wire()})
+            elif op in ("tokenize", "detokenize"):
+                try:
+                    send_message(sock, self.service.tokens(message))
                 except RequestRejected as exc:
                     send_message(sock, {"type": "error", "error": exc.to_wire()})
             elif op == "generate":

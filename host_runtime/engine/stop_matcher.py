@@ -12,6 +12,7 @@ class StopMatcher:
     def __init__(self, stops: list[str]):
         self._stops = [s for s in stops if s]
         self._held = ""
+        self.matched: str | None = None  # the stop string that ended the text (the Messages API reports it)
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Add generated text; return (text safe to emit, whether a stop string was hit)."""
@@ -21,6 +22,7 @@ class StopMatcher:
             return buf, False
         first = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
         if first >= 0:
+            self.matched = next(s for s in self._stops if buf.find(s) == first)
             self._held = ""
             return buf[:first], True
         keep = 0

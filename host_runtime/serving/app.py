@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import falcon
@@ -14,7 +15,8 @@ from host_runtime.auth.keystore import KeyVerifier
 from host_runtime.common.sockets import peer_closed
 from host_runtime.engine.ipc import EngineClient, EngineUnavailable
 from host_runtime.engine.readiness import Verdict, WedgePolicy, unanswered
-from host_runtime.serving import protocol
+from host_runtime.serving import anthropic_protocol, protocol
+from host_runtime.serving.anthropic_logic import MessagesLogic
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
 from host_runtime.serving.handlers import ServingLogic, engine_down
 
@@ -32,6 +34,7 @@ class AppConfig:
     wedge_floor_s: float = 30.0  # for an engine that never answered: see engine/readiness.py
     # "open", "key", or "loopback" (the front lets only this machine reach /metrics; here it needs no key)
     metrics_access: str = "key"
+    governor_state: str | None = None  # its .prom file beside it joins /metrics
 
 
 class AuthMiddleware:
@@ -47,28 +50,37 @@ class AuthMiddleware:
         header = req.get_header("Authorization") or ""
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise APIError(401, "no API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
+            token = req.get_header("X-Api-Key") or ""  # the Anthropic SDK's header
+        if not token.strip():
+            raise APIError(401, "no API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                           code="missing_api_key")
         if self._verifier.verify(token.strip()) is None:
             raise APIError(401, "the API key is not valid for this box", code="invalid_api_key")
 
 
 class ModelIdentity:
-    """The served model's id, learnt from the engine once and then kept."""
+    """The served model's id, context and tool-call format, learnt from the engine once and then kept."""
 
     def __init__(self, client: EngineClient):
         self._client = client
-        self._model_id: str | None = None
+        self._info: dict | None = None
         self._lock = threading.Lock()
 
-    def get(self) -> str:
-        if self._model_id is None:
+    def info(self) -> dict:
+        if self._info is None:
             with self._lock:
-                if self._model_id is None:
+                if self._info is None:
                     try:
-                        self._model_id = self._client.call({"op": "info"}, timeout=5.0)["model_id"]
+                        info = self._client.call({"op": "info"}, timeout=5.0)
                     except EngineUnavailable as exc:
                         raise engine_down(exc) from None
-        return self._model_id
+                    if info.get("state") != "ready":  # still loading: its context is not known yet
+                        return info
+                    self._info = info
+        return self._info
+
+    def get(self) -> str:
+        return self.info()["model_id"]
 
 
 DRAIN_FACTOR = 16  # read and drop an oversized body up to this multiple of the limit, so the client sees the 413
@@ -101,6 +113,14 @@ def client_watch(req: falcon.Request):
     """A check that the HTTP client is still connected, where the server exposes its socket (gunicorn does)."""
     sock = req.env.get("gunicorn.socket")
     return (lambda: peer_closed(sock)) if sock is not None else None
+
+
+def event_stream(resp: falcon.Response, events) -> None:
+    """Server-sent events, each passed on at once by the front."""
+    resp.content_type = "text/event-stream"
+    resp.set_header("Cache-Control", "no-cache")
+    resp.set_header("X-Accel-Buffering", "no")
+    resp.stream = events
 
 
 def _json(resp: falcon.Response, doc: dict, status: int = 200) -> None:
@@ -159,18 +179,36 @@ class Ready:
 
 
 class Metrics:
-    def __init__(self, client: EngineClient):
+    """The engine's metrics, and the governor's where it publishes them: one scrape covers the box. An engine that
+    does not answer is `everycycle_up 0` with a 200, so that Prometheus keeps the sample (it drops a 503's)."""
+
+    def __init__(self, client: EngineClient, config: AppConfig):
         self._client = client
+        self._config = config
 
     def on_get(self, req, resp):
+        from host_runtime.common.prometheus_text import up_text
+
         resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
         try:
-            resp.text = self._client.call({"op": "metrics"}, timeout=5.0)["text"]
+            text = up_text(True) + self._client.call({"op": "metrics"}, timeout=5.0)["text"]
         except EngineUnavailable:
-            resp.status = falcon.HTTP_503
-            resp.text = "everycycle_up 0\n"
-            return
-        resp.text = "# TYPE everycycle_up gauge\neverycycle_up 1\n" + resp.text
+            text = up_text(False)
+        resp.text = text + self._governor_text()
+
+    def _governor_text(self) -> str:
+        """The governor's Prometheus file (written beside its state file), while it is fresh."""
+        from host_runtime.governor.service import STATE_FRESH_S
+
+        if not self._config.governor_state:
+            return ""
+        path = Path(self._config.governor_state).with_suffix(".prom")
+        try:
+            if time.time() - path.stat().st_mtime > STATE_FRESH_S:
+                return ""
+            return path.read_text()
+        except OSError:
+            return ""
 
 
 class OpenAPIDocument:
@@ -190,9 +228,40 @@ class Models:
     def __init__(self, identity: ModelIdentity):
         self._identity = identity
 
+    def _model(self) -> dict:
+        info = self._identity.info()
+        return {"id": info["model_id"], "object": "model", "created": 0, "owned_by": "everycycle",
+                "context_length": info.get("n_ctx")}
+
     def on_get(self, req, resp):
-        _json(resp, {"object": "list", "data": [
-            {"id": self._identity.get(), "object": "model", "created": 0, "owned_by": "everycycle"}]})
+        _json(resp, {"object": "list", "data": [self._model()]})
+
+    def on_get_one(self, req, resp, model_id: str):
+        model = self._model()
+        if model_id != model["id"]:
+            raise APIError(404, f"the model '{model_id}' does not exist; this box serves '{model['id']}'",
+                           param="model", code="model_not_found")
+        _json(resp, model)
+
+
+class Tokens:
+    """llama-server's /tokenize and /detokenize."""
+
+    def __init__(self, client: EngineClient, config: AppConfig, op: str):
+        self._client = client
+        self._config = config
+        self._op = op
+
+    def on_post(self, req, resp):
+        body = read_json(req, self._config.max_body_bytes)
+        message = (protocol.parse_tokenize(body) if self._op == "tokenize" else protocol.parse_detokenize(body))
+        try:
+            reply = self._client.call(message, timeout=30.0)
+        except EngineUnavailable as exc:
+            raise engine_down(exc) from None
+        if reply.get("type") == "error":
+            raise APIError.from_engine(reply["error"])
+        _json(resp, reply["result"])
 
 
 class Generation:
@@ -204,16 +273,38 @@ class Generation:
 
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
-        model_id = self._identity.get()
-        parse = protocol.parse_chat if self._kind == "chat" else protocol.parse_completion
-        call = parse(body, model_id)
+        info = self._identity.info()
+        model_id = info["model_id"]
+        if self._kind == "chat":
+            call = protocol.parse_chat(body, model_id, info.get("tool_format") or "generic")
+        else:
+            call = protocol.parse_completion(body, model_id)
         if call.stream:
-            resp.content_type = "text/event-stream"
-            resp.set_header("Cache-Control", "no-cache")
-            resp.set_header("X-Accel-Buffering", "no")  # the front passes each event on at once
-            resp.stream = self._logic.stream(call, self._kind, model_id)
+            event_stream(resp, self._logic.stream(call, self._kind, model_id))
         else:
             _json(resp, self._logic.complete(call, self._kind, model_id, client_watch(req)))
+
+
+class Messages:
+    """The Anthropic Messages API (POST /v1/messages and /v1/messages/count_tokens)."""
+
+    def __init__(self, logic: MessagesLogic, identity: ModelIdentity, config: AppConfig):
+        self._logic = logic
+        self._identity = identity
+        self._config = config
+
+    def on_post(self, req, resp):
+        body = read_json(req, self._config.max_body_bytes)
+        info = self._identity.info()
+        call = anthropic_protocol.parse_messages(body, info["model_id"], info.get("tool_format") or "generic")
+        if call.stream:
+            event_stream(resp, self._logic.stream(call, info["model_id"]))
+        else:
+            _json(resp, self._logic.complete(call, info["model_id"], client_watch(req)))
+
+    def on_post_count(self, req, resp):
+        body = read_json(req, self._config.max_body_bytes)
+        _json(resp, self._logic.count_tokens(anthropic_protocol.parse_count_tokens(body, self._identity.get())))
 
 
 class Embeddings:
@@ -236,12 +327,19 @@ def create_app(config: AppConfig) -> falcon.App:
     logic = ServingLogic(client)
     app.add_route("/health", Health(client))
     app.add_route("/ready", Ready(client, config))
-    app.add_route("/metrics", Metrics(client))
+    app.add_route("/metrics", Metrics(client, config))
     app.add_route("/openapi.json", OpenAPIDocument())
-    app.add_route("/v1/models", Models(identity))
+    models = Models(identity)
+    app.add_route("/v1/models", models)
+    app.add_route("/v1/models/{model_id}", models, suffix="one")
+    app.add_route("/tokenize", Tokens(client, config, "tokenize"))
+    app.add_route("/detokenize", Tokens(client, config, "detokenize"))
     app.add_route("/v1/chat/completions", Generation(logic, identity, config, "chat"))
     app.add_route("/v1/completions", Generation(logic, identity, config, "completion"))
     app.add_route("/v1/embeddings", Embeddings(logic, identity, config))
+    messages = Messages(MessagesLogic(logic), identity, config)
+    app.add_route("/v1/messages", messages)
+    app.add_route("/v1/messages/count_tokens", messages, suffix="count")
     # Most specific last: falcon picks the handler registered for the closest class.
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPError, handle_falcon_error)

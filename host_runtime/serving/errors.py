@@ -42,10 +42,18 @@ def _default_type(status: int) -> str:
     return "invalid_request_error"
 
 
-def _write(resp: falcon.Response, err: APIError) -> None:
+ANTHROPIC_PATHS = ("/v1/messages",)  # answered in the Messages API's error shape
+
+
+def _write(resp: falcon.Response, err: APIError, req=None) -> None:
     resp.status = falcon.code_to_http_status(err.status)
     resp.content_type = falcon.MEDIA_JSON
-    resp.text = json.dumps(err.body())
+    if req is not None and req.path.startswith(ANTHROPIC_PATHS):
+        from host_runtime.serving.anthropic_protocol import error_body
+
+        resp.text = json.dumps(error_body(err))
+    else:
+        resp.text = json.dumps(err.body())
     if err.retry_after is not None:
         resp.set_header("Retry-After", str(err.retry_after))
     if err.status == 401:
@@ -53,7 +61,7 @@ def _write(resp: falcon.Response, err: APIError) -> None:
 
 
 def handle_api_error(req, resp, err: APIError, params) -> None:
-    _write(resp, err)
+    _write(resp, err, req)
 
 
 def handle_falcon_error(req, resp, err: falcon.HTTPError, params) -> None:
@@ -64,10 +72,11 @@ def handle_falcon_error(req, resp, err: falcon.HTTPError, params) -> None:
         message = f"no route for {req.method} {req.path}"
     elif status == 405:
         message = f"method {req.method} is not allowed on {req.path}"
-    _write(resp, APIError(status, message))
+    _write(resp, APIError(status, message), req)
 
 
 def handle_unexpected(req, resp, err: Exception, params) -> None:
     """A bug must not leak a traceback to the client, nor take the worker down."""
     log.exception("unhandled error on %s %s", req.method, req.path)
-    _write(resp, APIError(500, "internal server error; the server log has the details", error_type="server_error"))
+    _write(resp, APIError(500, "internal server error; the server log has the details", error_type="server_error"),
+           req)

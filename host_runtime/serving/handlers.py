@@ -12,6 +12,7 @@ from typing import Iterator
 from host_runtime.engine.ipc import ClientGone, EngineClient, EngineUnavailable, EventStream
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import EmbeddingCall, GenerationCall
+from host_runtime.serving.tool_calls import ToolCallStream, parse_output
 
 FIRST_EVENT_TIMEOUT_S = 15.0
 # Between two events of one generation; long, because a queued request sees none until it gets a slot.
@@ -37,10 +38,12 @@ class _Choices:
         self.finish: list[str | None] = [None] * n
         self.completion_tokens = 0
         self.prompt_tokens = 0
+        self.cached_tokens = 0
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 def chat_logprobs(entries: list[dict]) -> dict:
@@ -58,6 +61,20 @@ def completion_logprobs(entries: list[dict], offset: int = 0) -> dict:
         token_logprobs.append(e["logprob"])
         top.append({t["token"]: t["logprob"] for t in e["top"]})
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": text_offset}
+
+
+def chat_message(text: str, finish: str | None, call: GenerationCall) -> dict:
+    """One choice's message and finish reason; with tools offered, the calls the answer makes."""
+    tools = call.extra.get("tools")
+    if not tools:
+        return {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    content, calls = parse_output(text, tools)
+    if not call.extra["tool_choice"].parallel:
+        calls = calls[:1]
+    if not calls:
+        return {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    return {"message": {"role": "assistant", "content": content, "tool_calls": [c.wire() for c in calls]},
+            "finish_reason": "tool_calls" if finish == "stop" else finish}
 
 
 class ServingLogic:
@@ -102,9 +119,9 @@ class ServingLogic:
             return {
                 "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": created,
                 "model": model_id,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": choices.text[i]},
-                             "logprobs": chat_logprobs(choices.logprobs[i]) if call.logprobs else None,
-                             "finish_reason": choices.finish[i]} for i in range(call.n)],
+                "choices": [{"index": i, **chat_message(choices.text[i], choices.finish[i], call),
+                             "logprobs": chat_logprobs(choices.logprobs[i]) if call.logprobs else None}
+                            for i in range(call.n)],
                 "usage": choices.usage(),
             }
         return {
@@ -125,6 +142,8 @@ class ServingLogic:
         elif kind == "finish":
             choices.finish[event["index"]] = event["finish_reason"]
             choices.completion_tokens += event["completion_tokens"]
+        elif kind == "done":
+            choices.cached_tokens = int(event.get("cached_tokens", 0))
         elif kind == "error":
             raise APIError.from_engine(event["error"])
 
@@ -151,6 +170,8 @@ class ServingLogic:
             doc = {"id": chunk_id, "object": obj, "created": created, "model": model_id, "choices": choice_list, **extra}
             return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
+        tools = call.extra.get("tools") if is_chat else None
+        splitters = [ToolCallStream(tools) for _ in range(call.n)] if tools else None
         try:
             if is_chat:
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -160,10 +181,12 @@ class ServingLogic:
                 if kind_ == "token":
                     i = event["index"]
                     lp = [event["logprob"]] if event.get("logprob") else []
+                    text = splitters[i].feed(event["text"]) if splitters else event["text"]
                     if is_chat:
-                        yield chunk([{"index": i, "delta": {"content": event["text"]},
-                                      "logprobs": chat_logprobs(lp) if call.logprobs else None,
-                                      "finish_reason": None}])
+                        if text or not splitters:  # with tools, text that may be a call is held back
+                            yield chunk([{"index": i, "delta": {"content": text},
+                                          "logprobs": chat_logprobs(lp) if call.logprobs else None,
+                                          "finish_reason": None}])
                     else:
                         yield chunk([{"index": i, "text": event["text"],
                                       "logprobs": completion_logprobs(lp, offsets[i]) if call.logprobs else None,
@@ -172,12 +195,25 @@ class ServingLogic:
                 elif kind_ == "finish":
                     i = event["index"]
                     choices.completion_tokens += event["completion_tokens"]
+                    reason = event["finish_reason"]
+                    if splitters:
+                        rest, calls = splitters[i].finish()
+                        calls = calls if call.extra["tool_choice"].parallel else calls[:1]
+                        if rest:
+                            yield chunk([{"index": i, "delta": {"content": rest}, "logprobs": None,
+                                          "finish_reason": None}])
+                        for k, tool_call in enumerate(calls):
+                            yield chunk([{"index": i, "delta": {"tool_calls": [tool_call.wire(k)]}, "logprobs": None,
+                                          "finish_reason": None}])
+                        if calls and reason == "stop":
+                            reason = "tool_calls"
                     if is_chat:
-                        yield chunk([{"index": i, "delta": {}, "logprobs": None,
-                                      "finish_reason": event["finish_reason"]}])
+                        yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}])
                     else:
                         yield chunk([{"index": i, "text": "", "logprobs": None,
                                       "finish_reason": event["finish_reason"]}])
+                elif kind_ == "done":
+                    choices.cached_tokens = int(event.get("cached_tokens", 0))
                 elif kind_ == "error":
                     yield b"data: " + json.dumps(APIError.from_engine(event["error"]).body()).encode() + b"\n\n"
                     return

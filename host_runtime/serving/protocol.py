@@ -25,8 +25,8 @@ MAX_SCHEMA_DEPTH = 16
 MAX_SCHEMA_REPETITION = 1000
 MAX_GRAMMAR_BYTES = 64 * 1024
 REPETITION_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
-CHAT_ROLES = {"system", "developer", "user", "assistant"}
-UNSUPPORTED_ROLES = {"tool", "function"}
+CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+UNSUPPORTED_ROLES = {"function"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -247,57 +247,107 @@ def _sampling_and_common(body: dict, default_max_tokens: int | None) -> tuple[di
     return message, n, stream, include_usage
 
 
+def joined_text(content, where: str, part: str = "part") -> str:
+    """A string, or an array of text parts ({"type": "text", "text": ...}; Anthropic calls them blocks) joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, item in enumerate(content):
+            if not isinstance(item, dict) or item.get("type") != "text" or not isinstance(item.get("text"), str):
+                raise bad(f"'{where}[{j}]' must be a text {part} ({{\"type\": \"text\", \"text\": ...}}); "
+                          "this model reads text only", f"{where}[{j}]")
+            texts.append(item["text"])
+        return "".join(texts)
+    raise bad(f"'{where}' must be a string or an array of text {part}s", where, "invalid_type")
+
+
 def _message_content(message: dict, i: int) -> str:
     content = message.get("content")
     if content is None:
         if message.get("role") == "assistant":
             return ""
         raise bad(f"'messages[{i}].content' is required", f"messages[{i}].content", "missing_required_parameter")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad(f"'messages[{i}].content[{j}]' must be a text part ({{\"type\": \"text\", \"text\": ...}}); "
-                          "this model reads text only", f"messages[{i}].content[{j}]")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise bad(f"'messages[{i}].content' must be a string or an array of text parts", f"messages[{i}].content",
-              "invalid_type")
+    return joined_text(content, f"messages[{i}].content")
 
 
-def parse_chat(body: dict, served_model: str) -> GenerationCall:
-    check_model(body, served_model)
-    messages = body.get("messages")
+def _tool_calls_of(message: dict, i: int) -> list[dict] | None:
+    calls = message.get("tool_calls")
+    if calls is None:
+        return None
+    where = f"messages[{i}].tool_calls"
+    if message.get("role") != "assistant":
+        raise bad(f"'{where}' is only allowed on assistant messages", where)
+    if not isinstance(calls, list) or not calls:
+        raise bad(f"'{where}' must be a non-empty array of tool calls", where, "invalid_type")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(fn, dict) or not isinstance(call.get("id"), str) or call.get("type", "function") != "function"
+                or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str)):
+            raise bad(f"'{where}[{j}]' must be {{\"id\": str, \"type\": \"function\", \"function\": "
+                      "{\"name\": str, \"arguments\": str}}", f"{where}[{j}]", "invalid_type")
+        out.append({"id": call["id"], "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn["arguments"]}})
+    return out
+
+
+def chat_messages(messages) -> list[dict]:
+    """The conversation, checked message by message, in the shape the engine renders."""
     if messages is None:
         raise bad("'messages' is required", "messages", "missing_required_parameter")
     if not isinstance(messages, list):
         raise bad("'messages' must be an array of messages", "messages", "invalid_type")
     if not messages:
         raise bad("'messages' must contain at least one message", "messages")
-    if body.get("tools") or body.get("functions"):
-        raise bad("tools and function calling are not supported by this server", "tools", "unsupported_parameter")
     rendered = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise bad(f"'messages[{i}]' must be an object with 'role' and 'content'", f"messages[{i}]", "invalid_type")
         role = message.get("role")
         if role in UNSUPPORTED_ROLES:
-            raise bad(f"'messages[{i}].role' is {role!r}: tool messages are not supported by this server",
-                      f"messages[{i}].role")
+            raise bad(f"'messages[{i}].role' is {role!r}: the legacy function-calling API is not supported; use "
+                      "'tools' and 'tool' messages", f"messages[{i}].role")
         if role not in CHAT_ROLES:
             raise bad(f"'messages[{i}].role' must be one of {sorted(CHAT_ROLES)}, got {role!r}", f"messages[{i}].role")
-        # 'developer' is OpenAI's newer name for the system role; templates know only 'system'.
-        rendered.append({"role": "system" if role == "developer" else role, "content": _message_content(message, i)})
+        calls = _tool_calls_of(message, i)
+        entry = {"role": "system" if role == "developer" else role,  # templates know only 'system'
+                 "content": "" if calls and message.get("content") is None else _message_content(message, i)}
+        if calls:
+            entry["tool_calls"] = calls
+        if role == "tool":
+            if not isinstance(message.get("tool_call_id"), str):
+                raise bad(f"'messages[{i}].tool_call_id' is required on a tool message", f"messages[{i}].tool_call_id",
+                          "missing_required_parameter")
+            entry["tool_call_id"] = message["tool_call_id"]
+        rendered.append(entry)
+    return rendered
+
+
+def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> GenerationCall:
+    from host_runtime.serving.tool_calls import grammar_for, parse_tool_choice, parse_tools
+
+    check_model(body, served_model)
+    if body.get("functions") is not None or body.get("function_call") is not None:
+        raise bad("'functions' is the legacy function-calling API; send 'tools' instead", "functions",
+                  "unsupported_parameter")
+    rendered = chat_messages(body.get("messages"))
+    tools = parse_tools(body)
+    choice = parse_tool_choice(body, tools)
     message, n, stream, include_usage = _sampling_and_common(body, None)
+    if choice.constrained:
+        if message["sampling"]["grammar"] is not None:
+            raise bad("'response_format' and a required tool call cannot both constrain the answer", "tool_choice")
+        message["sampling"]["grammar"] = grammar_for(tool_format, tools, choice)
     logprobs = field_of(body, "logprobs", bool, False)
     top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
     if top_logprobs is not None and not logprobs:
         raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     message["sampling"]["top_logprobs"] = (top_logprobs or 0) if logprobs else None
-    message["prompt"] = {"messages": rendered}
-    return GenerationCall(message, stream, include_usage, n, logprobs)
+    offered = tools if choice.mode != "none" else []
+    message["prompt"] = {"messages": rendered, "tools": [t.wire() for t in offered] or None,
+                         "parallel_tool_calls": choice.parallel}
+    return GenerationCall(message, stream, include_usage, n, logprobs, extra={"tools": offered, "tool_choice": choice})
 
 
 def parse_completion(body: dict, served_model: str) -> GenerationCall:
@@ -351,3 +401,26 @@ def parse_embeddings(body: dict, served_model: str) -> EmbeddingCall:
         raise bad("'dimensions' is not supported: this model's embeddings have a fixed size", "dimensions",
                   "unsupported_parameter")
     return EmbeddingCall(inputs, fmt)
+
+
+MAX_DETOKENIZE = 1 << 16
+
+
+def parse_tokenize(body: dict) -> dict:
+    """llama-server's /tokenize: {"content": str, "add_special": bool, "with_pieces": bool}."""
+    content = field_of(body, "content", str)
+    if content is None:
+        raise bad("'content' is required", "content", "missing_required_parameter")
+    return {"op": "tokenize", "content": content, "add_special": field_of(body, "add_special", bool, False),
+            "with_pieces": field_of(body, "with_pieces", bool, False)}
+
+
+def parse_detokenize(body: dict) -> dict:
+    tokens = field_of(body, "tokens", list)
+    if tokens is None:
+        raise bad("'tokens' is required", "tokens", "missing_required_parameter")
+    if len(tokens) > MAX_DETOKENIZE:
+        raise bad(f"'tokens' has {len(tokens)} ids; at most {MAX_DETOKENIZE} are allowed", "tokens")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
+        raise bad("'tokens' must be an array of token ids (non-negative integers)", "tokens", "invalid_type")
+    return {"op": "detokenize", "tokens": tokens}

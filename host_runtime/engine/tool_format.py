@@ -1,0 +1,89 @@
+"""A chat template's tool-call format, and the conversation prepared for it (pure; the engine renders it).
+
+Formats, chosen from the GGUF's chat template as llama-server's --jinja mode does:
+  hermes   Qwen 2.5/3, Hermes 2 Pro and others: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+  llama3   Llama 3.1-3.3: {"name": ..., "parameters": {...}}, optionally after <|python_tag|>
+  mistral  Mistral/Nemo: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+  generic  any other template (SmolLM2's ChatML included): the tools are described in the system message and
+           the model answers {"tool_calls": [{"name": ..., "arguments": {...}}]}
+The serving side (serving/tool_calls.py) builds the grammar and parses answers for the same formats.
+"""
+
+from __future__ import annotations
+
+import json
+
+FORMATS = ("hermes", "llama3", "mistral", "generic")
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL_OPEN = "[TOOL_CALLS]"
+PYTHON_TAG = "<|python_tag|>"
+
+
+def template_format(template: str) -> str:
+    if HERMES_OPEN in template:
+        return "hermes"
+    if MISTRAL_OPEN in template:
+        return "mistral"
+    if PYTHON_TAG in template or ("<|start_header_id|>" in template and "tools" in template):
+        return "llama3"
+    return "generic"
+
+
+def generic_instructions(functions: list[dict], parallel: bool) -> str:
+    """The system text that teaches a template without tool support to call tools (the generic format)."""
+    many = "one or more calls" if parallel else "exactly one call"
+    return ("You can call these tools (JSON Schema for each one's arguments):\n"
+            + json.dumps(functions, ensure_ascii=False) + "\n"
+            "To call tools, answer with only this JSON and nothing else, with " + many + ":\n"
+            '{"tool_calls": [{"name": "<tool name>", "arguments": {<arguments>}}]}\n'
+            "Otherwise answer the user normally.")
+
+
+def _arguments(text):
+    """A call's arguments as the templates want them (an object; HF's convention), from the wire's string."""
+    if isinstance(text, str):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text
+
+
+def prepare(messages: list[dict], fmt: str, tools: list[dict] | None, parallel: bool = True) -> tuple[list[dict], list[dict] | None]:
+    """(messages, tools) to render with the template. Templates that know tools get them, with assistant calls'
+    arguments as objects and tool results as 'tool' messages; the generic format writes both into the text."""
+    names = {c.get("id"): c.get("function", {}).get("name")
+             for m in messages for c in (m.get("tool_calls") or [])}
+    out: list[dict] = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            calls = [{"id": c.get("id"), "type": "function",
+                      "function": {"name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])}}
+                     for c in m["tool_calls"]]
+            if fmt == "generic":
+                text = json.dumps({"tool_calls": [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                                                  for c in calls]}, ensure_ascii=False)
+                m = {"role": "assistant", "content": ((m.get("content") or "") + "\n" + text).strip()}
+            else:
+                m["tool_calls"] = calls
+                m["content"] = m.get("content") or ""
+        elif m.get("role") == "tool":
+            name = names.get(m.get("tool_call_id"))
+            if fmt == "generic":
+                m = {"role": "user", "content": json.dumps({"tool_response": {
+                    "tool_call_id": m.get("tool_call_id"), "name": name, "content": m.get("content")}},
+                    ensure_ascii=False)}
+            elif name:
+                m["name"] = name
+        out.append(m)
+    if not tools:
+        return out, None
+    if fmt != "generic":
+        return out, tools
+    text = generic_instructions([t["function"] for t in tools], parallel)
+    if out and out[0].get("role") == "system":
+        out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}"}
+    else:
+        out.insert(0, {"role": "system", "content": text})
+    return out, None

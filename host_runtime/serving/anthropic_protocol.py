@@ -1,0 +1,212 @@
+"""The Anthropic Messages API's wire schema (pure): requests checked field by field into the same engine call
+the chat API makes, answers and stream events shaped as the Messages API sends them, and its error body.
+
+Content blocks taken: text, tool_use (assistant) and tool_result (user); a system prompt as text or text
+blocks; tools with input_schema and tool_choice auto/any/tool/none. Images and documents are refused clearly.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+from host_runtime.serving import protocol
+from host_runtime.serving.errors import APIError
+from host_runtime.serving.protocol import GenerationCall, bad, check_model, field_of, int_in, number_in
+from host_runtime.serving.tool_calls import ToolCall, grammar_for, parse_tool_choice, parse_tools
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def error_body(err: APIError) -> dict:
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(err.status, "api_error" if err.status >= 500
+                                                               else "invalid_request_error"),
+                                       "message": err.message}}
+
+
+def _text_of(value, where: str) -> str:
+    return protocol.joined_text(value, where, "block")
+
+
+def _messages(body: dict) -> list[dict]:
+    """The conversation in the chat API's shape (tool_use -> tool_calls, tool_result -> tool messages)."""
+    out: list[dict] = []
+    system = body.get("system")
+    if system is not None:
+        out.append({"role": "system", "content": _text_of(system, "system")})
+    messages = body.get("messages")
+    if messages is None:
+        raise bad("'messages' is required", "messages", "missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise bad("'messages' must be a non-empty array of messages", "messages", "invalid_type")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad(f"'{where}' must be an object with 'role' and 'content'", where, "invalid_type")
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            raise bad(f"'{where}.role' must be 'user' or 'assistant', got {role!r}", f"{where}.role")
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise bad(f"'{where}.content' must be a string or an array of content blocks", f"{where}.content",
+                      "invalid_type")
+        text, calls, results = [], [], []
+        for j, block in enumerate(content):
+            at = f"{where}.content[{j}]"
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text" and isinstance(block.get("text"), str):
+                text.append(block["text"])
+            elif kind == "tool_use" and role == "assistant":
+                if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) \
+                        or not isinstance(block.get("input"), dict):
+                    raise bad(f"'{at}' must have a string 'id' and 'name' and an object 'input'", at, "invalid_type")
+                calls.append({"id": block["id"], "type": "function",
+                              "function": {"name": block["name"], "arguments": json.dumps(block["input"])}})
+            elif kind == "tool_result" and role == "user":
+                if not isinstance(block.get("tool_use_id"), str):
+                    raise bad(f"'{at}.tool_use_id' is required", f"{at}.tool_use_id", "missing_required_parameter")
+                result = _text_of(block.get("content", ""), f"{at}.content")
+                if block.get("is_error"):
+                    result = f"Error: {result}"
+                results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
+            elif kind in ("image", "document"):
+                raise bad(f"'{at}' is an {kind} block: this model reads text only", at, "unsupported_value")
+            else:
+                raise bad(f"'{at}' must be a text block" + (", a tool_use block" if role == "assistant" else
+                                                            ", or a tool_result block"), at, "invalid_type")
+        out += results  # tool results answer the previous turn's calls, before the user's new text
+        if text or calls or not results:
+            entry = {"role": role, "content": "".join(text)}
+            if calls:
+                entry["tool_calls"] = calls
+            out.append(entry)
+    return out
+
+
+def _tools(body: dict) -> tuple[list, object]:
+    """Anthropic tools and tool_choice, checked by the chat API's rules (errors name the Anthropic fields)."""
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad("'tools' must be an array of tools", "tools", "invalid_type")
+    wire = []
+    for i, tool in enumerate(tools or []):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise bad(f"'tools[{i}]' must be a tool with a 'name' and an 'input_schema'", f"tools[{i}]", "invalid_type")
+        wire.append({"type": "function", "function": {"name": tool["name"],
+                                                      "description": tool.get("description", ""),
+                                                      "parameters": tool.get("input_schema",
+                                                                             {"type": "object", "properties": {}})}})
+    choice = body.get("tool_choice") or {"type": "auto"}
+    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
+        raise bad("'tool_choice.type' must be 'auto', 'any', 'tool' or 'none'", "tool_choice.type")
+    openai_choice = {"auto": "auto", "any": "required", "none": "none"}.get(choice["type"]) or \
+        {"type": "function", "function": {"name": choice.get("name")}}
+    parallel = not choice.get("disable_parallel_tool_use", False)
+    try:
+        parsed = parse_tools({"tools": wire})
+        return parsed, parse_tool_choice({"tool_choice": openai_choice if wire or choice["type"] == "none" else None,
+                                          "parallel_tool_calls": parallel}, parsed)
+    except APIError as err:
+        param = (err.param or "").replace(".function.parameters", ".input_schema").replace(".function.name", ".name")
+        message = err.message.replace(".function.parameters", ".input_schema").replace(".function.name", ".name")
+        raise APIError(err.status, message, param=param, code=err.code) from None
+
+
+def _output_format_grammar(body: dict) -> str | None:
+    """Structured outputs (`output_config.format`, a JSON Schema): the chat API's response_format grammar."""
+    config = field_of(body, "output_config", dict)
+    fmt = config.get("format") if config else None
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise bad("'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                  "output_config.format", "invalid_type")
+    try:
+        return protocol._response_format_grammar({"response_format": {"type": "json_schema",
+                                                                      "json_schema": {"schema": fmt["schema"]}}})
+    except APIError as err:
+        raise APIError(err.status, err.message.replace("response_format.json_schema.schema",
+                                                       "output_config.format.schema"),
+                       param="output_config.format.schema", code=err.code) from None
+
+
+def parse_messages(body: dict, served_model: str, tool_format: str = "generic") -> GenerationCall:
+    check_model(body, served_model)
+    max_tokens = int_in(body, "max_tokens", 1, None, None)
+    if max_tokens is None:
+        raise bad("'max_tokens' is required", "max_tokens", "missing_required_parameter")
+    stops = body.get("stop_sequences")
+    if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)):
+        raise bad("'stop_sequences' must be an array of non-empty strings", "stop_sequences", "invalid_type")
+    if stops and len(stops) > protocol.MAX_STOP_STRINGS:
+        raise bad(f"'stop_sequences' has {len(stops)} strings; at most {protocol.MAX_STOP_STRINGS} are allowed",
+                  "stop_sequences")
+    if body.get("top_k") is not None:
+        raise bad("'top_k' is not supported by this server; use 'temperature' or 'top_p'", "top_k",
+                  "unsupported_parameter")
+    field_of(body, "thinking", dict)  # accepted: a local model answers without thinking blocks
+    messages = _messages(body)
+    tools, choice = _tools(body)
+    grammar = grammar_for(tool_format, tools, choice) if choice.constrained else None
+    structured = _output_format_grammar(body)
+    if structured is not None:
+        if grammar is not None:
+            raise bad("'output_config.format' and a forced tool use cannot both constrain the answer",
+                      "output_config.format")
+        grammar = structured
+    message = {"op": "generate", "max_tokens": max_tokens, "n": 1, "stop": list(stops or []),
+               "sampling": {"temperature": number_in(body, "temperature", 0.0, 1.0, 1.0),
+                            "top_p": number_in(body, "top_p", 0.0, 1.0, 1.0), "presence_penalty": 0.0,
+                            "frequency_penalty": 0.0, "seed": None, "grammar": grammar, "logit_bias": None,
+                            "top_logprobs": None},
+               "prompt": {"messages": messages, "tools": [t.wire() for t in tools] if choice.mode != "none" else None,
+                          "parallel_tool_calls": choice.parallel}}
+    if message["sampling"]["top_p"] == 0.0:
+        raise bad("'top_p' must be greater than 0", "top_p")
+    stream = field_of(body, "stream", bool, False)
+    return GenerationCall(message, stream, False, 1, False,
+                          extra={"tools": tools if choice.mode != "none" else [], "tool_choice": choice,
+                                 "stop_sequences": list(stops or [])})
+
+
+def parse_count_tokens(body: dict, served_model: str) -> dict:
+    check_model(body, served_model)
+    tools, choice = _tools(body)
+    return {"op": "count_tokens", "prompt": {"messages": _messages(body),
+                                             "tools": [t.wire() for t in tools] if choice.mode != "none" else None,
+                                             "parallel_tool_calls": choice.parallel}}
+
+
+# ---- answers ---------------------------------------------------------------------------------------------------
+
+def message_id() -> str:
+    return "msg_" + secrets.token_hex(12)
+
+
+def tool_use_block(call: ToolCall) -> dict:
+    return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"), "name": call.name,
+            "input": call.arguments}
+
+
+def stop_of(finish: str | None, stop_string: str | None, call: GenerationCall, has_calls: bool) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence): only the caller's own stop_sequences are reported as such."""
+    if has_calls and finish == "stop":
+        return "tool_use", None
+    if finish == "stop" and stop_string is not None and stop_string in call.extra.get("stop_sequences", []):
+        return "stop_sequence", stop_string
+    return STOP_REASONS.get(finish or "stop", "end_turn"), None
+
+
+def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict:
+    # The prefix cache's hits are what Anthropic calls cache reads; input_tokens counts the rest.
+    return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": output_tokens,
+            "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
+
+
+def sse(event: str, data: dict) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()

@@ -1,0 +1,183 @@
+"""Tool calls against a real server: the default model (SmolLM2's ChatML template: the generic format) and a
+tiny random-weight GGUF whose template has a Hermes/Qwen tool section, read through the openai client."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+import pytest
+
+from tests.conftest import MODEL_ID
+from tests.servers import Proc, everycycle, free_port, http_get, ready, wait_for
+from tests.tiny_gguf import write_tiny_llama
+
+pytestmark = pytest.mark.system
+
+WEATHER_ARGS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                 "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": WEATHER_ARGS}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time now",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+HERMES_TEMPLATE = """{%- if tools %}<|im_start|>system
+You may call functions. Their signatures:
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == "tool" %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif message.tool_calls %}<|im_start|>assistant
+{%- for tc in message.tool_calls %}
+<tool_call>
+{{ {"name": tc.function.name, "arguments": tc.function.arguments} | tojson }}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def hermes_tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hermes")
+    model = write_tiny_llama(d / "tiny-hermes.gguf", n_ctx=2048, chat_template=HERMES_TEMPLATE)
+    port = free_port()
+    proc = Proc(everycycle("serve", "--port", str(port), "--model", str(model), "--threads", "2", "--workers", "1",
+                           "--parallel", "4", "--ctx-size", "1024", "--run-dir", str(d)), d / "serve.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(base), 60, "the tiny Hermes-template server", proc)
+        yield openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    finally:
+        proc.stop()
+
+
+def _required_calls(client, model: str, seeds, **extra):
+    def one(seed):
+        return client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
+                                              parallel_tool_calls=False, temperature=1.0, seed=seed, max_tokens=200,
+                                              **extra)
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(one, seeds))
+
+
+def _check_call(resp):
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        jsonschema.validate(args, WEATHER_ARGS)
+    else:
+        assert call.function.name == "get_time" and args == {}
+    return call.function.name
+
+
+def test_a_required_call_always_parses_with_the_default_model(client):
+    names = [_check_call(r) for r in _required_calls(client, MODEL_ID, range(100))]
+    assert set(names) <= {"get_weather", "get_time"}
+
+
+def test_a_required_call_always_parses_with_a_hermes_template(hermes_tiny):
+    names = [_check_call(r) for r in _required_calls(hermes_tiny, "tiny-hermes", range(100))]
+    assert set(names) <= {"get_weather", "get_time"}
+
+
+def test_a_named_call_is_that_function(client):
+    resp = client.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, temperature=0, max_tokens=200,
+                                          tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert _check_call(resp) == "get_weather"
+    assert resp.choices[0].message.content is None
+
+
+def test_a_streamed_call_arrives_as_tool_call_deltas(client):
+    stream = client.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, tool_choice="required",
+                                            parallel_tool_calls=False, temperature=0, max_tokens=200, stream=True)
+    calls, finish, content = {}, None, ""
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for tc in delta.tool_calls or []:
+            entry = calls.setdefault(tc.index, {"id": tc.id, "name": "", "arguments": ""})
+            entry["name"] += tc.function.name or ""
+            entry["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and content == "" and calls
+    for entry in calls.values():
+        assert entry["id"].startswith("call_") and entry["name"] in ("get_weather", "get_time")
+        json.loads(entry["arguments"])
+
+
+def test_a_conversation_with_a_tool_result_continues(client, hermes_tiny):
+    conversation = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_abc", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": "18 degrees, sunny"},
+    ]
+    for c, model in ((client, MODEL_ID), (hermes_tiny, "tiny-hermes")):
+        resp = c.chat.completions.create(model=model, messages=conversation, tools=TOOLS, temperature=0, max_tokens=8)
+        assert resp.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        assert resp.usage.prompt_tokens > 20
+
+
+def test_tool_choice_none_and_no_tools_answer_in_text(client):
+    resp = client.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, tool_choice="none",
+                                          temperature=0, max_tokens=8)
+    assert resp.choices[0].message.tool_calls is None and resp.choices[0].message.content
+
+
+@pytest.mark.parametrize("tools,param", [
+    ([TOOLS[0], {"type": "function", "function": {"name": "bad name"}}], "tools[1].function.name"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}], "tools[0].function.parameters"),
+    ([{"type": "retrieval"}], "tools[0]"),
+])
+def test_a_malformed_tool_is_a_400_naming_it(client, tools, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL_ID, messages=ASK, tools=tools, max_tokens=4)
+    assert err.value.body["param"] == param
+
+
+def test_cached_tokens_report_the_prefix_cache_hit(client):
+    messages = [{"role": "system", "content": "You are a helpful assistant. " * 40}, {"role": "user", "content": "Hi"}]
+    client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, max_tokens=2)
+    again = client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens >= 128  # at least one whole prefill chunk
+
+
+def test_tokenize_detokenize_and_one_model(server, api_key):
+    import urllib.request
+
+    def post(path, doc):
+        req = urllib.request.Request(server + path, data=json.dumps(doc).encode(),
+                                     headers={"Authorization": f"Bearer {api_key[1]}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    tokens = post("/tokenize", {"content": "Hello world"})["tokens"]
+    assert tokens and all(isinstance(t, int) for t in tokens)
+    assert post("/detokenize", {"tokens": tokens})["content"] == "Hello world"
+    pieces = post("/tokenize", {"content": "Hello world", "with_pieces": True})["tokens"]
+    assert "".join(p["piece"] for p in pieces) == "Hello world" and [p["id"] for p in pieces] == tokens
+    status, body = http_get(server + f"/v1/models/{MODEL_ID}", key=api_key[1])
+    model = json.loads(body)
+    assert status == 200 and model["id"] == MODEL_ID and model["context_length"] == 2048
+    assert http_get(server + "/v1/models/nope", key=api_key[1])[0] == 404

@@ -1,0 +1,168 @@
+"""Tool calls (pure): the wire schema, the format per template, the grammar, and parsing answers back."""
+
+import json
+
+import pytest
+
+from host_runtime.serving.errors import APIError
+from host_runtime.engine.tool_format import prepare, template_format
+from host_runtime.serving.tool_calls import (ToolCallStream, ToolChoice, grammar_for, parse_output, parse_tool_choice,
+                                             parse_tools)
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                   "unit": {"enum": ["c", "f"]}},
+                   "required": ["city", "unit"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+TOOLS = parse_tools({"tools": [WEATHER, TIME]})
+
+
+def test_tools_are_checked_and_a_bad_one_is_named():
+    assert [t.name for t in TOOLS] == ["get_weather", "get_time"]
+    cases = [
+        ({"tools": "x"}, "tools"),
+        ({"tools": [WEATHER, {"type": "function"}]}, "tools[1]"),
+        ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
+        ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+         "tools[0].function.parameters"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"x": {"$ref": "#/nowhere"}}}}}]}, "tools[0].function.parameters"),
+    ]
+    for body, param in cases:
+        with pytest.raises(APIError) as err:
+            parse_tools(body)
+        assert err.value.status == 400 and err.value.param == param, (body, err.value.message)
+
+
+def test_tool_choice():
+    assert parse_tool_choice({}, TOOLS) == ToolChoice("auto")
+    assert parse_tool_choice({}, []) == ToolChoice("none")
+    assert parse_tool_choice({"tool_choice": "required", "parallel_tool_calls": False}, TOOLS) == \
+        ToolChoice("required", parallel=False)
+    named = parse_tool_choice({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, TOOLS)
+    assert named == ToolChoice("named", "get_time") and named.constrained
+    for body, param in [({"tool_choice": "always"}, "tool_choice"),
+                        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+                        ({"tool_choice": "auto", "parallel_tool_calls": "yes"}, "parallel_tool_calls")]:
+        with pytest.raises(APIError) as err:
+            parse_tool_choice(body, TOOLS)
+        assert err.value.param == param
+    with pytest.raises(APIError):
+        parse_tool_choice({"tool_choice": "required"}, [])
+
+
+def test_formats_follow_the_template():
+    assert template_format("{% for tool in tools %}<tool_call>{% endfor %}") == "hermes"
+    assert template_format("<|start_header_id|>ipython{{ tools }}<|python_tag|>") == "llama3"
+    assert template_format("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]") == "mistral"
+    assert template_format("<|im_start|>{{ message['role'] }}") == "generic"
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>',
+    '{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "c"}}',
+    '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "c"}}',
+    '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}]',
+    '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}]}',
+    '{"tool_calls": [{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\", \\"unit\\": \\"c\\"}"}]}',
+])
+def test_every_format_parses_into_one_call(text):
+    content, calls = parse_output(text, TOOLS)
+    assert content is None and [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Oslo", "unit": "c"})]
+    wire = calls[0].wire(0)
+    assert wire["id"].startswith("call_") and json.loads(wire["function"]["arguments"]) == {"city": "Oslo", "unit": "c"}
+
+
+def test_parallel_calls_and_text_around_them():
+    text = ('Let me check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "f"}}\n</tool_call>')
+    content, calls = parse_output(text, TOOLS)
+    assert content == "Let me check." and [c.name for c in calls] == ["get_time", "get_weather"]
+    assert len({c.id for c in calls}) == 2
+    _, calls = parse_output('{"name": "get_time", "parameters": {}}; {"name": "get_time", "parameters": {}}', TOOLS)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("text", [
+    "The weather is fine.",
+    '{"name": "unknown_tool", "arguments": {}}',       # not a tool we offered
+    '<tool_call>{"name": "get_weather", "arguments": </tool_call>',  # malformed
+    '{"answer": 42}',
+    '{"name": "get_weather", "arguments": [1, 2]}',   # arguments not an object
+])
+def test_what_is_not_a_well_formed_call_stays_content(text):
+    assert parse_output(text, TOOLS) == (text, [])
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "generic"])
+def test_grammars_compile_in_llama_cpp(fmt):
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    for choice in (ToolChoice("required"), ToolChoice("named", "get_weather"), ToolChoice("required", parallel=False)):
+        grammar = grammar_for(fmt, TOOLS, choice)
+        LlamaGrammar.from_string(grammar, verbose=False)  # raises on a grammar llama.cpp cannot parse
+        assert "root ::=" in grammar
+
+
+def test_a_named_choice_admits_only_that_tool():
+    grammar = grammar_for("hermes", TOOLS, ToolChoice("named", "get_time"))
+    assert "get_time" in grammar and "get_weather" not in grammar
+    assert grammar.startswith('root ::= "<tool_call>\\n" tool-call-body "\\n</tool_call>"\n')  # called once
+    assert grammar_for("hermes", TOOLS, ToolChoice("required")).startswith(
+        'root ::= "<tool_call>\\n" tool-call-body "\\n</tool_call>" ("\\n"')
+
+
+def _stream(pieces: list[str]) -> tuple[str, list]:
+    s = ToolCallStream(TOOLS)
+    sent = "".join(s.feed(p) for p in pieces)
+    rest, calls = s.finish()
+    return sent + rest, calls
+
+
+def test_a_stream_sends_text_at_once_and_holds_a_call_from_its_first_sign():
+    s = ToolCallStream(TOOLS)
+    assert s.feed("Sure") == "Sure"
+    assert s.feed(", one moment <tool") == ", one moment "  # "<tool" might open a call: held
+    assert s.feed('_call>\n{"name": "get_time", ') == ""
+    assert s.feed('"arguments": {}}\n</tool_call>') == ""
+    rest, calls = s.finish()
+    assert rest == "" and [c.name for c in calls] == ["get_time"]
+
+
+def test_a_stream_that_starts_with_json_is_held_whole():
+    text, calls = _stream(["  ", '{"tool_', 'calls": [{"name": "get_time", "arguments": {}}]}'])
+    assert text == "" and [c.name for c in calls] == ["get_time"]
+    # JSON that is not a call comes out whole as content, at the end.
+    assert _stream(['{"a"', ": 1}"]) == ('{"a": 1}', [])
+    # JSON after some text is text.
+    assert _stream(["Here: ", '{"name": "get_time", "arguments": {}}']) == \
+        ('Here: {"name": "get_time", "arguments": {}}', [])
+    # A "<" that opens no marker goes out once it is clear.
+    assert _stream(["a <", "b"]) == ("a <b", [])
+
+
+CONVERSATION = [
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                          "arguments": '{"city": "Oslo", "unit": "c"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "4 C, rain"},
+]
+
+
+def test_a_template_with_tools_gets_them_and_calls_as_objects():
+    messages, tools = prepare(CONVERSATION, "hermes", [WEATHER])
+    assert tools == [WEATHER]
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo", "unit": "c"}
+    assert messages[2] == {"role": "tool", "tool_call_id": "call_1", "content": "4 C, rain", "name": "get_weather"}
+
+
+def test_the_generic_format_writes_tools_calls_and_results_as_text():
+    messages, tools = prepare([{"role": "system", "content": "Be brief."}] + CONVERSATION, "generic", [WEATHER])
+    assert tools is None
+    assert messages[0]["content"].startswith("Be brief.\n\nYou can call these tools") and "get_weather" in messages[0]["content"]
+    assert json.loads(messages[2]["content"]) == {"tool_calls": [{"name": "get_weather",
+                                                                 "arguments": {"city": "Oslo", "unit": "c"}}]}
+    assert messages[3]["role"] == "user" and json.loads(messages[3]["content"])["tool_response"]["name"] == "get_weather"
