@@ -47,6 +47,16 @@ def raw_get(port: int, path: str, host: str = "127.0.0.1", timeout: float = 5.0)
         conn.close()
 
 
+def metric_value(text: str, name: str) -> float:
+    """The sum of a metric's samples (over its labels, `model` among them), read by prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = [s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+    if not values:
+        raise KeyError(f"no {name} in the metrics")
+    return sum(values)
+
+
 def everycycle(*args: str) -> list[str]:
     return [sys.executable, "-m", "host_runtime.cli", *args]
 

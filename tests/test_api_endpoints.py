@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tests.conftest import MODEL_ID
-from tests.servers import http_get
+from tests.servers import http_get, metric_value
 
 pytestmark = pytest.mark.system  # every test here starts processes or loads the model
 
@@ -192,7 +192,7 @@ def test_metrics_expose_the_everycycle_set(server, client):
                  "everycycle_tokens_predicted_total", "everycycle_time_to_first_token_seconds_bucket",
                  "everycycle_time_per_output_token_seconds_bucket"):
         assert name in text
-    predicted = next(float(l.split()[-1]) for l in text.splitlines() if l.startswith("everycycle_tokens_predicted_total"))
+    predicted = metric_value(text, "everycycle_tokens_predicted_total")
     assert predicted >= 2
 
 

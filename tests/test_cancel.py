@@ -7,14 +7,13 @@ import time
 import pytest
 
 from tests.conftest import MODEL_ID
-from tests.servers import http_get, wait_for
+from tests.servers import http_get, metric_value, wait_for
 
 pytestmark = pytest.mark.system  # every test here starts processes or loads the model
 
 
 def metric(server: str, name: str) -> float:
-    text = http_get(server + "/metrics")[1].decode()
-    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+    return metric_value(http_get(server + "/metrics")[1].decode(), name)
 
 
 def test_disconnect_mid_stream_cancels_the_generation(server, client):

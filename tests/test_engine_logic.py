@@ -140,7 +140,12 @@ def test_metrics_text_has_types_and_the_kv_ratio():
     m.add("tokens_predicted_total", 7)
     text = m.render("model-x", "ready")
     assert "# TYPE everycycle_tokens_predicted_total counter" in text
-    assert "everycycle_tokens_predicted_total 7" in text
-    assert "everycycle_requests_deferred 5" in text
-    assert "everycycle_kv_cache_usage_ratio 0.25" in text
+    assert 'everycycle_tokens_predicted_total{model="model-x"} 7' in text
+    assert 'everycycle_requests_deferred{model="model-x"} 5' in text
+    assert 'everycycle_kv_cache_usage_ratio{model="model-x"} 0.25' in text
     assert 'everycycle_model_info{model="model-x",state="ready"} 1' in text
+    assert 'everycycle_time_to_first_token_seconds_bucket{le="0.01",model="model-x"} 0' in text
+    # Readers that key by name (the console, the benchmark) leave the model label out.
+    from host_runtime.console.data import parse_prometheus
+
+    assert parse_prometheus(text)["everycycle_tokens_predicted_total"] == 7

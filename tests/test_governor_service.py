@@ -185,7 +185,7 @@ def test_the_scheduler_follows_the_throttle_level(tmp_path):
     names = [n for n, t in order if t == "token"]
     assert names == sorted(names)
     text = engine.metrics.render("m", "ready")
-    assert "everycycle_governor_throttle_level 2" in text and "everycycle_sequences_allowed 1" in text
+    assert 'everycycle_governor_throttle_level{model="m"} 2' in text and 'everycycle_sequences_allowed{model="m"} 1' in text
     # A stale hint (the governor stopped publishing) is ignored.
     hint.write_text(json.dumps({"throttle_level": 2, "updated_unix": time.time() - 3600}))
     assert engine.throttle.level() == 0

@@ -133,8 +133,8 @@ def test_cache_figures_reach_the_metrics_text(model):
         ask(engine, model, SYSTEM + QUESTION)
         ask(engine, model, OTHER)
         text = engine.metrics.render("m", "ready")
-        assert 'everycycle_prefix_cache_bytes{tier="ram"}' in text
-        assert 'everycycle_prefix_cache_hit_ratio{tier="context"}' in text
-        assert "everycycle_prefix_cache_lookups_total 2" in text
+        assert 'everycycle_prefix_cache_bytes{model="m",tier="ram"}' in text
+        assert 'everycycle_prefix_cache_hit_ratio{model="m",tier="context"}' in text
+        assert 'everycycle_prefix_cache_lookups_total{model="m"} 2' in text
     finally:
         engine.stop()

@@ -14,7 +14,7 @@ from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.model import ContextConfig, LoadedModel, default_model_path
 from host_runtime.engine.sampling import SamplingParams
 from tests.conftest import MODEL_ID
-from tests.servers import Proc, everycycle, free_port, http_get, ready, wait_for
+from tests.servers import Proc, everycycle, free_port, http_get, metric_value, ready, wait_for
 
 pytestmark = pytest.mark.system  # every test here starts processes or loads the model
 
@@ -141,8 +141,7 @@ def test_queue_full_is_503_with_retry_after_over_http(tmp_path):
             return urllib.request.urlopen(req, timeout=120)
 
         def metric(name):
-            text = http_get(base + "/metrics")[1].decode()
-            return float(next(l.split()[-1] for l in text.splitlines() if l.startswith(name + " ")))
+            return metric_value(http_get(base + "/metrics")[1].decode(), name)
 
         holder = post({"model": MODEL_ID, "prompt": "1, 2, 3,", "max_tokens": 1500, "stream": True})
         holder.readline()

@@ -78,14 +78,17 @@ def system_line(system: dict) -> str | None:
     return line
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
+def parse_prometheus(text: str, ignore_labels: tuple[str, ...] = ("model",)) -> dict[str, float]:
     """Every sample by its name and labels as written (`name{k="v"}`), parsed by prometheus_client; none if the
-    text is malformed."""
+    text is malformed. The `model` label is left out of the key: one box's engine serves one model."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    def key(sample) -> str:
+        labels = {k: v for k, v in sample.labels.items() if k not in ignore_labels}
+        return sample.name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+
     try:
-        return {s.name + ("{" + ",".join(f'{k}="{v}"' for k, v in s.labels.items()) + "}" if s.labels else ""): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        return {key(s): s.value for family in text_string_to_metric_families(text) for s in family.samples}
     except ValueError:
         return {}
 
@@ -188,8 +191,7 @@ class StatusReader:
             except (OSError, ValueError):
                 self._ready = (self._ready[0], f"readiness check timed out (engine {health.get('engine')}, busy?)")
             self._ready_at = time.monotonic()
-        model = next((k.split('model="')[1].split('"')[0] for k in metrics if k.startswith("everycycle_model_info{")),
-                     None)
+        model = next((labels.get("model") for labels, _ in metric_samples(metrics_text, "everycycle_model_info")), None)
         tokens = metrics.get("everycycle_tokens_predicted_total", 0.0)
         now = time.monotonic()
         rate = None

@@ -30,13 +30,17 @@ class Histogram:
         self.total += value
         self.n += 1
 
-    def family(self, name: str, help_text: str) -> HistogramMetricFamily:
+    def family(self, name: str, help_text: str, labels: dict[str, str] | None = None) -> HistogramMetricFamily:
         cumulative, buckets = 0, []
         for bound, count in zip(self.buckets, self.counts):
             cumulative += count
             buckets.append((repr(float(bound)), cumulative))
         buckets.append(("+Inf", self.n))
-        return HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=self.total)
+        if not labels:
+            return HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=self.total)
+        family = HistogramMetricFamily(name, help_text, labels=list(labels))
+        family.add_metric(list(labels.values()), buckets, self.total)
+        return family
 
 
 class EngineMetrics:
@@ -114,10 +118,22 @@ class EngineMetrics:
         return exposition(lambda: self.families(model_id, state)) + "".join(line + "\n" for line in self.placement_lines)
 
     def families(self, model_id: str, state: str) -> list:
+        """Every family carries the model's name (label `model`), as one scrape config may cover several boxes."""
         p = "everycycle_"
+        model = {"model": model_id}
+
+        def counter(name, help_text, value):
+            family = CounterMetricFamily(p + name, help_text, labels=["model"])
+            family.add_metric([model_id], value)
+            return family
+
+        def gauge(name, help_text, value):
+            family = GaugeMetricFamily(p + name, help_text, labels=["model"])
+            family.add_metric([model_id], value)
+            return family
+
         with self._lock:
-            out = [CounterMetricFamily(p + name, help_text, value=self.counters[name])
-                   for name, help_text in self.COUNTERS.items()]
+            out = [counter(name, help_text, self.counters[name]) for name, help_text in self.COUNTERS.items()]
             gauges = {
                 "requests_processing": (self.requests_processing, "Requests being generated now."),
                 "requests_deferred": (self.requests_deferred, "Requests waiting for a free sequence slot."),
@@ -131,35 +147,39 @@ class EngineMetrics:
                     "Share of KV cache cells held by running sequences.",
                 ),
             }
-            out += [GaugeMetricFamily(p + name, help_text, value=value) for name, (value, help_text) in gauges.items()]
+            out += [gauge(name, help_text, value) for name, (value, help_text) in gauges.items()]
             out.append(_model_info(model_id, state))
-            out += self._cache_families(p)
-            out.append(self.ttft.family(f"{p}time_to_first_token_seconds", "Time from arrival to first generated token."))
+            out += self._cache_families(p, model_id)
+            out.append(self.ttft.family(f"{p}time_to_first_token_seconds", "Time from arrival to first generated token.",
+                                        model))
             out.append(self.time_per_token.family(f"{p}time_per_output_token_seconds",
-                                                  "Time between generated tokens of one sequence."))
+                                                  "Time between generated tokens of one sequence.", model))
         return out
 
-    def _cache_families(self, p: str) -> list:
+    def _cache_families(self, p: str, model_id: str) -> list:
         c = self.cache
         if not c:
             return []
         lookups = c["lookups"]
-        hits = CounterMetricFamily(p + "prefix_cache_hits_total", "Lookups served from a tier.", labels=["tier"])
+        hits = CounterMetricFamily(p + "prefix_cache_hits_total", "Lookups served from a tier.", labels=["model", "tier"])
         ratio = GaugeMetricFamily(p + "prefix_cache_hit_ratio", "Share of lookups served from each tier.",
-                                  labels=["tier"])
+                                  labels=["model", "tier"])
         for tier, n in c["hits"].items():
-            hits.add_metric([tier], n)
-            ratio.add_metric([tier], n / lookups if lookups else 0)
-        held = GaugeMetricFamily(p + "prefix_cache_bytes", "Bytes held by each tier.", labels=["tier"])
+            hits.add_metric([model_id, tier], n)
+            ratio.add_metric([model_id, tier], n / lookups if lookups else 0)
+        held = GaugeMetricFamily(p + "prefix_cache_bytes", "Bytes held by each tier.", labels=["model", "tier"])
         for tier, n in c["bytes"].items():
-            held.add_metric([tier], n)
-        entries = GaugeMetricFamily(p + "prefix_cache_entries", "Cached prefixes in each tier.", labels=["tier"])
+            held.add_metric([model_id, tier], n)
+        entries = GaugeMetricFamily(p + "prefix_cache_entries", "Cached prefixes in each tier.", labels=["model", "tier"])
         for tier, n in c["entries"].items():
-            entries.add_metric([tier], n)
-        return [CounterMetricFamily(p + "prefix_cache_lookups_total", "Requests that looked for a cached prompt prefix.",
-                                    value=lookups), hits, ratio, held, entries,
-                CounterMetricFamily(p + "prefix_cache_corrupt_files_total", "Disk entries found damaged and ignored.",
-                                    value=c["corrupt_files"])]
+            entries.add_metric([model_id, tier], n)
+        looked = CounterMetricFamily(p + "prefix_cache_lookups_total", "Requests that looked for a cached prompt prefix.",
+                                     labels=["model"])
+        looked.add_metric([model_id], lookups)
+        corrupt = CounterMetricFamily(p + "prefix_cache_corrupt_files_total", "Disk entries found damaged and ignored.",
+                                      labels=["model"])
+        corrupt.add_metric([model_id], c["corrupt_files"])
+        return [looked, hits, ratio, held, entries, corrupt]
 
 
 def _model_info(model_id: str, state: str) -> GaugeMetricFamily:
