@@ -39,7 +39,7 @@ run: $(STAMP)
 	@key=$$($(VENV)/bin/everycycle keys create --keys $(VAR)/state/api_keys.json dev 2>/dev/null); \
 	export EVERYCYCLE_BIN=$(CURDIR)/$(VENV)/bin \
 	       EVERYCYCLE_STATE_DIR=$(VAR)/state EVERYCYCLE_RUN_DIR=$(VAR)/run EVERYCYCLE_LOG_DIR=$(VAR)/log \
-	       EVERYCYCLE_CACHE_DIR=$(VAR)/cache EVERYCYCLE_SERVICE_USER=$$(id -un) \
+	       EVERYCYCLE_CACHE_DIR=$(VAR)/cache EVERYCYCLE_MODEL_STORE=$(VAR)/models EVERYCYCLE_SERVICE_USER=$$(id -un) \
 	       EVERYCYCLE_GOVERNOR_USER=$$(id -un) \
 	       EVERYCYCLE_SERVE_ARGS="$(SERVE_ARGS)" EVERYCYCLE_GOVERNOR_ARGS="$(GOVERNOR_ARGS)" \
 	       EVERYCYCLE_BMC_ARGS="$(BMC_ARGS) --listen $(BMC_LISTEN)"; \

@@ -256,9 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --live-network: how long a named interface may take to appear (default 30)")
     ps.add_argument("--key", required=True, metavar="PRIVKEY", help="Ed25519 private key, PEM")
 
+    from host_runtime.models.cli import add_parser as add_models_parser
     from host_runtime.update.cli import add_parser as add_update_parser
 
     add_update_parser(sub)
+    add_models_parser(sub)
 
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
@@ -734,6 +736,12 @@ def cmd_keys(parser, args) -> int:
     return 0
 
 
+def cmd_models(parser, args) -> int:
+    from host_runtime.models.cli import run
+
+    return run(parser, args)
+
+
 def cmd_update(parser, args) -> int:
     from host_runtime.update.cli import run
 
@@ -751,7 +759,8 @@ def main(argv: list[str] | None = None) -> int:
         select()
     handlers = {"serve": cmd_serve, "engine": cmd_engine, "plan": cmd_plan, "keys": cmd_keys, "discover": cmd_discover,
                 "governor": cmd_governor, "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
-                "bmc": cmd_bmc, "front": cmd_front, "update": cmd_update}
+                "bmc": cmd_bmc, "front": cmd_front, "update": cmd_update,
+                "models": cmd_models}
     try:
         return handlers[args.command](parser, args)
     except KeyboardInterrupt:

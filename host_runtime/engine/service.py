@@ -115,7 +115,7 @@ class EngineService:
     def info(self) -> dict:
         m = self.model
         return {"state": self.state, "reason": self.state_reason, "load_progress": self.load_progress,
-                "model_id": self.model_id,
+                "model_id": self.model_id, "model_path": str(Path(self.model_path).resolve()),
                 "tool_format": self.prompts.tool_format if self.prompts else None,
                 "n_ctx": m.n_ctx_per_seq if m else None, "n_parallel": m.n_parallel if m else None,
                 "max_waiting": m.capacity.max_waiting if m else None,

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from host_runtime.common.atomic_file import replace_directory
+from host_runtime.common.download import Progress, copy_hashing
 from host_runtime.update import release as rel
 from host_runtime.update.errors import UpdateError
 
@@ -71,31 +72,6 @@ def signed_release(source: Source, public_key_pem: bytes) -> tuple[rel.Release, 
     return rel.verified_release(sums, signature, public_key_pem), sums, signature
 
 
-class Progress:
-    """Bytes, rate and time left for one file, printed at most once a second (and once at the end)."""
-
-    def __init__(self, name: str, total: int | None, say, interval_s: float = 1.0):
-        self.name, self.total, self.say, self.interval = name, total, say, interval_s
-        self.done = 0
-        self.start = self.last = time.monotonic()
-
-    def __call__(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if now - self.last >= self.interval or (self.total is not None and self.done >= self.total):
-            self.last = now
-            self.say(self.line(now))
-
-    def line(self, now: float | None = None) -> str:
-        elapsed = max((now or time.monotonic()) - self.start, 1e-6)
-        rate = self.done / elapsed
-        text = f"{self.name}: {self.done / 2**20:,.0f} MiB"
-        if self.total:
-            left = (self.total - self.done) / rate if rate > 0 else 0
-            text += f" of {self.total / 2**20:,.0f} MiB ({100 * self.done // self.total}%), {left:,.0f} s left"
-        return text + f", {rate / 2**20:,.1f} MiB/s"
-
-
 def stage(source: Source, staging: Path, public_key_pem: bytes, say=print,
           expanded_bytes: int | None = None) -> rel.Release:
     """Copy and verify a release into `staging` (replacing whatever was staged), the root image expanded for
@@ -117,7 +93,7 @@ def stage(source: Source, staging: Path, public_key_pem: bytes, say=print,
                               f"{FREE_SPACE_MARGIN >> 20} MiB to spare")
         for name, (stream, size) in streams.items():
             progress = Progress(f"copying {name}", size, say)
-            digest = _copy_hashing(stream, partial / name, progress)
+            digest = copy_hashing(stream, partial / name, progress)
             if digest != release.sha256[name]:
                 raise UpdateError(f"{name}: sha256 {digest} is not the {release.sha256[name]} that {rel.SUMS} "
                                   f"lists: the file was altered or damaged; nothing was written to a slot")
@@ -149,18 +125,6 @@ def _expand(compressed: Path, dest: Path, say) -> None:
         raise UpdateError(f"{compressed.name} does not expand: {done.stderr.strip()[-200:]}")
     compressed.unlink()
     say(f"expanded to {dest.stat().st_size / 2**20:,.0f} MiB in {time.monotonic() - start:.0f} s")
-
-
-def _copy_hashing(stream, dest: Path, progress) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with stream, open(dest, "wb") as out:
-        while block := stream.read(4 << 20):
-            digest.update(block)
-            out.write(block)
-            progress(len(block))
-    return digest.hexdigest()
 
 
 def _fsync_tree(directory: Path) -> None:

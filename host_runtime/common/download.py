@@ -1,0 +1,57 @@
+"""Copying a stream to a file while hashing it, with progress (bytes, rate, time left): what the update's
+fetch and the model store's pull both do. A download can resume where a partial file ends."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+
+class Progress:
+    """Bytes, rate and time left for one file, printed at most once a second (and once at the end)."""
+
+    def __init__(self, name: str, total: int | None, say, interval_s: float = 1.0, already: int = 0):
+        self.name, self.total, self.say, self.interval = name, total, say, interval_s
+        self.done = already
+        self._resumed_from = already  # the rate counts what this run moved
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self.last >= self.interval or (self.total is not None and self.done >= self.total):
+            self.last = now
+            self.say(self.line(now))
+
+    def rate(self, now: float | None = None) -> float:
+        elapsed = max((now or time.monotonic()) - self.start, 1e-6)
+        return (self.done - self._resumed_from) / elapsed
+
+    def line(self, now: float | None = None) -> str:
+        rate = self.rate(now)
+        text = f"{self.name}: {self.done / 2**20:,.0f} MiB"
+        if self.total:
+            left = (self.total - self.done) / rate if rate > 0 else 0
+            text += f" of {self.total / 2**20:,.0f} MiB ({100 * self.done // self.total}%), {left:,.0f} s left"
+        return text + f", {rate / 2**20:,.1f} MiB/s"
+
+
+def file_sha256(path, digest=None, block: int = 4 << 20):
+    """The sha256 object of a file's bytes (continuing `digest` if given)."""
+    digest = digest or hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest
+
+
+def copy_hashing(stream, dest, progress, *, append: bool = False, digest=None) -> str:
+    """Write the stream to dest (after what is there, with append) and return the sha256 hex of the whole file;
+    `digest` carries the hash of what dest already held."""
+    digest = digest or hashlib.sha256()
+    with stream, open(dest, "ab" if append else "wb") as out:
+        while block := stream.read(4 << 20):
+            digest.update(block)
+            out.write(block)
+            progress(len(block))
+    return digest.hexdigest()

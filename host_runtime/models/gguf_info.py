@@ -1,0 +1,48 @@
+"""What a GGUF says about itself (architecture, quantization, context, chat template), read with the `gguf`
+package without loading weights; a file that is not a GGUF, or is cut short, is refused here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from host_runtime.models.errors import StoreError
+
+
+def read_info(path: Path) -> dict:
+    import gguf
+
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise StoreError(f"{path}: {exc.strerror or exc}") from None
+    if magic != b"GGUF":
+        raise StoreError(f"{path.name} is not a GGUF file (it starts with {magic!r})")
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+        fields = reader.fields
+        arch = _value(fields, "general.architecture")
+        file_type = _value(fields, "general.file_type")
+        context = _value(fields, f"{arch}.context_length") if arch else None
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except (ValueError, KeyError, IndexError, OSError) as exc:
+        raise StoreError(f"{path.name} is not a readable GGUF file: {exc}") from None
+    if not arch:
+        raise StoreError(f"{path.name} has no general.architecture: not a model GGUF")
+    if end > path.stat().st_size:
+        raise StoreError(f"{path.name} is cut short: its tensors end at byte {end}, the file has "
+                         f"{path.stat().st_size}")
+    try:
+        quant = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else "unknown"
+    except ValueError:
+        quant = f"type {file_type}"
+    return {"architecture": str(arch), "quantization": quant, "context_length": int(context or 0),
+            "chat_template": "tokenizer.chat_template" in fields}
+
+
+def _value(fields, key: str):
+    field = fields.get(key)
+    if field is None:
+        return None
+    value = field.contents()
+    return value

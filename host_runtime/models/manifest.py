@@ -1,0 +1,55 @@
+"""A model's manifest (pure): what the store knows of one GGUF, kept beside it as JSON. A model is in the store
+exactly when its manifest is: the manifest is written last, atomically, after the file is complete and checked."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+
+from host_runtime.models.errors import StoreError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(name: str, what: str = "--name") -> str:
+    if not NAME_RE.match(name or "") or name.endswith(".partial"):
+        raise StoreError(f"{what}: {name!r} is not a model name (1-128 letters, digits, '.', '_' or '-', starting "
+                         "with a letter or digit)")
+    return name
+
+
+def name_for_file(filename: str) -> str:
+    """The default name: the file's name without .gguf (as the served model's id has always been)."""
+    stem = filename[:-5] if filename.lower().endswith(".gguf") else filename
+    return re.sub(r"[^A-Za-z0-9._-]", "-", stem).lstrip("._-")[:128] or "model"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    file: str              # the GGUF's file name inside the model's directory
+    sha256: str
+    size: int
+    architecture: str
+    quantization: str      # the GGUF's general.file_type, by name (Q4_1, F16, ...)
+    context_length: int    # what the model was trained for (llama's n_ctx_train)
+    chat_template: bool    # whether the GGUF carries one (else ChatML is used)
+    source: str            # where it came from: a URL, hf://..., a local path, or "image"
+    added_at: str          # ISO 8601, UTC
+    pinned: bool = False   # never unloaded to make room, never removed without --force
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise StoreError(f"a manifest is not JSON: {exc}") from None
+        known = {f.name for f in fields(cls)}
+        missing = sorted(f.name for f in fields(cls) if f.name not in doc and f.name != "pinned")
+        if not isinstance(doc, dict) or missing:
+            raise StoreError(f"a manifest lacks {', '.join(missing) or 'an object'}")
+        return cls(**{k: v for k, v in doc.items() if k in known})

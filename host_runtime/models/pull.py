@@ -1,0 +1,167 @@
+"""Bringing a model into the store: from an http(s) URL on the LAN (resumable with a Range request), from a
+Hugging Face file (`hf://owner/repo/path/file.gguf[@revision]`, through huggingface_hub, which honours
+HF_ENDPOINT and resumes by itself), or from a local file. The file is hashed as it arrives, checked against
+--sha256 when given, read as a GGUF, and only then admitted (store.admit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common.download import Progress, copy_hashing, file_sha256
+from host_runtime.models.errors import StoreError
+from host_runtime.models.manifest import Manifest, check_name, name_for_file
+from host_runtime.models.store import Store
+
+HTTP_TIMEOUT_S = 30
+
+
+def source_file_name(source: str) -> str:
+    if source.startswith("hf://"):
+        return _hf_parts(source)[1].rsplit("/", 1)[-1]
+    return Path(urllib.parse.urlsplit(source).path).name
+
+
+def _hf_parts(source: str) -> tuple[str, str, str | None]:
+    """hf://owner/repo/path/to/file.gguf[@revision] -> (repo, path, revision)."""
+    rest = source[len("hf://"):]
+    rest, _, revision = rest.partition("@")
+    parts = [p for p in rest.split("/") if p]
+    if len(parts) < 3 or not parts[-1].lower().endswith(".gguf"):
+        raise StoreError(f"SOURCE: {source!r} is not hf://OWNER/REPO/FILE.gguf[@REVISION]")
+    return "/".join(parts[:2]), "/".join(parts[2:]), revision or None
+
+
+def _check_sha(expected: str | None) -> str | None:
+    if expected is None:
+        return None
+    value = expected.lower()
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise StoreError(f"--sha256: {expected!r} is not a sha256 (64 hex digits)")
+    return value
+
+
+def add(store: Store, file: Path, name: str | None = None, sha256: str | None = None, say=print) -> Manifest:
+    """A local GGUF copied into the store (a USB stick, a file already on the box)."""
+    expected = _check_sha(sha256)
+    name = check_name(name or name_for_file(file.name))
+    store.refuse_existing(name)
+    if not file.is_file():
+        raise StoreError(f"FILE: {file} is not a file")
+    store.check_room(file.stat().st_size, name)
+    say(f"hashing {file}")
+    digest = file_sha256(file).hexdigest()
+    if expected and digest != expected:
+        raise StoreError(f"{file.name}: sha256 {digest} is not the {expected} given; nothing was added")
+    return store.admit(file, name, digest, str(file.resolve()), move=False)
+
+
+def pull(store: Store, source: str, name: str | None = None, sha256: str | None = None, say=print) -> Manifest:
+    expected = _check_sha(sha256)
+    scheme = urllib.parse.urlsplit(source).scheme
+    if scheme not in ("http", "https", "hf"):
+        raise StoreError(f"SOURCE: {source!r} is neither an http(s) URL nor hf://OWNER/REPO/FILE.gguf "
+                         "(a file on the box: everycycle models add FILE)")
+    name = check_name(name or name_for_file(source_file_name(source)))
+    store.refuse_existing(name)
+    if scheme == "hf":
+        file, digest = _pull_hf(store, source, name, say)
+    else:
+        file, digest = _pull_http(store, source, name, say)
+    if expected and digest != expected:
+        _forget(store, name)
+        raise StoreError(f"{source}: sha256 {digest} is not the {expected} given: the download was altered or is "
+                         "another file; nothing was added")
+    try:
+        manifest = store.admit(file, name, digest, source, move=True)
+    except StoreError:
+        _forget(store, name)
+        raise
+    _forget(store, name)
+    say(f"{name}: {manifest.size / 2**20:,.1f} MiB, {manifest.architecture} {manifest.quantization}, sha256 {digest}")
+    return manifest
+
+
+def _partial(store: Store, name: str) -> tuple[Path, Path]:
+    d = store.partial_dir()
+    return d / f"{name}.gguf.part", d / f"{name}.json"
+
+
+def _forget(store: Store, name: str) -> None:
+    part, meta = _partial(store, name)
+    part.unlink(missing_ok=True)
+    meta.unlink(missing_ok=True)
+    shutil.rmtree(store.partial_dir() / f"hf-{name}", ignore_errors=True)
+
+
+def _pull_http(store: Store, url: str, name: str, say) -> tuple[Path, str]:
+    part, meta = _partial(store, name)
+    try:
+        kept = json.loads(meta.read_text()) if meta.exists() else {}
+    except ValueError:
+        kept = {}
+    already = part.stat().st_size if part.exists() and kept.get("source") == url else 0
+    if not already:
+        part.unlink(missing_ok=True)
+    request = urllib.request.Request(url, headers={"Range": f"bytes={already}-"} if already else {})
+    try:
+        resp = urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and already:  # the part is already whole
+            resp = None
+        else:
+            raise StoreError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise StoreError(f"{url}: {getattr(exc, 'reason', exc)}") from None
+    if resp is None:
+        return part, file_sha256(part).hexdigest()
+    resumed = resp.status == 206
+    if already and not resumed:
+        say(f"{url} does not resume downloads: starting again")
+        already = 0
+    length = resp.headers.get("Content-Length")
+    total = (already + int(length)) if length and length.isdigit() else None
+    store.check_room(None if total is None else total - already, name)
+    atomic_write(meta, json.dumps({"source": url, "total": total}).encode(), mode=0o600)
+    if already:
+        say(f"resuming {name} at {already / 2**20:,.1f} MiB")
+    progress = Progress(f"pulling {name}", total, say, already=already)
+    digest = file_sha256(part) if already else None
+    try:
+        sha = copy_hashing(resp, part, progress, append=already > 0, digest=digest)
+    except OSError as exc:
+        raise StoreError(f"{url}: the download stopped at {progress.done / 2**20:,.1f} MiB ({exc}); run the same "
+                         "pull again to resume") from None
+    if total is not None and part.stat().st_size != total:
+        raise StoreError(f"{url}: the download stopped at {part.stat().st_size / 2**20:,.1f} of "
+                         f"{total / 2**20:,.1f} MiB; run the same pull again to resume")
+    say(progress.line())
+    return part, sha
+
+
+def _pull_hf(store: Store, source: str, name: str, say) -> tuple[Path, str]:
+    try:
+        from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    except ImportError:
+        raise StoreError("hf:// sources need huggingface_hub (pip install huggingface_hub)") from None
+    repo, path, revision = _hf_parts(source)
+    local = store.partial_dir() / f"hf-{name}"
+    try:
+        meta = get_hf_file_metadata(hf_hub_url(repo, path, revision=revision))
+        store.check_room(meta.size, name)
+        say(f"pulling {name} from {repo} ({(meta.size or 0) / 2**20:,.1f} MiB) through huggingface_hub")
+        file = Path(hf_hub_download(repo, path, revision=revision, local_dir=local))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as exc:
+        raise StoreError(f"{source}: {exc}; run the same pull again to resume") from None
+    part, _ = _partial(store, name)
+    os.replace(file, part)
+    shutil.rmtree(local, ignore_errors=True)
+    say(f"hashing {name}")
+    return part, file_sha256(part).hexdigest()

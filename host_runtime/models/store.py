@@ -1,0 +1,117 @@
+"""The model store on disk: ROOT/<name>/<file>.gguf with ROOT/<name>/manifest.json, and downloads in progress
+under ROOT/.partial (never listed, never served). A model appears only when its manifest is written, last and
+atomically, after the file is complete, hashed and read as a GGUF."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+from pathlib import Path
+
+from host_runtime.common.atomic_file import atomic_write
+from host_runtime.models.errors import StoreError
+from host_runtime.models.gguf_info import read_info
+from host_runtime.models.manifest import Manifest, check_name
+
+MANIFEST = "manifest.json"
+PARTIAL = ".partial"
+FREE_SPACE_RESERVE = 1 << 30  # the data partition keeps this free: logs, the prefix cache, updates
+
+
+def default_root() -> Path:
+    """$EVERYCYCLE_MODEL_STORE (make run sets ./var/models), else the box's data partition."""
+    return Path(os.environ.get("EVERYCYCLE_MODEL_STORE", "/var/lib/everycycle/models"))
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class Store:
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root is not None else default_root()
+
+    # ---- reading -------------------------------------------------------------------------------------------
+
+    def list(self) -> list[Manifest]:
+        out = []
+        if not self.root.is_dir():
+            return out
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(".") or not (entry / MANIFEST).is_file():
+                continue
+            try:
+                out.append(Manifest.from_json((entry / MANIFEST).read_text()))
+            except (StoreError, OSError):
+                continue  # a damaged manifest hides its model; `models show` says why
+        return out
+
+    def get(self, name: str) -> Manifest:
+        path = self.root / check_name(name, "NAME") / MANIFEST
+        try:
+            return Manifest.from_json(path.read_text())
+        except FileNotFoundError:
+            have = ", ".join(m.name for m in self.list()) or "none"
+            raise StoreError(f"no model named {name!r} in {self.root} (the store has: {have})") from None
+        except OSError as exc:
+            raise StoreError(f"{path}: {exc.strerror}") from None
+
+    def path_of(self, manifest: Manifest) -> Path:
+        return self.root / manifest.name / manifest.file
+
+    # ---- writing -------------------------------------------------------------------------------------------
+
+    def partial_dir(self) -> Path:
+        d = self.root / PARTIAL
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def check_room(self, size: int | None, name: str) -> None:
+        """Refuse, before a byte is written, a model the disk cannot hold (keeping the reserve)."""
+        if size is None:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.root).free
+        if size + FREE_SPACE_RESERVE > free:
+            raise StoreError(f"{name} is {size / 2**30:.2f} GiB; {self.root} has {free / 2**30:.2f} GiB free and "
+                             f"keeps {FREE_SPACE_RESERVE >> 30} GiB spare: free some space (everycycle models rm)")
+
+    def refuse_existing(self, name: str) -> None:
+        if (self.root / name / MANIFEST).exists():
+            raise StoreError(f"a model named {name!r} is already in the store: pick another --name, or remove it "
+                             "first (everycycle models rm)")
+
+    def admit(self, file: Path, name: str, sha256: str, source: str, *, move: bool) -> Manifest:
+        """Make a complete, hashed file a model: read it as a GGUF, put it in place, write the manifest last."""
+        check_name(name)
+        self.refuse_existing(name)
+        info = read_info(file)
+        target_dir = self.root / name
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / (name + ".gguf")
+        if move:
+            os.replace(file, target)
+        else:
+            staged = target.with_name(target.name + ".partial")
+            shutil.copyfile(file, staged)
+            os.replace(staged, target)
+        manifest = Manifest(name=name, file=target.name, sha256=sha256, size=target.stat().st_size,
+                            source=source, added_at=_now(), **info)
+        atomic_write(target_dir / MANIFEST, manifest.to_json().encode(), mode=0o644)
+        return manifest
+
+    def remove(self, name: str) -> Manifest:
+        manifest = self.get(name)
+        directory = self.root / manifest.name
+        # The manifest goes first: from that instant the model is not in the store, whatever is left.
+        (directory / MANIFEST).unlink()
+        shutil.rmtree(directory, ignore_errors=True)
+        return manifest
+
+    def set_pinned(self, name: str, pinned: bool) -> Manifest:
+        manifest = self.get(name)
+        updated = Manifest(**{**json.loads(manifest.to_json()), "pinned": pinned})
+        atomic_write(self.root / name / MANIFEST, updated.to_json().encode(), mode=0o644)
+        return updated

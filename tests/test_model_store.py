@@ -1,0 +1,209 @@
+"""The model store: pulls from a test-made HTTP server on 127.0.0.1 (and a local Hugging Face endpoint) with
+progress, resume, sha256 and GGUF checks; add, list, show, pin, rm; nothing half-pulled ever listed."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from host_runtime.models.errors import StoreError
+from host_runtime.models.manifest import Manifest, check_name, name_for_file
+from host_runtime.models.store import Store
+from tests.servers import everycycle, wait_for
+from tests.tiny_gguf import write_tiny_llama
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+# ---- pure ------------------------------------------------------------------------------------------------------
+
+def test_names():
+    assert name_for_file("SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct.Q4_1"
+    assert name_for_file("my model (v2).gguf") == "my-model--v2-"
+    assert check_name("qwen2.5-7b_q4") == "qwen2.5-7b_q4"
+    for bad in ("", ".hidden", "a/b", "x" * 129, "a.partial"):
+        with pytest.raises(StoreError):
+            check_name(bad)
+
+
+def test_a_manifest_round_trips_and_a_damaged_one_is_refused():
+    m = Manifest("m", "m.gguf", "ab" * 32, 10, "llama", "Q4_1", 2048, True, "http://x/m.gguf", "2026-12-01T00:00:00+00:00")
+    assert Manifest.from_json(m.to_json()) == m
+    with pytest.raises(StoreError):
+        Manifest.from_json('{"name": "m"}')
+
+
+def test_a_disk_that_cannot_hold_the_model_is_refused_before_writing(tmp_path):
+    with pytest.raises(StoreError, match="GiB free"):
+        Store(tmp_path).check_room(1 << 60, "huge")
+
+
+# ---- against real servers ----------------------------------------------------------------------------------------
+
+class Files(http.server.ThreadingHTTPServer):
+    """Serves files with Range, optionally slowly; at /OWNER/REPO/resolve/REV/PATH as the Hugging Face Hub does
+    (X-Repo-Commit, ETag). Records each request's Range header."""
+
+    daemon_threads = True
+
+    def __init__(self, root: Path, delay_s: float = 0.0):
+        self.root, self.delay_s, self.ranges = root, delay_s, []
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _file(self) -> Path | None:
+        m = re.match(r"^/[^/]+/[^/]+/resolve/[^/]+/(.+)$", self.path)
+        path = self.server.root / (m.group(1) if m else self.path.lstrip("/"))
+        return path if path.is_file() else None
+
+    def _headers(self, path: Path, start: int, size: int, partial: bool) -> None:
+        self.send_response(206 if partial else 200)
+        self.send_header("Content-Length", str(size - start))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", '"' + hashlib.sha256(path.read_bytes()).hexdigest() + '"')
+        self.send_header("X-Repo-Commit", COMMIT)
+        if partial:
+            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+        self.end_headers()
+
+    def do_HEAD(self):
+        path = self._file()
+        if path is None:
+            self.send_error(404)
+            return
+        self._headers(path, 0, path.stat().st_size, False)
+
+    def do_GET(self):
+        path = self._file()
+        if path is None:
+            self.send_error(404)
+            return
+        rng = self.headers.get("Range")
+        self.server.ranges.append(rng)
+        size = path.stat().st_size
+        start = int(rng.split("=")[1].split("-")[0]) if rng else 0
+        self._headers(path, start, size, bool(rng))
+        with open(path, "rb") as f:
+            f.seek(start)
+            try:
+                while chunk := f.read(256 << 10):
+                    self.wfile.write(chunk)
+                    time.sleep(self.server.delay_s)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+
+@pytest.fixture
+def served(tmp_path):
+    files = tmp_path / "files"
+    files.mkdir()
+    model = write_tiny_llama(files / "tiny.gguf", n_ctx=256, n_embd=256, n_layer=4, n_ff=512)
+    (files / "notes.gguf").write_text("this is not a model\n" * 100)
+    server = Files(files)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server, model, hashlib.sha256(model.read_bytes()).hexdigest(), tmp_path / "store"
+    finally:
+        server.shutdown()
+
+
+def models(store: Path, *args: str, env: dict | None = None, timeout: float = 120):
+    return subprocess.run(everycycle("models", "--store", str(store), *args), capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def listed(store: Path) -> list[dict]:
+    out = models(store, "list", "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.system
+def test_a_pull_from_the_lan_shows_progress_checks_its_hash_and_lists_the_model(served):
+    server, model, sha, store = served
+    out = models(store, "pull", server.base + "/tiny.gguf", "--sha256", sha)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"pulling tiny: [\d.,]+ MiB of [\d.,]+ MiB \(100%\), \d+ s left, [\d.,]+ MiB/s", out.stderr)
+    (entry,) = listed(store)
+    assert (entry["name"], entry["sha256"], entry["architecture"], entry["quantization"], entry["context_length"],
+            entry["source"]) == ("tiny", sha, "llama", "ALL_F32", 256, server.base + "/tiny.gguf")
+    assert (store / "tiny" / "tiny.gguf").read_bytes() == model.read_bytes()
+    assert not list((store / ".partial").iterdir())
+    again = models(store, "pull", server.base + "/tiny.gguf")
+    assert again.returncode == 1 and "already in the store" in again.stderr
+
+
+@pytest.mark.system
+def test_a_pull_killed_halfway_resumes_and_ends_with_the_same_hash(served):
+    server, model, sha, store = served
+    server.delay_s = 0.05  # about 2 s for the whole file
+    proc = subprocess.Popen(everycycle("models", "--store", str(store), "pull", server.base + "/tiny.gguf"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    part = store / ".partial" / "tiny.gguf.part"
+    wait_for(lambda: part.exists() and part.stat().st_size > 2 << 20, 30, "half the download")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 0 < part.stat().st_size < model.stat().st_size and listed(store) == []
+    server.delay_s = 0.0
+    out = models(store, "pull", server.base + "/tiny.gguf", "--sha256", sha)
+    assert out.returncode == 0, out.stderr
+    assert "resuming tiny at" in out.stderr and server.ranges[-1].startswith("bytes=") and server.ranges[-1] != "bytes=0-"
+    assert [e["sha256"] for e in listed(store)] == [sha]
+
+
+@pytest.mark.system
+def test_a_wrong_hash_or_a_body_that_is_not_a_gguf_is_refused_and_nothing_is_listed(served):
+    server, _, sha, store = served
+    out = models(store, "pull", server.base + "/tiny.gguf", "--sha256", "0" * 64)
+    assert out.returncode == 1 and "is not the 000" in out.stderr and "Traceback" not in out.stderr
+    out = models(store, "pull", server.base + "/notes.gguf")
+    assert out.returncode == 1 and "not a GGUF file" in out.stderr
+    out = models(store, "pull", server.base + "/missing.gguf")
+    assert out.returncode == 1 and "HTTP 404" in out.stderr
+    out = models(store, "pull", "ftp://example/x.gguf")
+    assert out.returncode == 1 and "SOURCE" in out.stderr
+    assert listed(store) == [] and not list((store / ".partial").iterdir())
+
+
+@pytest.mark.system
+def test_a_hugging_face_source_goes_through_huggingface_hub_to_a_local_endpoint(served):
+    server, _, sha, store = served
+    out = models(store, "pull", "hf://someone/tiny-models/tiny.gguf", "--name", "tiny-hf",
+                 env={"HF_ENDPOINT": server.base, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"})
+    assert out.returncode == 0, out.stderr
+    (entry,) = listed(store)
+    assert (entry["name"], entry["sha256"], entry["source"]) == ("tiny-hf", sha, "hf://someone/tiny-models/tiny.gguf")
+
+
+@pytest.mark.system
+def test_add_show_pin_and_rm(served):
+    _, model, sha, store = served
+    out = models(store, "add", str(model), "--name", "local-tiny")
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(models(store, "show", "local-tiny", "--json").stdout)
+    assert shown["sha256"] == sha and Path(shown["path"]).is_file()
+    assert json.loads(models(store, "pin", "local-tiny", "--json").stdout)["pinned"] is True
+    out = models(store, "rm", "local-tiny")
+    assert out.returncode == 1 and "pinned" in out.stderr
+    assert models(store, "rm", "local-tiny", "--force").returncode == 0
+    assert listed(store) == [] and not (store / "local-tiny").exists()
+    out = models(store, "show", "nope")
+    assert out.returncode == 1 and "no model named 'nope'" in out.stderr
