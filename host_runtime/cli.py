@@ -39,6 +39,15 @@ _positive = _int_at_least(1)
 _non_negative = _int_at_least(0)
 
 
+def _keep_alive(text: str) -> float | None:
+    from host_runtime.models.residency import parse_keep_alive
+
+    try:
+        return parse_keep_alive(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -133,6 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the front's settings (front.toml): /metrics access follows its 'metrics' setting")
     serve.add_argument("--metrics-access", choices=["open", "key", "loopback"],
                        help="who may read /metrics (default: from --front-settings, else 'key')")
+    serve.add_argument("--model-store", metavar="DIR",
+                       help="models a request may name, loaded on demand (default: $EVERYCYCLE_MODEL_STORE, else "
+                            "/var/lib/everycycle/models)")
+    serve.add_argument("--keep-alive", type=_keep_alive, default=300.0, metavar="DURATION",
+                       help="how long a model loaded on demand stays after its last request (default 5m; -1: "
+                            "forever; a request's keep_alive wins)")
+    serve.add_argument("--models-memory-mib", type=_positive, metavar="MIB",
+                       help="memory for loaded models, the one served at start included (default: 90%% of what is "
+                            "available at start)")
     serve.add_argument("--engine-socket", metavar="PATH",
                        help="use an engine already running at this socket instead of starting one")
     _add_engine_options(serve)
@@ -360,7 +378,7 @@ def cmd_serve(parser, args) -> int:
             load_keys(args.keys)
         except KeyStoreError as exc:
             parser.error(f"--keys: {exc}")
-    engine = None
+    engine = pool = None
     socket_path = args.engine_socket
     if socket_path is None:
         model = _resolve_model(parser, args.model)
@@ -370,6 +388,7 @@ def cmd_serve(parser, args) -> int:
         if args.prefix_cache_dir is None:
             args.prefix_cache_dir = str(run_dir / "prefix-cache")
         engine = EngineChild(engine_argv(socket_path, model, args))
+        pool = _engine_pool(run_dir, socket_path, model, engine, args)
     elif args.model:
         parser.error("--model: not used with --engine-socket (the running engine has its model)")
     metrics_access = args.metrics_access
@@ -382,7 +401,7 @@ def cmd_serve(parser, args) -> int:
             parser.error(f"--front-settings: {exc}")
     config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes,
                        ready_wait_s=args.ready_wait, wedge_floor_s=args.wedge_floor, metrics_access=metrics_access,
-                       governor_state=args.governor_state)
+                       governor_state=args.governor_state, pool_socket=pool.control_socket if pool else None)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"
@@ -391,8 +410,33 @@ def cmd_serve(parser, args) -> int:
         # readers get /metrics there without a key.
         Path(args.unix_socket).parent.mkdir(parents=True, exist_ok=True)
         os.chmod(Path(args.unix_socket).parent, 0o700)
-    ServingApplication(config, bind=bind, workers=args.workers, threads=args.http_threads, engine=engine).run()
+    ServingApplication(config, bind=bind, workers=args.workers, threads=args.http_threads, engine=engine,
+                       pool=pool).run()
     return 0
+
+
+def _engine_pool(run_dir: Path, socket_path: str, model: str, engine, args):
+    """The other models of the store, loaded on demand beside the one this server starts with."""
+    import copy
+
+    import psutil
+
+    from host_runtime.engine.model import model_id_for
+    from host_runtime.models.store import Store
+    from host_runtime.serving.engine_pool import EnginePool
+    from host_runtime.serving.gunicorn_runner import engine_argv
+
+    def argv_for(sock: str, path: str) -> list[str]:
+        options = copy.copy(args)
+        if args.prefix_cache_dir:  # each model its own prefix cache: entries are only valid for their weights
+            options.prefix_cache_dir = f"{args.prefix_cache_dir}-models/{model_id_for(path)}"
+        return engine_argv(sock, path, options)
+
+    budget = (args.models_memory_mib << 20) if args.models_memory_mib else int(psutil.virtual_memory().available * 0.9)
+    return EnginePool(run_dir=run_dir, default_name=model_id_for(model), default_path=model,
+                      default_socket=socket_path, default_child=engine, engine_argv=argv_for,
+                      store=Store(Path(args.model_store)) if args.model_store else Store(),
+                      budget_bytes=budget, kv_bytes=args.kv_budget_mib << 20, keep_alive_s=args.keep_alive)
 
 
 def cmd_front(parser, args) -> int:

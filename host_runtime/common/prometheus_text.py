@@ -30,3 +30,22 @@ def up_text(up: bool) -> str:
                                 value=1 if up else 0)
 
     return exposition(families)
+
+
+def merge(texts: list[str]) -> str:
+    """Several engines' Prometheus texts as one (each family once; a sample repeated with the same labels, such
+    as an engine's fixed gauges, is kept once), parsed and written by prometheus_client."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Metric] = {}
+    seen: set = set()
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                             family.unit))
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key not in seen:
+                    seen.add(key)
+                    merged.samples.append(sample)
+    return exposition(lambda: list(families.values()))

@@ -114,7 +114,8 @@ class EngineService:
 
     def info(self) -> dict:
         m = self.model
-        return {"state": self.state, "reason": self.state_reason, "load_progress": self.load_progress,
+        figures = self.engine.metrics.snapshot() if self.engine else {}
+        return {"busy": bool(figures.get("requests_processing") or figures.get("requests_deferred")),"state": self.state, "reason": self.state_reason, "load_progress": self.load_progress,
                 "model_id": self.model_id, "model_path": str(Path(self.model_path).resolve()),
                 "tool_format": self.prompts.tool_format if self.prompts else None,
                 "n_ctx": m.n_ctx_per_seq if m else None, "n_parallel": m.n_parallel if m else None,

@@ -19,6 +19,7 @@ from host_runtime.serving import anthropic_protocol, protocol
 from host_runtime.serving.anthropic_logic import MessagesLogic
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
 from host_runtime.serving.handlers import ServingLogic, engine_down
+from host_runtime.serving.routing import Router
 
 OPEN_PATHS = {"/health", "/ready", "/openapi.json"}  # probes and the API's description carry no key;
 # /metrics follows AppConfig.metrics_access
@@ -35,6 +36,7 @@ class AppConfig:
     # "open", "key", or "loopback" (the front lets only this machine reach /metrics; here it needs no key)
     metrics_access: str = "key"
     governor_state: str | None = None  # its .prom file beside it joins /metrics
+    pool_socket: str | None = None  # the engine pool (several models); None: only the one engine
 
 
 class AuthMiddleware:
@@ -58,29 +60,16 @@ class AuthMiddleware:
             raise APIError(401, "the API key is not valid for this box", code="invalid_api_key")
 
 
-class ModelIdentity:
-    """The served model's id, context and tool-call format, learnt from the engine once and then kept."""
+def keep_alive_of(body: dict):
+    """A request's own keep_alive (Ollama's), checked; "default" when it has none."""
+    from host_runtime.models.residency import parse_keep_alive
 
-    def __init__(self, client: EngineClient):
-        self._client = client
-        self._info: dict | None = None
-        self._lock = threading.Lock()
-
-    def info(self) -> dict:
-        if self._info is None:
-            with self._lock:
-                if self._info is None:
-                    try:
-                        info = self._client.call({"op": "info"}, timeout=5.0)
-                    except EngineUnavailable as exc:
-                        raise engine_down(exc) from None
-                    if info.get("state") != "ready":  # still loading: its context is not known yet
-                        return info
-                    self._info = info
-        return self._info
-
-    def get(self) -> str:
-        return self.info()["model_id"]
+    if body.get("keep_alive") is None:
+        return "default"
+    try:
+        return parse_keep_alive(body["keep_alive"])
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="keep_alive", code="invalid_value") from None
 
 
 DRAIN_FACTOR = 16  # read and drop an oversized body up to this multiple of the limit, so the client sees the 413
@@ -182,19 +171,25 @@ class Metrics:
     """The engine's metrics, and the governor's where it publishes them: one scrape covers the box. An engine that
     does not answer is `everycycle_up 0` with a 200, so that Prometheus keeps the sample (it drops a 503's)."""
 
-    def __init__(self, client: EngineClient, config: AppConfig):
-        self._client = client
+    def __init__(self, router: Router, config: AppConfig):
+        self._router = router
         self._config = config
 
     def on_get(self, req, resp):
-        from host_runtime.common.prometheus_text import up_text
+        from host_runtime.common.prometheus_text import merge, up_text
 
         resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
         try:
-            text = up_text(True) + self._client.call({"op": "metrics"}, timeout=5.0)["text"]
+            texts = [self._router.default.call({"op": "metrics"}, timeout=5.0)["text"]]
         except EngineUnavailable:
-            text = up_text(False)
-        resp.text = text + self._governor_text()
+            resp.text = up_text(False) + self._governor_text()
+            return
+        for client in self._router.loaded_clients()[1:]:  # engines loaded on demand: the model label tells apart
+            try:
+                texts.append(client.call({"op": "metrics"}, timeout=5.0)["text"])
+            except EngineUnavailable:
+                continue
+        resp.text = up_text(True) + (texts[0] if len(texts) == 1 else merge(texts)) + self._governor_text()
 
     def _governor_text(self) -> str:
         """The governor's Prometheus file (written beside its state file), while it is fresh."""
@@ -225,38 +220,40 @@ class OpenAPIDocument:
 
 
 class Models:
-    def __init__(self, identity: ModelIdentity):
-        self._identity = identity
+    def __init__(self, router: Router):
+        self._router = router
 
-    def _model(self) -> dict:
-        info = self._identity.info()
-        return {"id": info["model_id"], "object": "model", "created": 0, "owned_by": "everycycle",
-                "context_length": info.get("n_ctx")}
+    @staticmethod
+    def _entry(row: dict) -> dict:
+        return {"id": row["id"], "object": "model", "created": 0, "owned_by": "everycycle",
+                "context_length": row.get("context_length"), "state": row["state"], "pinned": row.get("pinned", False)}
 
     def on_get(self, req, resp):
-        _json(resp, {"object": "list", "data": [self._model()]})
+        _json(resp, {"object": "list", "data": [self._entry(r) for r in self._router.models()]})
 
     def on_get_one(self, req, resp, model_id: str):
-        model = self._model()
-        if model_id != model["id"]:
-            raise APIError(404, f"the model '{model_id}' does not exist; this box serves '{model['id']}'",
-                           param="model", code="model_not_found")
-        _json(resp, model)
+        rows = self._router.models()
+        row = next((r for r in rows if r["id"] == model_id), None)
+        if row is None:
+            raise APIError(404, f"the model '{model_id}' does not exist; this box has: "
+                           f"{', '.join(r['id'] for r in rows)}", param="model", code="model_not_found")
+        _json(resp, self._entry(row))
 
 
 class Tokens:
     """llama-server's /tokenize and /detokenize."""
 
-    def __init__(self, client: EngineClient, config: AppConfig, op: str):
-        self._client = client
+    def __init__(self, router: Router, config: AppConfig, op: str):
+        self._router = router
         self._config = config
         self._op = op
 
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         message = (protocol.parse_tokenize(body) if self._op == "tokenize" else protocol.parse_detokenize(body))
+        client, _ = self._router.engine_for(body.get("model"))  # llama-server's shape has no model: the default
         try:
-            reply = self._client.call(message, timeout=30.0)
+            reply = client.call(message, timeout=30.0)
         except EngineUnavailable as exc:
             raise engine_down(exc) from None
         if reply.get("type") == "error":
@@ -265,79 +262,81 @@ class Tokens:
 
 
 class Generation:
-    def __init__(self, logic: ServingLogic, identity: ModelIdentity, config: AppConfig, kind: str):
-        self._logic = logic
-        self._identity = identity
+    def __init__(self, router: Router, config: AppConfig, kind: str):
+        self._router = router
         self._config = config
         self._kind = kind
 
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
-        info = self._identity.info()
+        client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
         model_id = info["model_id"]
         if self._kind == "chat":
             call = protocol.parse_chat(body, model_id, info.get("tool_format") or "generic")
         else:
             call = protocol.parse_completion(body, model_id)
+        logic = ServingLogic(client)
         if call.stream:
-            event_stream(resp, self._logic.stream(call, self._kind, model_id))
+            event_stream(resp, logic.stream(call, self._kind, model_id))
         else:
-            _json(resp, self._logic.complete(call, self._kind, model_id, client_watch(req)))
+            _json(resp, logic.complete(call, self._kind, model_id, client_watch(req)))
 
 
 class Messages:
     """The Anthropic Messages API (POST /v1/messages and /v1/messages/count_tokens)."""
 
-    def __init__(self, logic: MessagesLogic, identity: ModelIdentity, config: AppConfig):
-        self._logic = logic
-        self._identity = identity
+    def __init__(self, router: Router, config: AppConfig):
+        self._router = router
         self._config = config
 
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
-        info = self._identity.info()
+        client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
+        logic = MessagesLogic(ServingLogic(client))
         call = anthropic_protocol.parse_messages(body, info["model_id"], info.get("tool_format") or "generic")
         if call.stream:
-            event_stream(resp, self._logic.stream(call, info["model_id"]))
+            event_stream(resp, logic.stream(call, info["model_id"]))
         else:
-            _json(resp, self._logic.complete(call, info["model_id"], client_watch(req)))
+            _json(resp, logic.complete(call, info["model_id"], client_watch(req)))
 
     def on_post_count(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
-        _json(resp, self._logic.count_tokens(anthropic_protocol.parse_count_tokens(body, self._identity.get())))
+        client, info = self._router.engine_for(body.get("model"))
+        logic = MessagesLogic(ServingLogic(client))
+        _json(resp, logic.count_tokens(anthropic_protocol.parse_count_tokens(body, info["model_id"])))
 
 
 class Embeddings:
-    def __init__(self, logic: ServingLogic, identity: ModelIdentity, config: AppConfig):
-        self._logic = logic
-        self._identity = identity
+    def __init__(self, router: Router, config: AppConfig):
+        self._router = router
         self._config = config
 
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
-        model_id = self._identity.get()
-        _json(resp, self._logic.embed(protocol.parse_embeddings(body, model_id), model_id, client_watch(req)))
+        client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
+        model_id = info["model_id"]
+        _json(resp, ServingLogic(client).embed(protocol.parse_embeddings(body, model_id), model_id,
+                                               client_watch(req)))
 
 
 def create_app(config: AppConfig) -> falcon.App:
     client = EngineClient(config.engine_socket)
     middleware = [AuthMiddleware(KeyVerifier(config.keys_file), config.metrics_access)] if config.keys_file else []
     app = falcon.App(middleware=middleware)
-    identity = ModelIdentity(client)
-    logic = ServingLogic(client)
+    router = Router(client, config.pool_socket)
     app.add_route("/health", Health(client))
     app.add_route("/ready", Ready(client, config))
-    app.add_route("/metrics", Metrics(client, config))
+    app.add_route("/metrics", Metrics(router, config))
     app.add_route("/openapi.json", OpenAPIDocument())
-    models = Models(identity)
+    models = Models(router)
     app.add_route("/v1/models", models)
     app.add_route("/v1/models/{model_id}", models, suffix="one")
-    app.add_route("/tokenize", Tokens(client, config, "tokenize"))
-    app.add_route("/detokenize", Tokens(client, config, "detokenize"))
-    app.add_route("/v1/chat/completions", Generation(logic, identity, config, "chat"))
-    app.add_route("/v1/completions", Generation(logic, identity, config, "completion"))
-    app.add_route("/v1/embeddings", Embeddings(logic, identity, config))
-    messages = Messages(MessagesLogic(logic), identity, config)
+    app.add_route("/tokenize", Tokens(router, config, "tokenize"))
+    app.add_route("/detokenize", Tokens(router, config, "detokenize"))
+    app.add_route("/v1/chat/completions", Generation(router, config, "chat"))
+    app.add_route("/v1/completions", Generation(router, config, "completion"))
+    app.add_route("/v1/embeddings", Embeddings(router, config))
+    messages = Messages(router, config)
     app.add_route("/v1/messages", messages)
     app.add_route("/v1/messages/count_tokens", messages, suffix="count")
     # Most specific last: falcon picks the handler registered for the closest class.

@@ -43,7 +43,7 @@ class EngineChild:
         def watch():
             code = self.proc.wait()
             if not self.stopping:
-                log.error("the engine exited unexpectedly (code %s); stopping the server", code)
+                log.error("the engine (pid %d) exited unexpectedly (code %s)", self.proc.pid, code)
                 on_unexpected_exit()
 
         threading.Thread(target=watch, name="engine-watch", daemon=True).start()
@@ -56,22 +56,29 @@ class EngineChild:
 
 class ServingApplication(BaseApplication):
     def __init__(self, app_config: AppConfig, *, bind: str, workers: int, threads: int,
-                 engine: EngineChild | None):
+                 engine: EngineChild | None, pool=None):
         self.app_config = app_config
         self.bind = bind
         self.workers = workers
         self.threads = threads
         self.engine = engine
+        self.pool = pool  # engine_pool.EnginePool: the store's other models, loaded on demand
         super().__init__()
 
     def load_config(self) -> None:
-        engine = self.engine
+        engine, pool = self.engine, self.pool
 
         def on_starting(server):
             if engine is not None:
+                # The model the server started with: without its engine the server stops, and supervisord
+                # restarts the pair.
                 engine.start(lambda: os.kill(os.getpid(), signal.SIGTERM))
+            if pool is not None:
+                pool.start()
 
         def on_exit(server):
+            if pool is not None:
+                pool.stop()
             if engine is not None:
                 engine.stop()
 

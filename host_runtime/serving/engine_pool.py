@@ -1,0 +1,245 @@
+"""Several models on one box: the gunicorn master keeps one engine process per loaded model (each the only holder
+of its weights) and answers the HTTP workers on a control socket: which engine serves a model, starting it when
+a request names a model from the store, unloading the least recently used idle ones to make room within the
+memory budget, and those whose keep-alive has run out (engine/residency.py decides; this file acts).
+
+The model given to `serve` (--model, or the built-in one) is started with the server and pinned: it is never
+unloaded, and if its engine dies the server stops, so supervisord restarts the pair as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socketserver
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from host_runtime.engine.ipc import EngineClient, EngineUnavailable, LineReader, send_message
+from host_runtime.models.residency import Resident, expired, plan_load
+from host_runtime.models.store import Store
+
+log = logging.getLogger("everycycle.serve")
+JANITOR_S = 2.0
+
+
+@dataclass
+class Loaded:
+    name: str
+    path: str
+    socket: str
+    child: object              # gunicorn_runner.EngineChild
+    need: int                  # bytes it was given room for
+    pinned: bool
+    keep_alive_s: float | None
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class EnginePool:
+    def __init__(self, *, run_dir: Path, default_name: str, default_path: str, default_socket: str, default_child,
+                 engine_argv, store: Store | None, budget_bytes: int, kv_bytes: int, keep_alive_s: float | None):
+        """engine_argv(socket, model_path) -> the command line of an engine for that model."""
+        self.run_dir = run_dir
+        self.control_socket = str(run_dir / "models.sock")
+        self.store = store
+        self.budget = budget_bytes
+        self.kv_bytes = kv_bytes
+        self.keep_alive_s = keep_alive_s
+        self.engine_argv = engine_argv
+        self.default_name = default_name
+        self._lock = threading.Lock()
+        self._loaded: dict[str, Loaded] = {default_name: Loaded(
+            default_name, default_path, default_socket, default_child, self._need(default_path), True, None)}
+        self._stopping = False
+        self._launches: queue.Queue = queue.Queue()
+
+    # ---- what exists -----------------------------------------------------------------------------------------
+
+    def _need(self, path: str) -> int:
+        """Room a model takes: its weights plus the KV budget every engine gets (an estimate until measured)."""
+        try:
+            return os.path.getsize(path) + self.kv_bytes
+        except OSError:
+            return self.kv_bytes
+
+    def available(self) -> dict[str, dict]:
+        """Every model this box can serve, by name: the default one and the store's."""
+        out = {self.default_name: {"path": self._loaded[self.default_name].path, "pinned": True,
+                                   "context_length": None}}
+        if self.store is not None:
+            for m in self.store.list():
+                out.setdefault(m.name, {"path": str(self.store.path_of(m)), "pinned": m.pinned,
+                                        "context_length": m.context_length})
+        return out
+
+    def listing(self) -> list[dict]:
+        with self._lock:
+            loaded = dict(self._loaded)
+        rows = []
+        for name, info in self.available().items():
+            state = "available"
+            if name in loaded:
+                state = _engine_state(loaded[name].socket)
+            rows.append({"id": name, "state": state, "pinned": info["pinned"] or name == self.default_name,
+                         "context_length": info["context_length"],
+                         "socket": loaded[name].socket if name in loaded else None})
+        return rows
+
+    # ---- acquiring -----------------------------------------------------------------------------------------
+
+    def acquire(self, name: str, keep_alive_s: float | None | str = "default") -> dict:
+        """{"socket", "state"} of the engine serving `name`, loading it first if needed; or {"error": ...}."""
+        keep = self.keep_alive_s if keep_alive_s == "default" else keep_alive_s
+        with self._lock:
+            if name in self._loaded:
+                entry = self._loaded[name]
+                entry.last_used = time.monotonic()
+                if keep_alive_s != "default" and not entry.pinned:
+                    entry.keep_alive_s = keep
+                return {"socket": entry.socket, "state": _engine_state(entry.socket)}
+            info = self.available().get(name)
+            if info is None:
+                return {"error": {"status": 404, "code": "model_not_found", "param": "model",
+                                  "message": f"the model '{name}' does not exist on this box; it has: "
+                                             f"{', '.join(sorted(self.available()))} (everycycle models pull)"}}
+            need = self._need(info["path"])
+            plan = plan_load(need, self.budget, self._residents())
+            if plan.shortfall:
+                return {"error": {"status": 507, "code": "insufficient_memory", "param": "model",
+                                  "message": f"'{name}' needs about {need / 2**30:.2f} GiB with its KV cache; the "
+                                             f"models' memory budget is {self.budget / 2**30:.2f} GiB "
+                                             f"({plan.shortfall / 2**30:.2f} GiB short) even with nothing else "
+                                             "loaded"}}
+            if plan.pinned_hold:
+                return {"error": {"status": 507, "code": "insufficient_memory", "param": "model",
+                                  "message": f"'{name}' needs about {need / 2**30:.2f} GiB; pinned models hold "
+                                             f"{plan.pinned_hold / 2**30:.2f} GiB of the "
+                                             f"{self.budget / 2**30:.2f} GiB budget (everycycle models pin --off)"}}
+            if plan.wait:
+                return {"error": {"status": 503, "code": "models_busy", "retry_after": 5,
+                                  "message": f"no room to load '{name}' until a busy model goes idle; retry shortly"}}
+            for victim in plan.evict:
+                self._unload_locked(victim, f"to make room for {name}")
+            socket_path = str(self.run_dir / f"engine-{name}.sock")
+            from host_runtime.serving.gunicorn_runner import EngineChild
+
+            child = EngineChild(self.engine_argv(socket_path, info["path"]))
+            self._launch(child, lambda n=name: self._died(n))
+            self._loaded[name] = Loaded(name, info["path"], socket_path, child, need, bool(info["pinned"]), keep)
+            log.info("loading %s on demand (about %.2f GiB; budget %.2f GiB)", name, need / 2**30,
+                     self.budget / 2**30)
+            return {"socket": socket_path, "state": "loading"}
+
+    def _launch(self, child, on_exit) -> None:
+        """Start an engine from the launcher thread, which lives as long as the pool: an engine dies with the
+        thread that started it (PR_SET_PDEATHSIG), and a request's handler thread ends with the request."""
+        done = threading.Event()
+        self._launches.put((child, on_exit, done))
+        done.wait()
+
+    def _launcher(self) -> None:
+        while True:
+            child, on_exit, done = self._launches.get()
+            try:
+                child.start(on_exit)
+            finally:
+                done.set()
+
+    def _residents(self) -> list[Resident]:
+        # Pinning is read from the store each time: `models pin` applies to a model already loaded too.
+        available = self.available()
+        return [Resident(e.name, e.need, e.last_used, _engine_busy(e.socket),
+                         e.pinned or bool(available.get(e.name, {}).get("pinned")), e.keep_alive_s)
+                for e in self._loaded.values()]
+
+    def _unload_locked(self, name: str, why: str) -> None:
+        entry = self._loaded.pop(name)
+        log.info("unloading %s (%s)", name, why)
+        entry.child.stop()
+        Path(entry.socket).unlink(missing_ok=True)
+
+    def _died(self, name: str) -> None:
+        with self._lock:
+            entry = self._loaded.pop(name, None)
+        if entry is not None and not self._stopping:
+            log.error("the engine for %s exited unexpectedly; it loads again when next asked for", name)
+
+    # ---- housekeeping --------------------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Unload what has idled past its keep-alive."""
+        with self._lock:
+            for name in expired(self._residents(), time.monotonic()):
+                self._unload_locked(name, "its keep-alive passed")
+
+    def start(self) -> None:
+        Path(self.control_socket).unlink(missing_ok=True)
+        pool = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                try:
+                    message = LineReader(self.request).read()
+                except (OSError, ValueError):
+                    return
+                if not message:
+                    return
+                op = message.get("op")
+                if op == "acquire":
+                    keep = message.get("keep_alive", "default")
+                    reply = pool.acquire(str(message.get("model")), keep)
+                elif op == "list":
+                    reply = {"models": pool.listing()}
+                else:
+                    reply = {"error": {"status": 500, "message": f"unknown pool op {op!r}"}}
+                try:
+                    send_message(self.request, reply)
+                except OSError:
+                    pass
+
+        class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+            daemon_threads = True
+
+        self._server = Server(self.control_socket, Handler)
+        os.chmod(self.control_socket, 0o600)
+        threading.Thread(target=self._server.serve_forever, name="engine-pool", daemon=True).start()
+        threading.Thread(target=self._launcher, name="engine-launcher", daemon=True).start()
+
+        def janitor():
+            while not self._stopping:
+                time.sleep(JANITOR_S)
+                try:
+                    self.sweep()
+                except Exception:  # housekeeping must not take the server down
+                    log.exception("engine pool sweep failed")
+
+        threading.Thread(target=janitor, name="engine-pool-janitor", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        with self._lock:
+            for name in [n for n in self._loaded if n != self.default_name]:
+                self._unload_locked(name, "the server stops")
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def _engine_state(socket_path: str) -> str:
+    """loaded, loading, or failed, as the engine says."""
+    try:
+        state = EngineClient(socket_path).call({"op": "info"}, timeout=1.0).get("state")
+    except EngineUnavailable:
+        return "loading"
+    return {"ready": "loaded", "loading": "loading"}.get(state, state or "loading")
+
+
+def _engine_busy(socket_path: str) -> bool:
+    try:
+        return bool(EngineClient(socket_path).call({"op": "info"}, timeout=1.0).get("busy"))
+    except EngineUnavailable:
+        return True  # starting or stuck: not a candidate to unload now

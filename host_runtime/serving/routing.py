@@ -1,0 +1,97 @@
+"""Which engine answers a request: the one serving the model it names. The model `serve` started with answers
+directly; any other model of the store is asked of the engine pool in the gunicorn master (engine_pool.py),
+which loads it on demand; the request waits (bounded) while it loads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from host_runtime.engine.ipc import EngineClient, EngineUnavailable
+from host_runtime.serving.errors import APIError
+
+LOAD_WAIT_S = 300.0  # a request for a model that is loading waits this long at most
+POLL_S = 0.25
+
+
+def engine_down(exc: EngineUnavailable) -> APIError:
+    return APIError(503, f"the inference engine is unavailable: {exc}", error_type="server_error",
+                    code="engine_unavailable", retry_after=5)
+
+
+class Router:
+    def __init__(self, default: EngineClient, pool_socket: str | None = None):
+        self.default = default
+        self.pool = EngineClient(pool_socket) if pool_socket else None
+        self._default_info: dict | None = None
+        self._lock = threading.Lock()
+
+    def default_info(self) -> dict:
+        """The default engine's info (model id, context, tool format), kept once it is ready."""
+        if self._default_info is None:
+            try:
+                info = self.default.call({"op": "info"}, timeout=5.0)
+            except EngineUnavailable as exc:
+                raise engine_down(exc) from None
+            if info.get("state") != "ready":
+                return info
+            with self._lock:
+                self._default_info = info
+        return self._default_info
+
+    def engine_for(self, model, keep_alive="default") -> tuple[EngineClient, dict]:
+        """(the engine's client, its info) for the model a request names (None or not a string: the default's,
+        so that the wire schema names the field)."""
+        info = self.default_info()
+        if not isinstance(model, str) or model == info.get("model_id") or self.pool is None:
+            return self.default, info
+        try:
+            reply = self.pool.call({"op": "acquire", "model": model, "keep_alive": keep_alive}, timeout=30.0)
+        except EngineUnavailable as exc:
+            raise engine_down(exc) from None
+        if "error" in reply:
+            e = reply["error"]
+            raise APIError(int(e.get("status", 500)), e["message"], param=e.get("param"), code=e.get("code"),
+                           retry_after=e.get("retry_after"))
+        client = EngineClient(reply["socket"])
+        deadline = time.monotonic() + LOAD_WAIT_S
+        while True:
+            try:
+                info = client.call({"op": "info"}, timeout=5.0)
+                if info.get("state") == "ready":
+                    return client, info
+                if info.get("state") == "failed":
+                    raise APIError(500, f"the model '{model}' failed to load: {info.get('reason')}",
+                                   error_type="server_error", code="model_load_failed", param="model")
+            except EngineUnavailable:
+                pass  # its engine is starting: the socket comes first
+            if time.monotonic() > deadline:
+                raise APIError(503, f"the model '{model}' is still loading after {LOAD_WAIT_S:.0f} s; retry shortly",
+                               error_type="server_busy", code="model_loading", retry_after=10)
+            time.sleep(POLL_S)
+
+    def models(self) -> list[dict]:
+        """Every model with its state (loaded, loading, available) and context length."""
+        info = self.default_info()
+        if self.pool is None:
+            return [{"id": info["model_id"], "state": "loaded" if info.get("state") == "ready" else "loading",
+                     "context_length": info.get("n_ctx"), "pinned": True}]
+        try:
+            rows = self.pool.call({"op": "list"}, timeout=10.0)["models"]
+        except EngineUnavailable as exc:
+            raise engine_down(exc) from None
+        for row in rows:
+            if row["id"] == info.get("model_id"):
+                row["context_length"] = info.get("n_ctx")
+        return rows
+
+    def loaded_clients(self) -> list[EngineClient]:
+        """Clients of every loaded engine (for /metrics)."""
+        clients = [self.default]
+        if self.pool is not None:
+            try:
+                rows = self.pool.call({"op": "list"}, timeout=5.0)["models"]
+            except EngineUnavailable:
+                return clients
+            clients += [EngineClient(r["socket"]) for r in rows if r.get("socket") and r["id"] != self.default_info().get("model_id")]
+        return clients

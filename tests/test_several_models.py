@@ -1,0 +1,94 @@
+"""Several models on one box: the default model and two tiny GGUFs from the store, loaded when a request names
+them, unloaded least recently used first within a memory budget that holds one of them; a pinned one stays."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import openai
+import pytest
+
+from host_runtime.models.store import Store
+from tests.conftest import MODEL_ID
+from tests.servers import Proc, everycycle, free_port, http_get, metric_value, ready, wait_for
+from tests.tiny_gguf import write_tiny_llama
+
+pytestmark = pytest.mark.system
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory):
+    d = tmp_path_factory.mktemp("several")
+    store = Store(d / "store")
+    for name, seed in (("tiny-a", 1), ("tiny-b", 2)):
+        f = write_tiny_llama(d / f"{name}.gguf", n_ctx=256, seed=seed)
+        store.root.mkdir(parents=True, exist_ok=True)
+        store.admit(f, name, "0" * 64, str(f), move=True)
+    # The default model (94 MiB) and one tiny model (under 1 MiB), each with 64 MiB of KV: 222 MiB; a second tiny
+    # one would make 286.
+    port = free_port()
+    proc = Proc(everycycle("serve", "--port", str(port), "--threads", "2", "--workers", "2", "--ctx-size", "256",
+                           "--parallel", "1", "--kv-budget-mib", "64", "--model-store", str(store.root),
+                           "--models-memory-mib", "250", "--run-dir", str(d / "run")), d / "serve.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(base), 120, "the server", proc)
+        yield base, store, openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120), proc
+    finally:
+        proc.stop()
+
+
+def states(base: str) -> dict[str, str]:
+    return {m["id"]: m["state"] for m in json.loads(http_get(base + "/v1/models")[1])["data"]}
+
+
+def ask(client, model: str) -> str:
+    return client.completions.create(model=model, prompt="Hello", max_tokens=3, temperature=0).model
+
+
+def test_every_model_is_listed_and_a_request_loads_the_one_it_names(box):
+    base, _, client, _ = box
+    assert states(base) == {MODEL_ID: "loaded", "tiny-a": "available", "tiny-b": "available"}
+    assert ask(client, "tiny-a") == "tiny-a"
+    assert states(base)["tiny-a"] == "loaded"
+    assert ask(client, MODEL_ID) == MODEL_ID  # the default keeps answering beside it
+    one = json.loads(http_get(base + "/v1/models/tiny-b")[1])
+    assert one["state"] in ("available", "loaded") and one["context_length"] == 256
+
+
+def test_a_budget_that_holds_one_unloads_the_least_recently_used(box):
+    base, _, client, proc = box
+    for model, other in (("tiny-a", "tiny-b"), ("tiny-b", "tiny-a"), ("tiny-a", "tiny-b")):
+        assert ask(client, model) == model
+        s = states(base)
+        assert s[model] == "loaded" and s[other] == "available" and s[MODEL_ID] == "loaded", s
+    assert "unloading tiny-b (to make room for tiny-a)" in proc.log()
+    text = http_get(base + "/metrics")[1].decode()
+    assert metric_value(text, "everycycle_tokens_predicted_total") > 0 and 'model="tiny-a"' in text
+
+
+def test_a_pinned_model_stays_and_what_cannot_fit_beside_it_is_refused(box):
+    base, store, client, _ = box
+    store.set_pinned("tiny-a", True)
+    try:
+        assert ask(client, "tiny-a") == "tiny-a"
+        with pytest.raises(openai.APIStatusError) as err:
+            ask(client, "tiny-b")
+        assert err.value.status_code == 507 and "pinned models hold" in err.value.message
+        assert states(base)["tiny-a"] == "loaded"
+    finally:
+        store.set_pinned("tiny-a", False)
+
+
+def test_an_unknown_model_and_a_bad_keep_alive_are_clear_errors(box):
+    base, _, client, _ = box
+    with pytest.raises(openai.NotFoundError) as err:
+        ask(client, "no-such-model")
+    assert "tiny-a" in err.value.message
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(
+        {"model": "tiny-b", "prompt": "x", "max_tokens": 1, "keep_alive": "soon"}).encode(),
+        headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as http_err:
+        urllib.request.urlopen(req, timeout=30)
+    assert http_err.value.code == 400 and json.loads(http_err.value.read())["error"]["param"] == "keep_alive"
