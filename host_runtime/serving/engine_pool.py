@@ -102,25 +102,24 @@ class EnginePool:
                 return {"socket": entry.socket, "state": _engine_state(entry.socket)}
             info = self.available().get(name)
             if info is None:
-                return {"error": {"status": 404, "code": "model_not_found", "param": "model",
-                                  "message": f"the model '{name}' does not exist on this box; it has: "
-                                             f"{', '.join(sorted(self.available()))} (everycycle models pull)"}}
+                return _refusal(404, f"the model '{name}' does not exist on this box; it has: "
+                                     f"{', '.join(sorted(self.available()))} (everycycle models pull)",
+                                code="model_not_found")
             need = self._need(info["path"])
             plan = plan_load(need, self.budget, self._residents())
             if plan.shortfall:
-                return {"error": {"status": 507, "code": "insufficient_memory", "param": "model",
-                                  "message": f"'{name}' needs about {need / 2**30:.2f} GiB with its KV cache; the "
-                                             f"models' memory budget is {self.budget / 2**30:.2f} GiB "
-                                             f"({plan.shortfall / 2**30:.2f} GiB short) even with nothing else "
-                                             "loaded"}}
+                return _refusal(507, f"'{name}' needs about {need / 2**30:.2f} GiB with its KV cache; the models' "
+                                     f"memory budget is {self.budget / 2**30:.2f} GiB ({plan.shortfall / 2**30:.2f} "
+                                     "GiB short) even with nothing else loaded", code="insufficient_memory",
+                                error_type="server_error")
             if plan.pinned_hold:
-                return {"error": {"status": 507, "code": "insufficient_memory", "param": "model",
-                                  "message": f"'{name}' needs about {need / 2**30:.2f} GiB; pinned models hold "
-                                             f"{plan.pinned_hold / 2**30:.2f} GiB of the "
-                                             f"{self.budget / 2**30:.2f} GiB budget (everycycle models pin --off)"}}
+                return _refusal(507, f"'{name}' needs about {need / 2**30:.2f} GiB; pinned models hold "
+                                     f"{plan.pinned_hold / 2**30:.2f} GiB of the {self.budget / 2**30:.2f} GiB budget "
+                                     "(everycycle models pin --off)", code="insufficient_memory",
+                                error_type="server_error")
             if plan.wait:
-                return {"error": {"status": 503, "code": "models_busy", "retry_after": 5,
-                                  "message": f"no room to load '{name}' until a busy model goes idle; retry shortly"}}
+                return _refusal(503, f"no room to load '{name}' until a busy model goes idle; retry shortly",
+                                code="models_busy", error_type="server_busy", retry_after=5)
             for victim in plan.evict:
                 self._unload_locked(victim, f"to make room for {name}")
             socket_path = str(self.run_dir / f"engine-{name}.sock")
@@ -194,7 +193,7 @@ class EnginePool:
                 elif op == "list":
                     reply = {"models": pool.listing()}
                 else:
-                    reply = {"error": {"status": 500, "message": f"unknown pool op {op!r}"}}
+                    reply = _refusal(500, f"unknown engine pool op {op!r}", error_type="server_error")
                 try:
                     send_message(self.request, reply)
                 except OSError:
@@ -227,6 +226,14 @@ class EnginePool:
         if server is not None:
             server.shutdown()
             server.server_close()
+
+
+def _refusal(status: int, message: str, **kw) -> dict:
+    """A refusal on the wire, as the engine's own (the workers turn it into the API's error)."""
+    from host_runtime.engine.errors import RequestRejected
+
+    kw.setdefault("param", "model" if status != 500 else None)
+    return {"error": RequestRejected(status, message, **kw).to_wire()}
 
 
 def _engine_state(socket_path: str) -> str:

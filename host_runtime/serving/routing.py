@@ -9,14 +9,10 @@ import time
 
 from host_runtime.engine.ipc import EngineClient, EngineUnavailable
 from host_runtime.serving.errors import APIError
+from host_runtime.serving.handlers import engine_down
 
 LOAD_WAIT_S = 300.0  # a request for a model that is loading waits this long at most
 POLL_S = 0.25
-
-
-def engine_down(exc: EngineUnavailable) -> APIError:
-    return APIError(503, f"the inference engine is unavailable: {exc}", error_type="server_error",
-                    code="engine_unavailable", retry_after=5)
 
 
 class Router:
@@ -50,9 +46,7 @@ class Router:
         except EngineUnavailable as exc:
             raise engine_down(exc) from None
         if "error" in reply:
-            e = reply["error"]
-            raise APIError(int(e.get("status", 500)), e["message"], param=e.get("param"), code=e.get("code"),
-                           retry_after=e.get("retry_after"))
+            raise APIError.from_engine(reply["error"])
         client = EngineClient(reply["socket"])
         deadline = time.monotonic() + LOAD_WAIT_S
         while True:
