@@ -63,6 +63,15 @@ class CpuQuota:
             pass
 
 
+def unavailable() -> str | None:
+    """Why this machine cannot limit a process's CPU here, or None when it can (root and a cpu controller)."""
+    if os.geteuid() != 0:
+        return "not root"
+    if _v2_group() is None and not (CGROUP / "cpu" / "cpu.cfs_quota_us").exists():
+        return "no cgroup cpu controller (cgroup v2 cpu.max or v1 cpu.cfs_quota_us)"
+    return None
+
+
 def _v2_group() -> Path | None:
     """This process's cgroup v2 directory, where the cpu controller is available to it."""
     own = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()

@@ -46,6 +46,15 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "root" in item.keywords:
                 item.add_marker(skip)
+    if any("cgroup" in item.keywords for item in items):
+        from image.cpu_quota import unavailable
+
+        why = unavailable()
+        if why:
+            skip = pytest.mark.skip(reason=f"needs root and a cgroup cpu controller (marked cgroup): {why}")
+            for item in items:
+                if "cgroup" in item.keywords:
+                    item.add_marker(skip)
     if any("vulkan" in item.keywords for item in items):
         from tests.test_placement_llama import _lavapipe_works
 

@@ -9,7 +9,7 @@ from typing import Iterator
 from host_runtime.engine.ipc import ClientGone, EngineUnavailable, EventStream
 from host_runtime.serving import anthropic_protocol as wire
 from host_runtime.serving.errors import APIError
-from host_runtime.serving.handlers import ServingLogic, client_left, engine_down
+from host_runtime.serving.handlers import ServingLogic, call_engine, client_left, engine_down
 from host_runtime.serving.protocol import GenerationCall
 from host_runtime.serving.tool_calls import ToolCallStream, parse_output
 
@@ -19,13 +19,7 @@ class MessagesLogic:
         self.logic = logic
 
     def count_tokens(self, message: dict) -> dict:
-        try:
-            reply = self.logic.client.call(message, timeout=30.0)
-        except EngineUnavailable as exc:
-            raise engine_down(exc) from None
-        if reply.get("type") == "error":
-            raise APIError.from_engine(reply["error"])
-        return {"input_tokens": reply["prompt_tokens"]}
+        return {"input_tokens": call_engine(self.logic.client, message, 30.0)["prompt_tokens"]}
 
     def complete(self, call: GenerationCall, model_id: str, client_gone=None) -> dict:
         stream, prompt_tokens = self.logic._open(call, client_gone)

@@ -18,7 +18,7 @@ from host_runtime.engine.readiness import Verdict, WedgePolicy, unanswered
 from host_runtime.serving import anthropic_protocol, protocol
 from host_runtime.serving.anthropic_logic import MessagesLogic
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
-from host_runtime.serving.handlers import ServingLogic, engine_down
+from host_runtime.serving.handlers import ServingLogic, call_engine
 from host_runtime.serving.routing import Router
 
 OPEN_PATHS = {"/health", "/ready", "/openapi.json"}  # probes and the API's description carry no key;
@@ -252,13 +252,7 @@ class Tokens:
         body = read_json(req, self._config.max_body_bytes)
         message = (protocol.parse_tokenize(body) if self._op == "tokenize" else protocol.parse_detokenize(body))
         client, _ = self._router.engine_for(body.get("model"))  # llama-server's shape has no model: the default
-        try:
-            reply = client.call(message, timeout=30.0)
-        except EngineUnavailable as exc:
-            raise engine_down(exc) from None
-        if reply.get("type") == "error":
-            raise APIError.from_engine(reply["error"])
-        _json(resp, reply["result"])
+        _json(resp, call_engine(client, message, 30.0)["result"])
 
 
 class Generation:

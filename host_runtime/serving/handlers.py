@@ -29,6 +29,19 @@ def engine_down(exc: EngineUnavailable) -> APIError:
                     code="engine_unavailable", retry_after=5)
 
 
+def call_engine(client: EngineClient, message: dict, timeout: float, client_gone=None) -> dict:
+    """One engine call answered at once (embed, tokenize, count_tokens): its errors as the API's."""
+    try:
+        reply = client.call(message, timeout=timeout, client_gone=client_gone)
+    except ClientGone:
+        raise client_left() from None
+    except EngineUnavailable as exc:
+        raise engine_down(exc) from None
+    if reply.get("type") == "error":
+        raise APIError.from_engine(reply["error"])
+    return reply
+
+
 class _Choices:
     """Accumulates one generation's events per choice."""
 
@@ -226,15 +239,7 @@ class ServingLogic:
             stream.close()
 
     def embed(self, call: EmbeddingCall, model_id: str, client_gone=None) -> dict:
-        try:
-            reply = self.client.call({"op": "embed", "inputs": call.inputs}, timeout=IDLE_EVENT_TIMEOUT_S,
-                                     client_gone=client_gone)
-        except ClientGone:
-            raise client_left() from None
-        except EngineUnavailable as exc:
-            raise engine_down(exc) from None
-        if reply.get("type") == "error":
-            raise APIError.from_engine(reply["error"])
+        reply = call_engine(self.client, {"op": "embed", "inputs": call.inputs}, IDLE_EVENT_TIMEOUT_S, client_gone)
         data = []
         for i, vector in enumerate(reply["data"]):
             if call.encoding_format == "base64":
