@@ -364,7 +364,7 @@ def cmd_serve(parser, args) -> int:
         settings = load_settings(ServingSettings, args.settings)
     except SettingsError as exc:
         parser.error(f"--settings: {exc}")
-    args.model = args.model or settings.model or None
+    args.model = args.model or settings.model or _pulled_model(args, settings) or None
     args.ctx_size = args.ctx_size or settings.context_length or DEFAULT_CTX
 
     if args.engine_socket is None:
@@ -389,6 +389,11 @@ def cmd_serve(parser, args) -> int:
             args.prefix_cache_dir = str(run_dir / "prefix-cache")
         engine = EngineChild(engine_argv(socket_path, model, args))
         pool = _engine_pool(run_dir, socket_path, model, engine, args)
+        if settings.pull_url and pool.default_name != settings.pulled_name:
+            from host_runtime.models.provisioned import ProvisionedPull
+
+            pool.provisioned = ProvisionedPull(pool.store, settings.pulled_name, settings.pull_url,
+                                               settings.pull_sha256, on_pulled=pool.load_pulled)
     elif args.model:
         parser.error("--model: not used with --engine-socket (the running engine has its model)")
     metrics_access = args.metrics_access
@@ -415,6 +420,22 @@ def cmd_serve(parser, args) -> int:
     return 0
 
 
+def _model_store(args):
+    from host_runtime.models.store import Store
+
+    return Store(Path(args.model_store)) if args.model_store else Store()
+
+
+def _pulled_model(args, settings) -> str | None:
+    """The bundle's pulled model, once the store holds it (until then the built-in one is served)."""
+    if not settings.pull_url:
+        return None
+    from host_runtime.models.provisioned import pulled_path
+
+    path = pulled_path(_model_store(args), settings.pulled_name, settings.pull_sha256)
+    return str(path) if path else None
+
+
 def _engine_pool(run_dir: Path, socket_path: str, model: str, engine, args):
     """The other models of the store, loaded on demand beside the one this server starts with."""
     import copy
@@ -422,7 +443,6 @@ def _engine_pool(run_dir: Path, socket_path: str, model: str, engine, args):
     import psutil
 
     from host_runtime.engine.model import model_id_for
-    from host_runtime.models.store import Store
     from host_runtime.serving.engine_pool import EnginePool
     from host_runtime.serving.gunicorn_runner import engine_argv
 
@@ -433,10 +453,15 @@ def _engine_pool(run_dir: Path, socket_path: str, model: str, engine, args):
         return engine_argv(sock, path, options)
 
     budget = (args.models_memory_mib << 20) if args.models_memory_mib else int(psutil.virtual_memory().available * 0.9)
+
+    def need_for(path: str) -> int:
+        from host_runtime.placement.session import resident_bytes_for
+
+        return resident_bytes_for(path, ctx_size=args.ctx_size, parallel=args.parallel,
+                                  kv_budget_bytes=args.kv_budget_mib << 20)
     return EnginePool(run_dir=run_dir, default_name=model_id_for(model), default_path=model,
                       default_socket=socket_path, default_child=engine, engine_argv=argv_for,
-                      store=Store(Path(args.model_store)) if args.model_store else Store(),
-                      budget_bytes=budget, kv_bytes=args.kv_budget_mib << 20, keep_alive_s=args.keep_alive)
+                      store=_model_store(args), budget_bytes=budget, need_for=need_for, keep_alive_s=args.keep_alive)
 
 
 def cmd_front(parser, args) -> int:

@@ -72,8 +72,10 @@ def service_settings(box: dict) -> dict:
     model = box["model"]
     path = f"/{MODELS_DIR}/{Path(model['path']).name}" if model["source"] == "bundle" and model.get("path") else ""
     try:
+        pull = {"pull_url": model.get("url", ""), "pull_sha256": model.get("sha256", ""),
+                "pull_name": model.get("name", "")} if model["source"] == "pull" else {}
         serving = ServingSettings(model=path, context_length=int(model.get("context_length") or 0),
-                                  quantization=model.get("quantization", ""))
+                                  quantization=model.get("quantization", ""), **pull)
     except SettingsError as exc:
         raise SettingsError(f"model.{exc.field}", exc.message) from None
     return {"etc/everycycle/front.toml": front_from_box(box), "etc/everycycle/governor.toml": governor_from_box(box),

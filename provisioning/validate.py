@@ -101,6 +101,11 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
                 errors.append(BundleError("model.path", f"{model['path']} is not a readable GGUF model: {error}"))
             else:
                 model_quant = model_quantization(file_type, model["path"]) or ""
+    elif model["source"] == "pull" and not model.get("url"):
+        errors.append(BundleError("model.url", "is required when model.source is 'pull'"))
+    for key in ("url", "sha256", "name"):
+        if model["source"] != "pull" and model.get(key):
+            errors.append(BundleError(f"model.{key}", "is only used when model.source is 'pull'"))
     bmc = box["bmc"]
     if bmc["mode"] == "ipmi":
         for key in ("address", "user", "password_file"):

@@ -4,14 +4,12 @@ progress, resume, sha256 and GGUF checks; add, list, show, pin, rm; nothing half
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import os
 import re
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,11 +17,9 @@ import pytest
 from host_runtime.models.errors import StoreError
 from host_runtime.models.manifest import Manifest, check_name, name_for_file
 from host_runtime.models.store import Store
+from tests.file_server import Files
 from tests.servers import everycycle, wait_for
 from tests.tiny_gguf import write_tiny_llama
-
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
 
 # ---- pure ------------------------------------------------------------------------------------------------------
 
@@ -49,67 +45,6 @@ def test_a_disk_that_cannot_hold_the_model_is_refused_before_writing(tmp_path):
 
 
 # ---- against real servers ----------------------------------------------------------------------------------------
-
-class Files(http.server.ThreadingHTTPServer):
-    """Serves files with Range, optionally slowly; at /OWNER/REPO/resolve/REV/PATH as the Hugging Face Hub does
-    (X-Repo-Commit, ETag). Records each request's Range header."""
-
-    daemon_threads = True
-
-    def __init__(self, root: Path, delay_s: float = 0.0):
-        self.root, self.delay_s, self.ranges = root, delay_s, []
-        super().__init__(("127.0.0.1", 0), Handler)
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def _file(self) -> Path | None:
-        m = re.match(r"^/[^/]+/[^/]+/resolve/[^/]+/(.+)$", self.path)
-        path = self.server.root / (m.group(1) if m else self.path.lstrip("/"))
-        return path if path.is_file() else None
-
-    def _headers(self, path: Path, start: int, size: int, partial: bool) -> None:
-        self.send_response(206 if partial else 200)
-        self.send_header("Content-Length", str(size - start))
-        self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", '"' + hashlib.sha256(path.read_bytes()).hexdigest() + '"')
-        self.send_header("X-Repo-Commit", COMMIT)
-        if partial:
-            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
-        self.end_headers()
-
-    def do_HEAD(self):
-        path = self._file()
-        if path is None:
-            self.send_error(404)
-            return
-        self._headers(path, 0, path.stat().st_size, False)
-
-    def do_GET(self):
-        path = self._file()
-        if path is None:
-            self.send_error(404)
-            return
-        rng = self.headers.get("Range")
-        self.server.ranges.append(rng)
-        size = path.stat().st_size
-        start = int(rng.split("=")[1].split("-")[0]) if rng else 0
-        self._headers(path, start, size, bool(rng))
-        with open(path, "rb") as f:
-            f.seek(start)
-            try:
-                while chunk := f.read(256 << 10):
-                    self.wfile.write(chunk)
-                    time.sleep(self.server.delay_s)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-
 
 @pytest.fixture
 def served(tmp_path):

@@ -96,6 +96,16 @@ BAD = [
     ("hash mismatch", None, {"tamper": "files/bmc.pass"}, "files.files/bmc.pass"),
     ("model not GGUF", _with("model", {"source": "bundle", "path": "files/model.gguf"}),
      {"extra": {"files/model.gguf": b"not a model"}}, "model.path"),
+    ("pull without a hash", _with("model", {"source": "pull", "url": "http://10.20.0.2/m.gguf"}), {}, "model.sha256"),
+    ("pull without a url", _with("model", {"source": "pull", "sha256": "ab" * 32}), {}, "model.url"),
+    ("pull from ftp", _with("model", {"source": "pull", "url": "ftp://10.20.0.2/m.gguf", "sha256": "ab" * 32}), {},
+     "model.url"),
+    ("hash not hex", _with("model", {"source": "pull", "url": "http://10.20.0.2/m.gguf", "sha256": "xyz"}), {},
+     "model.sha256"),
+    ("bad model name", _with("model", {"source": "pull", "url": "http://10.20.0.2/m.gguf", "sha256": "ab" * 32,
+                                       "name": "../etc"}), {}, "model.name"),
+    ("url with the image's model", _with("model", {"source": "image", "url": "http://10.20.0.2/m.gguf"}), {},
+     "model.url"),
 ]
 
 
@@ -242,6 +252,78 @@ def test_a_model_shipped_in_the_bundle(tmp_path):
 
     serving = load(ServingSettings, root / "etc/everycycle/serving.toml")
     assert serving.model == "/var/lib/everycycle/models/tiny.gguf" and serving.context_length == 512
+
+
+def _pull_bundle(tmp_path, url: str, sha256: str) -> Path:
+    box = _with("model", {"source": "pull", "url": url, "sha256": sha256, "name": "tiny-pulled"})
+    return make_bundle(tmp_path / "bundle", box)
+
+
+def test_a_model_the_bundle_names_by_source_is_pulled_at_first_boot(tmp_path):
+    """apply writes the pull into serving.toml (read back by the server's own parser); the server's first-boot
+    pull (the code it runs in its master) fetches it into the store of the sandbox root, and its record says so;
+    a second boot finds it there and fetches nothing."""
+    from host_runtime.common.settings_file import load
+    from host_runtime.models.provisioned import ProvisionedPull, pulled_path, read_status
+    from host_runtime.models.store import Store
+    from host_runtime.serving.settings import ServingSettings
+    from tests.file_server import serve_files
+
+    files = tmp_path / "files"
+    files.mkdir()
+    model = write_tiny_llama(files / "tiny.gguf", n_ctx=256)
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    server = serve_files(files, fail_first=1)  # the first try meets a restarting server: tried again
+    try:
+        root = tmp_path / "root"
+        bundle = _pull_bundle(tmp_path, f"{server.base}/tiny.gguf", sha)
+        assert validate(open_bundle(bundle)) == []
+        apply(open_bundle(bundle), root)
+        settings = load(ServingSettings, root / "etc/everycycle/serving.toml")
+        assert (settings.model, settings.pull_url, settings.pull_sha256, settings.pulled_name) == (
+            "", f"{server.base}/tiny.gguf", sha, "tiny-pulled")
+        store = Store(root / "var/lib/everycycle/models")
+        loaded = []
+        job = ProvisionedPull(store, settings.pulled_name, settings.pull_url, settings.pull_sha256,
+                              on_pulled=loaded.append)
+        import host_runtime.models.provisioned as provisioned
+
+        provisioned.RETRY_FIRST_S = 0.05
+        try:
+            status = job.run()
+        finally:
+            provisioned.RETRY_FIRST_S = 5.0
+        assert status.state == "pulled" and status.attempts == 2 and loaded == ["tiny-pulled"]
+        record = read_status(store)
+        assert record.state == "pulled" and record.done_bytes == record.total_bytes == model.stat().st_size
+        assert record.source == settings.pull_url and record.finished_at
+        assert pulled_path(store, "tiny-pulled", sha).read_bytes() == model.read_bytes()
+        assert store.get("tiny-pulled").source == settings.pull_url
+        requests = len(server.ranges)
+        again = ProvisionedPull(store, "tiny-pulled", settings.pull_url, sha, on_pulled=loaded.append).run()
+        assert again.state == "pulled" and len(server.ranges) == requests and loaded == ["tiny-pulled"] * 2
+    finally:
+        server.shutdown()
+
+
+def test_a_pull_the_source_refuses_is_not_retried_and_adds_nothing(tmp_path):
+    from host_runtime.models.provisioned import ProvisionedPull, read_status
+    from host_runtime.models.store import Store
+    from tests.file_server import serve_files
+
+    files = tmp_path / "files"
+    files.mkdir()
+    write_tiny_llama(files / "tiny.gguf", n_ctx=256)
+    server = serve_files(files)
+    try:
+        store = Store(tmp_path / "store")
+        for url, why in ((f"{server.base}/tiny.gguf", "sha256"), (f"{server.base}/missing.gguf", "404")):
+            loaded = []
+            status = ProvisionedPull(store, "tiny", url, "ab" * 32, on_pulled=loaded.append).run()
+            assert status.state == "failed" and why in status.error and status.attempts == 1 and not loaded
+            assert read_status(store).state == "failed" and store.list() == []
+    finally:
+        server.shutdown()
 
 
 def test_static_network_applied_in_a_namespace_with_a_veth_pair(tmp_path, netns):
@@ -502,6 +584,7 @@ def test_every_box_toml_field_has_an_owner():
         "api.tls_certificate": "front.toml", "api.tls_key": "front.toml", "api.keys": "api_keys.json",
         "api.generate_keys": "api_keys.json", "ssh.authorized_keys": "/root/.ssh", "model.source": "serving.toml",
         "model.path": "serving.toml", "model.context_length": "serving.toml", "model.quantization": "validated",
+        "model.url": "serving.toml", "model.sha256": "serving.toml", "model.name": "serving.toml",
         "bmc.mode": "bmc.toml", "bmc.address": "bmc.toml", "bmc.user": "bmc.toml", "bmc.password_file": "bmc.toml",
         "power.target_c": "governor.toml", "power.ceiling_c": "governor.toml",
         "power.safe_fraction": "governor.toml", "power.mode": "governor.toml", "files": "checked",

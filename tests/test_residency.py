@@ -52,3 +52,22 @@ def test_keep_alive_forms(value, seconds):
 def test_bad_keep_alive_is_refused(value):
     with pytest.raises(ValueError):
         parse_keep_alive(value)
+
+
+def test_the_pools_metrics_and_the_consoles_lines_from_them():
+    from host_runtime.console.data import Serving, Source, model_lines, models_from_metrics
+    from host_runtime.models.provisioned import PullStatus
+    from host_runtime.serving.pool_metrics import pool_text
+
+    pull = PullStatus("big", "http://nas/big.gguf", "ab" * 32, state="pulling", done_bytes=3 << 30,
+                      total_bytes=12 << 30, rate_bytes_s=100 << 20)
+    text = pool_text({"memory": {"small": {"planned": 200 << 20, "resident": 150 << 20}}, "budget": 1 << 30,
+                      "loads": {"small": 2}, "unloads": [("small", "room", 1)], "pull": pull})
+    assert 'everycycle_model_unloads_total{model="small",reason="room"} 1.0' in text
+    assert 'everycycle_model_unloads_total{model="small",reason="keep_alive"} 0.0' in text
+    assert 'everycycle_model_loads_total{model="small"} 2.0' in text
+    assert 'everycycle_model_pull_state{model="big",state="pulling"} 1.0' in text
+    rows, got = models_from_metrics(text, 0.0, {})
+    lines = model_lines(Serving(Source(True), models=rows, pull=got))
+    assert lines == ["small: 150 MiB resident of 200 MiB planned, n/a tok/s",
+                     "pulling big: pulling, 3,072 MiB of 12,288 MiB (25 %), 100.0 MiB/s"]

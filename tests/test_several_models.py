@@ -4,6 +4,8 @@ them, unloaded least recently used first within a memory budget that holds one o
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import urllib.request
 
 import openai
@@ -22,18 +24,26 @@ def box(tmp_path_factory):
     d = tmp_path_factory.mktemp("several")
     store = Store(d / "store")
     for name, seed in (("tiny-a", 1), ("tiny-b", 2)):
-        f = write_tiny_llama(d / f"{name}.gguf", n_ctx=256, seed=seed)
+        # 11 MiB each: a model's share of the budget is well above the rounding of the budget to a MiB.
+        f = write_tiny_llama(d / f"{name}.gguf", n_ctx=256, seed=seed, n_embd=256, n_layer=4, n_ff=512)
         store.root.mkdir(parents=True, exist_ok=True)
         store.admit(f, name, "0" * 64, str(f), move=True)
-    # The default model (94 MiB) and one tiny model (under 1 MiB), each with 64 MiB of KV: 222 MiB; a second tiny
-    # one would make 286.
+    # A budget that holds the default model and one tiny one, by the planner's count, with half a tiny one spare.
+    from host_runtime.engine.model import default_model_path
+    from host_runtime.placement.session import resident_bytes_for
+
+    def need(path):
+        return resident_bytes_for(str(path), ctx_size=256, parallel=1, kv_budget_bytes=64 << 20)
+
+    budget_mib = (need(default_model_path()) + 1.5 * need(store.path_of(store.get("tiny-a")))) / 2**20
     port = free_port()
     proc = Proc(everycycle("serve", "--port", str(port), "--threads", "2", "--workers", "2", "--ctx-size", "256",
                            "--parallel", "1", "--kv-budget-mib", "64", "--model-store", str(store.root),
-                           "--models-memory-mib", "250", "--run-dir", str(d / "run")), d / "serve.log")
+                           "--models-memory-mib", str(int(budget_mib)), "--run-dir", str(d / "run" / "serving")), d / "serve.log")
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: ready(base), 120, "the server", proc)
+        proc.run_dir = d / "run"  # EVERYCYCLE_RUN_DIR for `everycycle models`, which asks the pool what is loaded
         yield base, store, openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120), proc
     finally:
         proc.stop()
@@ -92,3 +102,46 @@ def test_an_unknown_model_and_a_bad_keep_alive_are_clear_errors(box):
     with pytest.raises(urllib.error.HTTPError) as http_err:
         urllib.request.urlopen(req, timeout=30)
     assert http_err.value.code == 400 and json.loads(http_err.value.read())["error"]["param"] == "keep_alive"
+
+
+def test_removing_a_loaded_model_needs_force_which_unloads_it_first(box, tmp_path):
+    base, store, client, proc = box
+    f = write_tiny_llama(tmp_path / "tiny-c.gguf", n_ctx=256, seed=3)
+    store.admit(f, "tiny-c", "0" * 64, str(f), move=True)
+    assert ask(client, "tiny-c") == "tiny-c"
+
+    def rm(*args):
+        return subprocess.run(everycycle("models", "--store", str(store.root), "rm", *args), capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "EVERYCYCLE_RUN_DIR": str(proc.run_dir)})
+
+    out = rm("tiny-c")
+    assert out.returncode == 1 and "is loaded and being served: --force unloads it first" in out.stderr
+    assert states(base)["tiny-c"] == "loaded"
+    out = rm("tiny-c", "--force")
+    assert out.returncode == 0 and "unloaded tiny-c" in out.stderr, out.stderr
+    assert "tiny-c" not in states(base)
+    text = http_get(base + "/metrics")[1].decode()
+    assert 'everycycle_model_unloads_total{model="tiny-c",reason="removed"} 1.0' in text
+    assert 'everycycle_model_loads_total{model="tiny-c"} 1.0' in text
+    out = rm(MODEL_ID, "--force")  # the model the server started with is not in the store: nothing to remove
+    assert out.returncode == 1 and "no model named" in out.stderr
+
+
+def test_an_embedding_model_answers_embeddings_with_its_own_pooling_and_refuses_chat(box, tmp_path):
+    """Two GGUFs with the same weights: one declares CLS pooling (an embedding model), the other declares nothing
+    (a generating model, whose embeddings are the tokens' mean). The same input gives different vectors."""
+    import gguf
+
+    base, store, client, _ = box
+    for name, pooling in (("tiny-embed", gguf.PoolingType.CLS), ("tiny-same", None)):
+        f = write_tiny_llama(tmp_path / f"{name}.gguf", n_ctx=256, seed=7, pooling_type=pooling)
+        store.admit(f, name, "0" * 64, str(f), move=True)
+    assert store.get("tiny-embed").pooling == "cls" and store.get("tiny-same").pooling == ""
+    text = ["one two three four five six"]
+    cls = client.embeddings.create(model="tiny-embed", input=text)
+    mean = client.embeddings.create(model="tiny-same", input=text)
+    assert cls.model == "tiny-embed" and len(cls.data[0].embedding) == 32
+    assert max(abs(a - b) for a, b in zip(cls.data[0].embedding, mean.data[0].embedding)) > 1e-3
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny-embed", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert err.value.code == "model_not_generative" and "embedding model" in err.value.message

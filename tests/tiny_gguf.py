@@ -12,7 +12,9 @@ import numpy as np
 
 
 def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: int = 2, n_head: int = 4,
-                     n_ff: int = 64, seed: int = 0, chat_template: str | None = None) -> Path:
+                     n_ff: int = 64, seed: int = 0, chat_template: str | None = None,
+                     pooling_type: int | None = None) -> Path:
+    """pooling_type (gguf.PoolingType): an embedding model's, as an embedding GGUF declares it."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -40,6 +42,8 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
     w.add_add_bos_token(True)
     if chat_template is not None:
         w.add_chat_template(chat_template)
+    if pooling_type is not None:
+        w.add_pooling_type(gguf.PoolingType(pooling_type))
 
     def t(name: str, *shape: int, scale: float = 0.2):
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))

@@ -10,11 +10,15 @@ import time
 class Progress:
     """Bytes, rate and time left for one file, printed at most once a second (and once at the end)."""
 
-    def __init__(self, name: str, total: int | None, say, interval_s: float = 1.0, already: int = 0):
+    def __init__(self, name: str, total: int | None, say, interval_s: float = 1.0, already: int = 0, observe=None):
+        """observe(progress), if given, is called whenever a line is said: a status file or a gauge follows."""
         self.name, self.total, self.say, self.interval = name, total, say, interval_s
+        self.observe = observe
         self.done = already
         self._resumed_from = already  # the rate counts what this run moved
         self.start = self.last = time.monotonic()
+        if observe is not None:
+            observe(self)  # the size is known from the start
 
     def __call__(self, n: int) -> None:
         self.done += n
@@ -22,6 +26,8 @@ class Progress:
         if now - self.last >= self.interval or (self.total is not None and self.done >= self.total):
             self.last = now
             self.say(self.line(now))
+            if self.observe is not None:
+                self.observe(self)
 
     def rate(self, now: float | None = None) -> float:
         elapsed = max((now or time.monotonic()) - self.start, 1e-6)

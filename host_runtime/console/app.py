@@ -11,7 +11,7 @@ from textual.containers import Grid, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Sparkline, Static
 
-from host_runtime.console.data import BoxStatus, StatusReader, restart_service, system_line
+from host_runtime.console.data import BoxStatus, StatusReader, model_lines, restart_service, system_line
 from host_runtime.console.status_text import fmt
 
 HEALTH_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "failed": "bold red"}
@@ -191,6 +191,8 @@ class Dashboard(App):
             if sv.backend:
                 t.append(f"\n{sv.backend.get('backend')} on {sv.backend.get('device')}: "
                          + ", ".join(f"{d} {n}" for d, n in sv.layers.items()) + " layers")
+            for line in model_lines(sv):
+                t.append(f"\n{line}", style="yellow" if line.startswith("pulling") else "")
         self.query_one("#serving", Static).update(t)
         self.query_one("#tokens", Sparkline).data = s.token_history or [0.0]
 

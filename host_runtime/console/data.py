@@ -29,6 +29,25 @@ class Source:
 
 
 @dataclass
+class ModelRow:
+    """A loaded model: the memory it was given and holds, and its generation rate since the last read."""
+    name: str
+    planned_bytes: float | None = None
+    resident_bytes: float | None = None
+    tokens_per_s: float | None = None
+
+
+@dataclass
+class ModelPull:
+    """The bundle's model being pulled at first boot."""
+    name: str
+    state: str
+    done_bytes: float = 0
+    total_bytes: float | None = None
+    rate_bytes_s: float = 0
+
+
+@dataclass
 class Serving:
     source: Source
     ready: bool = False
@@ -42,6 +61,24 @@ class Serving:
     prefix_hit_ratio: float | None = None
     backend: dict[str, str] = field(default_factory=dict)   # backend, device, reason (everycycle_backend_info)
     layers: dict[str, int] = field(default_factory=dict)    # device -> model layers placed there
+    models: list[ModelRow] = field(default_factory=list)    # every loaded model (the pool's)
+    pull: ModelPull | None = None
+
+
+def model_lines(sv: Serving) -> list[str]:
+    """The loaded models and the bundle's pull, a line each: what the console and `everycycle status` show."""
+    def mib(v):
+        return "n/a" if v is None else f"{v / 2**20:,.0f} MiB"
+
+    lines = [f"{m.name}: {mib(m.resident_bytes)} resident of {mib(m.planned_bytes)} planned, "
+             f"{'n/a' if m.tokens_per_s is None else format(m.tokens_per_s, '.1f')} tok/s" for m in sv.models]
+    p = sv.pull
+    if p is not None and p.state != "pulled":
+        done = f"{mib(p.done_bytes)} of {mib(p.total_bytes)}" + (
+            f" ({100 * p.done_bytes / p.total_bytes:.0f} %)" if p.total_bytes else "")
+        lines.append(f"pulling {p.name}: {p.state}, {done}, {p.rate_bytes_s / 2**20:.1f} MiB/s"
+                     if p.state != "failed" else f"pulling {p.name} FAILED (see the serving log)")
+    return lines
 
 
 @dataclass
@@ -147,10 +184,43 @@ class ConsoleConfig:
     bundle_dir: Path = Path("/efi/everycycle")  # where the wizard writes its bundle: the ESP, which gpt-auto mounts at /efi
 
 
+def models_from_metrics(metrics_text: str, now: float, last_tokens: dict[str, tuple[float, float]]
+                        ) -> tuple[list[ModelRow], ModelPull | None]:
+    """The loaded models (memory, and tok/s since the reading kept in last_tokens, which is updated) and the
+    bundle's pull, from the serving API's /metrics."""
+    rows: dict[str, ModelRow] = {}
+    for labels, _ in metric_samples(metrics_text, "everycycle_model_loaded"):
+        rows[labels.get("model", "?")] = ModelRow(labels.get("model", "?"))
+    for labels, value in metric_samples(metrics_text, "everycycle_model_memory_bytes"):
+        row = rows.get(labels.get("model"))
+        if row is not None and labels.get("kind") in ("planned", "resident"):
+            setattr(row, f"{labels['kind']}_bytes", value)
+    for labels, tokens in metric_samples(metrics_text, "everycycle_tokens_predicted_total"):
+        row = rows.get(labels.get("model"))
+        if row is None:
+            continue
+        last = last_tokens.get(row.name)
+        if last is not None and now > last[0]:
+            row.tokens_per_s = max(0.0, (tokens - last[1]) / (now - last[0]))
+        last_tokens[row.name] = (now, tokens)
+    pull = None
+    for labels, value in metric_samples(metrics_text, "everycycle_model_pull_state"):
+        if value:
+            pull = ModelPull(labels.get("model", "?"), labels.get("state", "?"))
+    if pull is not None:
+        for name, attr in (("everycycle_model_pull_bytes", "done_bytes"),
+                           ("everycycle_model_pull_size_bytes", "total_bytes"),
+                           ("everycycle_model_pull_rate_bytes", "rate_bytes_s")):
+            for _, value in metric_samples(metrics_text, name):
+                setattr(pull, attr, value)
+    return list(rows.values()), pull
+
+
 class StatusReader:
     def __init__(self, config: ConsoleConfig):
         self.config = config
         self._last_tokens: tuple[float, float] | None = None
+        self._last_model_tokens: dict[str, tuple[float, float]] = {}  # model -> (when, tokens)
         self._history: list[float] = []
         self._last_services: dict[str, str] = {}
         self._ready: tuple[bool, str] = (False, "not checked yet")
@@ -202,12 +272,13 @@ class StatusReader:
         hits = sum(v for k, v in metrics.items() if k.startswith("everycycle_prefix_cache_hit_ratio{"))
         backend = next((labels for labels, _ in metric_samples(metrics_text, "everycycle_backend_info")), {})
         layers = {labels.get("device", "?"): int(v) for labels, v in metric_samples(metrics_text, "everycycle_model_layers")}
+        models, pull = models_from_metrics(metrics_text, now, self._last_model_tokens)
         return Serving(Source(True, "answering"), ready=self._ready[0], ready_reason=self._ready[1],
                        model=model, running=metrics.get("everycycle_requests_processing", 0),
                        waiting=metrics.get("everycycle_requests_deferred", 0), tokens_total=tokens,
                        tokens_per_s=rate, ttft_p50_s=histogram_quantile(metrics, "everycycle_time_to_first_token_seconds", 0.5),
                        prefix_hit_ratio=hits if any(k.startswith("everycycle_prefix_cache_lookups_total") for k in metrics) else None,
-                       backend=backend, layers=layers)
+                       backend=backend, layers=layers, models=models, pull=pull)
 
     def topology(self) -> dict | None:
         try:

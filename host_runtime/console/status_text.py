@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from host_runtime.console.data import BoxStatus, system_line
+from host_runtime.console.data import BoxStatus, model_lines, system_line
 
 
 def fmt(v, spec: str = "", none: str = "n/a") -> str:
@@ -25,6 +25,7 @@ def render(s: BoxStatus) -> str:
         if sv.backend:
             lines.append(f"Backend  {sv.backend.get('backend')} on {sv.backend.get('device')} ({sv.backend.get('reason')}); "
                          "layers " + ", ".join(f"{d} {n}" for d, n in sv.layers.items()))
+        lines += [f"Model    {line}" for line in model_lines(sv)]
     else:
         lines.append(f"Serving  DOWN: {sv.source.detail}")
     lines.append(f"Governor {s.governor.detail if s.governor.ok else 'DOWN: ' + s.governor.detail}; "

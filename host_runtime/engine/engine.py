@@ -208,7 +208,7 @@ class Engine:
             self._cv.notify_all()
 
     def embed(self, texts: list[str], cancelled=lambda: False) -> tuple[list[list[float]], int]:
-        """Mean-pooled, unit-length embeddings and the total token count.
+        """Pooled (the model's pooling, else the mean), unit-length embeddings and the total token count.
 
         `cancelled()` is asked while waiting for the embedding context and between inputs: a request whose
         client left stops there instead of holding the context."""

@@ -167,6 +167,10 @@ class LoadedModel:
         # after one (chat message ends; see step_plan).
         self.boundary_tokens = end_of_generation_tokens(self.model.vocab, self.n_vocab)
         self.metadata = self.model.metadata()
+        from host_runtime.models.gguf_info import pooling_name
+
+        # An embedding model declares its pooling: it answers /v1/embeddings with it, and nothing else.
+        self.pooling = pooling_name(self.metadata.get(f"{self.metadata.get('general.architecture')}.pooling_type"))
         self.eos_text = self._token_text(self.model.token_eos())
         self.bos_text = self._token_text(self.model.token_bos())
         self.chat_template = self.metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE
@@ -212,7 +216,8 @@ class LoadedModel:
         return token in self.boundary_tokens
 
     def embeddings_context(self):
-        """A second context on the same weights, in embeddings mode with mean pooling."""
+        """A second context on the same weights, in embeddings mode: the model's own pooling where its GGUF
+        declares one (an embedding model), else the mean of the tokens (a generating model's embeddings)."""
         if self._embed_ctx is None:
             import llama_cpp
             from llama_cpp._internals import LlamaContext
@@ -225,7 +230,8 @@ class LoadedModel:
             cparams.n_threads = self.n_threads
             cparams.n_threads_batch = self.n_threads
             cparams.embeddings = True
-            cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+            cparams.pooling_type = (llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED if self.pooling
+                                    else llama_cpp.LLAMA_POOLING_TYPE_MEAN)
             cparams.no_perf = True
             self._embed_ctx = LlamaContext(model=self.model, params=cparams, verbose=False)
         return self._embed_ctx

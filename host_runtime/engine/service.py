@@ -121,6 +121,7 @@ class EngineService:
                 "n_ctx": m.n_ctx_per_seq if m else None, "n_parallel": m.n_parallel if m else None,
                 "max_waiting": m.capacity.max_waiting if m else None,
                 "placement": m.placement.to_json() if m else None,
+                "pooling": m.pooling if m else None,
                 "pid": os.getpid()}
 
     def metrics_text(self) -> str:
@@ -194,6 +195,10 @@ class EngineService:
         if self.state != "ready":
             raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
                                   code="model_not_ready", retry_after=5)
+        if self.model.pooling:
+            raise RequestRejected(400, f"'{self.model_id}' is an embedding model (its GGUF declares "
+                                  f"{self.model.pooling} pooling): it answers /v1/embeddings only",
+                                  param="model", code="model_not_generative")
         prompt = message["prompt"]
         stops = list(message.get("stop") or [])
         if "messages" in prompt:
@@ -260,6 +265,9 @@ class EngineService:
         if self.state != "ready":
             raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
                                   code="model_not_ready", retry_after=5)
+        if self.model.pooling == "rank":
+            raise RequestRejected(400, f"'{self.model_id}' is a reranking model: its pooling gives scores, not "
+                                  "embeddings", param="model", code="model_not_embedding")
         vectors, n_tokens = self.engine.embed(list(message["inputs"]), cancelled)
         return {"type": "result", "data": vectors, "prompt_tokens": n_tokens}
 

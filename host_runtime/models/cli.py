@@ -67,10 +67,11 @@ def _run(args, store: Store) -> int:
         elif not models:
             print(f"no models in {store.root} (everycycle models pull SOURCE, or add FILE)")
         else:
-            print(f"{'NAME':32} {'SIZE':>10} {'ARCH':10} {'QUANT':8} {'CONTEXT':>8}  PINNED")
+            print(f"{'NAME':32} {'SIZE':>10} {'ARCH':10} {'QUANT':8} {'CONTEXT':>8}  {'KIND':16} PINNED")
             for m in models:
+                kind = f"embedding ({m.pooling})" if m.pooling else "chat"
                 print(f"{m.name:32} {m.size / 2**20:9,.1f}M {m.architecture:10} {m.quantization:8} "
-                      f"{m.context_length:>8}  {'yes' if m.pinned else ''}")
+                      f"{m.context_length:>8}  {kind:16} {'yes' if m.pinned else ''}")
         return 0
     if command == "show":
         manifest = store.get(args.name)
@@ -88,10 +89,11 @@ def _run(args, store: Store) -> int:
         if manifest.pinned and not args.force:
             raise StoreError(f"{args.name} is pinned: unpin it first (everycycle models pin --off {args.name}), or "
                              "--force")
-        served = _served_path()
-        if served is not None and Path(served).resolve() == store.path_of(manifest).resolve() and not args.force:
-            raise StoreError(f"{args.name} is being served: stop serving it first, or --force (the engine keeps "
-                             "it in memory until the serving service restarts)")
+        loaded = _loaded_models()
+        if args.name in loaded:
+            if not args.force:
+                raise StoreError(f"{args.name} is loaded and being served: --force unloads it first")
+            _unload(args.name)
         store.remove(args.name)
         print(f"removed {args.name}")
         return 0
@@ -101,14 +103,34 @@ def _run(args, store: Store) -> int:
     raise AssertionError(command)
 
 
-def _served_path() -> str | None:
-    """The model file the box's engine serves now, if one answers."""
+def _pool():
+    """The serving service's engine pool (its control socket), which knows what is loaded."""
     import os
 
-    from host_runtime.engine.ipc import EngineClient, EngineUnavailable
+    from host_runtime.engine.ipc import EngineClient
 
     run_dir = Path(os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
+    return EngineClient(str(run_dir / "serving" / "models.sock"))
+
+
+def _loaded_models() -> set[str]:
+    """The models with an engine now; none when the serving service is not running."""
+    from host_runtime.engine.ipc import EngineUnavailable
+
     try:
-        return EngineClient(str(run_dir / "serving" / "engine.sock")).call({"op": "info"}, timeout=2.0).get("model_path")
-    except (EngineUnavailable, OSError):
-        return None
+        rows = _pool().call({"op": "list"}, timeout=10.0)["models"]
+    except (EngineUnavailable, OSError, KeyError):
+        return set()
+    return {r["id"] for r in rows if r.get("state") in ("loaded", "loading")}
+
+
+def _unload(name: str) -> None:
+    from host_runtime.engine.ipc import EngineUnavailable
+
+    try:
+        reply = _pool().call({"op": "unload", "model": name}, timeout=60.0)
+    except (EngineUnavailable, OSError) as exc:
+        raise StoreError(f"could not ask the serving service to unload {name}: {exc}") from None
+    if "error" in reply:
+        raise StoreError(reply["error"]["message"])
+    _say(f"unloaded {name}")

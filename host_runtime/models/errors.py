@@ -3,3 +3,8 @@
 
 class StoreError(Exception):
     """A store operation refused or failed; the message says why and what to do."""
+
+
+class SourceRefused(StoreError):
+    """What the source gave is not the model asked for (wrong sha256, not a GGUF, no such file): trying again
+    changes nothing until the source or the request changes."""

@@ -24,6 +24,7 @@ def read_info(path: Path) -> dict:
         arch = _value(fields, "general.architecture")
         file_type = _value(fields, "general.file_type")
         context = _value(fields, f"{arch}.context_length") if arch else None
+        pooling = _value(fields, f"{arch}.pooling_type") if arch else None
         end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     except (ValueError, KeyError, IndexError, OSError) as exc:
         raise StoreError(f"{path.name} is not a readable GGUF file: {exc}") from None
@@ -37,7 +38,20 @@ def read_info(path: Path) -> dict:
     except ValueError:
         quant = f"type {file_type}"
     return {"architecture": str(arch), "quantization": quant, "context_length": int(context or 0),
-            "chat_template": "tokenizer.chat_template" in fields}
+            "chat_template": "tokenizer.chat_template" in fields, "pooling": pooling_name(pooling)}
+
+
+def pooling_name(value) -> str:
+    """An embedding model's pooling ('mean', 'cls', 'last', 'rank'); '' for a generating model (none declared)."""
+    import gguf
+
+    if value is None:
+        return ""
+    try:
+        kind = gguf.PoolingType(int(value))
+    except ValueError:
+        return f"type {value}"
+    return "" if kind == gguf.PoolingType.NONE else kind.name.lower()
 
 
 def _value(fields, key: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 from host_runtime.models.errors import StoreError
 
@@ -38,6 +38,7 @@ class Manifest:
     source: str            # where it came from: a URL, hf://..., a local path, or "image"
     added_at: str          # ISO 8601, UTC
     pinned: bool = False   # never unloaded to make room, never removed without --force
+    pooling: str = ""      # an embedding model's pooling (mean, cls, last, rank); '' for a generating model
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -49,7 +50,7 @@ class Manifest:
         except ValueError as exc:
             raise StoreError(f"a manifest is not JSON: {exc}") from None
         known = {f.name for f in fields(cls)}
-        missing = sorted(f.name for f in fields(cls) if f.name not in doc and f.name != "pinned")
+        missing = sorted(f.name for f in fields(cls) if f.name not in doc and f.default is MISSING)
         if not isinstance(doc, dict) or missing:
             raise StoreError(f"a manifest lacks {', '.join(missing) or 'an object'}")
         return cls(**{k: v for k, v in doc.items() if k in known})

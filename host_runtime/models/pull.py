@@ -15,7 +15,7 @@ from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.download import Progress, copy_hashing, file_sha256
-from host_runtime.models.errors import StoreError
+from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.manifest import Manifest, check_name, name_for_file
 from host_runtime.models.store import Store
 
@@ -34,22 +34,22 @@ def _hf_parts(source: str) -> tuple[str, str, str | None]:
     rest, _, revision = rest.partition("@")
     parts = [p for p in rest.split("/") if p]
     if len(parts) < 3 or not parts[-1].lower().endswith(".gguf"):
-        raise StoreError(f"SOURCE: {source!r} is not hf://OWNER/REPO/FILE.gguf[@REVISION]")
+        raise SourceRefused(f"SOURCE: {source!r} is not hf://OWNER/REPO/FILE.gguf[@REVISION]")
     return "/".join(parts[:2]), "/".join(parts[2:]), revision or None
 
 
-def _check_sha(expected: str | None) -> str | None:
+def check_sha256(expected: str | None, what: str = "--sha256") -> str | None:
     if expected is None:
         return None
     value = expected.lower()
     if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
-        raise StoreError(f"--sha256: {expected!r} is not a sha256 (64 hex digits)")
+        raise StoreError(f"{what}: {expected!r} is not a sha256 (64 hex digits)")
     return value
 
 
 def add(store: Store, file: Path, name: str | None = None, sha256: str | None = None, say=print) -> Manifest:
     """A local GGUF copied into the store (a USB stick, a file already on the box)."""
-    expected = _check_sha(sha256)
+    expected = check_sha256(sha256)
     name = check_name(name or name_for_file(file.name))
     store.refuse_existing(name)
     if not file.is_file():
@@ -62,27 +62,29 @@ def add(store: Store, file: Path, name: str | None = None, sha256: str | None = 
     return store.admit(file, name, digest, str(file.resolve()), move=False)
 
 
-def pull(store: Store, source: str, name: str | None = None, sha256: str | None = None, say=print) -> Manifest:
-    expected = _check_sha(sha256)
+def pull(store: Store, source: str, name: str | None = None, sha256: str | None = None, say=print,
+         observe=None) -> Manifest:
+    """observe(download.Progress), if given, follows the download (the first-boot pull's status file)."""
+    expected = check_sha256(sha256)
     scheme = urllib.parse.urlsplit(source).scheme
     if scheme not in ("http", "https", "hf"):
-        raise StoreError(f"SOURCE: {source!r} is neither an http(s) URL nor hf://OWNER/REPO/FILE.gguf "
+        raise SourceRefused(f"SOURCE: {source!r} is neither an http(s) URL nor hf://OWNER/REPO/FILE.gguf "
                          "(a file on the box: everycycle models add FILE)")
     name = check_name(name or name_for_file(source_file_name(source)))
     store.refuse_existing(name)
     if scheme == "hf":
-        file, digest = _pull_hf(store, source, name, say)
+        file, digest = _pull_hf(store, source, name, say, observe)
     else:
-        file, digest = _pull_http(store, source, name, say)
+        file, digest = _pull_http(store, source, name, say, observe)
     if expected and digest != expected:
         _forget(store, name)
-        raise StoreError(f"{source}: sha256 {digest} is not the {expected} given: the download was altered or is "
+        raise SourceRefused(f"{source}: sha256 {digest} is not the {expected} given: the download was altered or is "
                          "another file; nothing was added")
     try:
         manifest = store.admit(file, name, digest, source, move=True)
-    except StoreError:
+    except StoreError as exc:
         _forget(store, name)
-        raise
+        raise SourceRefused(str(exc)) from None
     _forget(store, name)
     say(f"{name}: {manifest.size / 2**20:,.1f} MiB, {manifest.architecture} {manifest.quantization}, sha256 {digest}")
     return manifest
@@ -100,7 +102,7 @@ def _forget(store: Store, name: str) -> None:
     shutil.rmtree(store.partial_dir() / f"hf-{name}", ignore_errors=True)
 
 
-def _pull_http(store: Store, url: str, name: str, say) -> tuple[Path, str]:
+def _pull_http(store: Store, url: str, name: str, say, observe=None) -> tuple[Path, str]:
     part, meta = _partial(store, name)
     try:
         kept = json.loads(meta.read_text()) if meta.exists() else {}
@@ -116,7 +118,9 @@ def _pull_http(store: Store, url: str, name: str, say) -> tuple[Path, str]:
         if exc.code == 416 and already:  # the part is already whole
             resp = None
         else:
-            raise StoreError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+            # A client error (no such file, no access) stays one; a server's or a proxy's may pass.
+            refused = 400 <= exc.code < 500 and exc.code not in (408, 425, 429)
+            raise (SourceRefused if refused else StoreError)(f"{url}: HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise StoreError(f"{url}: {getattr(exc, 'reason', exc)}") from None
     if resp is None:
@@ -131,7 +135,7 @@ def _pull_http(store: Store, url: str, name: str, say) -> tuple[Path, str]:
     atomic_write(meta, json.dumps({"source": url, "total": total}).encode(), mode=0o600)
     if already:
         say(f"resuming {name} at {already / 2**20:,.1f} MiB")
-    progress = Progress(f"pulling {name}", total, say, already=already)
+    progress = Progress(f"pulling {name}", total, say, already=already, observe=observe)
     digest = file_sha256(part) if already else None
     try:
         sha = copy_hashing(resp, part, progress, append=already > 0, digest=digest)
@@ -145,7 +149,7 @@ def _pull_http(store: Store, url: str, name: str, say) -> tuple[Path, str]:
     return part, sha
 
 
-def _pull_hf(store: Store, source: str, name: str, say) -> tuple[Path, str]:
+def _pull_hf(store: Store, source: str, name: str, say, observe=None) -> tuple[Path, str]:
     try:
         from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
@@ -157,11 +161,51 @@ def _pull_hf(store: Store, source: str, name: str, say) -> tuple[Path, str]:
         meta = get_hf_file_metadata(hf_hub_url(repo, path, revision=revision))
         store.check_room(meta.size, name)
         say(f"pulling {name} from {repo} ({(meta.size or 0) / 2**20:,.1f} MiB) through huggingface_hub")
-        file = Path(hf_hub_download(repo, path, revision=revision, local_dir=local))
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as exc:
+        with _watching(local, Progress(f"pulling {name}", meta.size, say, observe=observe)):
+            file = Path(hf_hub_download(repo, path, revision=revision, local_dir=local))
+    except HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None) or 0
+        refused = 400 <= status < 500 and status not in (408, 425, 429)
+        raise (SourceRefused if refused else StoreError)(f"{source}: {exc}; run the same pull again to resume") from None
+    except (LocalEntryNotFoundError, OSError, ValueError) as exc:
         raise StoreError(f"{source}: {exc}; run the same pull again to resume") from None
     part, _ = _partial(store, name)
     os.replace(file, part)
     shutil.rmtree(local, ignore_errors=True)
     say(f"hashing {name}")
     return part, file_sha256(part).hexdigest()
+
+
+class _watching:
+    """huggingface_hub writes the file itself (its own progress bar): follow its size under `directory` once a
+    second into our Progress, so that the CLI's lines and the first-boot status are the same for every source."""
+
+    def __init__(self, directory: Path, progress: Progress):
+        import threading
+
+        self.directory, self.progress, self._stop = directory, progress, threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pull-progress", daemon=True)
+
+    def _size(self) -> int:
+        total = 0
+        for path in self.directory.rglob("*"):
+            try:
+                total += path.stat().st_size if path.is_file() else 0
+            except OSError:
+                continue
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.progress.interval):
+            grown = self._size() - self.progress.done
+            if grown > 0:
+                self.progress(grown)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common.service_user import give_to_services
 from host_runtime.models.errors import StoreError
 from host_runtime.models.gguf_info import read_info
 from host_runtime.models.manifest import Manifest, check_name
@@ -65,7 +66,10 @@ class Store:
 
     def partial_dir(self) -> Path:
         d = self.root / PARTIAL
-        d.mkdir(parents=True, exist_ok=True)
+        if not d.is_dir():
+            d.mkdir(parents=True, exist_ok=True)
+            # Made by root's CLI, it must stay usable by the serving service's first-boot pull.
+            give_to_services(d)
         return d
 
     def check_room(self, size: int | None, name: str) -> None:

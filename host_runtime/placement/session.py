@@ -90,3 +90,14 @@ def plan_for_cli(model_path: str, *, ctx_size: int, parallel: int | None, kv_bud
     except (PlacementError, ProofFailed) as exc:
         return Outcome(None, str(exc), True, "")
     return Outcome(placement_, None, True, f"compute buffers from {len(runs)} llama.cpp dry run(s) (no_alloc)")
+
+
+def resident_bytes_for(model_path: str, *, ctx_size: int, parallel: int | None, kv_budget_bytes: int) -> int:
+    """What a model holds once loaded, by the planner's accounting with all of it on the CPU: the weights from its
+    tensor table, the KV cache of the sequences these settings give it, and the compute buffers (estimated). The
+    engine pool counts models against its memory budget with it. Raises ModelTableError for an unreadable file."""
+    table = read_table(model_path)
+    unlimited = Host(1 << 62, 1 << 62)  # the figure, not a fit: the pool decides what fits its budget
+    placement_ = plan(table, [], unlimited, PlanRequest(n_ctx_per_seq=ctx_size, n_parallel=parallel,
+                                                          kv_budget_bytes=kv_budget_bytes, cpu_only=True))
+    return sum(s.used_bytes for s in placement_.shares)

@@ -189,7 +189,8 @@ class Metrics:
                 texts.append(client.call({"op": "metrics"}, timeout=5.0)["text"])
             except EngineUnavailable:
                 continue
-        resp.text = up_text(True) + (texts[0] if len(texts) == 1 else merge(texts)) + self._governor_text()
+        resp.text = (up_text(True) + (texts[0] if len(texts) == 1 else merge(texts)) + self._router.pool_metrics()
+                     + self._governor_text())
 
     def _governor_text(self) -> str:
         """The governor's Prometheus file (written beside its state file), while it is fresh."""
@@ -225,8 +226,11 @@ class Models:
 
     @staticmethod
     def _entry(row: dict) -> dict:
-        return {"id": row["id"], "object": "model", "created": 0, "owned_by": "everycycle",
-                "context_length": row.get("context_length"), "state": row["state"], "pinned": row.get("pinned", False)}
+        entry = {"id": row["id"], "object": "model", "created": 0, "owned_by": "everycycle",
+                 "context_length": row.get("context_length"), "state": row["state"], "pinned": row.get("pinned", False)}
+        if row.get("download"):  # the bundle's model, being pulled: how far, or why it failed
+            entry["download"] = row["download"]
+        return entry
 
     def on_get(self, req, resp):
         _json(resp, {"object": "list", "data": [self._entry(r) for r in self._router.models()]})

@@ -15,6 +15,7 @@ import queue
 import socketserver
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,6 @@ class Loaded:
     path: str
     socket: str
     child: object              # gunicorn_runner.EngineChild
-    need: int                  # bytes it was given room for
     pinned: bool
     keep_alive_s: float | None
     last_used: float = field(default_factory=time.monotonic)
@@ -40,30 +40,42 @@ class Loaded:
 
 class EnginePool:
     def __init__(self, *, run_dir: Path, default_name: str, default_path: str, default_socket: str, default_child,
-                 engine_argv, store: Store | None, budget_bytes: int, kv_bytes: int, keep_alive_s: float | None):
-        """engine_argv(socket, model_path) -> the command line of an engine for that model."""
+                 engine_argv, store: Store | None, budget_bytes: int, need_for, keep_alive_s: float | None):
+        """engine_argv(socket, model_path) -> the command line of an engine for that model; need_for(model_path)
+        -> the bytes it holds once loaded, by the placement planner's accounting (weights, KV, compute)."""
         self.run_dir = run_dir
         self.control_socket = str(run_dir / "models.sock")
         self.store = store
         self.budget = budget_bytes
-        self.kv_bytes = kv_bytes
+        self._need_for = need_for
+        self._needs: dict[tuple[str, float], int] = {}
         self.keep_alive_s = keep_alive_s
         self.engine_argv = engine_argv
         self.default_name = default_name
         self._lock = threading.Lock()
         self._loaded: dict[str, Loaded] = {default_name: Loaded(
-            default_name, default_path, default_socket, default_child, self._need(default_path), True, None)}
+            default_name, default_path, default_socket, default_child, True, None)}
         self._stopping = False
         self._launches: queue.Queue = queue.Queue()
+        self.loads: Counter = Counter({default_name: 1})     # model -> engines started for it
+        self.unloads: Counter = Counter()                     # (model, reason) -> engines stopped
+        self.provisioned = None  # models.provisioned.ProvisionedPull: the bundle's model, pulled at first boot
 
     # ---- what exists -----------------------------------------------------------------------------------------
 
     def _need(self, path: str) -> int:
-        """Room a model takes: its weights plus the KV budget every engine gets (an estimate until measured)."""
+        """Room a model takes, as the planner counts it (kept per file: reading a tensor table takes a while)."""
         try:
-            return os.path.getsize(path) + self.kv_bytes
+            key = (path, os.path.getmtime(path))
         except OSError:
-            return self.kv_bytes
+            return 0  # gone: its engine's own load says so
+        if key not in self._needs:
+            try:
+                self._needs[key] = int(self._need_for(path))
+            except Exception as exc:  # an unreadable table: the engine's load names the fault
+                log.warning("could not plan %s (%s); counting its file size", path, exc)
+                self._needs[key] = os.path.getsize(path)
+        return self._needs[key]
 
     def available(self) -> dict[str, dict]:
         """Every model this box can serve, by name: the default one and the store's."""
@@ -86,7 +98,25 @@ class EnginePool:
             rows.append({"id": name, "state": state, "pinned": info["pinned"] or name == self.default_name,
                          "context_length": info["context_length"],
                          "socket": loaded[name].socket if name in loaded else None})
+        pulling = self.provisioned.status if self.provisioned is not None else None
+        if pulling is not None and pulling.state != "pulled" and all(r["id"] != pulling.name for r in rows):
+            rows.append({"id": pulling.name, "state": "downloading" if pulling.state != "failed" else "failed",
+                         "pinned": False, "context_length": None, "socket": None,
+                         "download": {"done_bytes": pulling.done_bytes, "total_bytes": pulling.total_bytes,
+                                      "error": pulling.error or None}})
         return rows
+
+    def snapshot(self) -> dict:
+        """What /metrics shows of the pool: each loaded model's planned and resident memory, the load and
+        unload counts, and the bundle's pull."""
+        with self._lock:
+            loaded = [(e.name, e.path, getattr(e.child, "proc", None)) for e in self._loaded.values()]
+        memory = {}
+        for name, path, proc in loaded:
+            memory[name] = {"planned": self._need(path), "resident": _rss(proc)}
+        status = self.provisioned.status if self.provisioned is not None else None
+        return {"memory": memory, "budget": self.budget, "loads": dict(self.loads),
+                "unloads": [(m, r, n) for (m, r), n in self.unloads.items()], "pull": status}
 
     # ---- acquiring -----------------------------------------------------------------------------------------
 
@@ -101,6 +131,13 @@ class EnginePool:
                     entry.keep_alive_s = keep
                 return {"socket": entry.socket, "state": _engine_state(entry.socket)}
             info = self.available().get(name)
+            if info is None and self.provisioned is not None and self.provisioned.status.name == name \
+                    and self.provisioned.status.state != "failed":
+                status = self.provisioned.status
+                done = f"{status.done_bytes / 2**20:,.0f} of {status.total_bytes / 2**20:,.0f} MiB" \
+                    if status.total_bytes else f"{status.done_bytes / 2**20:,.0f} MiB"
+                return _refusal(503, f"'{name}' is still being pulled onto this box ({done}); retry later",
+                                code="model_downloading", error_type="server_busy", retry_after=30)
             if info is None:
                 return _refusal(404, f"the model '{name}' does not exist on this box; it has: "
                                      f"{', '.join(sorted(self.available()))} (everycycle models pull)",
@@ -108,7 +145,7 @@ class EnginePool:
             need = self._need(info["path"])
             plan = plan_load(need, self.budget, self._residents())
             if plan.shortfall:
-                return _refusal(507, f"'{name}' needs about {need / 2**30:.2f} GiB with its KV cache; the models' "
+                return _refusal(507, f"'{name}' needs about {need / 2**30:.2f} GiB with its KV cache and compute buffers; the models' "
                                      f"memory budget is {self.budget / 2**30:.2f} GiB ({plan.shortfall / 2**30:.2f} "
                                      "GiB short) even with nothing else loaded", code="insufficient_memory",
                                 error_type="server_error")
@@ -121,13 +158,14 @@ class EnginePool:
                 return _refusal(503, f"no room to load '{name}' until a busy model goes idle; retry shortly",
                                 code="models_busy", error_type="server_busy", retry_after=5)
             for victim in plan.evict:
-                self._unload_locked(victim, f"to make room for {name}")
+                self._unload_locked(victim, f"to make room for {name}", "room")
             socket_path = str(self.run_dir / f"engine-{name}.sock")
             from host_runtime.serving.gunicorn_runner import EngineChild
 
             child = EngineChild(self.engine_argv(socket_path, info["path"]))
             self._launch(child, lambda n=name: self._died(n))
-            self._loaded[name] = Loaded(name, info["path"], socket_path, child, need, bool(info["pinned"]), keep)
+            self._loaded[name] = Loaded(name, info["path"], socket_path, child, bool(info["pinned"]), keep)
+            self.loads[name] += 1
             log.info("loading %s on demand (about %.2f GiB; budget %.2f GiB)", name, need / 2**30,
                      self.budget / 2**30)
             return {"socket": socket_path, "state": "loading"}
@@ -150,12 +188,14 @@ class EnginePool:
     def _residents(self) -> list[Resident]:
         # Pinning is read from the store each time: `models pin` applies to a model already loaded too.
         available = self.available()
-        return [Resident(e.name, e.need, e.last_used, _engine_busy(e.socket),
+        return [Resident(e.name, self._need(e.path), e.last_used, _engine_busy(e.socket),
                          e.pinned or bool(available.get(e.name, {}).get("pinned")), e.keep_alive_s)
                 for e in self._loaded.values()]
 
-    def _unload_locked(self, name: str, why: str) -> None:
+    def _unload_locked(self, name: str, why: str, reason: str) -> None:
+        """reason: the metric's label (room, keep_alive, removed, stopping)."""
         entry = self._loaded.pop(name)
+        self.unloads[(name, reason)] += 1
         log.info("unloading %s (%s)", name, why)
         entry.child.stop()
         Path(entry.socket).unlink(missing_ok=True)
@@ -164,7 +204,20 @@ class EnginePool:
         with self._lock:
             entry = self._loaded.pop(name, None)
         if entry is not None and not self._stopping:
+            self.unloads[(name, "exited")] += 1
             log.error("the engine for %s exited unexpectedly; it loads again when next asked for", name)
+
+    def unload(self, name: str) -> dict:
+        """`models rm --force`: stop the engine holding a model before its files go. The model the server
+        started with cannot be: the server lives and dies with it."""
+        with self._lock:
+            if name == self.default_name:
+                return _refusal(409, f"'{name}' is the model the server started with (serving.toml or --model): "
+                                     "change that and restart the serving service first", code="model_in_use")
+            if name in self._loaded:
+                self._unload_locked(name, "its removal was asked for", "removed")
+                return {"unloaded": True}
+        return {"unloaded": False}
 
     # ---- housekeeping --------------------------------------------------------------------------------------
 
@@ -172,7 +225,7 @@ class EnginePool:
         """Unload what has idled past its keep-alive."""
         with self._lock:
             for name in expired(self._residents(), time.monotonic()):
-                self._unload_locked(name, "its keep-alive passed")
+                self._unload_locked(name, "its keep-alive passed", "keep_alive")
 
     def start(self) -> None:
         Path(self.control_socket).unlink(missing_ok=True)
@@ -192,6 +245,12 @@ class EnginePool:
                     reply = pool.acquire(str(message.get("model")), keep)
                 elif op == "list":
                     reply = {"models": pool.listing()}
+                elif op == "unload":
+                    reply = pool.unload(str(message.get("model")))
+                elif op == "metrics":
+                    from host_runtime.serving.pool_metrics import pool_text
+
+                    reply = {"text": pool_text(pool.snapshot())}
                 else:
                     reply = _refusal(500, f"unknown engine pool op {op!r}", error_type="server_error")
                 try:
@@ -216,12 +275,22 @@ class EnginePool:
                     log.exception("engine pool sweep failed")
 
         threading.Thread(target=janitor, name="engine-pool-janitor", daemon=True).start()
+        if self.provisioned is not None:
+            self.provisioned.start()
+
+    def load_pulled(self, name: str) -> None:
+        """The bundle's model has arrived: load it now and keep it (it is the default from the next start)."""
+        reply = self.acquire(name, None)
+        if "error" in reply:
+            log.error("the pulled model %s could not be loaded: %s", name, reply["error"].get("message"))
 
     def stop(self) -> None:
         self._stopping = True
+        if self.provisioned is not None:
+            self.provisioned.stop()
         with self._lock:
             for name in [n for n in self._loaded if n != self.default_name]:
-                self._unload_locked(name, "the server stops")
+                self._unload_locked(name, "the server stops", "stopping")
         server = getattr(self, "_server", None)
         if server is not None:
             server.shutdown()
@@ -243,6 +312,16 @@ def _engine_state(socket_path: str) -> str:
     except EngineUnavailable:
         return "loading"
     return {"ready": "loaded", "loading": "loading"}.get(state, state or "loading")
+
+
+def _rss(proc) -> int | None:
+    """An engine's resident memory (weights paged in, KV, buffers), or None once it is gone."""
+    import psutil
+
+    try:
+        return psutil.Process(proc.pid).memory_info().rss if proc is not None else None
+    except (psutil.Error, AttributeError):
+        return None
 
 
 def _engine_busy(socket_path: str) -> bool:

@@ -89,3 +89,12 @@ class Router:
                 return clients
             clients += [EngineClient(r["socket"]) for r in rows if r.get("socket") and r["id"] != self.default_info().get("model_id")]
         return clients
+
+    def pool_metrics(self) -> str:
+        """The pool's own families (loaded models, memory, loads and unloads, the bundle's pull), or nothing."""
+        if self.pool is None:
+            return ""
+        try:
+            return self.pool.call({"op": "metrics"}, timeout=5.0)["text"]
+        except (EngineUnavailable, KeyError):
+            return ""

@@ -15,9 +15,44 @@ class ServingSettings:
     model: str = ""            # a GGUF path; empty: the image's default model
     context_length: int = 0    # tokens per sequence; 0: the server's default
     quantization: str = ""     # what the owner asked for, checked against the model at provisioning
+    # box.toml's [model] source = "pull": a model the box pulls into its store at first boot and then serves
+    # (until it has, `model` or the built-in one answers). Checked here, by the type both sides use.
+    pull_url: str = ""         # http(s)://... on the LAN, or hf://OWNER/REPO/FILE.gguf[@REVISION]
+    pull_sha256: str = ""
+    pull_name: str = ""        # its name in the store
 
     def __post_init__(self) -> None:
         if self.model and not self.model.startswith("/"):
             raise SettingsError("model", f"must be an absolute path, got {self.model!r}")
         if not 0 <= self.context_length <= MAX_CONTEXT:
             raise SettingsError("context_length", f"must be between 1 and {MAX_CONTEXT} (0: the default)")
+        if self.pull_url:
+            self._check_pull()
+        elif self.pull_sha256 or self.pull_name:
+            raise SettingsError("url", "is required when a model is to be pulled")
+
+    def _check_pull(self) -> None:
+        from host_runtime.models.errors import StoreError
+        from host_runtime.models.manifest import check_name, name_for_file
+        from host_runtime.models.pull import check_sha256, source_file_name
+
+        if self.model:
+            raise SettingsError("path", "a model is either carried (path) or pulled (url), not both")
+        if not self.pull_url.startswith(("http://", "https://", "hf://")):
+            raise SettingsError("url", f"must be an http(s):// URL or hf://OWNER/REPO/FILE.gguf, got {self.pull_url!r}")
+        if not self.pull_sha256:
+            raise SettingsError("sha256", "is required with url: the box checks what it pulls against it")
+        try:
+            check_sha256(self.pull_sha256, "sha256")
+            check_name(self.pull_name or name_for_file(source_file_name(self.pull_url)), "name")
+        except StoreError as exc:
+            field, _, message = str(exc).partition(": ")
+            raise SettingsError(field if field in ("sha256", "name", "url") else "url", message or str(exc)) from None
+
+    @property
+    def pulled_name(self) -> str:
+        """The name the pulled model has in the store."""
+        from host_runtime.models.manifest import name_for_file
+        from host_runtime.models.pull import source_file_name
+
+        return self.pull_name or name_for_file(source_file_name(self.pull_url))

@@ -1,0 +1,86 @@
+"""A test-made HTTP file server on 127.0.0.1: Range requests, an optional delay per 256 KiB, and the Hugging Face
+Hub's /OWNER/REPO/resolve/REV/PATH form, for the model store's pulls."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import re
+import threading
+import time
+from pathlib import Path
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+class Files(http.server.ThreadingHTTPServer):
+    """Serves files with Range, optionally slowly; at /OWNER/REPO/resolve/REV/PATH as the Hugging Face Hub does
+    (X-Repo-Commit, ETag). Records each request's Range header."""
+
+    daemon_threads = True
+
+    def __init__(self, root: Path, delay_s: float = 0.0, fail_first: int = 0):
+        """fail_first: answer that many GETs with 503 first (a server restarting)."""
+        self.root, self.delay_s, self.ranges, self.fail_first = root, delay_s, [], fail_first
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _file(self) -> Path | None:
+        m = re.match(r"^/[^/]+/[^/]+/resolve/[^/]+/(.+)$", self.path)
+        path = self.server.root / (m.group(1) if m else self.path.lstrip("/"))
+        return path if path.is_file() else None
+
+    def _headers(self, path: Path, start: int, size: int, partial: bool) -> None:
+        self.send_response(206 if partial else 200)
+        self.send_header("Content-Length", str(size - start))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", '"' + hashlib.sha256(path.read_bytes()).hexdigest() + '"')
+        self.send_header("X-Repo-Commit", COMMIT)
+        if partial:
+            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+        self.end_headers()
+
+    def do_HEAD(self):
+        path = self._file()
+        if path is None:
+            self.send_error(404)
+            return
+        self._headers(path, 0, path.stat().st_size, False)
+
+    def do_GET(self):
+        path = self._file()
+        if path is None:
+            self.send_error(404)
+            return
+        rng = self.headers.get("Range")
+        self.server.ranges.append(rng)
+        if self.server.fail_first > 0:
+            self.server.fail_first -= 1
+            self.send_error(503)
+            return
+        size = path.stat().st_size
+        start = int(rng.split("=")[1].split("-")[0]) if rng else 0
+        self._headers(path, start, size, bool(rng))
+        with open(path, "rb") as f:
+            f.seek(start)
+            try:
+                while chunk := f.read(256 << 10):
+                    self.wfile.write(chunk)
+                    time.sleep(self.server.delay_s)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+
+def serve_files(root: Path, delay_s: float = 0.0, fail_first: int = 0) -> Files:
+    """A started server (daemon thread); call .shutdown() when done."""
+    server = Files(root, delay_s, fail_first)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
