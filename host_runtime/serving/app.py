@@ -318,6 +318,11 @@ class Embeddings:
 
 
 def create_app(config: AppConfig) -> falcon.App:
+    # The grammar converter (tools, response_format) pulls in llama_cpp and numpy. Imported here, before the
+    # worker's threads serve: a first import of it in a request thread while another thread was importing failed
+    # once in the suite with numpy "partially initialized" (a 400 for a valid tool schema).
+    import llama_cpp.llama_grammar  # noqa: F401
+
     client = EngineClient(config.engine_socket)
     middleware = [AuthMiddleware(KeyVerifier(config.keys_file), config.metrics_access)] if config.keys_file else []
     app = falcon.App(middleware=middleware)
