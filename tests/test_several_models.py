@@ -145,3 +145,20 @@ def test_an_embedding_model_answers_embeddings_with_its_own_pooling_and_refuses_
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="tiny-embed", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert err.value.code == "model_not_generative" and "embedding model" in err.value.message
+
+
+def test_the_capability_map_says_what_each_model_can_take_now(box):
+    from host_runtime.fleet.capabilities import Capabilities
+
+    base, _, client, _ = box
+    for _ in range(3):
+        client.completions.create(model=MODEL_ID, prompt="Hello there", max_tokens=8, temperature=0)
+    caps = Capabilities.from_wire(json.loads(http_get(base + "/v1/everycycle/capabilities", timeout=30)[1]))
+    by_id = {m.id: m for m in caps.models}
+    default = by_id[MODEL_ID]
+    assert default.state == "loaded" and default.slots_total == 1 and default.slots_free == 1
+    assert default.queue_depth == 0 and default.tokens_per_s > 0 and 0 < default.ttft_p50_s < 30
+    assert sum(default.placement.values()) > 0 and set(default.prefix_cache_bytes) >= {"ram", "disk"}
+    assert by_id["tiny-b"].state in ("available", "loaded")
+    assert caps.governor.state == "unavailable" and "--governor-state" in caps.governor.reason
+    assert not caps.draining and caps.accepts_new_work() == (True, "") and caps.routable(MODEL_ID)

@@ -8,13 +8,17 @@ into metric families when /metrics is asked for.
 from __future__ import annotations
 
 import bisect
+import statistics
 import threading
+import time
+from collections import deque
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from host_runtime.common.prometheus_text import exposition
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+RECENT_S = 30  # the window of the capability map's recent tok/s
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 
@@ -72,10 +76,36 @@ class EngineMetrics:
         self.placement_lines: list[str] = []  # fixed at load: where the model lives (placement/render.py)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.time_per_token = Histogram(TOKEN_BUCKETS)
+        # Recent figures for the fleet's capability map: the last TTFTs, and the generated-token count sampled
+        # at most once a second (the rate over the last RECENT_S).
+        self._recent_ttft: deque[float] = deque(maxlen=64)
+        self._token_samples: deque[tuple[float, float]] = deque(maxlen=RECENT_S + 2)
 
     def add(self, name: str, value: float = 1.0) -> None:
         with self._lock:
             self.counters[name] += value
+            if name == "tokens_predicted_total":
+                self._sample_tokens_locked(time.monotonic())
+
+    def _sample_tokens_locked(self, now: float) -> None:
+        if not self._token_samples or now - self._token_samples[-1][0] >= 1.0:
+            self._token_samples.append((now, self.counters["tokens_predicted_total"]))
+
+    def recent(self, now: float | None = None) -> dict:
+        """Generated tokens per second over the last RECENT_S, and the median of the last 64 TTFTs (None before
+        the first request)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            first = next(((t, n) for t, n in self._token_samples if now - t <= RECENT_S), None)
+            tokens = self.counters["tokens_predicted_total"]
+            ttfts = list(self._recent_ttft)
+        rate = 0.0
+        if first is not None:  # over at least a second: a burst just now is not an instant rate
+            rate = (tokens - first[1]) / max(now - first[0], 1.0)
+        return {"tokens_per_s": round(rate, 2), "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
+                "running": self.requests_processing, "waiting": self.requests_deferred,
+                "throttle_level": self.throttle_level, "sequences_allowed": self.sequences_allowed,
+                "prefix_cache_bytes": dict(self.cache.get("bytes", {}))}
 
     def set_queue(self, processing: int, deferred: int, kv_used: int, kv_total: int) -> None:
         with self._lock:
@@ -100,6 +130,7 @@ class EngineMetrics:
     def observe_ttft(self, seconds: float) -> None:
         with self._lock:
             self.ttft.observe(seconds)
+            self._recent_ttft.append(seconds)
 
     def observe_token_gap(self, seconds: float) -> None:
         with self._lock:

@@ -122,6 +122,7 @@ class EngineService:
                 "max_waiting": m.capacity.max_waiting if m else None,
                 "placement": m.placement.to_json() if m else None,
                 "pooling": m.pooling if m else None,
+                "recent": self.engine.metrics.recent() if self.engine else None,
                 "pid": os.getpid()}
 
     def metrics_text(self) -> str:

@@ -342,6 +342,9 @@ def create_app(config: AppConfig) -> falcon.App:
     messages = Messages(router, config)
     app.add_route("/v1/messages", messages)
     app.add_route("/v1/messages/count_tokens", messages, suffix="count")
+    from host_runtime.serving.capabilities import CapabilitiesResource
+
+    app.add_route("/v1/everycycle/capabilities", CapabilitiesResource(router, config))
     # Most specific last: falcon picks the handler registered for the closest class.
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPError, handle_falcon_error)

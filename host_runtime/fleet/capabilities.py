@@ -1,0 +1,97 @@
+"""A box's capability map (pure): what the fleet's gateway needs to know and only the box can say. The serving
+API writes it (GET /v1/everycycle/capabilities) and the fleet's controller reads it, both through these types.
+
+A box in emergency, or draining for an update, takes no new work; a model is routable to a box that has it
+loaded, or in its store (it loads on demand)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+WIRE_OBJECT = "everycycle.capabilities"
+ROUTABLE_STATES = ("loaded", "loading", "available")
+
+
+@dataclass(frozen=True)
+class ModelCapability:
+    id: str
+    state: str                          # loaded, loading, available, downloading, failed
+    context_length: int | None = None
+    pinned: bool = False
+    placement: dict[str, int] = field(default_factory=dict)   # device -> layers it holds (loaded models)
+    slots_total: int | None = None      # sequences the engine runs at once
+    slots_free: int | None = None       # of those, free now (the governor's hint lowers the total)
+    queue_depth: int | None = None      # requests waiting for a slot
+    tokens_per_s: float | None = None   # generated over the last 30 s
+    ttft_p50_s: float | None = None     # median of the last 64 requests' time to first token
+    prefix_cache_bytes: dict[str, int] = field(default_factory=dict)  # tier -> bytes held
+
+
+@dataclass(frozen=True)
+class GovernorView:
+    state: str                          # normal, throttled, emergency, unavailable
+    throttle_level: int | None = None   # 0 normal, 1 a GPU at its floor, 2 emergency or failsafe
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    box: str
+    version: str
+    governor: GovernorView
+    models: tuple[ModelCapability, ...]
+    draining: bool = False              # an update is being applied, or waits for its reboot
+    draining_reason: str = ""
+    at_unix: float = 0.0
+
+    def accepts_new_work(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, f"draining: {self.draining_reason}"
+        if self.governor.state == "emergency":
+            return False, f"the governor is in emergency ({self.governor.reason})"
+        return True, ""
+
+    def routable(self, model: str) -> bool:
+        """Whether a request naming `model` can be sent here now."""
+        return self.accepts_new_work()[0] and any(m.id == model and m.state in ROUTABLE_STATES for m in self.models)
+
+    def to_wire(self) -> dict:
+        return {"object": WIRE_OBJECT, **asdict(self)}
+
+    @classmethod
+    def from_wire(cls, doc: dict) -> "Capabilities":
+        """The map a box answered; ValueError when it is not one."""
+        if not isinstance(doc, dict) or doc.get("object") != WIRE_OBJECT:
+            raise ValueError(f"not a capability map (object {doc.get('object') if isinstance(doc, dict) else doc!r})")
+        try:
+            models = tuple(ModelCapability(**_known(ModelCapability, m)) for m in doc["models"])
+            governor = GovernorView(**_known(GovernorView, doc["governor"]))
+            return cls(**{**_known(cls, doc), "models": models, "governor": governor})
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"a capability map lacks or mistypes a field: {exc}") from None
+
+
+def _known(cls, doc: dict) -> dict:
+    """The fields this version knows (a newer box may say more)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in doc.items() if k in names}
+
+
+def governor_view(state: dict | None, fresh: bool, reason_if_missing: str) -> GovernorView:
+    """The governor's published state (its JSON file) as the map says it."""
+    if state is None or not fresh:
+        return GovernorView("unavailable", None, reason_if_missing)
+    level = int(state.get("throttle_level", 0))
+    states = sorted({g.get("state", "?") for g in state.get("gpus", [])})
+    return GovernorView({0: "normal", 1: "throttled"}.get(level, "emergency"), level,
+                        f"GPUs: {', '.join(states)}" if states else "no GPUs governed")
+
+
+def draining_from_update(last_update: dict | None) -> tuple[bool, str]:
+    """An update being copied or written, or installed and waiting for its reboot, drains the box."""
+    from host_runtime.update.record import INSTALLED, IN_APPLY
+
+    phase = (last_update or {}).get("phase")
+    if phase in IN_APPLY or phase == INSTALLED:
+        return True, f"update to {last_update.get('target')} is {phase}"
+    return False, ""

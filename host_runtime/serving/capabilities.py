@@ -1,0 +1,72 @@
+"""GET /v1/everycycle/capabilities: the box's capability map (host_runtime/fleet/capabilities.py) gathered from
+the engine pool's listing, each loaded engine's info, the governor's published state and the update record."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+from host_runtime.engine.ipc import EngineClient, EngineUnavailable
+from host_runtime.fleet.capabilities import (Capabilities, ModelCapability, draining_from_update, governor_view)
+
+
+def _model(row: dict, info: dict | None) -> ModelCapability:
+    if not info or info.get("state") != "ready":
+        return ModelCapability(row["id"], row["state"], row.get("context_length"), bool(row.get("pinned")))
+    recent = info.get("recent") or {}
+    placement = {d["device"]: d["n_layers"] for d in (info.get("placement") or {}).get("devices", [])}
+    total = info.get("n_parallel") or 0
+    allowed = recent.get("sequences_allowed") or total  # the governor's hint, once the engine has read it
+    running = int(recent.get("running") or 0)
+    return ModelCapability(
+        row["id"], "loaded", row.get("context_length") or info.get("n_ctx"), bool(row.get("pinned")), placement,
+        slots_total=total, slots_free=max(0, min(total, allowed) - running),
+        queue_depth=int(recent.get("waiting") or 0), tokens_per_s=recent.get("tokens_per_s"),
+        ttft_p50_s=recent.get("ttft_p50_s"), prefix_cache_bytes=dict(recent.get("prefix_cache_bytes") or {}))
+
+
+def gather(router, governor_state: str | None) -> Capabilities:
+    from host_runtime.governor.service import STATE_FRESH_S
+    from host_runtime.update.system import status
+
+    rows = router.models()
+    default_id = router.default_info().get("model_id")
+    models = []
+    for row in rows:
+        client = router.default if row["id"] == default_id else (
+            EngineClient(row["socket"]) if row.get("socket") else None)
+        info = None
+        if client is not None:
+            try:
+                info = client.call({"op": "info"}, timeout=2.0)
+            except EngineUnavailable:
+                info = None
+        models.append(_model(row, info))
+    state, fresh, missing = None, False, "no governor state configured (--governor-state)"
+    if governor_state:
+        try:
+            path = Path(governor_state)
+            state = json.loads(path.read_text())
+            fresh = time.time() - path.stat().st_mtime <= STATE_FRESH_S
+            missing = f"the governor's state is {time.time() - path.stat().st_mtime:.0f} s old"
+        except (OSError, ValueError) as exc:
+            missing = f"the governor's state cannot be read: {exc}"
+    system = status(with_entries=False)
+    draining, why = draining_from_update(system.get("last_update"))
+    return Capabilities(box=socket.gethostname(), version=system["version"],
+                        governor=governor_view(state, fresh, missing), models=tuple(models),
+                        draining=draining, draining_reason=why, at_unix=time.time())
+
+
+class CapabilitiesResource:
+    def __init__(self, router, config):
+        self._router = router
+        self._config = config
+
+    def on_get(self, req, resp):
+        import falcon
+
+        resp.content_type = falcon.MEDIA_JSON
+        resp.text = json.dumps(gather(self._router, self._config.governor_state).to_wire())
