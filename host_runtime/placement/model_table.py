@@ -1,6 +1,7 @@
 """What a model costs in memory, layer by layer: its GGUF tensor table and KV-cache geometry (pure once read).
 
-Read with the `gguf` package's GGUFReader (no weights are loaded), or built from hyperparameters for a
+Read with ggml's own GGUF reader (gguf_c.py; the `gguf` package's GGUFReader where that is missing; no weights
+are loaded), or built from hyperparameters for a
 model we have no file of (`synthetic_table`), so plans for 70B-class models can be tested anywhere.
 """
 
@@ -112,26 +113,48 @@ def _field(reader, key: str):
 
 
 def read_table(path) -> ModelTable:
-    """The tensor table and KV geometry of a GGUF file, without reading its weights."""
-    import os
+    """The tensor table and KV geometry of a GGUF file, without reading its weights: through ggml's own reader
+    (milliseconds), or the `gguf` package's where libggml-base cannot be loaded (seconds: it parses the
+    vocabulary too)."""
+    from host_runtime.placement import gguf_c
 
+    if not gguf_c.available():
+        return _read_table_gguf_package(path)
+    try:
+        table = gguf_c.GGUFTable(path)
+    except ValueError as exc:
+        raise ModelTableError(f"{path}: not a readable GGUF file ({exc})") from None
+    with table:
+        return _table_from(path, table.value, [TensorInfo(*t) for t in table.tensors()])
+
+
+def _read_table_gguf_package(path) -> ModelTable:
     import gguf
 
     try:
         reader = gguf.GGUFReader(str(path), "r")
     except (ValueError, OSError) as exc:
         raise ModelTableError(f"{path}: not a readable GGUF file ({exc})") from None
-    arch = _field(reader, "general.architecture")
+    tensors = [TensorInfo(t.name, int(t.tensor_type), tuple(int(x) for x in t.shape), int(t.n_bytes))
+               for t in reader.tensors]
+    return _table_from(path, lambda key: _field(reader, key), tensors)
+
+
+def _table_from(path, value, tensors: list[TensorInfo]) -> ModelTable:
+    """value(key) -> a metadata value (str, number, list) or None."""
+    import os
+
+    arch = value("general.architecture")
     if not isinstance(arch, str):
         raise ModelTableError(f"{path}: no general.architecture in the GGUF metadata")
 
     def hp(key: str, default=None, required: bool = False):
-        value = _field(reader, f"{arch}.{key}")
-        if value is None:
+        found = value(f"{arch}.{key}")
+        if found is None:
             if required:
                 raise ModelTableError(f"{path}: the GGUF has no {arch}.{key}")
             return default
-        return value
+        return found
 
     n_layer = int(hp("block_count", required=True))
     n_embd = int(hp("embedding_length", required=True))
@@ -142,16 +165,13 @@ def read_table(path) -> ModelTable:
     head_dim_default = n_embd // max(1, max(heads))
     key_len = int(hp("attention.key_length", head_dim_default))
     value_len = int(hp("attention.value_length", key_len))
-    tensors = [TensorInfo(t.name, int(t.tensor_type), tuple(int(x) for x in t.shape), int(t.n_bytes))
-               for t in reader.tensors]
     name = os.path.basename(str(path))
-    table = _assemble(name=name[:-5] if name.endswith(".gguf") else name, arch=arch,
-                      n_layer=n_layer, n_ctx_train=int(hp("context_length", 0)), n_embd=n_embd,
-                      n_ff=_first(hp("feed_forward_length", 0)), n_head=max(heads), tensors=tensors,
-                      kv_k=tuple(h * key_len for h in heads_kv), kv_v=tuple(h * value_len for h in heads_kv),
-                      n_swa=int(hp("attention.sliding_window", 0) or 0), swa_pattern=hp("attention.sliding_window_pattern"),
-                      file_bytes=os.path.getsize(path))
-    return table
+    return _assemble(name=name[:-5] if name.endswith(".gguf") else name, arch=arch,
+                     n_layer=n_layer, n_ctx_train=int(hp("context_length", 0)), n_embd=n_embd,
+                     n_ff=_first(hp("feed_forward_length", 0)), n_head=max(heads), tensors=tensors,
+                     kv_k=tuple(h * key_len for h in heads_kv), kv_v=tuple(h * value_len for h in heads_kv),
+                     n_swa=int(hp("attention.sliding_window", 0) or 0), swa_pattern=hp("attention.sliding_window_pattern"),
+                     file_bytes=os.path.getsize(path))
 
 
 def _first(value) -> int:
