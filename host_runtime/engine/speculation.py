@@ -1,0 +1,111 @@
+"""Speculative decoding's pure parts (issue 18): drafting by prompt lookup, the draft length each sequence has
+earned, the share of a step drafts may take, and the verification rules that keep the output what decoding
+without speculation gives (the same tokens at temperature 0; the same distribution above it).
+
+Not wired into the decode loop yet: the engine's batched verification is the next step of the issue."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def lookup_draft(history: Sequence[int], *, n_max: int = 4, n_min: int = 1, k: int = 8) -> list[int]:
+    """Prompt-lookup (n-gram) drafting: find the most recent earlier occurrence of the history's last n tokens
+    (the longest n first, from n_max down to n_min) and propose the up to k tokens that followed it. Code edits,
+    quoted summaries and RAG answers repeat their prompt, so these drafts are often right. [] when nothing
+    matches."""
+    size = len(history)
+    if k <= 0 or size < 2:
+        return []
+    tokens = list(history)
+    for n in range(min(n_max, size - 1), n_min - 1, -1):
+        pattern = tokens[size - n:]
+        first = pattern[0]
+        # Earlier occurrences only: the match must end before the history's own suffix starts.
+        for start in range(size - n - 1, -1, -1):
+            if tokens[start] == first and tokens[start:start + n] == pattern:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+@dataclass
+class DraftLength:
+    """How many tokens a sequence drafts next: doubled after a draft fully accepted, cut to one past what was
+    accepted otherwise; paused while its acceptance (a moving average) stays under `floor`, then tried again
+    with one token every `retry_every` steps."""
+    k_max: int = 16
+    k: int = 4
+    acceptance: float = 0.5
+    floor: float = 0.15
+    retry_every: int = 16
+    _paused_steps: int = 0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.acceptance = 0.8 * self.acceptance + 0.2 * (accepted / drafted)
+        self.k = min(self.k_max, self.k * 2) if accepted == drafted else max(1, accepted + 1)
+
+    def next_k(self) -> int:
+        if self.acceptance >= self.floor:
+            return self.k
+        self._paused_steps += 1
+        if self._paused_steps >= self.retry_every:
+            self._paused_steps = 0
+            return 1
+        return 0
+
+
+def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active: int, step_tokens: int) -> dict[int, int]:
+    """Draft tokens per sequence for one step, within `step_tokens` tokens in all (one per active sequence comes
+    first): while decoding is bound by reading the weights, extra tokens in a step are nearly free; past
+    step_tokens the step becomes compute-bound and drafts would slow every sequence. The sequences whose drafts
+    are accepted most often keep theirs first."""
+    room = max(0, step_tokens - n_active)
+    out = {seq: 0 for seq in wanted}
+    for seq in sorted(wanted, key=lambda s: -acceptance.get(s, 0.0)):
+        take = min(wanted[seq], room)
+        out[seq] = take
+        room -= take
+    return out
+
+
+def accept_greedy(draft: Sequence[int], target: Sequence[int]) -> tuple[int, int]:
+    """Temperature 0. target[i] is the target model's choice after the prefix and draft[:i] (len(draft) + 1
+    entries, from one batched decode). Returns (drafts accepted, the token that follows them): the output is
+    draft[:n] + [next], exactly what decoding one token at a time gives."""
+    if len(target) != len(draft) + 1:
+        raise ValueError(f"{len(target)} target tokens for {len(draft)} drafts: one more is needed")
+    n = 0
+    while n < len(draft) and draft[n] == target[n]:
+        n += 1
+    return n, int(target[n])
+
+
+def accept_sampled(draft: Sequence[int], target_probs: np.ndarray, rng: np.random.Generator,
+                   draft_probs: np.ndarray | None = None) -> tuple[int, int]:
+    """Temperature > 0: the speculative sampling rule (Leviathan et al.; Chen et al.), which leaves the output's
+    distribution the target's. target_probs[i] is the target's distribution after the prefix and draft[:i]
+    (len(draft) + 1 rows); draft_probs[i] the drafter's when it sampled draft[i] (None: a lookup draft, a point
+    mass on it). Draft i is accepted with probability min(1, p(d)/q(d)); at the first rejection the next token
+    comes from the normalised max(0, p - q); if every draft is accepted, from the last row of p."""
+    target_probs = np.asarray(target_probs, dtype=np.float64)
+    if target_probs.shape[0] != len(draft) + 1:
+        raise ValueError(f"{target_probs.shape[0]} target distributions for {len(draft)} drafts: one more is needed")
+    for i, token in enumerate(draft):
+        p = target_probs[i]
+        if draft_probs is None:
+            q = np.zeros_like(p)
+            q[token] = 1.0
+        else:
+            q = np.asarray(draft_probs[i], dtype=np.float64)
+        if rng.random() < min(1.0, p[token] / q[token] if q[token] > 0 else 0.0):
+            continue
+        residual = np.maximum(p - q, 0.0)
+        total = residual.sum()
+        return i, int(rng.choice(len(p), p=residual / total)) if total > 0 else int(rng.choice(len(p), p=p))
+    last = target_probs[len(draft)]
+    return len(draft), int(rng.choice(len(last), p=last / last.sum()))

@@ -1,0 +1,87 @@
+"""Speculative decoding's pure parts: lookup drafts, the earned draft length, the step's share for drafts, and
+verification that changes nothing in the output (the same tokens at temperature 0, the same distribution above)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from host_runtime.engine.speculation import DraftLength, accept_greedy, accept_sampled, lookup_draft, share_drafts
+
+
+def test_a_lookup_draft_continues_the_latest_earlier_occurrence_longest_match_first():
+    prompt = [10, 11, 12, 13, 14, 20]
+    assert lookup_draft(prompt + [11, 12], k=3) == [13, 14, 20]
+    # Two earlier occurrences of [5]: the latest wins; a longer match beats a later shorter one.
+    assert lookup_draft([5, 1, 5, 2, 9, 5], n_max=1, k=1) == [2]
+    assert lookup_draft([7, 8, 1, 3, 8, 2, 7, 8], k=1) == [1]
+    assert lookup_draft([1, 2, 3, 4], k=4) == [] and lookup_draft([], k=4) == [] and lookup_draft([1, 1], k=0) == []
+    assert lookup_draft([4, 4, 4], k=5) == [4]  # a run repeats itself, bounded by what has been seen
+
+
+def test_the_draft_length_grows_with_acceptance_shrinks_with_rejection_and_pauses_when_useless():
+    d = DraftLength(k_max=16, k=4)
+    d.record(4, 4)
+    assert d.next_k() == 8
+    d.record(8, 8)
+    d.record(16, 16)
+    assert d.next_k() == 16
+    d.record(16, 2)
+    assert d.next_k() == 3
+    for _ in range(20):
+        d.record(d.k, 0)
+    assert d.acceptance < d.floor
+    ks = [d.next_k() for _ in range(32)]
+    assert ks.count(1) == 2 and set(ks) == {0, 1}  # paused, with a one-token try every 16 steps
+
+
+def test_drafts_share_what_is_left_of_a_step_best_acceptance_first():
+    wanted = {1: 8, 2: 8, 3: 8}
+    assert share_drafts(wanted, {1: 0.2, 2: 0.9, 3: 0.5}, n_active=3, step_tokens=16) == {2: 8, 3: 5, 1: 0}
+    assert share_drafts(wanted, {}, n_active=16, step_tokens=16) == {1: 0, 2: 0, 3: 0}  # compute-bound: none
+
+
+def test_greedy_verification_gives_exactly_the_one_token_at_a_time_output():
+    rng = random.Random(7)
+
+    def model(prefix):  # a deterministic toy target: the argmax after a prefix
+        return (sum(prefix) * 31 + len(prefix)) % 5
+
+    for _ in range(300):
+        out = [rng.randrange(5) for _ in range(3)]
+        reference = list(out)
+        for _ in range(12):
+            reference.append(model(reference))
+        while len(out) < len(reference):
+            draft = [rng.randrange(5) if rng.random() < 0.4 else model(out + [])
+                     for _ in range(rng.randrange(0, 5))]
+            # the target's choices after out + draft[:i], as one batched decode gives them
+            target = [model(out + draft[:i]) for i in range(len(draft) + 1)]
+            n, nxt = accept_greedy(draft, target)
+            out += draft[:n] + [nxt]
+        assert out[:len(reference)] == reference
+    with pytest.raises(ValueError):
+        accept_greedy([1, 2], [1, 2])
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "model"])
+def test_sampled_verification_leaves_the_targets_distribution(drafter):
+    """Five tokens: the first output token's frequencies over 40,000 seeded trials match the target's
+    distribution (within 0.015; 5 standard errors), whatever the draft was."""
+    rng = np.random.default_rng(1234)
+    p = np.array([[0.05, 0.30, 0.10, 0.40, 0.15], [0.2, 0.2, 0.2, 0.2, 0.2], [0.1, 0.1, 0.5, 0.2, 0.1]])
+    q = np.array([[0.40, 0.10, 0.10, 0.10, 0.30], [0.6, 0.1, 0.1, 0.1, 0.1]])
+    counts = np.zeros(5)
+    trials = 40_000
+    for _ in range(trials):
+        if drafter == "lookup":
+            draft, qs = [4, 0], None   # a lookup draft proposes the same tokens every time
+        else:
+            draft = [int(rng.choice(5, p=q[0])), int(rng.choice(5, p=q[1]))]
+            qs = q
+        n, nxt = accept_sampled(draft, p, rng, qs)
+        first = draft[0] if n > 0 else nxt
+        counts[first] += 1
+    assert np.max(np.abs(counts / trials - p[0])) < 0.015, counts / trials
