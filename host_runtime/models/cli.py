@@ -107,10 +107,10 @@ def _pool():
     """The serving service's engine pool (its control socket), which knows what is loaded."""
     import os
 
-    from host_runtime.engine.ipc import EngineClient
+    from host_runtime.serving.pool_protocol import PoolClient
 
     run_dir = Path(os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
-    return EngineClient(str(run_dir / "serving" / "models.sock"))
+    return PoolClient(str(run_dir / "serving" / "models.sock"))
 
 
 def _loaded_models() -> set[str]:
@@ -118,19 +118,20 @@ def _loaded_models() -> set[str]:
     from host_runtime.engine.ipc import EngineUnavailable
 
     try:
-        rows = _pool().call({"op": "list"}, timeout=10.0)["models"]
-    except (EngineUnavailable, OSError, KeyError):
+        rows = _pool().models()
+    except (EngineUnavailable, OSError):
         return set()
-    return {r["id"] for r in rows if r.get("state") in ("loaded", "loading")}
+    return {r.id for r in rows if r.state in ("loaded", "loading")}
 
 
 def _unload(name: str) -> None:
+    from host_runtime.engine.errors import RequestRejected
     from host_runtime.engine.ipc import EngineUnavailable
 
     try:
-        reply = _pool().call({"op": "unload", "model": name}, timeout=60.0)
+        _pool().unload(name)
     except (EngineUnavailable, OSError) as exc:
         raise StoreError(f"could not ask the serving service to unload {name}: {exc}") from None
-    if "error" in reply:
-        raise StoreError(reply["error"]["message"])
+    except RequestRejected as exc:
+        raise StoreError(exc.message) from None
     _say(f"unloaded {name}")

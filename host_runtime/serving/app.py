@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import falcon
 
@@ -225,11 +225,12 @@ class Models:
         self._router = router
 
     @staticmethod
-    def _entry(row: dict) -> dict:
-        entry = {"id": row["id"], "object": "model", "created": 0, "owned_by": "everycycle",
-                 "context_length": row.get("context_length"), "state": row["state"], "pinned": row.get("pinned", False)}
-        if row.get("download"):  # the bundle's model, being pulled: how far, or why it failed
-            entry["download"] = row["download"]
+    def _entry(row) -> dict:
+        """A pool_protocol.PoolModel as the API lists it."""
+        entry = {"id": row.id, "object": "model", "created": 0, "owned_by": "everycycle",
+                 "context_length": row.context_length, "state": row.state, "pinned": row.pinned}
+        if row.download is not None:  # the bundle's model, being pulled: how far, or why it failed
+            entry["download"] = asdict(row.download)
         return entry
 
     def on_get(self, req, resp):
@@ -237,10 +238,10 @@ class Models:
 
     def on_get_one(self, req, resp, model_id: str):
         rows = self._router.models()
-        row = next((r for r in rows if r["id"] == model_id), None)
+        row = next((r for r in rows if r.id == model_id), None)
         if row is None:
             raise APIError(404, f"the model '{model_id}' does not exist; this box has: "
-                           f"{', '.join(r['id'] for r in rows)}", param="model", code="model_not_found")
+                           f"{', '.join(r.id for r in rows)}", param="model", code="model_not_found")
         _json(resp, self._entry(row))
 
 

@@ -12,16 +12,17 @@ from host_runtime.engine.ipc import EngineClient, EngineUnavailable
 from host_runtime.fleet.capabilities import (Capabilities, ModelCapability, draining_from_update, governor_view)
 
 
-def _model(row: dict, info: dict | None) -> ModelCapability:
+def _model(row, info: dict | None) -> ModelCapability:
+    """row: the pool's PoolModel; info: its engine's answer to `info`, when it has a ready one."""
     if not info or info.get("state") != "ready":
-        return ModelCapability(row["id"], row["state"], row.get("context_length"), bool(row.get("pinned")))
+        return ModelCapability(row.id, row.state, row.context_length, row.pinned)
     recent = info.get("recent") or {}
     placement = {d["device"]: d["n_layers"] for d in (info.get("placement") or {}).get("devices", [])}
     total = info.get("n_parallel") or 0
     allowed = recent.get("sequences_allowed") or total  # the governor's hint, once the engine has read it
     running = int(recent.get("running") or 0)
     return ModelCapability(
-        row["id"], "loaded", row.get("context_length") or info.get("n_ctx"), bool(row.get("pinned")), placement,
+        row.id, "loaded", row.context_length or info.get("n_ctx"), row.pinned, placement,
         slots_total=total, slots_free=max(0, min(total, allowed) - running),
         queue_depth=int(recent.get("waiting") or 0), tokens_per_s=recent.get("tokens_per_s"),
         ttft_p50_s=recent.get("ttft_p50_s"), prefix_cache_bytes=dict(recent.get("prefix_cache_bytes") or {}))
@@ -35,8 +36,7 @@ def gather(router, governor_state: str | None) -> Capabilities:
     default_id = router.default_info().get("model_id")
     models = []
     for row in rows:
-        client = router.default if row["id"] == default_id else (
-            EngineClient(row["socket"]) if row.get("socket") else None)
+        client = router.default if row.id == default_id else (EngineClient(row.socket) if row.socket else None)
         info = None
         if client is not None:
             try:

@@ -16,12 +16,15 @@ import socketserver
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import EngineClient, EngineUnavailable, LineReader, send_message
 from host_runtime.models.residency import Resident, expired, plan_load
 from host_runtime.models.store import Store
+from host_runtime.serving.pool_protocol import (DEFAULT_KEEP_ALIVE, Acquire, Acquired, Download, ListModels, PoolModel,
+                                               Unload, refusal_to_wire, request_from_wire)
 
 log = logging.getLogger("everycycle.serve")
 JANITOR_S = 2.0
@@ -87,7 +90,7 @@ class EnginePool:
                                         "context_length": m.context_length})
         return out
 
-    def listing(self) -> list[dict]:
+    def listing(self) -> list[PoolModel]:
         with self._lock:
             loaded = dict(self._loaded)
         rows = []
@@ -95,15 +98,12 @@ class EnginePool:
             state = "available"
             if name in loaded:
                 state = _engine_state(loaded[name].socket)
-            rows.append({"id": name, "state": state, "pinned": info["pinned"] or name == self.default_name,
-                         "context_length": info["context_length"],
-                         "socket": loaded[name].socket if name in loaded else None})
+            rows.append(PoolModel(name, state, bool(info["pinned"]) or name == self.default_name, info["context_length"],
+                                  loaded[name].socket if name in loaded else None))
         pulling = self.provisioned.status if self.provisioned is not None else None
-        if pulling is not None and pulling.state != "pulled" and all(r["id"] != pulling.name for r in rows):
-            rows.append({"id": pulling.name, "state": "downloading" if pulling.state != "failed" else "failed",
-                         "pinned": False, "context_length": None, "socket": None,
-                         "download": {"done_bytes": pulling.done_bytes, "total_bytes": pulling.total_bytes,
-                                      "error": pulling.error or None}})
+        if pulling is not None and pulling.state != "pulled" and all(r.id != pulling.name for r in rows):
+            rows.append(PoolModel(pulling.name, "downloading" if pulling.state != "failed" else "failed",
+                                  download=Download(pulling.done_bytes, pulling.total_bytes, pulling.error or None)))
         return rows
 
     def snapshot(self) -> dict:
@@ -120,42 +120,42 @@ class EnginePool:
 
     # ---- acquiring -----------------------------------------------------------------------------------------
 
-    def acquire(self, name: str, keep_alive_s: float | None | str = "default") -> dict:
-        """{"socket", "state"} of the engine serving `name`, loading it first if needed; or {"error": ...}."""
-        keep = self.keep_alive_s if keep_alive_s == "default" else keep_alive_s
+    def acquire(self, name: str, keep_alive_s: float | None | str = DEFAULT_KEEP_ALIVE) -> Acquired:
+        """The engine serving `name`, loading it first if needed; RequestRejected when it cannot be."""
+        keep = self.keep_alive_s if keep_alive_s == DEFAULT_KEEP_ALIVE else keep_alive_s
         with self._lock:
             if name in self._loaded:
                 entry = self._loaded[name]
                 entry.last_used = time.monotonic()
-                if keep_alive_s != "default" and not entry.pinned:
+                if keep_alive_s != DEFAULT_KEEP_ALIVE and not entry.pinned:
                     entry.keep_alive_s = keep
-                return {"socket": entry.socket, "state": _engine_state(entry.socket)}
+                return Acquired(entry.socket, _engine_state(entry.socket))
             info = self.available().get(name)
             if info is None and self.provisioned is not None and self.provisioned.status.name == name \
                     and self.provisioned.status.state != "failed":
                 status = self.provisioned.status
                 done = f"{status.done_bytes / 2**20:,.0f} of {status.total_bytes / 2**20:,.0f} MiB" \
                     if status.total_bytes else f"{status.done_bytes / 2**20:,.0f} MiB"
-                return _refusal(503, f"'{name}' is still being pulled onto this box ({done}); retry later",
+                raise _refusal(503, f"'{name}' is still being pulled onto this box ({done}); retry later",
                                 code="model_downloading", error_type="server_busy", retry_after=30)
             if info is None:
-                return _refusal(404, f"the model '{name}' does not exist on this box; it has: "
+                raise _refusal(404, f"the model '{name}' does not exist on this box; it has: "
                                      f"{', '.join(sorted(self.available()))} (everycycle models pull)",
                                 code="model_not_found")
             need = self._need(info["path"])
             plan = plan_load(need, self.budget, self._residents())
             if plan.shortfall:
-                return _refusal(507, f"'{name}' needs about {need / 2**30:.2f} GiB with its KV cache and compute buffers; the models' "
+                raise _refusal(507, f"'{name}' needs about {need / 2**30:.2f} GiB with its KV cache and compute buffers; the models' "
                                      f"memory budget is {self.budget / 2**30:.2f} GiB ({plan.shortfall / 2**30:.2f} "
                                      "GiB short) even with nothing else loaded", code="insufficient_memory",
                                 error_type="server_error")
             if plan.pinned_hold:
-                return _refusal(507, f"'{name}' needs about {need / 2**30:.2f} GiB; pinned models hold "
+                raise _refusal(507, f"'{name}' needs about {need / 2**30:.2f} GiB; pinned models hold "
                                      f"{plan.pinned_hold / 2**30:.2f} GiB of the {self.budget / 2**30:.2f} GiB budget "
                                      "(everycycle models pin --off)", code="insufficient_memory",
                                 error_type="server_error")
             if plan.wait:
-                return _refusal(503, f"no room to load '{name}' until a busy model goes idle; retry shortly",
+                raise _refusal(503, f"no room to load '{name}' until a busy model goes idle; retry shortly",
                                 code="models_busy", error_type="server_busy", retry_after=5)
             for victim in plan.evict:
                 self._unload_locked(victim, f"to make room for {name}", "room")
@@ -168,7 +168,7 @@ class EnginePool:
             self.loads[name] += 1
             log.info("loading %s on demand (about %.2f GiB; budget %.2f GiB)", name, need / 2**30,
                      self.budget / 2**30)
-            return {"socket": socket_path, "state": "loading"}
+            return Acquired(socket_path, "loading")
 
     def _launch(self, child, on_exit) -> None:
         """Start an engine from the launcher thread, which lives as long as the pool: an engine dies with the
@@ -207,17 +207,17 @@ class EnginePool:
             self.unloads[(name, "exited")] += 1
             log.error("the engine for %s exited unexpectedly; it loads again when next asked for", name)
 
-    def unload(self, name: str) -> dict:
+    def unload(self, name: str) -> bool:
         """`models rm --force`: stop the engine holding a model before its files go. The model the server
         started with cannot be: the server lives and dies with it."""
         with self._lock:
             if name == self.default_name:
-                return _refusal(409, f"'{name}' is the model the server started with (serving.toml or --model): "
+                raise _refusal(409, f"'{name}' is the model the server started with (serving.toml or --model): "
                                      "change that and restart the serving service first", code="model_in_use")
             if name in self._loaded:
                 self._unload_locked(name, "its removal was asked for", "removed")
-                return {"unloaded": True}
-        return {"unloaded": False}
+                return True
+        return False
 
     # ---- housekeeping --------------------------------------------------------------------------------------
 
@@ -239,20 +239,23 @@ class EnginePool:
                     return
                 if not message:
                     return
-                op = message.get("op")
-                if op == "acquire":
-                    keep = message.get("keep_alive", "default")
-                    reply = pool.acquire(str(message.get("model")), keep)
-                elif op == "list":
-                    reply = {"models": pool.listing()}
-                elif op == "unload":
-                    reply = pool.unload(str(message.get("model")))
-                elif op == "metrics":
-                    from host_runtime.serving.pool_metrics import pool_text
+                try:
+                    request = request_from_wire(message)
+                    if isinstance(request, Acquire):
+                        acquired = pool.acquire(request.model, request.keep_alive)
+                        reply = asdict(acquired)
+                    elif isinstance(request, ListModels):
+                        reply = {"models": [m.to_wire() for m in pool.listing()]}
+                    elif isinstance(request, Unload):
+                        reply = {"unloaded": pool.unload(request.model)}
+                    else:
+                        from host_runtime.serving.pool_metrics import pool_text
 
-                    reply = {"text": pool_text(pool.snapshot())}
-                else:
-                    reply = _refusal(500, f"unknown engine pool op {op!r}", error_type="server_error")
+                        reply = {"text": pool_text(pool.snapshot())}
+                except ValueError as exc:
+                    reply = refusal_to_wire(RequestRejected(500, str(exc), error_type="server_error"))
+                except RequestRejected as exc:
+                    reply = refusal_to_wire(exc)
                 try:
                     send_message(self.request, reply)
                 except OSError:
@@ -285,9 +288,10 @@ class EnginePool:
 
     def load_pulled(self, name: str) -> None:
         """The bundle's model has arrived: load it now and keep it (it is the default from the next start)."""
-        reply = self.acquire(name, None)
-        if "error" in reply:
-            log.error("the pulled model %s could not be loaded: %s", name, reply["error"].get("message"))
+        try:
+            self.acquire(name, None)
+        except RequestRejected as exc:
+            log.error("the pulled model %s could not be loaded: %s", name, exc.message)
 
     def stop(self) -> None:
         self._stopping = True
@@ -302,12 +306,10 @@ class EnginePool:
             server.server_close()
 
 
-def _refusal(status: int, message: str, **kw) -> dict:
-    """A refusal on the wire, as the engine's own (the workers turn it into the API's error)."""
-    from host_runtime.engine.errors import RequestRejected
-
+def _refusal(status: int, message: str, **kw) -> RequestRejected:
+    """A refusal, as the engine's own (the workers turn it into the API's error)."""
     kw.setdefault("param", "model" if status != 500 else None)
-    return {"error": RequestRejected(status, message, **kw).to_wire()}
+    return RequestRejected(status, message, **kw)
 
 
 def _engine_state(socket_path: str) -> str:

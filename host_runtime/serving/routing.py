@@ -7,9 +7,13 @@ from __future__ import annotations
 import threading
 import time
 
+from dataclasses import replace
+
+from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import EngineClient, EngineUnavailable
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.handlers import engine_down
+from host_runtime.serving.pool_protocol import PoolClient, PoolModel
 
 LOAD_WAIT_S = 300.0  # a request for a model that is loading waits this long at most
 POLL_S = 0.25
@@ -18,7 +22,7 @@ POLL_S = 0.25
 class Router:
     def __init__(self, default: EngineClient, pool_socket: str | None = None):
         self.default = default
-        self.pool = EngineClient(pool_socket) if pool_socket else None
+        self.pool = PoolClient(pool_socket) if pool_socket else None
         self._default_info: dict | None = None
         self._lock = threading.Lock()
 
@@ -42,12 +46,12 @@ class Router:
         if not isinstance(model, str) or model == info.get("model_id") or self.pool is None:
             return self.default, info
         try:
-            reply = self.pool.call({"op": "acquire", "model": model, "keep_alive": keep_alive}, timeout=30.0)
+            acquired = self.pool.acquire(model, keep_alive)
         except EngineUnavailable as exc:
             raise engine_down(exc) from None
-        if "error" in reply:
-            raise APIError.from_engine(reply["error"])
-        client = EngineClient(reply["socket"])
+        except RequestRejected as exc:
+            raise APIError.from_engine(exc.to_wire()) from None
+        client = EngineClient(acquired.socket)
         deadline = time.monotonic() + LOAD_WAIT_S
         while True:
             try:
@@ -64,30 +68,29 @@ class Router:
                                error_type="server_busy", code="model_loading", retry_after=10)
             time.sleep(POLL_S)
 
-    def models(self) -> list[dict]:
-        """Every model with its state (loaded, loading, available) and context length."""
+    def models(self) -> list[PoolModel]:
+        """Every model with its state (loaded, loading, available, downloading) and context length."""
         info = self.default_info()
         if self.pool is None:
-            return [{"id": info["model_id"], "state": "loaded" if info.get("state") == "ready" else "loading",
-                     "context_length": info.get("n_ctx"), "pinned": True}]
+            return [PoolModel(info["model_id"], "loaded" if info.get("state") == "ready" else "loading", True,
+                              info.get("n_ctx"))]
         try:
-            rows = self.pool.call({"op": "list"}, timeout=10.0)["models"]
+            rows = self.pool.models()
         except EngineUnavailable as exc:
             raise engine_down(exc) from None
-        for row in rows:
-            if row["id"] == info.get("model_id"):
-                row["context_length"] = info.get("n_ctx")
-        return rows
+        # The default engine's context is what it runs with, not what the file was trained for.
+        return [replace(r, context_length=info.get("n_ctx")) if r.id == info.get("model_id") else r for r in rows]
 
     def loaded_clients(self) -> list[EngineClient]:
         """Clients of every loaded engine (for /metrics)."""
         clients = [self.default]
         if self.pool is not None:
             try:
-                rows = self.pool.call({"op": "list"}, timeout=5.0)["models"]
+                rows = self.pool.models(timeout=5.0)
             except EngineUnavailable:
                 return clients
-            clients += [EngineClient(r["socket"]) for r in rows if r.get("socket") and r["id"] != self.default_info().get("model_id")]
+            default_id = self.default_info().get("model_id")
+            clients += [EngineClient(r.socket) for r in rows if r.socket and r.id != default_id]
         return clients
 
     def pool_metrics(self) -> str:
@@ -95,6 +98,6 @@ class Router:
         if self.pool is None:
             return ""
         try:
-            return self.pool.call({"op": "metrics"}, timeout=5.0)["text"]
-        except (EngineUnavailable, KeyError):
+            return self.pool.metrics_text()
+        except (EngineUnavailable, RequestRejected):
             return ""
