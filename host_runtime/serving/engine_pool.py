@@ -67,7 +67,7 @@ class EnginePool:
     # ---- what exists -----------------------------------------------------------------------------------------
 
     def _need(self, path: str) -> int:
-        """Room a model takes, as the planner counts it (kept per file: reading a tensor table takes a while)."""
+        """Room a model takes, as the planner counts it (kept per file version: asked on every acquire and sweep)."""
         try:
             key = (path, os.path.getmtime(path))
         except OSError:
@@ -271,16 +271,11 @@ class EnginePool:
 
         def janitor():
             while not self._stopping:
+                time.sleep(JANITOR_S)
                 try:
-                    # Reading a tensor table takes seconds: each model of the store (one just pulled too) is
-                    # counted here, not while the first request for it waits.
-                    for info in list(self.available().values()):
-                        self._need(info["path"])
-                    time.sleep(JANITOR_S)
                     self.sweep()
                 except Exception:  # housekeeping must not take the server down
                     log.exception("engine pool sweep failed")
-                    time.sleep(JANITOR_S)
 
         threading.Thread(target=janitor, name="engine-pool-janitor", daemon=True).start()
         if self.provisioned is not None:
