@@ -124,6 +124,8 @@ def test_a_hugging_face_source_goes_through_huggingface_hub_to_a_local_endpoint(
     out = models(store, "pull", "hf://someone/tiny-models/tiny.gguf", "--name", "tiny-hf",
                  env={"HF_ENDPOINT": server.base, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"})
     assert out.returncode == 0, out.stderr
+    # huggingface_hub's progress reaches our own lines (its tqdm_class), as an http pull's do
+    assert re.search(r"pulling tiny-hf: [\d.,]+ MiB of [\d.,]+ MiB \(100%\)", out.stderr), out.stderr
     (entry,) = listed(store)
     assert (entry["name"], entry["sha256"], entry["source"]) == ("tiny-hf", sha, "hf://someone/tiny-models/tiny.gguf")
 

@@ -23,20 +23,13 @@ def read_info(path: Path) -> dict:
     try:
         if gguf_c.available():  # ggml's own reader: milliseconds, where the gguf package takes seconds
             with gguf_c.GGUFTable(path) as table:
-                arch = table.value("general.architecture")
-                file_type = table.value("general.file_type")
-                context = table.value(f"{arch}.context_length") if arch else None
-                pooling = table.value(f"{arch}.pooling_type") if arch else None
-                has_template = table.value("tokenizer.chat_template") is not None
+                arch, file_type, context, pooling, has_template = _facts(table.value)
                 end = table.data_end()
         else:
+            from host_runtime.placement.model_table import _field
+
             reader = gguf.GGUFReader(str(path), "r")
-            fields = reader.fields
-            arch = _value(fields, "general.architecture")
-            file_type = _value(fields, "general.file_type")
-            context = _value(fields, f"{arch}.context_length") if arch else None
-            pooling = _value(fields, f"{arch}.pooling_type") if arch else None
-            has_template = "tokenizer.chat_template" in fields
+            arch, file_type, context, pooling, has_template = _facts(lambda key: _field(reader, key))
             end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     except (ValueError, KeyError, IndexError, OSError) as exc:
         raise StoreError(f"{path.name} is not a readable GGUF file: {exc}") from None
@@ -66,9 +59,8 @@ def pooling_name(value) -> str:
     return "" if kind == gguf.PoolingType.NONE else kind.name.lower()
 
 
-def _value(fields, key: str):
-    field = fields.get(key)
-    if field is None:
-        return None
-    value = field.contents()
-    return value
+def _facts(value) -> tuple:
+    """(architecture, file type, trained context, pooling type, chat template present) through value(key)."""
+    arch = value("general.architecture")
+    return (arch, value("general.file_type"), value(f"{arch}.context_length") if arch else None,
+            value(f"{arch}.pooling_type") if arch else None, value("tokenizer.chat_template") is not None)

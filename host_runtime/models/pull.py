@@ -118,9 +118,7 @@ def _pull_http(store: Store, url: str, name: str, say, observe=None) -> tuple[Pa
         if exc.code == 416 and already:  # the part is already whole
             resp = None
         else:
-            # A client error (no such file, no access) stays one; a server's or a proxy's may pass.
-            refused = 400 <= exc.code < 500 and exc.code not in (408, 425, 429)
-            raise (SourceRefused if refused else StoreError)(f"{url}: HTTP {exc.code} {exc.reason}") from None
+            raise _http_error(exc.code)(f"{url}: HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise StoreError(f"{url}: {getattr(exc, 'reason', exc)}") from None
     if resp is None:
@@ -161,12 +159,12 @@ def _pull_hf(store: Store, source: str, name: str, say, observe=None) -> tuple[P
         meta = get_hf_file_metadata(hf_hub_url(repo, path, revision=revision))
         store.check_room(meta.size, name)
         say(f"pulling {name} from {repo} ({(meta.size or 0) / 2**20:,.1f} MiB) through huggingface_hub")
-        with _watching(local, Progress(f"pulling {name}", meta.size, say, observe=observe)):
-            file = Path(hf_hub_download(repo, path, revision=revision, local_dir=local))
+        progress = Progress(f"pulling {name}", meta.size, say, observe=observe)
+        file = Path(hf_hub_download(repo, path, revision=revision, local_dir=local,
+                                    tqdm_class=_progress_bar(progress)))
     except HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None) or 0
-        refused = 400 <= status < 500 and status not in (408, 425, 429)
-        raise (SourceRefused if refused else StoreError)(f"{source}: {exc}; run the same pull again to resume") from None
+        raise _http_error(status)(f"{source}: {exc}; run the same pull again to resume") from None
     except (LocalEntryNotFoundError, OSError, ValueError) as exc:
         raise StoreError(f"{source}: {exc}; run the same pull again to resume") from None
     part, _ = _partial(store, name)
@@ -176,36 +174,26 @@ def _pull_hf(store: Store, source: str, name: str, say, observe=None) -> tuple[P
     return part, file_sha256(part).hexdigest()
 
 
-class _watching:
-    """huggingface_hub writes the file itself (its own progress bar): follow its size under `directory` once a
-    second into our Progress, so that the CLI's lines and the first-boot status are the same for every source."""
 
-    def __init__(self, directory: Path, progress: Progress):
-        import threading
+def _http_error(status: int) -> type[StoreError]:
+    """A client error (no such file, no access) stays one: SourceRefused; a server's or a proxy's may pass."""
+    return SourceRefused if 400 <= status < 500 and status not in (408, 425, 429) else StoreError
 
-        self.directory, self.progress, self._stop = directory, progress, threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pull-progress", daemon=True)
 
-    def _size(self) -> int:
-        total = 0
-        for path in self.directory.rglob("*"):
-            try:
-                total += path.stat().st_size if path.is_file() else 0
-            except OSError:
-                continue
-        return total
+def _progress_bar(progress: Progress):
+    """huggingface_hub's progress bar class (its tqdm_class), reporting into our Progress instead of drawing, so
+    that the CLI's lines and the first-boot status are the same for every source."""
+    from tqdm import tqdm  # huggingface_hub's own dependency
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.progress.interval):
-            grown = self._size() - self.progress.done
-            if grown > 0:
-                self.progress(grown)
+    class ProgressBar(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": True})
+            resumed = int(kwargs.get("initial") or 0)
+            progress.done += resumed  # already on disk: not part of this run's rate
+            progress._resumed_from += resumed
 
-    def __enter__(self):
-        self._thread.start()
-        return self
+        def update(self, n=1):
+            progress(int(n or 0))
+            return super().update(n)
 
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        return False
+    return ProgressBar
