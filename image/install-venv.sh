@@ -67,5 +67,7 @@ fi
 
 echo "==> installing the project and its pinned dependencies"
 "$venv/bin/pip" install -q -e '.[test]' 2>&1 | grep -vE '^(WARNING: Location|  |!!|$)' || true
-"$venv/bin/python" -c 'import host_runtime, llama_cpp, falcon, gunicorn, supervisor, openai' \
+"$venv/bin/python" -c 'import host_runtime, llama_cpp, falcon, gunicorn, supervisor, openai, sglang_router' \
   || { echo "the virtual environment is incomplete" >&2; exit 1; }
+# The fleet router's one offline data file (host_runtime/fleet/router_vocab.py says why), under the venv.
+"$venv/bin/python" -m host_runtime.fleet.router_vocab

@@ -1,0 +1,124 @@
+"""The fleet gateway's service (I/O): starts the router, then polls every box's capability map and keeps the
+router's worker set equal to the controller's decision (controller.py). supervisord runs it on the box whose
+box.toml says [fleet] role = "gateway"; the router is its child and ends with it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from host_runtime.common.atomic_file import atomic_write
+from host_runtime.fleet import router_process
+from host_runtime.fleet.controller import BoxHealth, Decision, changes, decide
+from host_runtime.fleet.peers import poll_all
+from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
+from host_runtime.fleet.settings import FleetSettings
+
+log = logging.getLogger("everycycle.fleet")
+
+ROUTER_START_S = 30.0
+PENDING_S = 10.0  # an add the router has queued but not yet listed is not asked again for this long
+
+
+class GatewayError(Exception):
+    """The gateway cannot run; says why."""
+
+
+class Gateway:
+    def __init__(self, settings: FleetSettings, key: str, vocab_dir: Path, state_file: Path | None = None):
+        self.settings = settings
+        self.key = key
+        self.vocab_dir = vocab_dir
+        self.state_file = state_file
+        self.api = RouterAPI(f"http://127.0.0.1:{settings.router_port}")
+        self.health = BoxHealth()
+        self.decision: Decision | None = None
+        self._pending: dict[str, float] = {}
+        self._router: subprocess.Popen | None = None
+
+    def start_router(self) -> None:
+        self._router = subprocess.Popen(router_process.argv(self.settings),
+                                        env=router_process.environment(dict(os.environ), self.vocab_dir))
+        deadline = time.monotonic() + ROUTER_START_S
+        while not self.api.alive():
+            if self._router.poll() is not None:
+                raise GatewayError(f"the router exited at start (status {self._router.returncode}); see its log above")
+            if time.monotonic() > deadline:
+                raise GatewayError(f"the router did not answer on port {self.settings.router_port} "
+                                   f"within {ROUTER_START_S:.0f} s")
+            time.sleep(0.2)
+        log.info("router (sglang-router, policy %s) on 127.0.0.1:%d; %d boxes to poll",
+                 self.settings.policy, self.settings.router_port, len(self.settings.peers))
+
+    def router_exited(self) -> int | None:
+        return None if self._router is None else self._router.poll()
+
+    def stop_router(self) -> None:
+        if self._router is not None and self._router.poll() is None:
+            self._router.terminate()
+            try:
+                self._router.wait(10)
+            except subprocess.TimeoutExpired:
+                self._router.kill()
+                self._router.wait()
+
+    def step(self, pool: ThreadPoolExecutor) -> None:
+        """One poll of every box, and the router brought in line with what it says."""
+        timeout = max(0.5, min(2.0, 2 * self.settings.poll_interval_s))
+        reports = poll_all(self.settings.peers, self.key, timeout, pool)
+        decision = decide(reports, self.health, self.decision)
+        for box, why in decision.left_out.items():
+            if self.decision is None or self.decision.left_out.get(box) != why:
+                log.warning("box %s takes no work: %s", box, why)
+        self.decision = decision
+        registered = self.api.workers()
+        add, remove = changes(decision, registered)
+        now = time.monotonic()
+        for r in remove:
+            self.api.remove(r)
+            self._pending.pop(r.url, None)
+            log.info("removed worker %s (%s)", r.url, r.model_id)
+        for w in add:
+            if now - self._pending.get(w.url, -PENDING_S) < PENDING_S:
+                continue
+            self.api.add(w, self.key)
+            self._pending[w.url] = now
+            log.info("added worker %s (%s)", w.url, w.model_id)
+        listed = {r.url for r in registered}
+        self._pending = {u: t for u, t in self._pending.items() if u not in listed and now - t < PENDING_S}
+        self._write_state(reports, registered)
+
+    def _write_state(self, reports, registered) -> None:
+        if self.state_file is None:
+            return
+        doc = {"at_unix": time.time(), "policy": self.settings.policy,
+               "boxes": [{"box": r.box, "answering": r.caps is not None, "error": r.error,
+                          "left_out": self.decision.left_out.get(r.box, "")} for r in reports],
+               "workers": [asdict(w) for w in self.decision.workers.values()],
+               "registered": [asdict(r) for r in registered]}
+        atomic_write(self.state_file, json.dumps(doc, indent=1).encode(), 0o644)
+
+    def run(self, stop: threading.Event) -> int:
+        self.start_router()
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, len(self.settings.peers))) as pool:
+                while not stop.is_set():
+                    started = time.monotonic()
+                    if self.router_exited() is not None:
+                        log.error("the router exited (status %s)", self.router_exited())
+                        return 1
+                    try:
+                        self.step(pool)
+                    except RouterUnavailable as exc:
+                        log.warning("router control: %s", exc)
+                    stop.wait(max(0.0, self.settings.poll_interval_s - (time.monotonic() - started)))
+        finally:
+            self.stop_router()
+        return 0

@@ -1,0 +1,58 @@
+"""The fleet router's control API (I/O): sglang-router's /workers, as the controller needs it. HTTP and JSON
+errors become RouterUnavailable."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from urllib.parse import quote
+
+from host_runtime.fleet.controller import Registered, Worker
+
+
+class RouterUnavailable(Exception):
+    """The router did not answer, or answered something unusable."""
+
+
+class RouterAPI:
+    def __init__(self, base_url: str, timeout_s: float = 5.0):
+        self.base = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise RouterUnavailable(f"{method} {path}: HTTP {exc.code} {exc.read()[:200]!r}") from None
+        except (OSError, urllib.error.URLError) as exc:
+            raise RouterUnavailable(f"{method} {path}: {getattr(exc, 'reason', exc)}") from None
+        try:
+            return json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            raise RouterUnavailable(f"{method} {path}: not JSON: {raw[:200]!r}") from None
+
+    def alive(self) -> bool:
+        try:
+            urllib.request.urlopen(self.base + "/liveness", timeout=1.0).close()
+            return True
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def workers(self) -> list[Registered]:
+        doc = self._call("GET", "/workers")
+        try:
+            return [Registered(str(w["id"]), str(w["url"]), str(w.get("model_id") or "")) for w in doc["workers"]]
+        except (KeyError, TypeError) as exc:
+            raise RouterUnavailable(f"GET /workers: unexpected answer ({exc})") from None
+
+    def add(self, worker: Worker, api_key: str) -> None:
+        """Queue the worker's registration; the router reaches it with `api_key` (the fleet key)."""
+        self._call("POST", "/workers", {"url": worker.url, "model_id": worker.model_id, "api_key": api_key})
+
+    def remove(self, registered: Registered) -> None:
+        self._call("DELETE", f"/workers/{quote(registered.id, safe='')}")

@@ -1,0 +1,74 @@
+"""The fleet gateway's settings (fleet.toml): one typed structure, written by provisioning from box.toml's
+[fleet] and read by `everycycle fleet gateway`. The fleet key itself lives in its own 0600 file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from host_runtime.common import settings_file
+from host_runtime.common.settings_file import SettingsError
+
+ROLES = ("none", "member", "gateway")
+POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    role: str = "none"
+    peers: tuple[str, ...] = ()      # every box's API base URL, the gateway's own included
+    policy: str = "cache_aware"      # the router's: prefix-aware by default; round_robin for comparisons
+    router_port: int = 8090          # the router listens on loopback only; the front is the clients' door
+    metrics_port: int = 8091         # the router's Prometheus exporter, loopback
+    poll_interval_s: float = 1.0     # how often each box's capability map is read
+    key_file: str = "/etc/everycycle/fleet.key"  # the fleet key: the gateway's credential at every box (0600)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "peers", tuple(self.peers))
+        if self.role not in ROLES:
+            raise SettingsError("role", f"must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.policy not in POLICIES:
+            raise SettingsError("policy", f"must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        for name in ("router_port", "metrics_port"):
+            if not 1 <= getattr(self, name) <= 65535:
+                raise SettingsError(name, f"{getattr(self, name)} is not a TCP port")
+        if self.router_port == self.metrics_port:
+            raise SettingsError("metrics_port", "must differ from router_port")
+        if not 0.1 <= self.poll_interval_s <= 60:
+            raise SettingsError("poll_interval_s", "must be between 0.1 and 60 seconds")
+        for i, peer in enumerate(self.peers):
+            if not isinstance(peer, str):
+                raise SettingsError(f"peers[{i}]", "must be a URL string")
+            parts = urlsplit(peer)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise SettingsError(f"peers[{i}]", f"must be a box's base URL like http://10.0.0.2:8080, got {peer!r}")
+        if len(set(p.rstrip("/") for p in self.peers)) != len(self.peers):
+            raise SettingsError("peers", "lists a box twice")
+        if self.role == "gateway" and not self.peers:
+            raise SettingsError("peers", "a gateway needs at least one box (its own API included)")
+
+
+def load(path: str | Path | None) -> FleetSettings:
+    return settings_file.load(FleetSettings, path)
+
+
+def save(settings: FleetSettings, path: str | Path) -> None:
+    settings_file.save(settings, path)
+
+
+def read_key(path: str | Path) -> str:
+    """The fleet key from its file; SettingsError naming key_file when it is missing, empty or readable by others."""
+    import stat
+
+    p = Path(path)
+    try:
+        mode = stat.S_IMODE(p.stat().st_mode)
+        text = p.read_text().strip()
+    except OSError as exc:
+        raise SettingsError("key_file", f"cannot read {p}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise SettingsError("key_file", f"{p} has mode {mode:04o}; it must be 0600 (chmod 600 {p})")
+    if not text or any(c.isspace() for c in text):
+        raise SettingsError("key_file", f"{p} must hold one key (from 'everycycle keys create')")
+    return text

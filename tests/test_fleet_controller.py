@@ -1,0 +1,100 @@
+"""The fleet controller's decisions (pure) and the gateway's settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from host_runtime.common.settings_file import SettingsError
+from host_runtime.fleet.capabilities import Capabilities, GovernorView, ModelCapability
+from host_runtime.fleet.controller import FAILURES_TO_REMOVE, BoxHealth, Registered, Report, Worker, changes, decide
+from host_runtime.fleet.router_process import argv
+from host_runtime.fleet.settings import FleetSettings
+
+A, B, C = "http://10.0.0.2:8080", "http://10.0.0.3:8080", "http://10.0.0.4:8080"
+
+
+def caps(*models: tuple[str, str], governor: str = "normal", draining: bool = False) -> Capabilities:
+    level = {"normal": 0, "throttled": 1, "emergency": 2}.get(governor)
+    return Capabilities("box", "v1", GovernorView(governor, level, ""),
+                        tuple(ModelCapability(m, state) for m, state in models), draining=draining,
+                        draining_reason="update to v2 is writing" if draining else "")
+
+
+def pairs(decision) -> set[tuple[str, str]]:
+    return {(w.box, w.model_id) for w in decision.workers.values()}
+
+
+def test_a_model_loaded_on_one_box_goes_only_there_and_a_model_only_in_stores_goes_everywhere_it_is():
+    d = decide([Report(A, caps(("smol", "loaded"), ("big", "available"))),
+                Report(B, caps(("smol", "available"), ("big", "available"))),
+                Report(C, caps(("solo", "loaded")))], BoxHealth())
+    assert pairs(d) == {(A, "smol"), (A, "big"), (B, "big"), (C, "solo")}
+    assert d.workers[f"{A}/fleet/smol"] == Worker.of(A, "smol")
+
+
+def test_a_loading_model_counts_as_warm_and_downloading_or_failed_ones_are_not_routable():
+    d = decide([Report(A, caps(("m", "loading"), ("x", "downloading"))), Report(B, caps(("m", "available"),
+                                                                                       ("x", "failed")))], BoxHealth())
+    assert pairs(d) == {(A, "m")}
+
+
+def test_boxes_in_emergency_or_draining_get_no_work_and_say_why():
+    d = decide([Report(A, caps(("m", "loaded"), governor="emergency")), Report(B, caps(("m", "loaded"), draining=True)),
+                Report(C, caps(("m", "available")))], BoxHealth())
+    assert pairs(d) == {(C, "m")}
+    assert "emergency" in d.left_out[A] and "draining" in d.left_out[B]
+
+
+def test_a_throttled_box_is_left_out_while_an_unthrottled_one_has_the_model_warm():
+    reports = [Report(A, caps(("m", "loaded"), governor="throttled")), Report(B, caps(("m", "loaded")))]
+    assert pairs(decide(reports, BoxHealth())) == {(B, "m")}
+    # Throttled everywhere: still served.
+    both = [Report(A, caps(("m", "loaded"), governor="throttled")), Report(B, caps(("m", "loaded"), governor="throttled"))]
+    assert pairs(decide(both, BoxHealth())) == {(A, "m"), (B, "m")}
+
+
+def test_a_box_that_misses_one_poll_keeps_its_workers_and_loses_them_after_two_then_rejoins():
+    health = BoxHealth()
+    up = [Report(A, caps(("m", "loaded"))), Report(B, caps(("m", "loaded")))]
+    first = decide(up, health)
+    down = [Report(A, caps(("m", "loaded"))), Report(B, None, "connection refused")]
+    second = decide(down, health, first)
+    assert pairs(second) == {(A, "m"), (B, "m")}
+    assert FAILURES_TO_REMOVE == 2
+    third = decide(down, health, second)
+    assert pairs(third) == {(A, "m")} and "connection refused" in third.left_out[B]
+    assert pairs(decide(up, health, third)) == {(A, "m"), (B, "m")}
+
+
+def test_changes_add_what_is_missing_remove_what_is_not_wanted_and_replace_a_changed_model():
+    d = decide([Report(A, caps(("m", "loaded"))), Report(B, caps(("m", "loaded")))], BoxHealth())
+    registered = [Registered("1", f"{A}/fleet/m", "m"), Registered("2", f"{C}/fleet/m", "m"),
+                  Registered("3", f"{B}/fleet/m", "other")]
+    add, remove = changes(d, registered)
+    assert {r.id for r in remove} == {"2", "3"}
+    assert add == [Worker.of(B, "m")]
+    assert changes(d, [Registered("1", f"{A}/fleet/m", "m"), Registered("4", f"{B}/fleet/m", "m")]) == ([], [])
+
+
+def test_model_names_are_quoted_in_worker_urls():
+    assert Worker.of(A + "/", "a b/c").url == f"{A}/fleet/a%20b%2Fc"
+
+
+@pytest.mark.parametrize("doc, field", [
+    ({"role": "leader"}, "role"), ({"policy": "fastest"}, "policy"), ({"peers": ["10.0.0.2:8080"]}, "peers[0]"),
+    ({"peers": ["http://10.0.0.2:8080/v1"]}, "peers[0]"), ({"peers": [A, A + "/"]}, "peers"),
+    ({"role": "gateway"}, "peers"), ({"router_port": 0}, "router_port"), ({"metrics_port": 8090}, "metrics_port"),
+    ({"poll_interval_s": 0.0}, "poll_interval_s"),
+])
+def test_bad_fleet_settings_name_their_field(doc, field):
+    with pytest.raises(SettingsError) as err:
+        FleetSettings(**doc)
+    assert err.value.field == field
+
+
+def test_the_router_routes_by_model_on_loopback_with_the_chosen_policy():
+    args = argv(FleetSettings(role="gateway", peers=(A,), policy="round_robin", router_port=9000))
+    assert "--enable-igw" in args
+    assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--port") + 1] == "9000"
+    assert args[args.index("--policy") + 1] == "round_robin"
+    assert "--worker-urls" not in args and "--api-key" not in args  # workers and their key come over its API
