@@ -22,6 +22,17 @@ def _port(text: str) -> int:
     return value
 
 
+def _host_port(text: str) -> str:
+    import ipaddress
+
+    host, _, port = text.rpartition(":")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not IP:PORT") from None
+    return f"{host}:{_port(port)}"
+
+
 def _int_at_least(low: int):
     def parse(text: str) -> int:
         try:
@@ -126,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Run the OpenAI-compatible API (gunicorn) and its inference engine.")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for the LAN)")
     serve.add_argument("--port", type=_port, default=8080, help="port to bind (default 8080)")
+    serve.add_argument("--also-listen", metavar="HOST:PORT", type=_host_port,
+                       help="listen here too (the fleet gateway's router reaches its own box's API on loopback)")
     serve.add_argument("--keys", metavar="FILE", help="API key file (from 'everycycle keys create'); without it the API is open")
     serve.add_argument("--workers", type=_positive, default=2, metavar="N", help="HTTP worker processes (default 2)")
     serve.add_argument("--http-threads", type=_positive, default=32, metavar="N", help="threads per HTTP worker (default 32)")
@@ -165,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     front.add_argument("--state-dir", required=True, metavar="DIR", help="where a self-signed certificate is kept")
     front.add_argument("--run-dir", metavar="DIR", help="nginx's config, pid and temp files (run)")
     front.add_argument("--upstream-socket", metavar="PATH", help="the serving API's Unix socket (run)")
+    front.add_argument("--fleet-settings", metavar="FILE", help="fleet.toml: on the fleet's gateway, /v1/ goes to the "
+                                                                "fleet's router once this box's API accepts the key")
 
     plan = sub.add_parser("plan", help="how a model would be placed over this box's GPUs and CPU, and whether it fits",
                           description="Plan a model's placement (layers per device, weights, KV, compute, margin), "
@@ -291,6 +306,25 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("name", metavar="NAME", help="the key's name")
     listing = keys_sub.add_parser("list", help="list key names and hints (never the keys)")
     listing.add_argument("--keys", required=True, metavar="FILE", help="key file")
+    imported = keys_sub.add_parser("import", help="store the hash of a key made elsewhere (the fleet key, on each box)")
+    imported.add_argument("--keys", required=True, metavar="FILE", help="key file (created 0600 if missing)")
+    imported.add_argument("--key-file", required=True, metavar="FILE", help="a file holding the key (0600)")
+    imported.add_argument("name", metavar="NAME", help="a label for the key, e.g. fleet")
+
+    fleet = sub.add_parser("fleet", help="several boxes behind one endpoint: the gateway (a router fed by every "
+                                         "box's capability map)")
+    fleet_sub = fleet.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
+    gw = fleet_sub.add_parser("gateway", help="run the router and its controller in the foreground")
+    gw.add_argument("--settings", metavar="FILE", help="fleet.toml (written by provisioning from box.toml's [fleet])")
+    gw.add_argument("--peer", action="append", metavar="URL", help="a box's API base URL (repeatable; replaces "
+                                                                    "the settings' peers)")
+    gw.add_argument("--policy", help="the router's policy (cache_aware, round_robin, power_of_two, random)")
+    gw.add_argument("--router-port", type=_port, help="the router's loopback port")
+    gw.add_argument("--metrics-port", type=_port, help="the router's Prometheus port (loopback)")
+    gw.add_argument("--poll-interval", type=_positive_float, metavar="S", help="seconds between capability polls")
+    gw.add_argument("--key-file", metavar="FILE", help="the fleet key (0600)")
+    gw.add_argument("--state", metavar="FILE", help="write what the gateway sees and did here, each poll (JSON)")
+    gw.add_argument("--vocab-dir", metavar="DIR", help="where o200k_base.tiktoken is (default: under the venv)")
     return parser
 
 
@@ -409,7 +443,8 @@ def cmd_serve(parser, args) -> int:
                        governor_state=args.governor_state, pool_socket=pool.control_socket if pool else None)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
-    bind = f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"
+    bind = [f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"]
+    bind += [args.also_listen] if args.also_listen else []
     if args.unix_socket:
         # Only the services' user (the front) and root (the console) reach the API's socket: the box's own
         # readers get /metrics there without a key.
@@ -485,7 +520,17 @@ def cmd_front(parser, args) -> int:
             return 0
         if not args.run_dir or not args.upstream_socket:
             parser.error("front run: --run-dir and --upstream-socket are required")
-        conf, pair = prepare(settings, state_dir, Path(args.run_dir), Path(args.upstream_socket))
+        gateway_port = None
+        if args.fleet_settings:
+            from host_runtime.common.settings_file import SettingsError
+            from host_runtime.fleet.settings import load as load_fleet
+
+            try:
+                fleet = load_fleet(args.fleet_settings)
+            except SettingsError as exc:
+                parser.error(f"--fleet-settings: {exc}")
+            gateway_port = fleet.router_port if fleet.role == "gateway" else None
+        conf, pair = prepare(settings, state_dir, Path(args.run_dir), Path(args.upstream_socket), gateway_port)
         logging.getLogger("everycycle.front").info(
             "front on %s: HTTPS port %d (certificate %s, SHA-256 %s), HTTP port %d %s, /metrics %s",
             settings.listen, settings.https_port, pair.certificate, fingerprint(pair.certificate),
@@ -796,6 +841,18 @@ def cmd_keys(parser, args) -> int:
             if not revoke_key(args.keys, args.name) and not args.missing_ok:
                 print(f"everycycle keys: no key named {args.name!r} in {args.keys}", file=sys.stderr)
                 return 2
+        elif args.keys_command == "import":
+            from host_runtime.auth.keystore import store_key
+            from host_runtime.common.settings_file import SettingsError
+            from host_runtime.fleet.settings import read_key
+
+            try:
+                key = read_key(args.key_file)
+            except SettingsError as exc:
+                print(f"everycycle keys: --key-file: {exc.message}", file=sys.stderr)
+                return 2
+            store_key(args.keys, args.name, key)
+            print(f"stored the hash of key {args.name!r} in {args.keys}", file=sys.stderr)
         else:
             for k in load_keys(args.keys):
                 print(f"{k.name}\t{k.hint}")
@@ -803,6 +860,40 @@ def cmd_keys(parser, args) -> int:
         print(f"everycycle keys: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def cmd_fleet(parser, args) -> int:
+    import dataclasses
+    import threading
+
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.common.stop_signal import stop_on_signals
+    from host_runtime.fleet import router_vocab
+    from host_runtime.fleet.gateway import Gateway, GatewayError
+    from host_runtime.fleet.settings import FleetSettings, load, read_key
+
+    try:
+        settings = load(args.settings)
+        given = {"peers": tuple(args.peer) if args.peer else None, "policy": args.policy,
+                 "router_port": args.router_port, "metrics_port": args.metrics_port,
+                 "poll_interval_s": args.poll_interval, "key_file": args.key_file}
+        settings = FleetSettings(**{**dataclasses.asdict(settings), "role": "gateway",
+                                    **{k: v for k, v in given.items() if v is not None}})
+        key = read_key(settings.key_file)
+    except SettingsError as exc:
+        parser.error(f"fleet gateway: {exc}")
+    vocab = Path(args.vocab_dir) if args.vocab_dir else router_vocab.default_dir()
+    if not router_vocab.present(vocab):
+        print(f"everycycle fleet gateway: {vocab / router_vocab.FILE_NAME} is missing; fetch it with "
+              f"`python -m host_runtime.fleet.router_vocab --dir {vocab}` (make install does)", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    stop_on_signals(stop.set)
+    try:
+        return Gateway(settings, key, vocab, Path(args.state) if args.state else None).run(stop)
+    except GatewayError as exc:
+        print(f"everycycle fleet gateway: {exc}", file=sys.stderr)
+        return 1
 
 
 def cmd_models(parser, args) -> int:
@@ -829,7 +920,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"serve": cmd_serve, "engine": cmd_engine, "plan": cmd_plan, "keys": cmd_keys, "discover": cmd_discover,
                 "governor": cmd_governor, "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
                 "bmc": cmd_bmc, "front": cmd_front, "update": cmd_update,
-                "models": cmd_models}
+                "models": cmd_models, "fleet": cmd_fleet}
     try:
         return handlers[args.command](parser, args)
     except KeyboardInterrupt:

@@ -63,6 +63,18 @@ def test_rendered_config_redirects_http_and_limits_clients():
     assert "location = /metrics { allow 127.0.0.1; allow ::1; deny all;" in off
 
 
+def test_on_the_fleet_gateway_v1_goes_to_the_router_after_the_box_accepts_the_key_which_goes_no_further():
+    pair = CertificatePair(Path("/c.crt"), Path("/c.key"), True)
+    conf = render(FrontSettings(http="off"), FrontPaths(Path("/run/f"), Path("/run/s.sock"), gateway_port=8090), pair)
+    assert "upstream fleet_router { server 127.0.0.1:8090;" in conf
+    fleet = next(line for line in conf.splitlines() if "location /v1/ {" in line)
+    assert "auth_request /_fleet_auth;" in fleet and "proxy_pass http://fleet_router;" in fleet
+    assert 'proxy_set_header Authorization "";' in fleet and 'proxy_set_header X-Api-Key "";' in fleet
+    assert "proxy_pass http://serving/v1/everycycle/auth;" in conf
+    assert "location @unauthorized" in conf and '"code": "invalid_api_key"' in conf
+    assert "fleet_router" not in _conf()  # a box that is not the gateway serves its own API only
+
+
 def test_self_signed_certificate_is_made_once_with_a_private_key(tmp_path):
     pair = self_signed_paths(tmp_path)
     make_self_signed(pair, "box1")

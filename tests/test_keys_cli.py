@@ -34,6 +34,22 @@ def test_keys_create_prints_once_and_stores_only_a_hash(tmp_path):
     assert listing.stdout.startswith("laptop\t") and key not in listing.stdout
 
 
+def test_keys_import_stores_the_hash_of_a_key_from_a_private_file_and_refuses_a_readable_one(tmp_path):
+    from host_runtime.auth.keystore import KeyVerifier
+
+    made = run("keys", "create", "--keys", str(tmp_path / "a.json"), "fleet").stdout.strip()
+    key_file = tmp_path / "fleet.key"
+    key_file.write_text(made + "\n")
+    key_file.chmod(0o644)
+    refused = run("keys", "import", "--keys", str(tmp_path / "b.json"), "--key-file", str(key_file), "fleet")
+    assert refused.returncode == 2 and "--key-file" in refused.stderr and "0600" in refused.stderr
+    assert not (tmp_path / "b.json").exists()
+    key_file.chmod(0o600)
+    assert run("keys", "import", "--keys", str(tmp_path / "b.json"), "--key-file", str(key_file), "fleet").returncode == 0
+    assert made not in (tmp_path / "b.json").read_text()
+    assert KeyVerifier(tmp_path / "b.json").verify(made) == "fleet"
+
+
 def test_duplicate_name_and_empty_name_are_refused(tmp_path):
     keys = tmp_path / "keys.json"
     create_key(keys, "a")

@@ -101,6 +101,16 @@ def create_key(path: str | os.PathLike, name: str) -> str:
     return key
 
 
+def store_key(path: str | os.PathLike, name: str, key: str) -> None:
+    """Store the hash of a key made elsewhere (the fleet key) under `name`, replacing a key of that name."""
+    name = name.strip()
+    if not name:
+        raise KeyStoreError("NAME must not be empty")
+    keys = [k for k in load_keys(path) if k.name != name]
+    keys.append(StoredKey(name, hash_key(key), key_hint(key), time.time()))
+    _save(path, keys)
+
+
 class KeyVerifier:
     """Checks bearer tokens against the key file, re-reading it when it changes on disk."""
 

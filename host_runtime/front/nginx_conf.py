@@ -22,6 +22,9 @@ class FrontPaths:
     # Started as root, nginx would hand its workers to 'nobody', who may not reach the API's socket: name the
     # user whose services own it (on the box the front runs unprivileged and this stays None).
     worker_user: str | None = None
+    # On the fleet's gateway: the router's loopback port. /v1/ goes there once the box's own API has accepted the
+    # client's key (auth_request); the client's key goes no further, the router reaches boxes with the fleet key.
+    gateway_port: int | None = None
 
 
 def _error(status: int, message: str, error_type: str, code: str) -> str:
@@ -37,10 +40,24 @@ ERROR_PAGES = {
     "upstream_down": (503, "the serving API is not running (it may be starting); retry shortly", "server_error",
                       "api_unavailable"),
     "timeout": (408, "the request was not received in time", "invalid_request_error", "request_timeout"),
+    "unauthorized": (401, "no valid API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                     "invalid_request_error", "invalid_api_key"),
 }
 
 
-def _server_body(s: FrontSettings, *, metrics_location: bool = True) -> list[str]:
+def _gateway_locations() -> list[str]:
+    return [
+        "        location = /_fleet_auth { internal; proxy_pass http://serving/v1/everycycle/auth; "
+        "proxy_method GET; proxy_pass_request_body off; proxy_set_header Content-Length \"\"; }",
+        "        location /v1/ { auth_request /_fleet_auth; error_page 401 @unauthorized; proxy_pass http://fleet_router; "
+        "proxy_set_header Authorization \"\"; proxy_set_header X-Api-Key \"\"; proxy_buffering off; }",
+        "        location /v1/everycycle/ { proxy_pass http://serving; }  # this box's own map and key check",
+        # sglang-router has no Anthropic route for HTTP workers: Messages are this box's own models.
+        "        location /v1/messages { proxy_pass http://serving; }",
+    ]
+
+
+def _server_body(s: FrontSettings, *, metrics_location: bool = True, gateway: bool = False) -> list[str]:
     lines = [
         f"        limit_conn per_client_conn {s.connections_per_client};",
         f"        limit_req zone=per_client_req burst={s.request_burst_per_client} nodelay;",
@@ -51,6 +68,8 @@ def _server_body(s: FrontSettings, *, metrics_location: bool = True) -> list[str
         "        error_page 502 503 504 @upstream_down;",
         "        location / { proxy_pass http://serving; }",
     ]
+    if gateway:
+        lines += _gateway_locations()
     if metrics_location and s.metrics == "loopback":
         lines.append("        location = /metrics { allow 127.0.0.1; allow ::1; deny all; proxy_pass http://serving; }")
     for name, (status, message, error_type, code) in ERROR_PAGES.items():
@@ -96,6 +115,8 @@ def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
         "    limit_conn_log_level warn;",
         "    limit_req_log_level warn;",
         f"    upstream serving {{ server unix:{paths.upstream_socket}; }}",
+        *([f"    upstream fleet_router {{ server 127.0.0.1:{paths.gateway_port}; keepalive 32; }}"]
+          if paths.gateway_port else []),
         "    proxy_http_version 1.1;",
         "    proxy_set_header Connection \"\";",
         "    proxy_set_header Host $host;",
@@ -113,12 +134,12 @@ def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
         "        ssl_protocols TLSv1.2 TLSv1.3;",
         "        ssl_session_cache shared:tls:2m;",
     ]
-    out += _server_body(s)
+    out += _server_body(s, gateway=paths.gateway_port is not None)
     out.append("    }")
     if s.http != "off":
         out += ["    server {", f"        listen {listen}:{s.http_port};"]
         if s.http == "serve":
-            out += _server_body(s)
+            out += _server_body(s, gateway=paths.gateway_port is not None)
         else:
             # Only the liveness probe answers in clear; everything else moves to HTTPS before a key is sent.
             out += [line for line in _server_body(s, metrics_location=False) if "location / " not in line]

@@ -27,14 +27,14 @@ def nginx_binary() -> str:
 
 
 def prepare(settings: FrontSettings, state_dir: Path, run_dir: Path,
-            upstream_socket: Path) -> tuple[Path, CertificatePair]:
+            upstream_socket: Path, gateway_port: int | None = None) -> tuple[Path, CertificatePair]:
     """Write the config (and make the certificate if needed); check it with `nginx -t`. Returns its path and the
     certificate pair it serves."""
     pair = ensure_certificate(settings, state_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     conf = run_dir / "nginx.conf"
     worker_user = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() == 0 else None
-    atomic_write(conf, render(settings, FrontPaths(run_dir, upstream_socket, worker_user), pair).encode(), 0o644)
+    atomic_write(conf, render(settings, FrontPaths(run_dir, upstream_socket, worker_user, gateway_port), pair).encode(), 0o644)
     test = subprocess.run([nginx_binary(), "-t", "-q", "-e", "stderr", "-p", str(run_dir), "-c", str(conf)],
                           capture_output=True, text=True)
     if test.returncode != 0:

@@ -39,8 +39,9 @@ def certificate_pair(settings: FrontSettings, state_dir: Path) -> CertificatePai
     return self_signed_paths(state_dir)
 
 
-def make_self_signed(pair: CertificatePair, hostname: str | None = None) -> None:
-    """An EC P-256 key and a certificate for the box's name and 'localhost' (key 0600, written atomically)."""
+def make_self_signed(pair: CertificatePair, hostname: str | None = None, address: str | None = None) -> None:
+    """An EC P-256 key and a certificate for the box's name, 'localhost' and the address the front listens on
+    when it is a specific one (key 0600, written atomically)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -51,8 +52,11 @@ def make_self_signed(pair: CertificatePair, hostname: str | None = None) -> None
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname),
                       x509.NameAttribute(NameOID.ORGANIZATION_NAME, "EveryCycle box")])
     now = dt.datetime.now(dt.timezone.utc)
+    ips = {ipaddress.ip_address("127.0.0.1")}
+    if address and not ipaddress.ip_address(address).is_unspecified:
+        ips.add(ipaddress.ip_address(address))
     alt = x509.SubjectAlternativeName([x509.DNSName(hostname), x509.DNSName("localhost"),
-                                       x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+                                       *(x509.IPAddress(ip) for ip in sorted(ips, key=str))])
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=SELF_SIGNED_DAYS)).add_extension(alt, critical=False)
@@ -69,7 +73,7 @@ def ensure_certificate(settings: FrontSettings, state_dir: Path) -> CertificateP
     """The pair nginx serves: checked to load and to match; a self-signed one is made when there is none."""
     pair = certificate_pair(settings, state_dir)
     if pair.self_signed and not (pair.certificate.exists() and pair.private_key.exists()):
-        make_self_signed(pair)
+        make_self_signed(pair, address=settings.listen)
     check_pair(pair)
     return pair
 

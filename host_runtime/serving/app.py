@@ -39,6 +39,28 @@ class AppConfig:
     pool_socket: str | None = None  # the engine pool (several models); None: only the one engine
 
 
+FLEET_PREFIX = "/fleet/"
+
+
+class FleetPrefix:
+    """The fleet's router knows each (box, model) pair as its own worker, at BOX/fleet/MODEL (it keys workers by
+    URL; host_runtime/fleet/controller.py): the prefix is dropped before routing and the request's body names
+    the model as usual."""
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if req.path.startswith(FLEET_PREFIX):
+            _, _, rest = req.path[len(FLEET_PREFIX):].partition("/")
+            req.path = "/" + rest
+
+
+class KeyCheck:
+    """GET /v1/everycycle/auth: 204 when the request's key is valid here (the middleware refused it otherwise).
+    The fleet gateway's front asks this before passing a client's request to the router (nginx auth_request)."""
+
+    def on_get(self, req, resp):
+        resp.status = falcon.HTTP_204
+
+
 class AuthMiddleware:
     def __init__(self, verifier: KeyVerifier, metrics_access: str = "key"):
         self._verifier = verifier
@@ -325,7 +347,9 @@ def create_app(config: AppConfig) -> falcon.App:
     import llama_cpp.llama_grammar  # noqa: F401
 
     client = EngineClient(config.engine_socket)
-    middleware = [AuthMiddleware(KeyVerifier(config.keys_file), config.metrics_access)] if config.keys_file else []
+    middleware = [FleetPrefix()]
+    if config.keys_file:
+        middleware.append(AuthMiddleware(KeyVerifier(config.keys_file), config.metrics_access))
     app = falcon.App(middleware=middleware)
     router = Router(client, config.pool_socket)
     app.add_route("/health", Health(client))
@@ -346,6 +370,7 @@ def create_app(config: AppConfig) -> falcon.App:
     from host_runtime.serving.capabilities import CapabilitiesResource
 
     app.add_route("/v1/everycycle/capabilities", CapabilitiesResource(router, config))
+    app.add_route("/v1/everycycle/auth", KeyCheck())
     # Most specific last: falcon picks the handler registered for the closest class.
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPError, handle_falcon_error)

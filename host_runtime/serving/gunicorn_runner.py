@@ -55,7 +55,7 @@ class EngineChild:
 
 
 class ServingApplication(BaseApplication):
-    def __init__(self, app_config: AppConfig, *, bind: str, workers: int, threads: int,
+    def __init__(self, app_config: AppConfig, *, bind: str | list[str], workers: int, threads: int,
                  engine: EngineChild | None, pool=None):
         self.app_config = app_config
         self.bind = bind
