@@ -26,7 +26,7 @@ def _nvml_works() -> bool:
 # Fixtures that start real processes (servers, supervisord, nginx, ipmi_sim, namespaces) or load the model:
 # a test using one is marked `system`, so `pytest -m "not system"` runs the pure tests in seconds.
 SYSTEM_FIXTURES = {"api_key", "server", "client", "netns", "front", "box", "sim", "model", "tiny", "small_steps",
-                   "miss_answer", "split_server"}
+                   "miss_answer", "split_server", "fleet"}
 
 
 def pytest_collection_modifyitems(config, items):

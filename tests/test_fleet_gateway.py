@@ -1,0 +1,156 @@
+"""Three boxes behind one endpoint, for real: each `everycycle serve` (1 thread) in a network namespace the test
+makes; box 0 is also the gateway (its front checks the client's key, sglang-router routes, our controller feeds
+it from the capability maps). Box 2 has only its own model. The tests run in file order: the last one kills a box."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx2 as httpx
+import openai
+import pytest
+
+from host_runtime.engine.model import default_model_path
+from tests.fleet_hosts import SMOL, box_metric, start_fleet, wait_until
+from tests.servers import Proc, http_get
+
+pytestmark = pytest.mark.root  # ip netns and a bridge
+SOLO = "Solo-Model"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    work = tmp_path_factory.mktemp("fleet")
+    solo = work / f"{SOLO}.gguf"
+    shutil.copy(default_model_path(), solo)
+    f = start_fleet(work, [None, None, str(solo)], parallel=4, max_queue=256, governor_state=True)
+    yield f
+    f.stop()
+
+
+def client(fleet, key: str | None = None, **kw) -> openai.OpenAI:
+    # The front's self-signed certificate names its listen address: verified against that certificate.
+    return openai.OpenAI(base_url=fleet.url + "/v1", api_key=key or fleet.client_key, max_retries=0, timeout=120,
+                         http_client=httpx.Client(verify=fleet.tls()), **kw)
+
+
+def ask(c: openai.OpenAI, model: str, text: str, max_tokens: int = 4) -> str:
+    out = c.chat.completions.create(model=model, messages=[{"role": "user", "content": text}],
+                                    max_tokens=max_tokens, temperature=0)
+    return out.model
+
+
+def requests_on(fleet, i: int) -> float:
+    return box_metric(fleet, i, "everycycle_requests_total")
+
+
+def test_requests_for_a_model_on_one_box_all_go_to_that_box(fleet):
+    c = client(fleet)
+    before = [requests_on(fleet, i) for i in range(3)]
+    for n in range(6):
+        assert ask(c, SOLO, f"question {n}") == SOLO
+    after = [requests_on(fleet, i) for i in range(3)]
+    assert after[2] - before[2] == 6
+    # The built-in model is not on box 2: its requests go to boxes 0 and 1 only (box 2 would answer 404).
+    for n in range(6):
+        assert ask(c, SMOL, f"other question {n}") == SMOL
+    assert requests_on(fleet, 2) == after[2]
+    assert requests_on(fleet, 0) + requests_on(fleet, 1) - after[0] - after[1] == 6
+
+
+def test_the_clients_key_works_at_the_gateway_and_never_travels_to_the_boxes(fleet):
+    with pytest.raises(openai.AuthenticationError) as err:
+        ask(client(fleet, key="ec-not-a-key"), SMOL, "hi")
+    assert err.value.body["code"] == "invalid_api_key"
+    # Box 1 does not know the client's key (only the fleet key), yet serves the gateway's requests.
+    status, _ = http_get(fleet.boxes[1].base + "/v1/models", key=fleet.client_key)
+    assert status == 401
+    assert http_get(fleet.boxes[1].base + "/v1/models", key=fleet.fleet_key)[0] == 200
+    models = {m.id for m in client(fleet).models.list()}
+    assert models == {SMOL, SOLO}
+
+
+def test_two_hundred_concurrent_streams_across_the_boxes_get_no_5xx(fleet):
+    c = client(fleet)
+    statuses: list[str] = []
+    lock = threading.Lock()
+
+    def stream(n: int) -> None:
+        try:
+            chunks = c.chat.completions.create(model=SOLO if n % 3 == 2 else SMOL, stream=True, max_tokens=6,
+                                               messages=[{"role": "user", "content": f"Count to {n % 17}."}])
+            text = "".join((ch.choices[0].delta.content or "") for ch in chunks if ch.choices)
+            outcome = "ok" if text else "empty"
+        except openai.APIStatusError as exc:
+            outcome = str(exc.status_code)
+        except openai.APIConnectionError as exc:
+            outcome = f"connection: {exc}"
+        with lock:
+            statuses.append(outcome)
+
+    with ThreadPoolExecutor(max_workers=200) as pool:
+        list(pool.map(stream, range(200)))
+    counts = {s: statuses.count(s) for s in set(statuses)}
+    assert len(statuses) == 200
+    assert not [s for s in statuses if s.startswith("5") or s.startswith("connection")], counts
+    assert counts.get("ok", 0) >= 190, counts  # a 429 is the box's queue speaking, not a failure of the gateway
+
+
+def _governor(fleet, i: int, level: int, state: str) -> None:
+    path = fleet.workdir / f"box{i}_governor.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"updated_unix": time.time(), "throttle_level": level, "gpus": [{"state": state}]}))
+    tmp.replace(path)
+
+
+def test_a_box_in_emergency_gets_no_new_work_and_returns_when_it_recovers(fleet):
+    box1 = fleet.boxes[1].base
+    _governor(fleet, 1, 2, "emergency")
+    wait_until(lambda: (box1, SMOL) not in fleet.registered(), 15, "box 1's worker removed")
+    assert "emergency" in {b["box"]: b["left_out"] for b in fleet.state()["boxes"]}[box1]
+    before = requests_on(fleet, 1)
+    c = client(fleet)
+    for n in range(6):
+        assert ask(c, SMOL, f"while box 1 is hot {n}") == SMOL
+    assert requests_on(fleet, 1) == before
+    _governor(fleet, 1, 0, "normal")
+    wait_until(lambda: (box1, SMOL) in fleet.registered(), 15, "box 1's worker back")
+
+
+def test_a_killed_box_is_taken_out_in_seconds_its_streams_end_and_later_requests_all_succeed(fleet):
+    box1 = fleet.boxes[1]
+    c = client(fleet)
+    endings: list[str] = []
+
+    def long_stream(n: int) -> None:
+        try:
+            chunks = c.chat.completions.create(model=SMOL, stream=True, max_tokens=200,
+                                               messages=[{"role": "user", "content": f"Tell a long story {n}."}])
+            for _ in chunks:
+                pass
+            endings.append("finished")
+        except (openai.APIError, httpx.HTTPError) as exc:
+            endings.append(f"failed: {type(exc).__name__}")
+
+    threads = [threading.Thread(target=long_stream, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    box1.proc.stop()  # the whole box's API and engine
+    # Two missed polls (0.5 s apart, 1 s timeouts) and the next change: seconds; 15 s is the bound.
+    wait_until(lambda: (box1.base, SMOL) not in fleet.registered(), 15, "the killed box's worker removed")
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a stream hung on the killed box"
+    assert len(endings) == 6
+    for n in range(8):
+        assert ask(c, SMOL, f"after the kill {n}") == SMOL
+    # It rejoins once its capability map answers again.
+    box1.proc = Proc(box1.argv, fleet.workdir / "box1-again.log")
+    wait_until(lambda: (box1.base, SMOL) in fleet.registered(), 120, "the restarted box's worker back")
+    assert ask(c, SMOL, "welcome back") == SMOL
