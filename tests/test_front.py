@@ -87,7 +87,30 @@ def test_self_signed_certificate_is_made_once_with_a_private_key(tmp_path):
         check_pair(CertificatePair(pair.certificate, other.private_key, False))
 
 
+def test_a_self_signed_certificate_names_the_addresses_a_fleet_gateway_reaches_the_box_at(tmp_path):
+    import ipaddress
+    import socket
+
+    import psutil
+    from cryptography import x509
+
+    def names(listen: str) -> set:
+        pair = self_signed_paths(tmp_path / listen)
+        make_self_signed(pair, "box1", listen)
+        cert = x509.load_pem_x509_certificate(pair.certificate.read_bytes())
+        return set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+                   .get_values_for_type(x509.IPAddress))
+
+    assert names("192.0.2.7") == {ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("192.0.2.7")}
+    every = {ipaddress.ip_address(a.address) for addrs in psutil.net_if_addrs().values() for a in addrs
+             if a.family == socket.AF_INET}
+    assert every and every <= names("0.0.0.0")
+
+
 # ---- the real front before the real API ------------------------------------------------------------------------
+
+
+FLEET_GATEWAY = "127.0.0.4"  # as if this box were a fleet's member and the gateway came from there
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +122,7 @@ def front(tmp_path_factory, api_key):
     port, http_port = free_port(), free_port()
     settings = FrontSettings(listen="127.0.0.1", https_port=port, http_port=http_port, header_timeout_s=5,
                              requests_per_second_per_client=20, request_burst_per_client=40,
-                             connections_per_client=16)
+                             connections_per_client=16, fleet_gateway=FLEET_GATEWAY)
     front_settings.save(settings, state / "front.toml")
     sock = run / "serving" / "http.sock"
     serve = Proc(everycycle("serve", "--unix-socket", str(sock), "--front-settings", str(state / "front.toml"),
@@ -216,6 +239,17 @@ def test_request_rate_past_the_burst_gets_openai_style_429_for_that_client_only(
     assert refused["error"]["type"] == "rate_limit_error" and refused["error"]["code"] == "rate_limited"
     # Another address is not limited by that client's use.
     assert http_get(url, context=context)[0] == 200
+    # The fleet's gateway carries every client of the fleet through one address: not held to per-client limits.
+    conn = http.client.HTTPSConnection("127.0.0.1", front["port"], context=context, timeout=10,
+                                       source_address=(FLEET_GATEWAY, 0))
+    gateway_statuses = []
+    for _ in range(80):
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        r.read()
+        gateway_statuses.append(r.status)
+    conn.close()
+    assert gateway_statuses == [200] * 80
     assert "limiting requests" in front["nginx"].log()
 
 

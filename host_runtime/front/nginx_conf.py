@@ -45,6 +45,14 @@ ERROR_PAGES = {
 }
 
 
+def _per_client_key(s: FrontSettings) -> list[str]:
+    """On a fleet's member the gateway's address counts as no client (nginx does not limit an empty key)."""
+    if not s.fleet_gateway:
+        return []
+    return [f"    geo $fleet_gateway {{ default 0; {s.fleet_gateway} 1; }}",
+            "    map $fleet_gateway $per_client { 1 \"\"; default $binary_remote_addr; }"]
+
+
 def _gateway_locations() -> list[str]:
     return [
         "        location = /_fleet_auth { internal; proxy_pass http://serving/v1/everycycle/auth; "
@@ -82,6 +90,7 @@ def _server_body(s: FrontSettings, *, metrics_location: bool = True, gateway: bo
 def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
     run = paths.run_dir
     listen = f"[{s.listen}]" if ":" in s.listen else s.listen
+    key = "$per_client" if s.fleet_gateway else "$binary_remote_addr"
     out = [
         "# Written by `everycycle front` from its settings at every start: edits here are overwritten.",
         "daemon off;",
@@ -108,8 +117,9 @@ def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
         f"    client_max_body_size {s.max_body_bytes};",
         f"    client_body_buffer_size {min(s.max_body_bytes, 1 << 20)};",
         "    large_client_header_buffers 4 16k;",
-        "    limit_conn_zone $binary_remote_addr zone=per_client_conn:4m;",
-        f"    limit_req_zone $binary_remote_addr zone=per_client_req:4m rate={s.requests_per_second_per_client}r/s;",
+        *_per_client_key(s),
+        f"    limit_conn_zone {key} zone=per_client_conn:4m;",
+        f"    limit_req_zone {key} zone=per_client_req:4m rate={s.requests_per_second_per_client}r/s;",
         "    limit_conn_status 429;",
         "    limit_req_status 429;",
         "    limit_conn_log_level warn;",

@@ -35,6 +35,9 @@ class FrontSettings:
     requests_per_second_per_client: int = 20
     request_burst_per_client: int = 100
     max_body_bytes: int = 1 << 20
+    # On a fleet's member: the gateway's address. Every client of the fleet reaches this box through that one
+    # address, so it is not held to the per-client limits (the gateway's own front holds each client to them).
+    fleet_gateway: str = ""
 
     def __post_init__(self) -> None:
         check(self)
@@ -65,6 +68,11 @@ def check(s: FrontSettings) -> None:
                                  "use 'redirect' or 'off' on the LAN")
     if s.metrics not in METRICS_ACCESS:
         raise SettingsError("metrics", f"must be one of {', '.join(METRICS_ACCESS)}, got {s.metrics!r}")
+    if s.fleet_gateway:
+        try:
+            ipaddress.ip_address(s.fleet_gateway)
+        except ValueError:
+            raise SettingsError("fleet_gateway", f"{s.fleet_gateway!r} is not an IP address") from None
     if bool(s.certificate) != bool(s.private_key):
         raise SettingsError("certificate", "a certificate and its private_key come together")
     for name in ("header_timeout_s", "body_timeout_s", "connections_per_client", "requests_per_second_per_client",
@@ -81,15 +89,18 @@ def from_box(box: dict) -> FrontSettings:
     """box.toml's [api] section as the front's settings: the one translation, used by provisioning (to write
     front.toml) and by bundle validation (so a bad combination is refused naming the box.toml field)."""
     api = box.get("api", {})
+    fleet = box.get("fleet", {})
     try:
         return FrontSettings(https_port=api.get("port", FrontSettings.https_port),
                              http_port=api.get("http_port", FrontSettings.http_port),
                              http=api.get("http", FrontSettings.http), metrics=api.get("metrics", FrontSettings.metrics),
                              certificate=BOX_TLS_CERTIFICATE if api.get("tls_certificate") else "",
-                             private_key=BOX_TLS_KEY if api.get("tls_key") else "")
+                             private_key=BOX_TLS_KEY if api.get("tls_key") else "",
+                             fleet_gateway=fleet.get("gateway_address", "") if fleet.get("role") == "member" else "")
     except SettingsError as exc:
         box_field = {"https_port": "api.port", "http_port": "api.http_port", "http": "api.http",
-                     "metrics": "api.metrics", "certificate": "api.tls_certificate"}.get(exc.field, f"api.{exc.field}")
+                     "metrics": "api.metrics", "certificate": "api.tls_certificate",
+                     "fleet_gateway": "fleet.gateway_address"}.get(exc.field, f"api.{exc.field}")
         raise SettingsError(box_field, exc.message) from None
 
 

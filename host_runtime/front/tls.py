@@ -40,8 +40,9 @@ def certificate_pair(settings: FrontSettings, state_dir: Path) -> CertificatePai
 
 
 def make_self_signed(pair: CertificatePair, hostname: str | None = None, address: str | None = None) -> None:
-    """An EC P-256 key and a certificate for the box's name, 'localhost' and the address the front listens on
-    when it is a specific one (key 0600, written atomically)."""
+    """An EC P-256 key and a certificate for the box's name, 'localhost' and the address the front listens on;
+    when that is every address, the addresses the box has now (a fleet's gateway checks a member's certificate
+    against the address it reaches it at). Key 0600, written atomically."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -55,6 +56,8 @@ def make_self_signed(pair: CertificatePair, hostname: str | None = None, address
     ips = {ipaddress.ip_address("127.0.0.1")}
     if address and not ipaddress.ip_address(address).is_unspecified:
         ips.add(ipaddress.ip_address(address))
+    elif address:
+        ips |= _addresses_now()
     alt = x509.SubjectAlternativeName([x509.DNSName(hostname), x509.DNSName("localhost"),
                                        *(x509.IPAddress(ip) for ip in sorted(ips, key=str))])
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
@@ -67,6 +70,22 @@ def make_self_signed(pair: CertificatePair, hostname: str | None = None, address
                                                      serialization.PrivateFormat.PKCS8,
                                                      serialization.NoEncryption()), 0o600)
     atomic_write(pair.certificate, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+
+
+def _addresses_now() -> set:
+    import psutil
+
+    found = set()
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                try:
+                    ip = ipaddress.ip_address(a.address.split("%")[0])
+                except ValueError:
+                    continue
+                if not ip.is_link_local:
+                    found.add(ip)
+    return found
 
 
 def ensure_certificate(settings: FrontSettings, state_dir: Path) -> CertificatePair:
