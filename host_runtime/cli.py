@@ -324,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--poll-interval", type=_positive_float, metavar="S", help="seconds between capability polls")
     gw.add_argument("--key-file", metavar="FILE", help="the fleet key (0600)")
     gw.add_argument("--state", metavar="FILE", help="write what the gateway sees and did here, each poll (JSON)")
+    gw.add_argument("--if-gateway", action="store_true",
+                    help="only when --settings says role = \"gateway\"; otherwise wait idle (supervisord's program)")
     gw.add_argument("--vocab-dir", metavar="DIR", help="where o200k_base.tiktoken is (default: under the venv)")
     return parser
 
@@ -444,7 +446,8 @@ def cmd_serve(parser, args) -> int:
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = [f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"]
-    bind += [args.also_listen] if args.also_listen else []
+    also = args.also_listen or settings.fleet_listen
+    bind += [also] if also else []
     if args.unix_socket:
         # Only the services' user (the front) and root (the console) reach the API's socket: the box's own
         # readers get /metrics there without a key.
@@ -874,6 +877,18 @@ def cmd_fleet(parser, args) -> int:
 
     try:
         settings = load(args.settings)
+    except SettingsError as exc:
+        parser.error(f"fleet gateway: --settings: {exc}")
+    if args.if_gateway and settings.role != "gateway":
+        # supervisord runs this program on every box (the update's health gate wants every program RUNNING):
+        # a box that is not the gateway waits here for its stop, at no cost.
+        print(f"everycycle fleet gateway: this box is not the fleet's gateway (role {settings.role!r} in "
+              f"{args.settings}); nothing to run", file=sys.stderr, flush=True)
+        stop = threading.Event()
+        stop_on_signals(stop.set)
+        stop.wait()
+        return 0
+    try:
         given = {"peers": tuple(args.peer) if args.peer else None, "policy": args.policy,
                  "router_port": args.router_port, "metrics_port": args.metrics_port,
                  "poll_interval_s": args.poll_interval, "key_file": args.key_file}

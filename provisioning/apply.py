@@ -4,6 +4,7 @@ everything into place; any failure restores what was there. Re-applying the same
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -18,13 +19,17 @@ from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.settings_file import SettingsError
 from host_runtime.governor.settings import process_environment
 from host_runtime.common.service_user import give_to_services
+from host_runtime.fleet.settings import BOX_KEY_FILE, box_peer_certificate
 from provisioning.bundle import MAX_MODEL_BYTES, Bundle, BundleError
 from provisioning.signing import manifest
-from provisioning.validate import SECRET_FIELDS, field_value, validate
+from provisioning.validate import FLEET_KEY_NAME, SECRET_FIELDS, field_value, validate
 
 
-# Secrets the unprivileged services read (serving: the keys; the front: the TLS key; the BMC agent: its password).
-SERVICE_READ_FILES = ("etc/everycycle/api_keys.json", "etc/everycycle/tls/api.key", "etc/everycycle/bmc.password")
+FLEET_KEY = BOX_KEY_FILE.lstrip("/")
+# Secrets the unprivileged services read (serving: the keys; the front: the TLS key; the BMC agent: its password;
+# the fleet's gateway: the fleet key).
+SERVICE_READ_FILES = ("etc/everycycle/api_keys.json", "etc/everycycle/tls/api.key", "etc/everycycle/bmc.password",
+                      FLEET_KEY)
 
 
 class BundleInvalid(Exception):
@@ -65,6 +70,8 @@ def service_settings(box: dict) -> dict:
     """box.toml as each service's typed settings, by the file provisioning writes. Raises SettingsError naming
     the box.toml field; validation calls it first."""
     from agent_bmc.settings import from_box as bmc_from_box
+    from host_runtime.fleet.settings import OWN_API
+    from host_runtime.fleet.settings import from_box as fleet_from_box
     from host_runtime.front.settings import from_box as front_from_box
     from host_runtime.governor.settings import from_box as governor_from_box
     from host_runtime.serving.settings import ServingSettings
@@ -78,8 +85,12 @@ def service_settings(box: dict) -> dict:
                                   quantization=model.get("quantization", ""), **pull)
     except SettingsError as exc:
         raise SettingsError(f"model.{exc.field}", exc.message) from None
+    fleet = fleet_from_box(box)
+    if fleet.role == "gateway":
+        serving = dataclasses.replace(serving, fleet_listen=OWN_API)
     return {"etc/everycycle/front.toml": front_from_box(box), "etc/everycycle/governor.toml": governor_from_box(box),
-            "etc/everycycle/serving.toml": serving, "etc/everycycle/bmc.toml": bmc_from_box(box)}
+            "etc/everycycle/serving.toml": serving, "etc/everycycle/bmc.toml": bmc_from_box(box),
+            "etc/everycycle/fleet.toml": fleet}
 
 
 def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[dict] = ()) -> dict[str, tuple[bytes, int]]:
@@ -93,8 +104,14 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
     api = box.get("api", {})
     keys = [{"name": k["name"], "sha256": k["sha256"], "hint": "provisioned", "created": 0} for k in api.get("keys", [])]
     keys += [{"name": n, "sha256": hash_key(k), "hint": key_hint(k), "created": 0} for n, k in generated.items()]
+    fleet = box.get("fleet", {})
+    fleet_key = bundle.read(fleet["key_file"]).decode().strip() if fleet.get("key_file") else None
+    if fleet_key:
+        keys.append({"name": FLEET_KEY_NAME, "sha256": hash_key(fleet_key), "hint": FLEET_KEY_NAME, "created": 0})
     named = {k["name"] for k in keys}
-    keys = [k for k in existing_keys if isinstance(k, dict) and k.get("name") not in named] + keys
+    # A box that leaves its fleet stops accepting the fleet key (only the one provisioning put there).
+    keys = [k for k in existing_keys if isinstance(k, dict) and k.get("name") not in named
+            and not (k.get("name") == FLEET_KEY_NAME and k.get("hint") == FLEET_KEY_NAME)] + keys
     files = {
         "etc/everycycle/box.toml": (bundle.raw_toml, 0o644),
         "etc/everycycle/api_keys.json": (json.dumps({"version": FILE_VERSION, "keys": keys}, indent=2).encode(), 0o600),
@@ -108,6 +125,10 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
         files["etc/everycycle/tls/api.crt"] = (bundle.read(api["tls_certificate"]), 0o644)
     if api.get("tls_key"):
         files["etc/everycycle/tls/api.key"] = (bundle.read(api["tls_key"]), 0o600)
+    if fleet_key:
+        files[FLEET_KEY] = (fleet_key.encode() + b"\n", 0o600)
+    for i, rel in enumerate(fleet.get("peer_certificates", [])):
+        files[box_peer_certificate(i).lstrip("/")] = (bundle.read(rel), 0o644)
     bmc = box["bmc"]
     if bmc["mode"] == "ipmi":
         files["etc/everycycle/bmc.password"] = (bundle.read(bmc["password_file"]), 0o600)

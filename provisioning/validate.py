@@ -9,8 +9,10 @@ from importlib import resources
 
 from provisioning.bundle import MAX_FILE_BYTES, MAX_MODEL_BYTES, Bundle, BundleError
 
-SECRET_FIELDS = ("api.tls_key", "bmc.password_file")
-FILE_FIELDS = ("ssh.authorized_keys", "api.tls_certificate", "api.tls_key", "model.path", "bmc.password_file")
+SECRET_FIELDS = ("api.tls_key", "bmc.password_file", "fleet.key_file")
+FILE_FIELDS = ("ssh.authorized_keys", "api.tls_certificate", "api.tls_key", "model.path", "bmc.password_file",
+               "fleet.key_file")
+FLEET_KEY_NAME = "fleet"  # the fleet key's name in api_keys.json
 
 
 def field_value(box: dict, dotted: str):
@@ -90,6 +92,7 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
                 errors.append(BundleError(field, f"{rel} has mode {mode:04o}: secrets must not be readable by "
                                                  "others (chmod 600)"))
     errors += _network_errors(box["network"]["interfaces"])
+    errors += _fleet_errors(bundle, box, declared, readable)
     model = box["model"]
     model_quant = None  # the bundle's model's quantization, from its one parse
     if model["source"] == "bundle":
@@ -179,6 +182,34 @@ def _parse_gguf(data: bytes):
             return (int(field.parts[field.data[0]][0]) if field is not None else None), None
         except (IndexError, TypeError, ValueError):
             return None, None
+
+
+def _fleet_errors(bundle: Bundle, box: dict, declared: dict, readable: set) -> list[BundleError]:
+    """The fleet key is one line (from `everycycle keys create`); each peer certificate is a PEM certificate."""
+    fleet = box.get("fleet", {})
+    errors = []
+    rel = fleet.get("key_file")
+    if rel in readable:
+        text = bundle.read(rel).decode("utf-8", "replace").strip()
+        if len(text) < 20 or any(c.isspace() for c in text):
+            errors.append(BundleError("fleet.key_file", f"{rel} must hold one key of at least 20 characters "
+                                                        "(from 'everycycle keys create')"))
+    for i, cert in enumerate(fleet.get("peer_certificates", [])):
+        where = f"fleet.peer_certificates[{i}]"
+        if cert not in declared:
+            errors.append(BundleError(where, f"{cert!r} is not listed with its sha256 in [files]"))
+        elif cert in readable:
+            from cryptography import x509
+
+            try:
+                x509.load_pem_x509_certificate(bundle.read(cert))
+            except ValueError:
+                errors.append(BundleError(where, f"{cert} is not a PEM certificate"))
+    api = box.get("api", {})
+    if fleet.get("role", "none") != "none" and FLEET_KEY_NAME in [k["name"] for k in api.get("keys", [])] + \
+            list(api.get("generate_keys", [])):
+        errors.append(BundleError("api.keys", f"the key name {FLEET_KEY_NAME!r} is the fleet key's"))
+    return errors
 
 
 def _network_errors(interfaces: list[dict]) -> list[BundleError]:

@@ -1,7 +1,9 @@
 """Several boxes on one machine, for the fleet's tests and bench/fleet.py: network namespaces the test makes, each
 with a veth on one bridge in the root namespace (which has an address there too, so the test reaches every box),
 each running `everycycle serve` on 1 thread; the first box is the gateway (its API behind the front, plus the
-router and its controller). Everything is removed at the end, processes first."""
+router and its controller). The boxes in `behind_front` are members as shipped: their API behind their own front
+(HTTPS, a self-signed certificate the gateway is given, the gateway's address exempt from per-client limits); the
+others expose `serve` on plain HTTP. Everything is removed at the end, processes first."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ import shutil
 import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.servers import Proc, everycycle, http_get, wait_for
+from tests.servers import Proc, everycycle, wait_for
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 
@@ -69,6 +72,18 @@ class Box:
     proc: Proc
     models: list[str]
     argv: list[str]      # to start it again
+    front: Proc | None = None  # a member behind its own front
+    certificate: Path | None = None
+
+    def get(self, path: str, key: str) -> tuple[int, str]:
+        """GET from the root namespace (not for the gateway's own box, whose API is on its loopback)."""
+        context = ssl.create_default_context(cafile=str(self.certificate)) if self.certificate else None
+        req = urllib.request.Request(self.base + path, headers={"Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10, context=context) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
 
 
 @dataclass
@@ -105,7 +120,7 @@ class Fleet:
         return {(r["url"].rsplit("/fleet/", 1)[0], r["model_id"]) for r in self.state().get("registered", [])}
 
     def stop(self) -> None:
-        for proc in [self.gateway, self.front, *(b.proc for b in self.boxes)]:
+        for proc in [self.gateway, self.front, *(b.front for b in self.boxes), *(b.proc for b in self.boxes)]:
             if proc is not None:
                 proc.stop()
         self.net.remove()
@@ -119,7 +134,7 @@ def _key_file(path: Path, key: str) -> Path:
 
 def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "cache_aware", parallel: int = 4,
                 max_queue: int = 64, ctx_size: int = 1024, poll_interval: float = 0.5,
-                governor_state: bool = False) -> Fleet:
+                governor_state: bool = False, behind_front: tuple[int, ...] = (2,)) -> Fleet:
     """Boxes in namespaces; box_models[i] is a GGUF path box i serves (None: the built-in model). Box 0 is the
     gateway. Returns once every box is ready and the router has a worker for each box's model."""
     net = Net(len(box_models))
@@ -148,18 +163,33 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
             if i == 0:
                 listen = ["--unix-socket", str(workdir / "box0_api" / "http.sock"), "--also-listen", "127.0.0.1:8081"]
                 base = "http://127.0.0.1:8081"
+            elif i in behind_front:
+                listen = ["--unix-socket", str(workdir / f"box{i}_api" / "http.sock")]
+                base = f"https://{net.address(i)}:8443"
             else:
                 listen = ["--host", net.address(i), "--port", "8080"]
                 base = f"http://{net.address(i)}:8080"
             argv = net.run_in(i, everycycle("serve", *listen, *common))
             name = Path(model).stem if model else SMOL
-            fleet.boxes.append(Box(i, base, Proc(argv, workdir / f"box{i}.log"), [name], argv))
+            box = Box(i, base, Proc(argv, workdir / f"box{i}.log"), [name], argv)
+            fleet.boxes.append(box)
+            if i in behind_front and i != 0:
+                member_toml = workdir / f"box{i}_front.toml"
+                member_toml.write_text(f'listen = "{net.address(i)}"\nhttp = "off"\n'
+                                       f'fleet_gateway = "{net.address(0)}"\n')
+                box.certificate = workdir / f"box{i}_state" / "tls" / "self-signed.crt"
+                box.front = Proc(net.run_in(i, everycycle(
+                    "front", "run", "--settings", str(member_toml), "--state-dir", str(workdir / f"box{i}_state"),
+                    "--run-dir", str(workdir / f"box{i}_front"),
+                    "--upstream-socket", str(workdir / f"box{i}_api" / "http.sock"))), workdir / f"box{i}_front.log")
         for box in fleet.boxes:
-            check = (lambda b=box: _ready(net, 0, b.base)) if box.index == 0 else (lambda b=box: _ready_from_root(b.base))
+            check = (lambda b=box: _ready(net, 0, b.base)) if box.index == 0 else (lambda b=box: _ready_from_root(b))
             wait_for(check, 120, f"box {box.index} ready", box.proc)
         fleet_toml = workdir / "fleet.toml"
+        certificates = [str(b.certificate) for b in fleet.boxes if b.certificate]
         fleet_toml.write_text(f'role = "gateway"\npeers = {json.dumps([b.base for b in fleet.boxes])}\n'
-                              f'policy = "{policy}"\nkey_file = "{key_file}"\npoll_interval_s = {poll_interval}\n')
+                              f'policy = "{policy}"\nkey_file = "{key_file}"\npoll_interval_s = {poll_interval}\n'
+                              f'peer_certificates = {json.dumps(certificates)}\n')
         front_toml = workdir / "front.toml"
         front_toml.write_text(f'listen = "{net.address(0)}"\nhttp = "off"\nconnections_per_client = 1024\n'
                               f'requests_per_second_per_client = 1000\nrequest_burst_per_client = 1000\n')
@@ -188,9 +218,11 @@ def _ready(net: Net, index: int, base: str) -> bool:
     return out.returncode == 0
 
 
-def _ready_from_root(base: str) -> bool:
+def _ready_from_root(box: Box) -> bool:
+    if box.certificate is not None and not box.certificate.exists():
+        return False
     try:
-        return http_get(base + "/ready")[0] == 200
+        return box.get("/ready", "")[0] == 200
     except OSError:
         return False
 
@@ -205,9 +237,8 @@ def box_metric(fleet: Fleet, index: int, name: str) -> float:
                                                   box.base + "/metrics"]), capture_output=True, text=True)
         text = out.stdout
     else:
-        req = urllib.request.Request(box.base + "/metrics", headers={"Authorization": f"Bearer {fleet.fleet_key}"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            text = resp.read().decode()
+        status, text = box.get("/metrics", fleet.fleet_key)
+        assert status == 200, (status, text)
     try:
         return metric_value(text, name)
     except KeyError:

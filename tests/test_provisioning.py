@@ -75,6 +75,9 @@ def _with(path: str, value):
     return box
 
 
+FLEET_KEY_TEXT = "ec-" + "f" * 43
+FLEET_KEY = {"extra": {"files/fleet.key": FLEET_KEY_TEXT.encode() + b"\n"}}
+
 BAD = [
     ("missing hostname", _with("hostname", None), {}, "hostname"),
     ("hostname with spaces", _with("hostname", "my box"), {}, "hostname"),
@@ -106,6 +109,21 @@ BAD = [
                                        "name": "../etc"}), {}, "model.name"),
     ("url with the image's model", _with("model", {"source": "image", "url": "http://10.20.0.2/m.gguf"}), {},
      "model.url"),
+    ("fleet member without the key", _with("fleet", {"role": "member"}), {}, "fleet.key_file"),
+    ("peers on a member", _with("fleet", {"role": "member", "key_file": "files/fleet.key",
+                                          "peers": ["https://10.20.0.6:8443"]}), FLEET_KEY, "fleet.peers"),
+    ("the gateway as its own peer", _with("fleet", {"role": "gateway", "key_file": "files/fleet.key",
+                                                    "peers": ["https://10.20.0.5:8443"]}), FLEET_KEY, "fleet.peers[0]"),
+    ("a peer that is not a URL", _with("fleet", {"role": "gateway", "key_file": "files/fleet.key",
+                                                 "peers": ["10.20.0.6"]}), FLEET_KEY, "fleet.peers[0]"),
+    ("a fleet key of two words", _with("fleet", {"role": "member", "key_file": "files/fleet.key"}),
+     {"extra": {"files/fleet.key": b"two words are not one key here\n"}}, "fleet.key_file"),
+    ("a readable fleet key", _with("fleet", {"role": "member", "key_file": "files/fleet.key"}),
+     {**FLEET_KEY, "modes": {"files/fleet.key": 0o644}}, "fleet.key_file"),
+    ("a peer certificate that is not one", _with("fleet", {"role": "gateway", "key_file": "files/fleet.key",
+                                                           "peers": ["https://10.20.0.6:8443"],
+                                                           "peer_certificates": ["files/peer.pem"]}),
+     {"extra": {**FLEET_KEY["extra"], "files/peer.pem": b"not a certificate"}}, "fleet.peer_certificates[0]"),
 ]
 
 
@@ -420,15 +438,18 @@ def test_first_boot_hands_generated_keys_to_the_console_not_to_its_output(tmp_pa
 
 
 def test_the_secrets_services_read_are_handed_to_their_user(tmp_path):
-    """Serving, the front and the BMC agent run unprivileged: the 0600 files they read must be theirs, and stay
+    """Serving, the front, the BMC agent and the fleet's gateway run unprivileged: the 0600 files they read must be theirs, and stay
     theirs when root's tools (keys create, the wizard) rewrite them atomically (the next test)."""
     from provisioning.apply import SERVICE_READ_FILES, plan_files
 
     box = _with("api", {"port": 8443, "generate_keys": ["owner"], "tls_certificate": "files/api.crt",
                         "tls_key": "files/api.key"})
     box["bmc"] = {"mode": "ipmi", "address": "10.0.0.9", "user": "admin", "password_file": "files/bmc.pass"}
+    box["fleet"] = {"role": "member", "key_file": "files/fleet.key", "gateway_address": "10.0.0.2"}
     bundle = open_bundle(make_bundle(tmp_path / "bundle", box, {"files/api.crt": b"c", "files/api.key": b"k",
-                                                                "files/bmc.pass": b"p"}, {"files/api.key": 0o600}))
+                                                                "files/bmc.pass": b"p",
+                                                                "files/fleet.key": FLEET_KEY_TEXT.encode()},
+                                     {"files/api.key": 0o600}))
     secrets = {rel for rel, (_, mode) in plan_files(bundle, {"owner": "ec-x"}).items() if mode == 0o600}
     # Every secret is either the services' or root's own (the admin's SSH keys).
     assert secrets - set(SERVICE_READ_FILES) <= {"root/.ssh/authorized_keys"}
@@ -588,11 +609,68 @@ def test_every_box_toml_field_has_an_owner():
         "bmc.mode": "bmc.toml", "bmc.address": "bmc.toml", "bmc.user": "bmc.toml", "bmc.password_file": "bmc.toml",
         "power.target_c": "governor.toml", "power.ceiling_c": "governor.toml",
         "power.safe_fraction": "governor.toml", "power.mode": "governor.toml", "files": "checked",
+        "fleet.role": "fleet.toml", "fleet.key_file": "fleet.key + api_keys.json", "fleet.peers": "fleet.toml",
+        "fleet.peer_certificates": "fleet.toml + fleet-peers/", "fleet.policy": "fleet.toml",
+        "fleet.gateway_address": "front.toml",
     }
     fields = set()
     for top, node in schema["properties"].items():
-        if top in ("api", "ssh", "model", "bmc", "power"):
+        if top in ("api", "ssh", "model", "bmc", "power", "fleet"):
             fields |= {f"{top}.{k}" for k in node["properties"]}
         else:
             fields.add(top)
     assert fields == set(owners)
+
+
+def test_a_fleet_gateway_and_a_member_read_back_what_provisioning_wrote(tmp_path):
+    """box.toml's [fleet] reaches the gateway (fleet.toml, through its own loader, and the router's command line),
+    the API (the fleet key accepted like any key; the gateway's loopback listener) and a member's front."""
+    from host_runtime.common.settings_file import load as load_settings
+    from host_runtime.fleet import router_process
+    from host_runtime.fleet.settings import FleetSettings, load, read_key
+    from host_runtime.front import settings as front_settings
+    from host_runtime.front.tls import make_self_signed, self_signed_paths
+    from host_runtime.serving.settings import ServingSettings
+
+    pair = self_signed_paths(tmp_path / "peer")
+    make_self_signed(pair, "box-8", "10.20.0.6")  # the member's own front certificate, carried to the gateway
+    cert = pair.certificate.read_bytes()
+    files = {"files/bmc.pass": b"s3cret\n", "files/fleet.key": FLEET_KEY_TEXT.encode() + b"\n", "files/box-8.pem": cert}
+    gateway = _with("fleet", {"role": "gateway", "key_file": "files/fleet.key", "peers": ["https://10.20.0.6:8443"],
+                              "peer_certificates": ["files/box-8.pem"], "policy": "round_robin"})
+    bundle = make_bundle(tmp_path / "gateway", gateway, files)
+    root = tmp_path / "root"
+    result = apply(open_bundle(bundle), root)
+    etc = root / "etc/everycycle"
+    fleet = load(etc / "fleet.toml")
+    assert fleet == FleetSettings(role="gateway", peers=("http://127.0.0.1:8081", "https://10.20.0.6:8443"),
+                                  policy="round_robin", peer_certificates=("/etc/everycycle/fleet-peers/peer-0.pem",))
+    assert (root / fleet.peer_certificates[0].lstrip("/")).read_bytes() == cert
+    argv = router_process.argv(fleet)
+    assert argv[argv.index("--ca-cert-paths") + 1] == fleet.peer_certificates[0]
+    assert argv[argv.index("--policy") + 1] == "round_robin"
+    key_file = root / fleet.key_file.lstrip("/")
+    assert read_key(key_file) == FLEET_KEY_TEXT and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert not (bundle / "files/fleet.key").exists() and "files/fleet.key" in result.removed_secrets
+    assert KeyVerifier(etc / "api_keys.json").verify(FLEET_KEY_TEXT) == "fleet"
+    assert load_settings(ServingSettings, etc / "serving.toml").fleet_listen == "127.0.0.1:8081"
+    assert front_settings.load(etc / "front.toml").fleet_gateway == ""
+
+    member = _with("fleet", {"role": "member", "key_file": "files/fleet.key", "gateway_address": "10.20.0.5"})
+    member["hostname"] = "box-8"
+    files = {"files/bmc.pass": b"s3cret\n", "files/fleet.key": FLEET_KEY_TEXT.encode() + b"\n"}
+    other = tmp_path / "other"
+    apply(open_bundle(make_bundle(tmp_path / "member", member, files)), other)
+    etc = other / "etc/everycycle"
+    assert load(etc / "fleet.toml").role == "member"
+    assert front_settings.load(etc / "front.toml").fleet_gateway == "10.20.0.5"
+    assert load_settings(ServingSettings, etc / "serving.toml").fleet_listen == ""
+    assert KeyVerifier(etc / "api_keys.json").verify(FLEET_KEY_TEXT) == "fleet"
+    # Leaving the fleet: the fleet key no longer opens this box (a key made on the box stays).
+    from host_runtime.auth.keystore import create_key
+
+    laptop = create_key(etc / "api_keys.json", "laptop")
+    apply(open_bundle(make_bundle(tmp_path / "alone", _with("hostname", "box-8"))), other)
+    verifier = KeyVerifier(etc / "api_keys.json")
+    assert verifier.verify(FLEET_KEY_TEXT) is None and verifier.verify(laptop) == "laptop"
+    assert load(etc / "fleet.toml").role == "none"

@@ -23,7 +23,9 @@ def argv(settings: FleetSettings) -> list[str]:
             "--health-failure-threshold", str(HEALTH_FAILURES),
             "--health-check-timeout-secs", "2",
             "--request-timeout-secs", "900",   # a long generation without streaming, as the front allows
-            "--log-level", "warn"]
+            "--log-level", "warn",
+            # https:// peers are verified (an unknown certificate: the worker never registers)
+            *(["--ca-cert-paths", *settings.peer_certificates] if settings.peer_certificates else [])]
 
 
 def environment(base: dict[str, str], vocab_dir: Path) -> dict[str, str]:

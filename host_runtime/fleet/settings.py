@@ -11,6 +11,19 @@ from host_runtime.common import settings_file
 from host_runtime.common.settings_file import SettingsError
 
 ROLES = ("none", "member", "gateway")
+# On the box (provisioning writes these from box.toml's [fleet]):
+BOX_KEY_FILE = "/etc/everycycle/fleet.key"
+BOX_PEER_CERT_DIR = "/etc/everycycle/fleet-peers"
+
+
+def box_peer_certificate(i: int) -> str:
+    """Where provisioning puts box.toml's fleet.peer_certificates[i]."""
+    return f"{BOX_PEER_CERT_DIR}/peer-{i}.pem"
+
+
+# The gateway's router speaks TCP only and the box's API listens on a Unix socket: on the gateway the API also
+# listens here (serving.toml fleet_listen), loopback only, and the router reaches its own box's models there.
+OWN_API = "127.0.0.1:8081"
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 
 
@@ -22,10 +35,13 @@ class FleetSettings:
     router_port: int = 8090          # the router listens on loopback only; the front is the clients' door
     metrics_port: int = 8091         # the router's Prometheus exporter, loopback
     poll_interval_s: float = 1.0     # how often each box's capability map is read
-    key_file: str = "/etc/everycycle/fleet.key"  # the fleet key: the gateway's credential at every box (0600)
+    key_file: str = BOX_KEY_FILE     # the fleet key: the gateway's credential at every box (0600)
+    # PEM certificates the router trusts for https:// peers (their fronts' self-signed certificates, or a CA's)
+    peer_certificates: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peers", tuple(self.peers))
+        object.__setattr__(self, "peer_certificates", tuple(self.peer_certificates))
         if self.role not in ROLES:
             raise SettingsError("role", f"must be one of {', '.join(ROLES)}, got {self.role!r}")
         if self.policy not in POLICIES:
@@ -47,6 +63,41 @@ class FleetSettings:
             raise SettingsError("peers", "lists a box twice")
         if self.role == "gateway" and not self.peers:
             raise SettingsError("peers", "a gateway needs at least one box (its own API included)")
+        for i, cert in enumerate(self.peer_certificates):
+            if not isinstance(cert, str) or not cert.startswith("/"):
+                raise SettingsError(f"peer_certificates[{i}]", f"must be an absolute path, got {cert!r}")
+
+
+def from_box(box: dict) -> FleetSettings:
+    """box.toml's [fleet] as the gateway's settings: the one translation, used by provisioning (to write
+    fleet.toml) and by bundle validation (so a bad value is refused naming the box.toml field). A member's
+    settings only say so: what a member needs is elsewhere (the fleet key's hash in api_keys.json, the gateway's
+    address in front.toml)."""
+    fleet = box.get("fleet", {})
+    role = fleet.get("role", "none")
+    if role != "none" and not fleet.get("key_file"):
+        raise SettingsError("fleet.key_file", f"is required with role {role!r}: every box of a fleet holds the fleet key")
+    if role != "gateway":
+        for name in ("peers", "peer_certificates", "policy"):
+            if name in fleet:
+                raise SettingsError(f"fleet.{name}", "is only used on the gateway (role = \"gateway\")")
+    if role != "member" and "gateway_address" in fleet:
+        raise SettingsError("fleet.gateway_address", "is only used on a member (role = \"member\")")
+    certs = tuple(box_peer_certificate(i) for i in range(len(fleet.get("peer_certificates", []))))
+    own = (f"http://{OWN_API}",) if role == "gateway" else ()
+    mine = {iface["address"].split("/")[0] for iface in box.get("network", {}).get("interfaces", [])
+            if iface.get("mode") == "static" and iface.get("address")}
+    for i, peer in enumerate(fleet.get("peers", [])):
+        if isinstance(peer, str) and urlsplit(peer).hostname in mine:
+            raise SettingsError(f"fleet.peers[{i}]", f"{peer} is this box: the gateway adds its own API itself")
+    try:
+        return FleetSettings(role=role, peers=own + tuple(fleet.get("peers", ())),
+                             policy=fleet.get("policy", FleetSettings.policy), peer_certificates=certs)
+    except SettingsError as exc:
+        field = exc.field
+        if field.startswith("peers[") and own:  # box.toml's list does not hold the gateway's own API
+            field = f"peers[{int(field[6:-1]) - len(own)}]"
+        raise SettingsError(f"fleet.{field}", exc.message) from None
 
 
 def load(path: str | Path | None) -> FleetSettings:

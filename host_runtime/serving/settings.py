@@ -20,16 +20,33 @@ class ServingSettings:
     pull_url: str = ""         # http(s)://... on the LAN, or hf://OWNER/REPO/FILE.gguf[@REVISION]
     pull_sha256: str = ""
     pull_name: str = ""        # its name in the store
+    # On a fleet's gateway: a loopback HOST:PORT the API also listens on, for the gateway's router (which speaks
+    # TCP only; the API's own socket is a Unix one). host_runtime/fleet/settings.py OWN_API.
+    fleet_listen: str = ""
 
     def __post_init__(self) -> None:
         if self.model and not self.model.startswith("/"):
             raise SettingsError("model", f"must be an absolute path, got {self.model!r}")
         if not 0 <= self.context_length <= MAX_CONTEXT:
             raise SettingsError("context_length", f"must be between 1 and {MAX_CONTEXT} (0: the default)")
+        if self.fleet_listen:
+            self._check_fleet_listen()
         if self.pull_url:
             self._check_pull()
         elif self.pull_sha256 or self.pull_name:
             raise SettingsError("url", "is required when a model is to be pulled")
+
+    def _check_fleet_listen(self) -> None:
+        import ipaddress
+
+        host, _, port = self.fleet_listen.rpartition(":")
+        try:
+            loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise SettingsError("fleet_listen", f"must be a loopback HOST:PORT (the API is reached on the LAN only "
+                                                f"through the front), got {self.fleet_listen!r}")
 
     def _check_pull(self) -> None:
         from host_runtime.models.errors import StoreError

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from host_runtime.engine.readiness import QUIET_LIMIT_S, ReadyDeadline
 
-EXPECTED_PROGRAMS = frozenset({"front", "serving", "discovery", "governor", "bmc"})
+EXPECTED_PROGRAMS = frozenset({"front", "serving", "discovery", "governor", "bmc", "fleet"})
 # supervisord's states that will not become RUNNING without someone's help.
 DEAD_STATES = ("FATAL", "EXITED", "STOPPED")
 PASS, WAIT, FAIL = "pass", "wait", "fail"
