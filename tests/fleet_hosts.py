@@ -134,7 +134,7 @@ def _key_file(path: Path, key: str) -> Path:
 
 def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "cache_aware", parallel: int = 4,
                 max_queue: int = 64, ctx_size: int = 1024, poll_interval: float = 0.5,
-                governor_state: bool = False, behind_front: tuple[int, ...] = (2,)) -> Fleet:
+                governor_state: bool = False, behind_front: tuple[int, ...] = ()) -> Fleet:
     """Boxes in namespaces; box_models[i] is a GGUF path box i serves (None: the built-in model). Box 0 is the
     gateway. Returns once every box is ready and the router has a worker for each box's model."""
     net = Net(len(box_models))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import ssl
 import subprocess
 import threading
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.fleet import router_process
 from host_runtime.fleet.controller import BoxHealth, Decision, changes, decide
-from host_runtime.fleet.peers import poll_all
+from host_runtime.fleet.peers import poll_all, tls_context
 from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
 from host_runtime.fleet.settings import FleetSettings
 
@@ -42,6 +43,10 @@ class Gateway:
         self.decision: Decision | None = None
         self._pending: dict[str, float] = {}
         self._router: subprocess.Popen | None = None
+        try:
+            self.tls = tls_context(settings.peer_certificates)
+        except (OSError, ssl.SSLError) as exc:
+            raise GatewayError(f"peer_certificates: {exc}") from None
 
     def start_router(self) -> None:
         self._router = subprocess.Popen(router_process.argv(self.settings),
@@ -72,7 +77,7 @@ class Gateway:
     def step(self, pool: ThreadPoolExecutor) -> None:
         """One poll of every box, and the router brought in line with what it says."""
         timeout = max(0.5, min(2.0, 2 * self.settings.poll_interval_s))
-        reports = poll_all(self.settings.peers, self.key, timeout, pool)
+        reports = poll_all(self.settings.peers, self.key, timeout, pool, self.tls)
         decision = decide(reports, self.health, self.decision)
         for box, why in decision.left_out.items():
             if self.decision is None or self.decision.left_out.get(box) != why:

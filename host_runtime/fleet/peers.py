@@ -4,6 +4,7 @@ why there is none)."""
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -14,10 +15,19 @@ from host_runtime.fleet.controller import Report
 PATH = "/v1/everycycle/capabilities"
 
 
-def poll(box: str, key: str, timeout_s: float) -> Report:
+def tls_context(certificates: tuple[str, ...]) -> ssl.SSLContext:
+    """What the router trusts for https:// peers (its --ca-cert-paths), for the polls too. OSError when a
+    certificate cannot be read, ssl.SSLError when it is not one."""
+    context = ssl.create_default_context()
+    for path in certificates:
+        context.load_verify_locations(cafile=path)
+    return context
+
+
+def poll(box: str, key: str, timeout_s: float, context: ssl.SSLContext | None = None) -> Report:
     req = urllib.request.Request(box.rstrip("/") + PATH, headers={"Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
             return Report(box, Capabilities.from_wire(json.loads(resp.read())))
     except urllib.error.HTTPError as exc:
         why = "the fleet key is refused (is it in the box's keys?)" if exc.code == 401 else f"HTTP {exc.code}"
@@ -28,6 +38,7 @@ def poll(box: str, key: str, timeout_s: float) -> Report:
         return Report(box, None, f"not a capability map: {exc}")
 
 
-def poll_all(boxes: tuple[str, ...], key: str, timeout_s: float, pool: ThreadPoolExecutor) -> list[Report]:
+def poll_all(boxes: tuple[str, ...], key: str, timeout_s: float, pool: ThreadPoolExecutor,
+             context: ssl.SSLContext | None = None) -> list[Report]:
     """Every box at once, so that a box that hangs costs one timeout, not one per box after it."""
-    return list(pool.map(lambda b: poll(b, key, timeout_s), boxes))
+    return list(pool.map(lambda b: poll(b, key, timeout_s, context), boxes))
