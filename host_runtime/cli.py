@@ -23,14 +23,13 @@ def _port(text: str) -> int:
 
 
 def _host_port(text: str) -> str:
-    import ipaddress
+    from host_runtime.common.host_port import split_host_port
 
-    host, _, port = text.rpartition(":")
     try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not IP:PORT") from None
-    return f"{host}:{_port(port)}"
+        split_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _int_at_least(low: int):
@@ -879,13 +878,13 @@ def cmd_fleet(parser, args) -> int:
         settings = load(args.settings)
     except SettingsError as exc:
         parser.error(f"fleet gateway: --settings: {exc}")
+    stop = threading.Event()
+    stop_on_signals(stop.set)
     if args.if_gateway and settings.role != "gateway":
         # supervisord runs this program on every box (the update's health gate wants every program RUNNING):
         # a box that is not the gateway waits here for its stop, at no cost.
         print(f"everycycle fleet gateway: this box is not the fleet's gateway (role {settings.role!r} in "
               f"{args.settings}); nothing to run", file=sys.stderr, flush=True)
-        stop = threading.Event()
-        stop_on_signals(stop.set)
         stop.wait()
         return 0
     try:
@@ -902,8 +901,6 @@ def cmd_fleet(parser, args) -> int:
         print(f"everycycle fleet gateway: {vocab / router_vocab.FILE_NAME} is missing; fetch it with "
               f"`python -m host_runtime.fleet.router_vocab --dir {vocab}` (make install does)", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    stop_on_signals(stop.set)
     try:
         return Gateway(settings, key, vocab, Path(args.state) if args.state else None).run(stop)
     except GatewayError as exc:

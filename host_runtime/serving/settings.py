@@ -37,14 +37,13 @@ class ServingSettings:
             raise SettingsError("url", "is required when a model is to be pulled")
 
     def _check_fleet_listen(self) -> None:
-        import ipaddress
+        from host_runtime.common.host_port import split_host_port
 
-        host, _, port = self.fleet_listen.rpartition(":")
         try:
-            loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+            loopback = split_host_port(self.fleet_listen)[0].is_loopback
         except ValueError:
             loopback = False
-        if not loopback or not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not loopback:
             raise SettingsError("fleet_listen", f"must be a loopback HOST:PORT (the API is reached on the LAN only "
                                                 f"through the front), got {self.fleet_listen!r}")
 
