@@ -11,7 +11,7 @@ from provisioning.bundle import MAX_FILE_BYTES, MAX_MODEL_BYTES, Bundle, BundleE
 
 SECRET_FIELDS = ("api.tls_key", "bmc.password_file", "fleet.key_file")
 FILE_FIELDS = ("ssh.authorized_keys", "api.tls_certificate", "api.tls_key", "model.path", "bmc.password_file",
-               "fleet.key_file")
+               "fleet.key_file", "fleet.peer_certificates")  # a list field: each of its entries
 FLEET_KEY_NAME = "fleet"  # the fleet key's name in api_keys.json
 
 
@@ -67,11 +67,14 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
         return errors  # the checks below assume the shape is right
     declared = box.get("files") or {}
     for field in FILE_FIELDS:
-        rel = field_value(box, field)
-        if rel is None or (field == "model.path" and box["model"]["source"] != "bundle"):
+        value = field_value(box, field)
+        if value is None or (field == "model.path" and box["model"]["source"] != "bundle"):
             continue
-        if rel not in declared:
-            errors.append(BundleError(field, f"{rel!r} is not listed with its sha256 in [files]"))
+        named = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for i, rel in named:
+            if rel not in declared:
+                where = field if i is None else f"{field}[{i}]"
+                errors.append(BundleError(where, f"{rel!r} is not listed with its sha256 in [files]"))
     model_rel = box["model"].get("path") if box["model"]["source"] == "bundle" else None
     readable = set()
     for rel, digest in declared.items():
@@ -92,7 +95,7 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
                 errors.append(BundleError(field, f"{rel} has mode {mode:04o}: secrets must not be readable by "
                                                  "others (chmod 600)"))
     errors += _network_errors(box["network"]["interfaces"])
-    errors += _fleet_errors(bundle, box, declared, readable)
+    errors += _fleet_errors(bundle, box, readable)
     model = box["model"]
     model_quant = None  # the bundle's model's quantization, from its one parse
     if model["source"] == "bundle":
@@ -184,27 +187,25 @@ def _parse_gguf(data: bytes):
             return None, None
 
 
-def _fleet_errors(bundle: Bundle, box: dict, declared: dict, readable: set) -> list[BundleError]:
+def _fleet_errors(bundle: Bundle, box: dict, readable: set) -> list[BundleError]:
     """The fleet key is one line (from `everycycle keys create`); each peer certificate is a PEM certificate."""
     fleet = box.get("fleet", {})
     errors = []
     rel = fleet.get("key_file")
     if rel in readable:
-        text = bundle.read(rel).decode("utf-8", "replace").strip()
-        if len(text) < 20 or any(c.isspace() for c in text):
-            errors.append(BundleError("fleet.key_file", f"{rel} must hold one key of at least 20 characters "
-                                                        "(from 'everycycle keys create')"))
+        from host_runtime.fleet.settings import key_text_problem
+
+        problem = key_text_problem(bundle.read(rel).decode("utf-8", "replace").strip())
+        if problem:
+            errors.append(BundleError("fleet.key_file", f"{rel} {problem}"))
     for i, cert in enumerate(fleet.get("peer_certificates", [])):
-        where = f"fleet.peer_certificates[{i}]"
-        if cert not in declared:
-            errors.append(BundleError(where, f"{cert!r} is not listed with its sha256 in [files]"))
-        elif cert in readable:
+        if cert in readable:  # one that is not declared has its error from FILE_FIELDS
             from cryptography import x509
 
             try:
                 x509.load_pem_x509_certificate(bundle.read(cert))
             except ValueError:
-                errors.append(BundleError(where, f"{cert} is not a PEM certificate"))
+                errors.append(BundleError(f"fleet.peer_certificates[{i}]", f"{cert} is not a PEM certificate"))
     api = box.get("api", {})
     if fleet.get("role", "none") != "none" and FLEET_KEY_NAME in [k["name"] for k in api.get("keys", [])] + \
             list(api.get("generate_keys", [])):

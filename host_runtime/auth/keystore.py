@@ -87,28 +87,32 @@ def revoke_key(path: str | os.PathLike, name: str) -> bool:
     return True
 
 
-def create_key(path: str | os.PathLike, name: str) -> str:
-    """Add a new key named `name` to the file at `path` and return it (the only time it exists in clear)."""
+def _key_name(name: str) -> str:
     name = name.strip()
     if not name:
         raise KeyStoreError("NAME must not be empty")
+    return name
+
+
+def _put(path: str | os.PathLike, keys: list[StoredKey], name: str, key: str) -> None:
+    """Save `keys` with `key`'s hash under `name`, in place of any key of that name."""
+    _save(path, [k for k in keys if k.name != name] + [StoredKey(name, hash_key(key), key_hint(key), time.time())])
+
+
+def create_key(path: str | os.PathLike, name: str) -> str:
+    """Add a new key named `name` to the file at `path` and return it (the only time it exists in clear)."""
+    name = _key_name(name)
     keys = load_keys(path)
     if any(k.name == name for k in keys):
         raise KeyStoreError(f"a key named {name!r} already exists in {path}")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    keys.append(StoredKey(name, hash_key(key), key_hint(key), time.time()))
-    _save(path, keys)
+    _put(path, keys, name, key)
     return key
 
 
 def store_key(path: str | os.PathLike, name: str, key: str) -> None:
     """Store the hash of a key made elsewhere (the fleet key) under `name`, replacing a key of that name."""
-    name = name.strip()
-    if not name:
-        raise KeyStoreError("NAME must not be empty")
-    keys = [k for k in load_keys(path) if k.name != name]
-    keys.append(StoredKey(name, hash_key(key), key_hint(key), time.time()))
-    _save(path, keys)
+    _put(path, load_keys(path), _key_name(name), key)
 
 
 class KeyVerifier:

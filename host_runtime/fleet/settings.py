@@ -54,11 +54,7 @@ class FleetSettings:
         if not 0.1 <= self.poll_interval_s <= 60:
             raise SettingsError("poll_interval_s", "must be between 0.1 and 60 seconds")
         for i, peer in enumerate(self.peers):
-            if not isinstance(peer, str):
-                raise SettingsError(f"peers[{i}]", "must be a URL string")
-            parts = urlsplit(peer)
-            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
-                raise SettingsError(f"peers[{i}]", f"must be a box's base URL like http://10.0.0.2:8080, got {peer!r}")
+            check_peer(f"peers[{i}]", peer)
         if len(set(p.rstrip("/") for p in self.peers)) != len(self.peers):
             raise SettingsError("peers", "lists a box twice")
         if self.role == "gateway" and not self.peers:
@@ -66,6 +62,14 @@ class FleetSettings:
         for i, cert in enumerate(self.peer_certificates):
             if not isinstance(cert, str) or not cert.startswith("/"):
                 raise SettingsError(f"peer_certificates[{i}]", f"must be an absolute path, got {cert!r}")
+
+
+def check_peer(field: str, peer) -> None:
+    if not isinstance(peer, str):
+        raise SettingsError(field, "must be a URL string")
+    parts = urlsplit(peer)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise SettingsError(field, f"must be a box's base URL like http://10.0.0.2:8080, got {peer!r}")
 
 
 def from_box(box: dict) -> FleetSettings:
@@ -87,17 +91,15 @@ def from_box(box: dict) -> FleetSettings:
     own = (f"http://{OWN_API}",) if role == "gateway" else ()
     mine = {iface["address"].split("/")[0] for iface in box.get("network", {}).get("interfaces", [])
             if iface.get("mode") == "static" and iface.get("address")}
-    for i, peer in enumerate(fleet.get("peers", [])):
-        if isinstance(peer, str) and urlsplit(peer).hostname in mine:
+    for i, peer in enumerate(fleet.get("peers", [])):  # named by box.toml's index (fleet.toml's adds its own)
+        check_peer(f"fleet.peers[{i}]", peer)
+        if urlsplit(peer).hostname in mine:
             raise SettingsError(f"fleet.peers[{i}]", f"{peer} is this box: the gateway adds its own API itself")
     try:
         return FleetSettings(role=role, peers=own + tuple(fleet.get("peers", ())),
                              policy=fleet.get("policy", FleetSettings.policy), peer_certificates=certs)
     except SettingsError as exc:
-        field = exc.field
-        if field.startswith("peers[") and own:  # box.toml's list does not hold the gateway's own API
-            field = f"peers[{int(field[6:-1]) - len(own)}]"
-        raise SettingsError(f"fleet.{field}", exc.message) from None
+        raise SettingsError(f"fleet.{exc.field}", exc.message) from None
 
 
 def load(path: str | Path | None) -> FleetSettings:
@@ -110,16 +112,28 @@ def save(settings: FleetSettings, path: str | Path) -> None:
 
 def read_key(path: str | Path) -> str:
     """The fleet key from its file; SettingsError naming key_file when it is missing, empty or readable by others."""
-    import stat
+    from host_runtime.auth.keystore import KeyStoreError, check_permissions
 
     p = Path(path)
     try:
-        mode = stat.S_IMODE(p.stat().st_mode)
+        check_permissions(p)  # the rule the API's key file has
         text = p.read_text().strip()
     except OSError as exc:
         raise SettingsError("key_file", f"cannot read {p}: {exc.strerror}") from None
-    if mode & 0o077:
-        raise SettingsError("key_file", f"{p} has mode {mode:04o}; it must be 0600 (chmod 600 {p})")
-    if not text or any(c.isspace() for c in text):
-        raise SettingsError("key_file", f"{p} must hold one key (from 'everycycle keys create')")
+    except KeyStoreError as exc:
+        raise SettingsError("key_file", str(exc).replace("key file ", "", 1)) from None
+    problem = key_text_problem(text)
+    if problem:
+        raise SettingsError("key_file", f"{p} {problem}")
     return text
+
+
+MIN_KEY_CHARS = 20
+
+
+def key_text_problem(text: str) -> str | None:
+    """What is wrong with a fleet key file's (stripped) text, or None: the one rule for the bundle's file and the
+    box's copy."""
+    if len(text) < MIN_KEY_CHARS or any(c.isspace() for c in text):
+        return f"must hold one key of at least {MIN_KEY_CHARS} characters (from 'everycycle keys create')"
+    return None
