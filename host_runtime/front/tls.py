@@ -73,19 +73,13 @@ def make_self_signed(pair: CertificatePair, hostname: str | None = None, address
 
 
 def _addresses_now() -> set:
-    import psutil
+    """The box's addresses as discovery reads them (pyroute2); none when netlink cannot be read."""
+    from host_runtime.discovery.network import collect_network
 
-    found = set()
-    for addrs in psutil.net_if_addrs().values():
-        for a in addrs:
-            if a.family in (socket.AF_INET, socket.AF_INET6):
-                try:
-                    ip = ipaddress.ip_address(a.address.split("%")[0])
-                except ValueError:
-                    continue
-                if not ip.is_link_local:
-                    found.add(ip)
-    return found
+    links = collect_network()
+    if isinstance(links, dict):  # unavailable: the certificate names the box's name and loopback only
+        return set()
+    return {ipaddress.ip_address(a["address"]) for link in links for a in link["addresses"] if a["scope"] != "link"}
 
 
 def ensure_certificate(settings: FrontSettings, state_dir: Path) -> CertificatePair:
