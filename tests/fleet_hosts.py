@@ -13,7 +13,6 @@ import random
 import shutil
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -243,12 +242,3 @@ def box_metric(fleet: Fleet, index: int, name: str) -> float:
         return metric_value(text, name)
     except KeyError:
         return 0.0
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

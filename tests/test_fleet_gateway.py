@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from host_runtime.engine.model import default_model_path
-from tests.fleet_hosts import SMOL, box_metric, start_fleet, wait_until
-from tests.servers import Proc, http_get
+from tests.fleet_hosts import SMOL, box_metric, start_fleet
+from tests.servers import Proc, http_get, wait_for
 
 pytestmark = pytest.mark.root  # ip netns and a bridge
 SOLO = "Solo-Model"
@@ -111,7 +111,7 @@ def _governor(fleet, i: int, level: int, state: str) -> None:
 def test_a_box_in_emergency_gets_no_new_work_and_returns_when_it_recovers(fleet):
     box1 = fleet.boxes[1].base
     _governor(fleet, 1, 2, "emergency")
-    wait_until(lambda: (box1, SMOL) not in fleet.registered(), 15, "box 1's worker removed")
+    wait_for(lambda: (box1, SMOL) not in fleet.registered(), 15, "box 1's worker removed")
     assert "emergency" in {b["box"]: b["left_out"] for b in fleet.state()["boxes"]}[box1]
     before = requests_on(fleet, 1)
     c = client(fleet)
@@ -119,7 +119,7 @@ def test_a_box_in_emergency_gets_no_new_work_and_returns_when_it_recovers(fleet)
         assert ask(c, SMOL, f"while box 1 is hot {n}") == SMOL
     assert requests_on(fleet, 1) == before
     _governor(fleet, 1, 0, "normal")
-    wait_until(lambda: (box1, SMOL) in fleet.registered(), 15, "box 1's worker back")
+    wait_for(lambda: (box1, SMOL) in fleet.registered(), 15, "box 1's worker back")
 
 
 def test_a_killed_box_is_taken_out_in_seconds_its_streams_end_and_later_requests_all_succeed(fleet):
@@ -143,7 +143,7 @@ def test_a_killed_box_is_taken_out_in_seconds_its_streams_end_and_later_requests
     time.sleep(2.0)
     box1.proc.stop()  # the whole box's API and engine
     # Two missed polls (0.5 s apart, 1 s timeouts) and the next change: seconds; 15 s is the bound.
-    wait_until(lambda: (box1.base, SMOL) not in fleet.registered(), 15, "the killed box's worker removed")
+    wait_for(lambda: (box1.base, SMOL) not in fleet.registered(), 15, "the killed box's worker removed")
     for t in threads:
         t.join(120)
     assert not any(t.is_alive() for t in threads), "a stream hung on the killed box"
@@ -152,5 +152,5 @@ def test_a_killed_box_is_taken_out_in_seconds_its_streams_end_and_later_requests
         assert ask(c, SMOL, f"after the kill {n}") == SMOL
     # It rejoins once its capability map answers again.
     box1.proc = Proc(box1.argv, fleet.workdir / "box1-again.log")
-    wait_until(lambda: (box1.base, SMOL) in fleet.registered(), 120, "the restarted box's worker back")
+    wait_for(lambda: (box1.base, SMOL) in fleet.registered(), 120, "the restarted box's worker back")
     assert ask(c, SMOL, "welcome back") == SMOL
