@@ -140,7 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="listen here too (the fleet gateway's router reaches its own box's API on loopback)")
     serve.add_argument("--keys", metavar="FILE", help="API key file (from 'everycycle keys create'); without it the API is open")
     serve.add_argument("--workers", type=_positive, default=2, metavar="N", help="HTTP worker processes (default 2)")
-    serve.add_argument("--http-threads", type=_positive, default=32, metavar="N", help="threads per HTTP worker (default 32)")
+    serve.add_argument("--http-threads", type=_positive, metavar="N",
+                       help="threads per HTTP worker (default: every request the engine admits, running or queued, "
+                            "plus 16 for health and metrics; at least 32)")
     serve.add_argument("--max-body-bytes", type=_positive, default=1 << 20, metavar="N", help="request body limit (default 1 MiB)")
     serve.add_argument("--ready-wait", type=_positive_float, default=2.0, metavar="S",
                        help="how long a /ready probe waits for the canary generation that runs before it answers from "
@@ -452,8 +454,12 @@ def cmd_serve(parser, args) -> int:
         # readers get /metrics there without a key.
         Path(args.unix_socket).parent.mkdir(parents=True, exist_ok=True)
         os.chmod(Path(args.unix_socket).parent, 0o700)
-    ServingApplication(config, bind=bind, workers=args.workers, threads=args.http_threads, engine=engine,
-                       pool=pool).run()
+    threads = args.http_threads
+    if threads is None:
+        from host_runtime.serving.http_threads import http_threads
+
+        threads = http_threads(args.parallel, args.max_queue)
+    ServingApplication(config, bind=bind, workers=args.workers, threads=threads, engine=engine, pool=pool).run()
     return 0
 
 

@@ -235,3 +235,14 @@ def test_a_card_slower_than_the_hosts_ram_takes_only_what_the_cpu_cannot_hold():
     tight = plan(model, [lavapipe], host, PlanRequest(n_ctx_per_seq=4096, n_parallel=1))
     assert tight.device_order == ("Vulkan0",) and tight.gpu_shares[0].n_layers > 0
     assert_sound(tight, model)
+
+
+def test_the_api_has_a_thread_for_every_request_the_engine_admits_and_some_for_health_checks():
+    from host_runtime.placement.planner import MAX_PARALLEL, QUEUE_PER_SEQUENCE
+    from host_runtime.serving.http_threads import CONTROL_RESERVE, MIN_THREADS, http_threads
+
+    assert http_threads(4, 256) == 4 + 256 + CONTROL_RESERVE
+    # unknown until the planner runs: sized for the most it may choose
+    assert http_threads(None, None) == MAX_PARALLEL * (1 + QUEUE_PER_SEQUENCE) + CONTROL_RESERVE
+    assert http_threads(2, None) == max(MIN_THREADS, 2 + 2 * QUEUE_PER_SEQUENCE + CONTROL_RESERVE)
+    assert http_threads(1, 0) == MIN_THREADS
