@@ -7,7 +7,7 @@ import pytest
 from host_runtime.common.settings_file import SettingsError
 from host_runtime.fleet.capabilities import Capabilities, GovernorView, ModelCapability
 from host_runtime.fleet.controller import FAILURES_TO_REMOVE, BoxHealth, Registered, Report, Worker, changes, decide
-from host_runtime.fleet.router_process import argv
+from host_runtime.fleet.router_process import argv, environment, trust_bundle
 from host_runtime.fleet.settings import FleetSettings
 
 A, B, C = "http://10.0.0.2:8080", "http://10.0.0.3:8080", "http://10.0.0.4:8080"
@@ -98,3 +98,20 @@ def test_the_router_routes_by_model_on_loopback_with_the_chosen_policy():
     assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--port") + 1] == "9000"
     assert args[args.index("--policy") + 1] == "round_robin"
     assert "--worker-urls" not in args and "--api-key" not in args  # workers and their key come over its API
+
+
+def test_a_busy_box_is_retried_with_backoff_never_circuit_broken_and_cache_aware_spills_early():
+    args = argv(FleetSettings(role="gateway", peers=(A,), policy="cache_aware"))
+    assert "--disable-circuit-breaker" in args
+    assert int(args[args.index("--retry-max-retries") + 1]) >= 5
+    assert int(args[args.index("--retry-initial-backoff-ms") + 1]) >= 250   # the box asks for 2 s (Retry-After)
+    assert int(args[args.index("--balance-abs-threshold") + 1]) < 64       # the router's default
+    assert "--balance-abs-threshold" not in argv(FleetSettings(role="gateway", peers=(A,), policy="round_robin"))
+
+
+def test_the_routers_openssl_client_trusts_the_system_cas_and_each_peer_certificate(tmp_path):
+    bundle = trust_bundle(b"-----SYSTEM-----", [b"-----PEER 1-----\n", b"-----PEER 2-----"])
+    assert bundle == b"-----SYSTEM-----\n-----PEER 1-----\n-----PEER 2-----\n"
+    assert trust_bundle(b"", [b"P"]) == b"P\n"   # a box without system CAs trusts its peers only
+    assert environment({}, tmp_path, tmp_path / "trust.pem")["SSL_CERT_FILE"] == str(tmp_path / "trust.pem")
+    assert "SSL_CERT_FILE" not in environment({}, tmp_path)

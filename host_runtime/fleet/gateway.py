@@ -8,7 +8,9 @@ import json
 import logging
 import os
 import ssl
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,14 +45,16 @@ class Gateway:
         self.decision: Decision | None = None
         self._pending: dict[str, float] = {}
         self._router: subprocess.Popen | None = None
+        self._trust_dir: Path | None = None
         try:
             self.tls = tls_context(settings.peer_certificates)
         except (OSError, ssl.SSLError) as exc:
             raise GatewayError(f"peer_certificates: {exc}") from None
 
     def start_router(self) -> None:
+        bundle = self._write_trust_bundle() if self.settings.peer_certificates else None
         self._router = subprocess.Popen(router_process.argv(self.settings),
-                                        env=router_process.environment(dict(os.environ), self.vocab_dir))
+                                        env=router_process.environment(dict(os.environ), self.vocab_dir, bundle))
         deadline = time.monotonic() + ROUTER_START_S
         while not self.api.alive():
             if self._router.poll() is not None:
@@ -61,6 +65,20 @@ class Gateway:
             time.sleep(0.2)
         log.info("router (sglang-router, policy %s) on 127.0.0.1:%d; %d boxes to poll",
                  self.settings.policy, self.settings.router_port, len(self.settings.peers))
+
+    def _write_trust_bundle(self) -> Path:
+        system = ssl.get_default_verify_paths().cafile
+        try:
+            system_bytes = Path(system).read_bytes() if system else b""
+        except OSError:
+            system_bytes = b""   # no system CAs: only the peers' certificates are trusted
+        peers = [Path(p).read_bytes() for p in self.settings.peer_certificates]
+        if self._trust_dir is not None:   # a restarted router: the last bundle goes
+            shutil.rmtree(self._trust_dir, ignore_errors=True)
+        self._trust_dir = Path(tempfile.mkdtemp(prefix="everycycle-fleet-"))
+        bundle = self._trust_dir / "trust.pem"
+        atomic_write(bundle, router_process.trust_bundle(system_bytes, peers), 0o644)
+        return bundle
 
     def router_exited(self) -> int | None:
         return None if self._router is None else self._router.poll()
@@ -73,6 +91,9 @@ class Gateway:
             except subprocess.TimeoutExpired:
                 self._router.kill()
                 self._router.wait()
+        if self._trust_dir is not None:
+            shutil.rmtree(self._trust_dir, ignore_errors=True)
+            self._trust_dir = None
 
     def step(self, pool: ThreadPoolExecutor) -> None:
         """One poll of every box, and the router brought in line with what it says."""

@@ -11,6 +11,18 @@ from host_runtime.fleet.settings import FleetSettings
 
 HEALTH_INTERVAL_S = 2    # the router's own probe of each worker's /health, beside the controller's polls
 HEALTH_FAILURES = 2
+# A box answers a full queue with 503 and Retry-After: 2 (engine.py). That is backpressure, not a fault: the
+# router retries it, backing off to about the box's hint (0.5 s, then x1.5 up to 3 s: about 16 s in all), and
+# never counts it toward taking the box out. The router's circuit breaker would count it (10 in 120 s opens the
+# circuit for 60 s), and for a model on one box that turns a busy minute into an outage; a box that is really
+# gone is the controller's and the health check's to remove, within seconds.
+RETRIES = 8
+RETRY_FIRST_MS = 500
+RETRY_MAX_MS = 3000
+# cache_aware keeps a conversation on the box that holds its prefix until the boxes' loads differ by this many
+# requests (and by 1.5x); the router's default, 64, is several times what a box admits (4-16 sequences, 4 waiting
+# per sequence), so one box's queue would fill while another idles.
+BALANCE_ABS_THRESHOLD = 8
 
 
 def argv(settings: FleetSettings) -> list[str]:
@@ -23,12 +35,29 @@ def argv(settings: FleetSettings) -> list[str]:
             "--health-failure-threshold", str(HEALTH_FAILURES),
             "--health-check-timeout-secs", "2",
             "--request-timeout-secs", "900",   # a long generation without streaming, as the front allows
+            "--retry-max-retries", str(RETRIES), "--retry-initial-backoff-ms", str(RETRY_FIRST_MS),
+            "--retry-max-backoff-ms", str(RETRY_MAX_MS), "--retry-backoff-multiplier", "1.5",
+            "--disable-circuit-breaker",
+            *(["--balance-abs-threshold", str(BALANCE_ABS_THRESHOLD)] if settings.policy == "cache_aware" else []),
             "--log-level", "warn",
             # https:// peers are verified (an unknown certificate: the worker never registers)
             *(["--ca-cert-paths", *settings.peer_certificates] if settings.peer_certificates else [])]
 
 
-def environment(base: dict[str, str], vocab_dir: Path) -> dict[str, str]:
+def environment(base: dict[str, str], vocab_dir: Path, trust_bundle: Path | None = None) -> dict[str, str]:
     # See router_vocab.py; HF_HUB_OFFLINE: the router would look for tokenizers on the hub, which HTTP mode
     # never needs.
-    return {**base, "TIKTOKEN_ENCODINGS_BASE": str(vocab_dir), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    env = {**base, "TIKTOKEN_ENCODINGS_BASE": str(vocab_dir), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    if trust_bundle is not None:
+        # The router's health checks use a second HTTP client (OpenSSL's, not the rustls one --ca-cert-paths
+        # configures): measured here, it refused a member's self-signed certificate and marked the worker
+        # unhealthy while requests to it succeeded. OpenSSL reads its trust from SSL_CERT_FILE.
+        env["SSL_CERT_FILE"] = str(trust_bundle)
+    return env
+
+
+def trust_bundle(system_bundle: bytes, peer_certificates: list[bytes]) -> bytes:
+    """What SSL_CERT_FILE holds for the router: the system's CAs (public https peers) and each peer's
+    certificate (the members' self-signed ones)."""
+    parts = [system_bundle] + peer_certificates
+    return b"".join(p if p.endswith(b"\n") else p + b"\n" for p in parts if p)
