@@ -28,7 +28,10 @@ def fleet(tmp_path_factory):
     work = tmp_path_factory.mktemp("fleet")
     solo = work / f"{SOLO}.gguf"
     shutil.copy(default_model_path(), solo)
-    f = start_fleet(work, [None, None, str(solo)], parallel=4, max_queue=256, governor_state=True)
+    # Box 2 is a member as shipped (its API behind its own front, reached over HTTPS with the fleet key); box 1 is
+    # plain HTTP, so that the killed box's front does not outlive its API.
+    f = start_fleet(work, [None, None, str(solo)], parallel=4, max_queue=256, governor_state=True,
+                    behind_front=(2,))
     yield f
     f.stop()
 
