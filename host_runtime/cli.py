@@ -290,11 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --live-network: how long a named interface may take to appear (default 30)")
     ps.add_argument("--key", required=True, metavar="PRIVKEY", help="Ed25519 private key, PEM")
 
+    from host_runtime.measure.cli import add_parser as add_measure_parser
     from host_runtime.models.cli import add_parser as add_models_parser
     from host_runtime.update.cli import add_parser as add_update_parser
 
     add_update_parser(sub)
     add_models_parser(sub)
+    add_measure_parser(sub)
 
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
@@ -926,6 +928,12 @@ def cmd_update(parser, args) -> int:
     return run(parser, args)
 
 
+def cmd_measure(parser, args) -> int:
+    from host_runtime.measure.cli import run
+
+    return run(parser, args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -938,7 +946,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"serve": cmd_serve, "engine": cmd_engine, "plan": cmd_plan, "keys": cmd_keys, "discover": cmd_discover,
                 "governor": cmd_governor, "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
                 "bmc": cmd_bmc, "front": cmd_front, "update": cmd_update,
-                "models": cmd_models, "fleet": cmd_fleet}
+                "models": cmd_models, "fleet": cmd_fleet, "measure": cmd_measure}
     try:
         return handlers[args.command](parser, args)
     except KeyboardInterrupt:

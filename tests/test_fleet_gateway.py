@@ -17,7 +17,7 @@ import pytest
 
 from host_runtime.engine.model import default_model_path
 from tests.fleet_hosts import SMOL, box_metric, start_fleet
-from tests.servers import Proc, http_get, wait_for
+from tests.servers import Proc, everycycle, http_get, wait_for
 
 pytestmark = pytest.mark.root  # ip netns and a bridge
 SOLO = "Solo-Model"
@@ -64,6 +64,27 @@ def test_requests_for_a_model_on_one_box_all_go_to_that_box(fleet):
         assert ask(c, SMOL, f"other question {n}") == SMOL
     assert requests_on(fleet, 2) == after[2]
     assert requests_on(fleet, 0) + requests_on(fleet, 1) - after[0] - after[1] == 6
+
+
+def test_measure_fleet_writes_a_document_whose_figures_come_from_every_box(fleet, tmp_path):
+    from host_runtime.measure.report import check
+    from tests.test_measure import SMALL
+
+    box_toml = tmp_path / "box.toml"
+    box_toml.write_text(SMALL)
+    out, doc_path = tmp_path / "measurements.json", tmp_path / "architecture.md"
+    run = subprocess.run(fleet.net.run_in(0, everycycle(
+        "measure", "--fleet", "--fleet-settings", str(fleet.workdir / "fleet.toml"), "--url", fleet.url,
+        "--ca-cert", str(fleet.certificate), "--box-toml", str(box_toml), "--json", str(out), "--doc", str(doc_path))),
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert check(doc_path.read_text(), doc) == []
+    f = doc["figures"]
+    for i in range(3):   # each box measured over its own link, box 2 over HTTPS through its front
+        assert f[f"link.box{i}.rtt_ms"]["value"] > 0 and f[f"box{i}.prefill_s"]["value"] > 0
+    assert doc["machines"][0]["roles"][0]["role"] == "router"   # the gateway is the box on loopback
+    assert f["load.ttft_p50_s"]["value"] > 0
 
 
 def test_the_clients_key_works_at_the_gateway_and_never_travels_to_the_boxes(fleet):

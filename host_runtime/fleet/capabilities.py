@@ -25,6 +25,7 @@ class ModelCapability:
     tokens_per_s: float | None = None   # generated over the last 30 s
     ttft_p50_s: float | None = None     # median of the last 64 requests' time to first token
     prefix_cache_bytes: dict[str, int] = field(default_factory=dict)  # tier -> bytes held
+    kv_bytes_per_token: int | None = None   # one token's K and V over all layers (the planner's figure)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class Capabilities:
     draining: bool = False              # an update is being applied, or waits for its reboot
     draining_reason: str = ""
     at_unix: float = 0.0
+    # host_memory_bytes, cpu_count, and accelerators: [{device, description, memory_bytes}] as the loaded
+    # models' placements saw them (what `everycycle measure` reports per machine)
+    hardware: dict = field(default_factory=dict)
 
     def accepts_new_work(self) -> tuple[bool, str]:
         if self.draining:

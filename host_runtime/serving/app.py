@@ -61,6 +61,36 @@ class KeyCheck:
         resp.status = falcon.HTTP_204
 
 
+class LinkProbe:
+    """GET /v1/everycycle/probe?bytes=N: N zero bytes (default 8 MiB, at most 64 MiB), so that `everycycle
+    measure` times the link a request takes (through the front, as a client's does) without loading the engine."""
+
+    DEFAULT_BYTES = 8 << 20
+    MAX_BYTES = 64 << 20
+    CHUNK = 1 << 20
+
+    def on_get(self, req, resp):
+        raw = req.get_param("bytes") or str(self.DEFAULT_BYTES)
+        try:
+            n = int(raw)
+        except ValueError:
+            n = -1
+        if not 1 <= n <= self.MAX_BYTES:
+            raise APIError(400, f"bytes is {raw!r}; it must be a whole number from 1 to {self.MAX_BYTES}",
+                           param="bytes", code="invalid_value")
+        chunk = bytes(self.CHUNK)
+
+        def body():
+            left = n
+            while left > 0:
+                yield chunk[:min(left, self.CHUNK)]
+                left -= self.CHUNK
+
+        resp.content_type = "application/octet-stream"
+        resp.content_length = n
+        resp.stream = body()
+
+
 class AuthMiddleware:
     def __init__(self, verifier: KeyVerifier, metrics_access: str = "key"):
         self._verifier = verifier
@@ -371,6 +401,7 @@ def create_app(config: AppConfig) -> falcon.App:
 
     app.add_route("/v1/everycycle/capabilities", CapabilitiesResource(router, config))
     app.add_route("/v1/everycycle/auth", KeyCheck())
+    app.add_route("/v1/everycycle/probe", LinkProbe())
     # Most specific last: falcon picks the handler registered for the closest class.
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPError, handle_falcon_error)

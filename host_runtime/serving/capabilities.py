@@ -17,7 +17,8 @@ def _model(row, info: dict | None) -> ModelCapability:
     if not info or info.get("state") != "ready":
         return ModelCapability(row.id, row.state, row.context_length, row.pinned)
     recent = info.get("recent") or {}
-    placement = {d["device"]: d["n_layers"] for d in (info.get("placement") or {}).get("devices", [])}
+    devices = (info.get("placement") or {}).get("devices", [])
+    placement = {d["device"]: d["n_layers"] for d in devices}
     total = info.get("n_parallel") or 0
     allowed = recent.get("sequences_allowed") or total  # the governor's hint, once the engine has read it
     running = int(recent.get("running") or 0)
@@ -25,7 +26,31 @@ def _model(row, info: dict | None) -> ModelCapability:
         row.id, "loaded", row.context_length or info.get("n_ctx"), row.pinned, placement,
         slots_total=total, slots_free=max(0, min(total, allowed) - running),
         queue_depth=int(recent.get("waiting") or 0), tokens_per_s=recent.get("tokens_per_s"),
-        ttft_p50_s=recent.get("ttft_p50_s"), prefix_cache_bytes=dict(recent.get("prefix_cache_bytes") or {}))
+        ttft_p50_s=recent.get("ttft_p50_s"), prefix_cache_bytes=dict(recent.get("prefix_cache_bytes") or {}),
+        kv_bytes_per_token=kv_bytes_per_token(info))
+
+
+def kv_bytes_per_token(info: dict) -> int | None:
+    """The placement's KV bytes over every device, per token of every sequence's context."""
+    placement = info.get("placement") or {}
+    tokens = (placement.get("n_ctx_per_seq") or 0) * (placement.get("n_parallel") or 0)
+    kv = sum(d.get("kv_bytes") or 0 for d in placement.get("devices", []))
+    return round(kv / tokens) if tokens and kv else None
+
+
+def hardware(infos: list[dict]) -> dict:
+    """This machine's memory and threads, and the devices the loaded models' placements use (each once)."""
+    import os
+
+    import psutil
+
+    accelerators = {}
+    for info in infos:
+        for d in (info.get("placement") or {}).get("devices", []):
+            accelerators.setdefault(d["device"], {"device": d["device"], "description": d.get("description", ""),
+                                                  "memory_bytes": d.get("capacity_bytes")})
+    return {"host_memory_bytes": psutil.virtual_memory().total, "cpu_count": os.cpu_count(),
+            "accelerators": list(accelerators.values())}
 
 
 def gather(router, governor_state: str | None) -> Capabilities:
@@ -34,7 +59,7 @@ def gather(router, governor_state: str | None) -> Capabilities:
 
     rows = router.models()
     default_id = router.default_info().get("model_id")
-    models = []
+    models, infos = [], []
     for row in rows:
         client = router.default if row.id == default_id else (EngineClient(row.socket) if row.socket else None)
         info = None
@@ -44,6 +69,7 @@ def gather(router, governor_state: str | None) -> Capabilities:
             except EngineUnavailable:
                 info = None
         models.append(_model(row, info))
+        infos += [info] if info and info.get("state") == "ready" else []
     state, fresh, missing = None, False, "no governor state configured (--governor-state)"
     if governor_state:
         try:
@@ -57,7 +83,7 @@ def gather(router, governor_state: str | None) -> Capabilities:
     draining, why = draining_from_update(system.get("last_update"))
     return Capabilities(box=socket.gethostname(), version=system["version"],
                         governor=governor_view(state, fresh, missing), models=tuple(models),
-                        draining=draining, draining_reason=why, at_unix=time.time())
+                        draining=draining, draining_reason=why, at_unix=time.time(), hardware=hardware(infos))
 
 
 class CapabilitiesResource:
