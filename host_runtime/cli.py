@@ -330,6 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--if-gateway", action="store_true",
                     help="only when --settings says role = \"gateway\"; otherwise wait idle (supervisord's program)")
     gw.add_argument("--vocab-dir", metavar="DIR", help="where o200k_base.tiktoken is (default: under the venv)")
+    gw.add_argument("--front-settings", metavar="FILE",
+                    help="front.toml: the HTTPS port (and listen address) a member announces by mDNS")
+    peers = fleet_sub.add_parser("peers", help="the boxes the gateway would poll: fleet.toml's peers and, with "
+                                               "mdns = true, the fronts announced on the LAN")
+    peers.add_argument("--settings", metavar="FILE", help="fleet.toml")
+    peers.add_argument("--wait", type=_positive_float, default=3.0, metavar="S",
+                       help="how long to listen for announcements (default 3)")
+    peers.add_argument("--json", action="store_true", help="one JSON document")
     return parser
 
 
@@ -885,9 +893,13 @@ def cmd_fleet(parser, args) -> int:
     try:
         settings = load(args.settings)
     except SettingsError as exc:
-        parser.error(f"fleet gateway: --settings: {exc}")
+        parser.error(f"fleet {args.fleet_command}: --settings: {exc}")
+    if args.fleet_command == "peers":
+        return _fleet_peers(settings, args)
     stop = threading.Event()
     stop_on_signals(stop.set)
+    if args.if_gateway and settings.role == "member" and settings.mdns:
+        return _announce_until(stop, parser, args)
     if args.if_gateway and settings.role != "gateway":
         # supervisord runs this program on every box (the update's health gate wants every program RUNNING):
         # a box that is not the gateway waits here for its stop, at no cost.
@@ -909,11 +921,87 @@ def cmd_fleet(parser, args) -> int:
         print(f"everycycle fleet gateway: {vocab / router_vocab.FILE_NAME} is missing; fetch it with "
               f"`python -m host_runtime.fleet.router_vocab --dir {vocab}` (make install does)", file=sys.stderr)
         return 1
+    from host_runtime.fleet.mdns import MDNSError, PeerBrowser
+
+    browser = PeerBrowser() if settings.mdns else None
     try:
-        return Gateway(settings, key, vocab, Path(args.state) if args.state else None).run(stop)
-    except GatewayError as exc:
+        if browser:
+            browser.start()
+        return Gateway(settings, key, vocab, Path(args.state) if args.state else None, browser=browser).run(stop)
+    except (GatewayError, MDNSError) as exc:
         print(f"everycycle fleet gateway: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if browser:
+            browser.stop()
+
+
+def _announce_until(stop, parser, args) -> int:
+    """A member with mdns = true: its front announced on the LAN until supervisord stops the program."""
+    import socket as socket_module
+
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.fleet.mdns import Announcer, MDNSError
+    from host_runtime.front import settings as front_settings
+    from host_runtime.front.tls import addresses_now
+    from host_runtime.update.system import status
+
+    try:
+        front = front_settings.load(args.front_settings)
+    except SettingsError as exc:
+        parser.error(f"fleet gateway: --front-settings: {exc}")
+    if front.listen not in ("0.0.0.0", "::"):
+        addresses = [front.listen]
+    else:
+        addresses = sorted(str(a) for a in addresses_now() if a.version == 4 and not a.is_loopback)
+    if not addresses:
+        print("everycycle fleet gateway: no LAN address to announce yet; waiting", file=sys.stderr, flush=True)
+        stop.wait()
+        return 0
+    name = socket_module.gethostname().split(".")[0]
+    announcer = Announcer(name, addresses, front.https_port,
+                          {"role": "member", "version": str(status(with_entries=False).get("version", ""))[:60]})
+    try:
+        announcer.start()
+    except MDNSError as exc:
+        print(f"everycycle fleet gateway: {exc}", file=sys.stderr)
+        return 1
+    print(f"everycycle fleet gateway: a member; announcing https port {front.https_port} on "
+          f"{', '.join(addresses)} by mDNS", file=sys.stderr, flush=True)
+    try:
+        stop.wait()
+    finally:
+        announcer.stop()
+    return 0
+
+
+def _fleet_peers(settings, args) -> int:
+    import json as json_module
+    import time as time_module
+
+    from host_runtime.fleet.controller import merge_peers
+    from host_runtime.fleet.mdns import MDNSError, PeerBrowser
+
+    found: tuple[str, ...] = ()
+    if settings.mdns:
+        browser = PeerBrowser()
+        try:
+            browser.start()
+            time_module.sleep(args.wait)
+            found = browser.peers()
+        except MDNSError as exc:
+            print(f"everycycle fleet peers: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            browser.stop()
+    peers = merge_peers(settings.peers, found)
+    if args.json:
+        print(json_module.dumps({"configured": list(settings.peers), "found_by_mdns": list(found),
+                                 "peers": list(peers)}, indent=1))
+    else:
+        for p in peers:
+            print(p + ("  (mDNS)" if p in found and p not in settings.peers else ""))
+    return 0
 
 
 def cmd_models(parser, args) -> int:

@@ -84,7 +84,7 @@ def test_model_names_are_quoted_in_worker_urls():
     ({"role": "leader"}, "role"), ({"policy": "fastest"}, "policy"), ({"peers": ["10.0.0.2:8080"]}, "peers[0]"),
     ({"peers": ["http://10.0.0.2:8080/v1"]}, "peers[0]"), ({"peers": [A, A + "/"]}, "peers"),
     ({"role": "gateway"}, "peers"), ({"router_port": 0}, "router_port"), ({"metrics_port": 8090}, "metrics_port"),
-    ({"poll_interval_s": 0.0}, "poll_interval_s"),
+    ({"poll_interval_s": 0.0}, "poll_interval_s"), ({"mdns": "yes"}, "mdns"),
 ])
 def test_bad_fleet_settings_name_their_field(doc, field):
     with pytest.raises(SettingsError) as err:
@@ -115,3 +115,10 @@ def test_the_routers_openssl_client_trusts_the_system_cas_and_each_peer_certific
     assert trust_bundle(b"", [b"P"]) == b"P\n"   # a box without system CAs trusts its peers only
     assert environment({}, tmp_path, tmp_path / "trust.pem")["SSL_CERT_FILE"] == str(tmp_path / "trust.pem")
     assert "SSL_CERT_FILE" not in environment({}, tmp_path)
+
+
+def test_boxes_found_by_mdns_come_after_the_configured_ones_and_none_twice():
+    from host_runtime.fleet.controller import merge_peers
+
+    assert merge_peers((A, B), (B + "/", "https://10.0.0.9:8443")) == (A, B, "https://10.0.0.9:8443")
+    assert merge_peers((A,), ()) == (A,)

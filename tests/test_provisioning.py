@@ -110,6 +110,7 @@ BAD = [
     ("url with the image's model", _with("model", {"source": "image", "url": "http://10.20.0.2/m.gguf"}), {},
      "model.url"),
     ("fleet member without the key", _with("fleet", {"role": "member"}), {}, "fleet.key_file"),
+    ("mdns outside a fleet", _with("fleet", {"mdns": True}), {}, "fleet.mdns"),
     ("a requirement of no users", _with("requirement", {"concurrent_users": 0}), {}, "requirement.concurrent_users"),
     ("peers on a member", _with("fleet", {"role": "member", "key_file": "files/fleet.key",
                                           "peers": ["https://10.20.0.6:8443"]}), FLEET_KEY, "fleet.peers"),
@@ -616,7 +617,7 @@ def test_every_box_toml_field_has_an_owner():
         "power.safe_fraction": "governor.toml", "power.mode": "governor.toml", "files": "checked",
         "fleet.role": "fleet.toml", "fleet.key_file": "fleet.key + api_keys.json", "fleet.peers": "fleet.toml",
         "fleet.peer_certificates": "fleet.toml + fleet-peers/", "fleet.policy": "fleet.toml",
-        "fleet.gateway_address": "front.toml",
+        "fleet.gateway_address": "front.toml", "fleet.mdns": "fleet.toml",
         # read from box.toml itself by `everycycle measure` (no service runs on it)
         **{f"requirement.{k}": "box.toml" for k in ("ttft_p50_s", "time_per_token_s", "concurrent_users",
                                                      "prompt_tokens", "answer_tokens")},
@@ -664,13 +665,14 @@ def test_a_fleet_gateway_and_a_member_read_back_what_provisioning_wrote(tmp_path
     assert load_settings(ServingSettings, etc / "serving.toml").fleet_listen == "127.0.0.1:8081"
     assert front_settings.load(etc / "front.toml").fleet_gateway == ""
 
-    member = _with("fleet", {"role": "member", "key_file": "files/fleet.key", "gateway_address": "10.20.0.5"})
+    member = _with("fleet", {"role": "member", "key_file": "files/fleet.key", "gateway_address": "10.20.0.5",
+                             "mdns": True})
     member["hostname"] = "box-8"
     files = {"files/bmc.pass": b"s3cret\n", "files/fleet.key": FLEET_KEY_TEXT.encode() + b"\n"}
     other = tmp_path / "other"
     apply(open_bundle(make_bundle(tmp_path / "member", member, files)), other)
     etc = other / "etc/everycycle"
-    assert load(etc / "fleet.toml").role == "member"
+    assert load(etc / "fleet.toml").role == "member" and load(etc / "fleet.toml").mdns   # it announces itself
     assert front_settings.load(etc / "front.toml").fleet_gateway == "10.20.0.5"
     assert load_settings(ServingSettings, etc / "serving.toml").fleet_listen == ""
     assert KeyVerifier(etc / "api_keys.json").verify(FLEET_KEY_TEXT) == "fleet"

@@ -61,6 +61,12 @@ class Decision:
     left_out: dict[str, str]                   # box -> why it has no workers (absent: it has some or no models)
 
 
+def merge_peers(configured: tuple[str, ...], found: tuple[str, ...]) -> tuple[str, ...]:
+    """The boxes to poll: fleet.toml's, then those found on the LAN that it does not already name."""
+    known = {p.rstrip("/") for p in configured}
+    return tuple(configured) + tuple(p for p in found if p.rstrip("/") not in known)
+
+
 def _throttled(caps: Capabilities) -> bool:
     return caps.governor.state == "throttled"
 

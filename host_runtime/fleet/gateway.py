@@ -19,7 +19,7 @@ from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.fleet import router_process
-from host_runtime.fleet.controller import BoxHealth, Decision, changes, decide
+from host_runtime.fleet.controller import BoxHealth, Decision, changes, decide, merge_peers
 from host_runtime.fleet.peers import poll_all, tls_context
 from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
 from host_runtime.fleet.settings import FleetSettings
@@ -35,8 +35,10 @@ class GatewayError(Exception):
 
 
 class Gateway:
-    def __init__(self, settings: FleetSettings, key: str, vocab_dir: Path, state_file: Path | None = None):
+    def __init__(self, settings: FleetSettings, key: str, vocab_dir: Path, state_file: Path | None = None,
+                 browser=None):
         self.settings = settings
+        self.browser = browser   # mdns.PeerBrowser when fleet.toml says mdns = true
         self.key = key
         self.vocab_dir = vocab_dir
         self.state_file = state_file
@@ -98,7 +100,8 @@ class Gateway:
     def step(self, pool: ThreadPoolExecutor) -> None:
         """One poll of every box, and the router brought in line with what it says."""
         timeout = max(0.5, min(2.0, 2 * self.settings.poll_interval_s))
-        reports = poll_all(self.settings.peers, self.key, timeout, pool, self.tls)
+        peers = merge_peers(self.settings.peers, self.browser.peers() if self.browser else ())
+        reports = poll_all(peers, self.key, timeout, pool, self.tls)
         decision = decide(reports, self.health, self.decision)
         for box, why in decision.left_out.items():
             if self.decision is None or self.decision.left_out.get(box) != why:
@@ -134,7 +137,8 @@ class Gateway:
     def run(self, stop: threading.Event) -> int:
         self.start_router()
         try:
-            with ThreadPoolExecutor(max_workers=max(1, len(self.settings.peers))) as pool:
+            # one thread per box so that a hung box costs one timeout; peers found by mDNS may come later
+            with ThreadPoolExecutor(max_workers=max(len(self.settings.peers), 16 if self.browser else 1)) as pool:
                 while not stop.is_set():
                     started = time.monotonic()
                     if self.router_exited() is not None:

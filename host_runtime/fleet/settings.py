@@ -38,6 +38,9 @@ class FleetSettings:
     key_file: str = BOX_KEY_FILE     # the fleet key: the gateway's credential at every box (0600)
     # PEM certificates the router trusts for https:// peers (their fronts' self-signed certificates, or a CA's)
     peer_certificates: tuple[str, ...] = ()
+    # mDNS on the LAN (host_runtime/fleet/mdns.py): a member announces its front, the gateway adds the fronts it
+    # finds to `peers` (trusted only as far as peer_certificates vouch for them)
+    mdns: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peers", tuple(self.peers))
@@ -57,6 +60,8 @@ class FleetSettings:
             check_peer(f"peers[{i}]", peer)
         if len(set(p.rstrip("/") for p in self.peers)) != len(self.peers):
             raise SettingsError("peers", "lists a box twice")
+        if not isinstance(self.mdns, bool):
+            raise SettingsError("mdns", f"must be true or false, got {self.mdns!r}")
         if self.role == "gateway" and not self.peers:
             raise SettingsError("peers", "a gateway needs at least one box (its own API included)")
         for i, cert in enumerate(self.peer_certificates):
@@ -85,6 +90,8 @@ def from_box(box: dict) -> FleetSettings:
         for name in ("peers", "peer_certificates", "policy"):
             if name in fleet:
                 raise SettingsError(f"fleet.{name}", "is only used on the gateway (role = \"gateway\")")
+    if role == "none" and "mdns" in fleet:
+        raise SettingsError("fleet.mdns", "is only used in a fleet (role \"member\" or \"gateway\")")
     if role != "member" and "gateway_address" in fleet:
         raise SettingsError("fleet.gateway_address", "is only used on a member (role = \"member\")")
     certs = tuple(box_peer_certificate(i) for i in range(len(fleet.get("peer_certificates", []))))
@@ -97,7 +104,8 @@ def from_box(box: dict) -> FleetSettings:
             raise SettingsError(f"fleet.peers[{i}]", f"{peer} is this box: the gateway adds its own API itself")
     try:
         return FleetSettings(role=role, peers=own + tuple(fleet.get("peers", ())),
-                             policy=fleet.get("policy", FleetSettings.policy), peer_certificates=certs)
+                             policy=fleet.get("policy", FleetSettings.policy), peer_certificates=certs,
+                             mdns=fleet.get("mdns", False))
     except SettingsError as exc:
         raise SettingsError(f"fleet.{exc.field}", exc.message) from None
 

@@ -57,7 +57,7 @@ def make_self_signed(pair: CertificatePair, hostname: str | None = None, address
     if address and not ipaddress.ip_address(address).is_unspecified:
         ips.add(ipaddress.ip_address(address))
     elif address:
-        ips |= _addresses_now()
+        ips |= addresses_now()
     alt = x509.SubjectAlternativeName([x509.DNSName(hostname), x509.DNSName("localhost"),
                                        *(x509.IPAddress(ip) for ip in sorted(ips, key=str))])
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
@@ -72,7 +72,7 @@ def make_self_signed(pair: CertificatePair, hostname: str | None = None, address
     atomic_write(pair.certificate, cert.public_bytes(serialization.Encoding.PEM), 0o644)
 
 
-def _addresses_now() -> set:
+def addresses_now() -> set:
     """The box's addresses as discovery reads them (pyroute2); none when netlink cannot be read."""
     from host_runtime.discovery.network import collect_network
 
