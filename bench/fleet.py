@@ -16,6 +16,7 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -24,44 +25,28 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx2  # noqa: E402
 import openai  # noqa: E402
 
 from tests.fleet_hosts import SMOL, box_metric, start_fleet  # noqa: E402
 
-TOPICS = ["a lighthouse keeper", "a bakery in Lyon", "the rings of Saturn", "a chess club", "river otters",
-          "an old typewriter", "the Silk Road", "a mountain railway", "honeybees", "a jazz trio", "desert tortoises",
-          "a paper mill"]
+from fleet_workload import conversation  # noqa: E402
+
+LITELLM = "litellm==1.110.2"   # the release router_vocab.py already checks by hash; not one of the two bad ones
+LITELLM_VENV = Path(__file__).resolve().parents[1] / "var" / "bench-litellm-venv"
 
 
-def system_prompt(n: int) -> str:
-    topic = TOPICS[n % len(TOPICS)]
-    facts = " ".join(f"Fact {i} about {topic}: it is remembered for detail number {i * 7 + n}." for i in range(8))
-    return f"You are a patient guide who only talks about {topic}. {facts} Answer briefly."
-
-
-def conversation(c: openai.OpenAI, n: int, turns: int, max_tokens: int, out: list, lock: threading.Lock) -> None:
-    messages = [{"role": "system", "content": system_prompt(n)}]
-    for t in range(turns):
-        # Each turn pastes new material (as a user quoting a document does), so the conversation's own history,
-        # not the system prompt, is most of every prompt.
-        notes = " ".join(f"Note {t}.{i}: entry {n * 1000 + t * 50 + i} of the log reads {TOPICS[(n + i) % 12]}."
-                         for i in range(10))
-        messages.append({"role": "user", "content": f"{notes} Question {t + 1}: what stands out?"})
-        start = time.monotonic()
-        first = None
-        text = []
-        stream = c.chat.completions.create(model=SMOL, messages=messages, max_tokens=max_tokens, temperature=0,
-                                           stream=True)
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                if first is None:
-                    first = time.monotonic() - start
-                text.append(chunk.choices[0].delta.content)
-        with lock:
-            out.append({"ttft_s": first, "chars": len("".join(text)), "turn": t})
-        messages.append({"role": "assistant", "content": "".join(text)})
+def litellm_python() -> Path:
+    """LiteLLM in a venv of its own under var/ (made once, with this machine's pip configuration), so that its
+    many dependencies never enter the box's venv."""
+    python = LITELLM_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"bench: making {LITELLM_VENV} with {LITELLM} (once)", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", LITELLM], check=True)
+    return python
 
 
 def counters(fleet) -> tuple[float, float, float]:
@@ -72,30 +57,80 @@ def counters(fleet) -> tuple[float, float, float]:
 
 
 def run(policy: str, conversations: int, turns: int, max_tokens: int) -> dict:
+    """policy: one of the gateway's (its router's policy, clients through the gateway's front), or "litellm"
+    (LiteLLM's Router, least-busy, straight to the same boxes with the fleet key from the gateway's namespace)."""
+    litellm = litellm_python() if policy == "litellm" else None
     with tempfile.TemporaryDirectory(prefix=f"bench-fleet-{policy}-") as tmp:
-        fleet = start_fleet(Path(tmp), [None, None, None], policy=policy, parallel=4, max_queue=256, ctx_size=2048)
+        fleet = start_fleet(Path(tmp), [None, None, None], policy="round_robin" if litellm else policy, parallel=4,
+                            max_queue=256, ctx_size=2048)
         try:
-            c = openai.OpenAI(base_url=fleet.url + "/v1", api_key=fleet.client_key, max_retries=0, timeout=300,
-                              http_client=httpx2.Client(verify=fleet.tls()))
             before = counters(fleet)
             results: list[dict] = []
-            lock = threading.Lock()
-            start = time.monotonic()
-            with ThreadPoolExecutor(max_workers=conversations) as pool:
-                list(pool.map(lambda n: conversation(c, n, turns, max_tokens, results, lock), range(conversations)))
-            wall = time.monotonic() - start
+            if litellm:
+                argv = [str(litellm), str(Path(__file__).resolve().parent / "fleet_litellm.py"),
+                        *[a for b in fleet.boxes for a in ("--box", b.base)], "--key", fleet.fleet_key,
+                        "--model", SMOL, "--conversations", str(conversations), "--turns", str(turns),
+                        "--max-tokens", str(max_tokens)]
+                out = subprocess.run(fleet.net.run_in(0, argv), capture_output=True, text=True)
+                if out.returncode != 0:
+                    raise SystemExit(f"bench: the LiteLLM client failed:\n{out.stderr[-3000:]}")
+                doc = json.loads(out.stdout.strip().splitlines()[-1])
+                results, wall = doc["results"], doc["wall_s"]
+            else:
+                c = openai.OpenAI(base_url=fleet.url + "/v1", api_key=fleet.client_key, max_retries=0, timeout=300,
+                                  http_client=httpx2.Client(verify=fleet.tls()))
+
+                def send(messages):
+                    for chunk in c.chat.completions.create(model=SMOL, messages=messages, max_tokens=max_tokens,
+                                                           temperature=0, stream=True):
+                        if chunk.choices:
+                            yield chunk.choices[0].delta.content
+
+                lock = threading.Lock()
+                start = time.monotonic()
+                with ThreadPoolExecutor(max_workers=conversations) as pool:
+                    list(pool.map(lambda n: conversation(send, n, turns, results, lock), range(conversations)))
+                wall = time.monotonic() - start
             after = counters(fleet)
             per_box = [box_metric(fleet, i, "everycycle_requests_total") for i in range(len(fleet.boxes))]
         finally:
             fleet.stop()
     cached, computed, generated = (a - b for a, b in zip(after, before))
     ttfts = sorted(r["ttft_s"] for r in results if r["ttft_s"] is not None)
-    return {"policy": policy, "requests": len(results), "wall_s": round(wall, 2),
+    return {"policy": "litellm least-busy" if litellm else policy, "requests": len(results), "wall_s": round(wall, 2),
             "prefix_hit_ratio": round(cached / (cached + computed), 4) if cached + computed else 0.0,
             "prompt_tokens_cached": int(cached), "prompt_tokens_computed": int(computed),
             "ttft_p50_s": round(statistics.median(ttfts), 4),
             "ttft_p95_s": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 4),
             "tok_s": round(generated / wall, 2), "requests_per_box": [int(x) for x in per_box]}
+
+
+def ratios(gateway: dict, other: dict, name: str) -> dict:
+    return {f"prefix_hit_ratio_vs_{name}": round(gateway["prefix_hit_ratio"] / other["prefix_hit_ratio"], 3)
+            if other["prefix_hit_ratio"] else None,
+            f"ttft_p50_vs_{name}": round(gateway["ttft_p50_s"] / other["ttft_p50_s"], 3),
+            f"tok_s_vs_{name}": round(gateway["tok_s"] / other["tok_s"], 3)}
+
+
+def measure_doc(bench_json: Path, out_dir: Path) -> None:
+    """`everycycle measure --fleet` on a fresh fleet (the gateway as shipped), citing this run's JSON."""
+    from tests.servers import everycycle
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    box_toml = out_dir / "box.toml"
+    if not box_toml.exists():
+        box_toml.write_text("[requirement]\nttft_p50_s = 3.0\ntime_per_token_s = 0.25\nconcurrent_users = 3\n"
+                            "prompt_tokens = 256\nanswer_tokens = 32\n")
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-measure-") as tmp:
+        fleet = start_fleet(Path(tmp), [None, None, None], parallel=4, max_queue=256, ctx_size=2048)
+        try:
+            subprocess.run(fleet.net.run_in(0, everycycle(
+                "measure", "--fleet", "--fleet-settings", str(fleet.workdir / "fleet.toml"), "--url", fleet.url,
+                "--ca-cert", str(fleet.certificate), "--box-toml", str(box_toml), "--fleet-bench", str(bench_json),
+                "--json", str(out_dir / "measurements.json"), "--doc", str(out_dir / "architecture.md"))),
+                check=True)
+        finally:
+            fleet.stop()
 
 
 def main() -> int:
@@ -104,23 +139,31 @@ def main() -> int:
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--json", type=Path, help="write the result here too")
+    p.add_argument("--litellm", action="store_true", help=f"also LiteLLM's Router ({LITELLM}, least-busy)")
+    p.add_argument("--doc", type=Path, metavar="DIR",
+                   help="then run `everycycle measure --fleet` citing this run (needs --json): DIR/measurements.json, "
+                        "DIR/architecture.md ([requirement] from DIR/box.toml when there is one)")
     args = p.parse_args()
+    if args.doc and not args.json:
+        p.error("--doc: needs --json (the document cites that file)")
     gateway = run("cache_aware", args.conversations, args.turns, args.max_tokens)
     round_robin = run("round_robin", args.conversations, args.turns, args.max_tokens)
+    litellm = run("litellm", args.conversations, args.turns, args.max_tokens) if args.litellm else None
     doc = {"bench": "fleet", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
            "workload": {"boxes": 3, "threads_per_box": 1, "conversations": args.conversations,
                         "turns": args.turns, "max_tokens": args.max_tokens, "model": SMOL},
            "gateway": gateway, "round_robin": round_robin,
-           "ratios": {
-               "prefix_hit_ratio_vs_round_robin": round(gateway["prefix_hit_ratio"] / round_robin["prefix_hit_ratio"], 3)
-               if round_robin["prefix_hit_ratio"] else None,
-               "ttft_p50_vs_round_robin": round(gateway["ttft_p50_s"] / round_robin["ttft_p50_s"], 3),
-               "tok_s_vs_round_robin": round(gateway["tok_s"] / round_robin["tok_s"], 3)}}
+           "ratios": {**ratios(gateway, round_robin, "round_robin"),
+                      **(ratios(gateway, litellm, "litellm") if litellm else {})}}
+    if litellm:
+        doc["litellm"] = litellm
     text = json.dumps(doc, indent=2)
     print(text)
     if args.json:
         args.json.write_text(text + "\n")
+    if args.doc:
+        measure_doc(args.json.resolve(), args.doc.resolve())
     return 0
 
 

@@ -117,6 +117,10 @@ def test_the_router_benchmark_is_cited_with_its_ratios_as_arithmetic():
     assert "## The router" in text and "`fleet.json`" in text
     assert check(text, doc) == []
     assert "router.ttft_p50_s_vs_round_robin" in doc["decisions"][-1]["labels"]
+    with_litellm = Report("fleet", Requirement())
+    with_litellm.add_router_bench({**BENCH, "litellm": {"policy": "litellm least-busy", "prefix_hit_ratio": 0.3,
+                                                          "ttft_p50_s": 9.0, "tok_s": 6.0}}, "fleet.json")
+    assert "router.prefix_hit_ratio_vs_litellm" in with_litellm.router["ratios"]
     with pytest.raises(ValueError, match="round_robin"):
         Report("fleet", Requirement()).add_router_bench({"gateway": BENCH["gateway"]}, "x")
 

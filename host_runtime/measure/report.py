@@ -101,11 +101,13 @@ class Report:
                 "not_measured": self.not_measured, "router": self.router}
 
     def add_router_bench(self, bench: dict, source: str) -> None:
-        """bench/fleet.py's JSON (the gateway's cache_aware routing against round robin on the same boxes) as
-        figures, their ratios as arithmetic, and the routing decision they justify. ValueError names what is
-        missing."""
+        """bench/fleet.py's JSON (the gateway's cache_aware routing against round robin, and LiteLLM's Router when
+        it ran, on the same boxes) as figures, their ratios as arithmetic, and the routing decision they justify.
+        ValueError names what is missing."""
         try:
             runs = {"cache_aware": bench["gateway"], "round_robin": bench["round_robin"]}
+            if bench.get("litellm"):
+                runs["litellm"] = bench["litellm"]
             labels = {}
             for policy, run in runs.items():
                 for name, unit in (("prefix_hit_ratio", ""), ("ttft_p50_s", "s"), ("tok_s", "tokens/s")):
@@ -114,17 +116,19 @@ class Report:
                         f"bench/fleet.py ({source}, {bench.get('when', 'undated')}): policy {run.get('policy', policy)}")
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not bench/fleet.py's JSON (missing or bad {exc})") from None
-        ratios = [self.derived(f"router.{name}_vs_round_robin",
-                               f"{{router.cache_aware.{name}}} / {{router.round_robin.{name}}}", "",
-                               "cache_aware against round robin")
+        ratios = [self.derived(f"router.{name}_vs_{other}",
+                               f"{{router.cache_aware.{name}}} / {{router.{other}.{name}}}", "",
+                               f"cache_aware against {other}")
+                  for other in runs if other != "cache_aware"
                   for name in ("prefix_hit_ratio", "ttft_p50_s", "tok_s")
-                  if self.figures[f"router.round_robin.{name}"].value]
+                  if self.figures[f"router.{other}.{name}"].value]
         self.router = {"source": source, "workload": bench.get("workload", {}), "labels": list(labels.values()),
                        "ratios": ratios}
+        others = " and LiteLLM's Router (least-busy)" if "litellm" in runs else ""
         self.decisions.append({
-            "text": "The gateway routes with the router's cache_aware policy, fed by the capability maps, rather than "
-                    "round robin: on the same boxes and workload it kept more prompt tokens in the prefix caches, "
-                    "lowered time to first token and raised throughput.",
+            "text": "The gateway routes with sglang-router's cache_aware policy, fed by the capability maps, rather "
+                    f"than round robin{others}: the ratios say how it compared on the same boxes and workload "
+                    "(prefix hit ratio above 1 keeps more prompt tokens cached; TTFT below 1 answers sooner).",
             "labels": ratios})
 
 
