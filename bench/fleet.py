@@ -57,11 +57,13 @@ def counters(fleet) -> tuple[float, float, float]:
 
 
 def run(policy: str, conversations: int, turns: int, max_tokens: int) -> dict:
-    """policy: one of the gateway's (its router's policy, clients through the gateway's front), or "litellm"
-    (LiteLLM's Router, least-busy, straight to the same boxes with the fleet key from the gateway's namespace)."""
+    """policy: one of the gateway's (its router's policy, clients through the gateway's front); "litellm"
+    (LiteLLM's Router, least-busy, straight to the same boxes with the fleet key from the gateway's namespace);
+    or "sticky" (no router: conversation n always on box n mod 3, the ceiling of this workload's hit ratio)."""
     litellm = litellm_python() if policy == "litellm" else None
+    direct = litellm or policy == "sticky"
     with tempfile.TemporaryDirectory(prefix=f"bench-fleet-{policy}-") as tmp:
-        fleet = start_fleet(Path(tmp), [None, None, None], policy="round_robin" if litellm else policy, parallel=4,
+        fleet = start_fleet(Path(tmp), [None, None, None], policy="round_robin" if direct else policy, parallel=4,
                             max_queue=256, ctx_size=2048)
         try:
             before = counters(fleet)
@@ -77,19 +79,30 @@ def run(policy: str, conversations: int, turns: int, max_tokens: int) -> dict:
                 doc = json.loads(out.stdout.strip().splitlines()[-1])
                 results, wall = doc["results"], doc["wall_s"]
             else:
-                c = openai.OpenAI(base_url=fleet.url + "/v1", api_key=fleet.client_key, max_retries=0, timeout=300,
-                                  http_client=httpx2.Client(verify=fleet.tls()))
+                if policy == "sticky":  # box 0's API from here: its Unix socket (its TCP listener is its loopback)
+                    clients = [openai.OpenAI(
+                        base_url=("http://box0" if i == 0 else b.base) + "/v1", api_key=fleet.fleet_key,
+                        max_retries=0, timeout=300, http_client=httpx2.Client(transport=httpx2.HTTPTransport(
+                            uds=str(fleet.workdir / "box0_api" / "http.sock"))) if i == 0 else None)
+                        for i, b in enumerate(fleet.boxes)]
+                else:
+                    clients = [openai.OpenAI(base_url=fleet.url + "/v1", api_key=fleet.client_key, max_retries=0,
+                                             timeout=300, http_client=httpx2.Client(verify=fleet.tls()))]
 
-                def send(messages):
-                    for chunk in c.chat.completions.create(model=SMOL, messages=messages, max_tokens=max_tokens,
-                                                           temperature=0, stream=True):
-                        if chunk.choices:
-                            yield chunk.choices[0].delta.content
+                def sender(n: int):
+                    c = clients[n % len(clients)]
+
+                    def send(messages):
+                        for chunk in c.chat.completions.create(model=SMOL, messages=messages, max_tokens=max_tokens,
+                                                               temperature=0, stream=True):
+                            if chunk.choices:
+                                yield chunk.choices[0].delta.content
+                    return send
 
                 lock = threading.Lock()
                 start = time.monotonic()
                 with ThreadPoolExecutor(max_workers=conversations) as pool:
-                    list(pool.map(lambda n: conversation(send, n, turns, results, lock), range(conversations)))
+                    list(pool.map(lambda n: conversation(sender(n), n, turns, results, lock), range(conversations)))
                 wall = time.monotonic() - start
             after = counters(fleet)
             per_box = [box_metric(fleet, i, "everycycle_requests_total") for i in range(len(fleet.boxes))]
@@ -140,6 +153,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--json", type=Path, help="write the result here too")
     p.add_argument("--litellm", action="store_true", help=f"also LiteLLM's Router ({LITELLM}, least-busy)")
+    p.add_argument("--sticky", action="store_true",
+                   help="also the workload's ceiling: each conversation pinned to one box, no router")
     p.add_argument("--doc", type=Path, metavar="DIR",
                    help="then run `everycycle measure --fleet` citing this run (needs --json): DIR/measurements.json, "
                         "DIR/architecture.md ([requirement] from DIR/box.toml when there is one)")
@@ -149,6 +164,7 @@ def main() -> int:
     gateway = run("cache_aware", args.conversations, args.turns, args.max_tokens)
     round_robin = run("round_robin", args.conversations, args.turns, args.max_tokens)
     litellm = run("litellm", args.conversations, args.turns, args.max_tokens) if args.litellm else None
+    sticky = run("sticky", args.conversations, args.turns, args.max_tokens) if args.sticky else None
     doc = {"bench": "fleet", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
            "workload": {"boxes": 3, "threads_per_box": 1, "conversations": args.conversations,
@@ -158,6 +174,12 @@ def main() -> int:
                       **(ratios(gateway, litellm, "litellm") if litellm else {})}}
     if litellm:
         doc["litellm"] = litellm
+    if sticky:  # how close each router comes to the hit ratio this workload allows
+        doc["sticky"] = sticky
+        doc["ratios"]["prefix_hit_ratio_of_ceiling"] = round(gateway["prefix_hit_ratio"] / sticky["prefix_hit_ratio"], 3) \
+            if sticky["prefix_hit_ratio"] else None
+        doc["ratios"]["round_robin_prefix_hit_ratio_of_ceiling"] = round(
+            round_robin["prefix_hit_ratio"] / sticky["prefix_hit_ratio"], 3) if sticky["prefix_hit_ratio"] else None
     text = json.dumps(doc, indent=2)
     print(text)
     if args.json:
