@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import socket
 import threading
 
 from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, ServiceStateChange, Zeroconf
@@ -33,9 +32,7 @@ class Announcer:
 
     def __init__(self, name: str, addresses: list[str], port: int, properties: dict[str, str]):
         self.info = ServiceInfo(SERVICE, f"{name}.{SERVICE}", port=port, properties=properties,
-                                addresses=[socket.inet_pton(socket.AF_INET6 if ":" in a else socket.AF_INET, a)
-                                           for a in addresses],
-                                server=f"{name}.local.")
+                                parsed_addresses=addresses, server=f"{name}.local.")
         self._zc: Zeroconf | None = None
 
     def start(self) -> None:
