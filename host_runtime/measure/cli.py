@@ -33,16 +33,10 @@ def add_parser(sub) -> None:
     m.add_argument("--doc", metavar="PATH", help="where the design document (Markdown) goes")
 
 
-def _context(cafiles: list[str]) -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    for path in cafiles:
-        context.load_verify_locations(cafile=path)
-    return context
-
-
 def run(parser: argparse.ArgumentParser, args) -> int:
     from host_runtime.common.atomic_file import atomic_write
     from host_runtime.common.settings_file import SettingsError
+    from host_runtime.fleet.peers import tls_context
     from host_runtime.measure import report as report_doc
     from host_runtime.measure.probes import ProbeError, Target
     from host_runtime.measure.requirement import load as load_requirement
@@ -75,20 +69,21 @@ def run(parser: argparse.ArgumentParser, args) -> int:
         if not settings.peers:
             parser.error(f"--fleet-settings: {args.fleet_settings} lists no peers")
         try:
-            peers_context = _context(list(settings.peer_certificates))
-            endpoint_context = _context([args.ca_cert] if args.ca_cert else [])
+            peers_context = tls_context(settings.peer_certificates)
+            endpoint_context = tls_context((args.ca_cert,) if args.ca_cert else ())
         except (OSError, ssl.SSLError) as exc:
             parser.error(f"a certificate cannot be read: {exc}")
         boxes = [Target(p, key, peers_context) for p in settings.peers]
         endpoint = Target(args.url, key, endpoint_context)
-        # The gateway is the peer on this box: the one fleet.toml names on loopback (its own API).
-        gateway = next((i for i, p in enumerate(settings.peers) if "127.0.0.1" in p or "localhost" in p), None)
+        # The gateway is the peer on this box: its own API, which provisioning lists as fleet_settings.OWN_API.
+        gateway = next((i for i, p in enumerate(settings.peers) if p.rstrip("/") == f"http://{fleet_settings.OWN_API}"),
+                       None)
     else:
         if not args.key_file:
             parser.error("--key-file: needed without --fleet (a file holding an API key for --url)")
         try:
             key = Path(args.key_file).read_text().strip()
-            context = _context([args.ca_cert] if args.ca_cert else [])
+            context = tls_context((args.ca_cert,) if args.ca_cert else ())
         except (OSError, ssl.SSLError) as exc:
             parser.error(f"--key-file/--ca-cert: {exc}")
         if not key:

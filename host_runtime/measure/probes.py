@@ -126,5 +126,12 @@ def metrics(t: Target) -> str:
     return t.text("/metrics")
 
 
-def capabilities(t: Target) -> dict:
-    return t.json("/v1/everycycle/capabilities", timeout=30)
+def capabilities(t: Target):
+    """The box's capability map, through the type both the box and the gateway use. (Not fleet/peers.poll:
+    its errors speak of the fleet key, and a single box is measured with a client's.)"""
+    from host_runtime.fleet.capabilities import Capabilities
+
+    try:
+        return Capabilities.from_wire(t.json("/v1/everycycle/capabilities", timeout=30))
+    except ValueError as exc:
+        raise ProbeError(f"{t.base}: {exc}") from None

@@ -7,6 +7,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from host_runtime.common import settings_file
 from host_runtime.common.settings_file import SettingsError
 
 BOX_TOML = "/etc/everycycle/box.toml"
@@ -21,12 +22,9 @@ class Requirement:
     answer_tokens: int = 128          # a typical answer
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            kind = int if f.type in ("int", int) else (int, float)
-            if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
-                what = "a whole number" if kind is int else "a number"
-                raise SettingsError(f"requirement.{f.name}", f"must be {what} above 0, got {value!r}")
+        for f in fields(self):   # types are settings_file's to check; this is the rule they do not know
+            if getattr(self, f.name) <= 0:
+                raise SettingsError(f.name, f"must be above 0, got {getattr(self, f.name)!r}")
 
 
 def load(box_toml: str | Path | None) -> Requirement:
@@ -41,8 +39,7 @@ def load(box_toml: str | Path | None) -> Requirement:
     section = doc.get("requirement", {})
     if not isinstance(section, dict):
         raise SettingsError("requirement", "must be a table")
-    known = {f.name for f in fields(Requirement)}
-    for name in section:
-        if name not in known:
-            raise SettingsError(f"requirement.{name}", f"is not a known field ({', '.join(sorted(known))})")
-    return Requirement(**section)
+    try:
+        return settings_file.from_mapping(Requirement, section)
+    except SettingsError as exc:   # named as box.toml names it
+        raise SettingsError(f"requirement.{exc.field}", exc.message) from None

@@ -11,6 +11,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
+from host_runtime.fleet.capabilities import Capabilities, ModelCapability
 from host_runtime.measure import probes
 from host_runtime.measure.probes import Target
 from host_runtime.measure.report import Report, kv_conclusion
@@ -38,30 +39,29 @@ def _metric_sums(text: str) -> dict[str, float]:
     return out
 
 
-def _loaded_model(caps: dict) -> str:
-    models = caps.get("models", [])
+def _loaded_model(caps: Capabilities) -> ModelCapability:
     for state in ("loaded", "loading", "available"):
-        for m in models:
-            if m.get("state") == state:
-                return m["id"]
-    raise probes.ProbeError(f"box {caps.get('box')} has no model to measure")
+        for m in caps.models:
+            if m.state == state:
+                return m
+    raise probes.ProbeError(f"box {caps.box} has no model to measure")
 
 
-def roles(caps: dict, is_gateway: bool, lookups: float) -> list[dict]:
+def roles(caps: Capabilities, is_gateway: bool, lookups: float) -> list[dict]:
     """What a box does in the design, each with why (pure)."""
     out = []
     if is_gateway:
         out.append({"role": "router", "why": "it runs the fleet gateway (sglang-router fed by every box's capability "
                                              "map); every client request enters the fleet here"})
-    loaded = [m["id"] for m in caps.get("models", []) if m.get("state") == "loaded"]
+    loaded = [m.id for m in caps.models if m.state == "loaded"]
     if loaded:
         out.append({"role": "prefill and decode", "why": f"it serves {', '.join(loaded)} end to end; the KV "
                                                          "section shows why the two are not split"})
-    tiers = {t: b for m in caps.get("models", []) for t, b in (m.get("prefix_cache_bytes") or {}).items() if b}
+    tiers = {t: b for m in caps.models for t, b in m.prefix_cache_bytes.items() if b}
     if tiers or lookups:
         held = ", ".join(f"{t} {b / 2**20:.1f} MiB" for t, b in sorted(tiers.items())) or "nothing held yet"
         out.append({"role": "cache", "why": f"its prefix cache answered {lookups:.0f} lookups in this run ({held})"})
-    stored = [m["id"] for m in caps.get("models", [])]
+    stored = [m.id for m in caps.models]
     if stored:
         out.append({"role": "storage", "why": f"its model store holds {len(stored)} model(s): {', '.join(stored)}"})
     out.append({"role": "agent", "why": "the BMC (or hwmon) agent and the power governor run on it under supervisord; "
@@ -113,14 +113,15 @@ def survey(boxes: list[Target], endpoint: Target, req: Requirement, *, scope: st
     for i, t in enumerate(boxes):
         progress(f"box{i} ({t.base}): capability map, round trip, link throughput")
         caps.append(probes.capabilities(t))
-    models = [_loaded_model(c) for c in caps]
+    measured = [_loaded_model(c) for c in caps]
+    models = [m.id for m in measured]
     progress(f"cache tiers: {CONVERSATIONS} conversations x {TURNS} turns through the endpoint")
     before = [_metric_sums(probes.metrics(t)) for t in boxes]
     _conversations(endpoint, models[0], req)
     after = [_metric_sums(probes.metrics(t)) for t in boxes]
     for i, (t, c) in enumerate(zip(boxes, caps)):
         b = f"box{i}"
-        hw = c.get("hardware") or {}
+        hw = c.hardware
         from_map = "reported by the box's capability map (psutil)"
         report.measured(f"{b}.host_memory_gib", (hw.get("host_memory_bytes") or 0) / 2**30, "GiB", from_map)
         report.measured(f"{b}.cpu_threads", int(hw.get("cpu_count") or 0), "", from_map)
@@ -139,7 +140,7 @@ def survey(boxes: list[Target], endpoint: Target, req: Requirement, *, scope: st
         report.measured(f"{b}.prefill_tokens", counted, "tokens", "the box's usage.prompt_tokens for that prompt")
         report.measured(f"{b}.time_per_token_s", probes.decode_time_per_token(t, models[i], req.answer_tokens), "s",
                         f"median gap between streamed tokens of one request alone on {models[i]}")
-        kv_per_token = next((m.get("kv_bytes_per_token") for m in c.get("models", []) if m["id"] == models[i]), None)
+        kv_per_token = measured[i].kv_bytes_per_token
         if kv_per_token:
             report.measured(f"{b}.kv_bytes_per_token", kv_per_token, "bytes",
                             "the placement planner's KV bytes per token (capability map)")
@@ -181,7 +182,7 @@ def survey(boxes: list[Target], endpoint: Target, req: Requirement, *, scope: st
         else:
             report.not_measured.append(f"{b}: cache tiers (the multi-turn run sent it no prompt)")
         accelerators = hw.get("accelerators") or []
-        report.machines.append({"name": f"{b}: {c.get('box', '?')} ({t.base}), version {c.get('version', '?')}",
+        report.machines.append({"name": f"{b}: {c.box} ({t.base}), version {c.version}",
                                 "accelerators": accelerators, "host_memory_label": f"{b}.host_memory_gib",
                                 "cpu_threads_label": f"{b}.cpu_threads",
                                 "roles": roles(c, gateway == i, report.figures[lookups].value)})
