@@ -153,6 +153,7 @@ class Placement:
         return {
             "model": self.model, "n_layer": self.n_layer, "n_ctx_per_seq": self.n_ctx_per_seq,
             "n_parallel": self.n_parallel, "max_waiting": self.max_waiting, "n_gpu_layers": self.n_gpu_layers,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
             "device_order": list(self.device_order), "tensor_split": list(self.tensor_split),
             "explicit": self.explicit, "notes": list(self.notes),
             "devices": [{"device": s.device, "description": s.description, "layers": [s.first_layer, s.last_layer],

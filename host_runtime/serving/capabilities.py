@@ -17,8 +17,7 @@ def _model(row, info: dict | None) -> ModelCapability:
     if not info or info.get("state") != "ready":
         return ModelCapability(row.id, row.state, row.context_length, row.pinned)
     recent = info.get("recent") or {}
-    devices = (info.get("placement") or {}).get("devices", [])
-    placement = {d["device"]: d["n_layers"] for d in devices}
+    placement = {d["device"]: d["n_layers"] for d in (info.get("placement") or {}).get("devices", [])}
     total = info.get("n_parallel") or 0
     allowed = recent.get("sequences_allowed") or total  # the governor's hint, once the engine has read it
     running = int(recent.get("running") or 0)
@@ -27,15 +26,7 @@ def _model(row, info: dict | None) -> ModelCapability:
         slots_total=total, slots_free=max(0, min(total, allowed) - running),
         queue_depth=int(recent.get("waiting") or 0), tokens_per_s=recent.get("tokens_per_s"),
         ttft_p50_s=recent.get("ttft_p50_s"), prefix_cache_bytes=dict(recent.get("prefix_cache_bytes") or {}),
-        kv_bytes_per_token=kv_bytes_per_token(info))
-
-
-def kv_bytes_per_token(info: dict) -> int | None:
-    """The placement's KV bytes over every device, per token of every sequence's context."""
-    placement = info.get("placement") or {}
-    tokens = (placement.get("n_ctx_per_seq") or 0) * (placement.get("n_parallel") or 0)
-    kv = sum(d.get("kv_bytes") or 0 for d in placement.get("devices", []))
-    return round(kv / tokens) if tokens and kv else None
+        kv_bytes_per_token=(info.get("placement") or {}).get("kv_bytes_per_token"))
 
 
 def hardware(infos: list[dict]) -> dict:
