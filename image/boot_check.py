@@ -321,7 +321,9 @@ def check_front(box: Box, result: dict) -> None:
     say(f"front: HTTPS with certificate {result['tls_fingerprint'][:23]}..., HTTP redirects, /metrics needs a key")
 
 
-def wait_until(box: Box, what: str, deadline: float, probe):
+def wait_until(box: Box, what: str, deadline: float, probe, explain=None):
+    """probe() until it returns something true. On a timeout, explain() (if given) says what the box looked like,
+    before the console's tail."""
     last = None
     while time.monotonic() < deadline:
         if not box.alive():
@@ -333,7 +335,13 @@ def wait_until(box: Box, what: str, deadline: float, probe):
         except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
             last = exc
         time.sleep(1)
-    raise CheckFailed(f"timed out waiting for {what} (last error: {last}); the console:\n{box.log_tail()}")
+    seen = ""
+    if explain is not None:
+        try:
+            seen = f"; {explain()}"
+        except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+            seen = f"; could not look: {exc}"
+    raise CheckFailed(f"timed out waiting for {what} (last error: {last}){seen}; the console:\n{box.log_tail()}")
 
 
 def wait_ready(box: Box, t0: float, result: dict) -> dict:
@@ -615,7 +623,10 @@ def run_and_report(box: Box, work: Path, summary: dict, body, keep: bool = False
         else:
             shutil.rmtree(work, ignore_errors=True)
     summary["ok"] = ok
-    print(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2), flush=True)
+    if not ok:
+        # last, so that a CI log's tail (which may show a few lines only) names what failed, not just "ok": false
+        say(f"FAILED (the summary's error, the box's work directory {work}): {summary['error'][:1500]}")
     return 0 if ok else 1
 
 

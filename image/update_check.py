@@ -133,16 +133,26 @@ def apply(box: QemuBox, url: str, timeout: float = 1800) -> tuple[int, str, floa
     return out.returncode, out.stdout + out.stderr, round(time.monotonic() - t, 1)
 
 
+def what_the_box_says(box: QemuBox, seen: dict) -> str:
+    """For a timed-out wait: the last /health system seen, the update record and the health gate's journal."""
+    out = box.ssh("everycycle update status --json; journalctl -b --no-pager -o cat -u everycycle-health-gate "
+                  "| tail -n 15; systemctl --failed --no-legend --plain", timeout=60)
+    return f"last /health system {seen.get('system')}; on the box:\n{out.stdout[-3000:]}{out.stderr[-500:]}"
+
+
 def wait_version(box: QemuBox, version: str, phase: str | None, deadline: float) -> dict:
+    seen: dict = {}
+
     def probe():
-        system = health_system(box)
+        system = seen["system"] = health_system(box)
         if system.get("version") != version:
             return None
         if phase and (system.get("last_update") or {}).get("phase") != phase:
             return None
         return system
 
-    return wait_until(box, f"version {version}" + (f" with the update {phase}" if phase else ""), deadline, probe)
+    return wait_until(box, f"version {version}" + (f" with the update {phase}" if phase else ""), deadline, probe,
+                      explain=lambda: what_the_box_says(box, seen))
 
 
 def step_tamper(box: QemuBox, server: ReleaseServer, work: Path, result: dict) -> None:
@@ -186,7 +196,8 @@ def step_update(box: QemuBox, server: ReleaseServer, v2: str, result: dict) -> N
         entry = next((e for e in state["boot_entries"] if e["version"] == v2), None)
         return state if entry and entry["tries_left"] is None else None
 
-    status = wait_until(box, "systemd-bless-boot to keep v2's entry", time.monotonic() + 120, blessed_entry)
+    status = wait_until(box, "systemd-bless-boot to keep v2's entry", time.monotonic() + 120, blessed_entry,
+                        explain=lambda: what_the_box_says(box, {"system": system}))
     result["v2_boot_entries"] = status["boot_entries"]
     if system.get("slot") != "B":
         raise CheckFailed(f"v2 should run from slot B: {status}")
