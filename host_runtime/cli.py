@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_port, default=8080, help="port to bind (default 8080)")
     serve.add_argument("--also-listen", metavar="HOST:PORT", type=_host_port,
                        help="listen here too (the fleet gateway's router reaches its own box's API on loopback)")
+    serve.add_argument("--fleet-router", metavar="HOST:PORT", type=_host_port,
+                       help="on the fleet's gateway: the router's loopback address, asked which models the fleet has "
+                            "when it could not route a request (serving.toml's fleet_router)")
     serve.add_argument("--keys", metavar="FILE", help="API key file (from 'everycycle keys create'); without it the API is open")
     serve.add_argument("--workers", type=_positive, default=2, metavar="N", help="HTTP worker processes (default 2)")
     serve.add_argument("--http-threads", type=_positive, metavar="N",
@@ -453,7 +456,8 @@ def cmd_serve(parser, args) -> int:
             parser.error(f"--front-settings: {exc}")
     config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes,
                        ready_wait_s=args.ready_wait, wedge_floor_s=args.wedge_floor, metrics_access=metrics_access,
-                       governor_state=args.governor_state, pool_socket=pool.control_socket if pool else None)
+                       governor_state=args.governor_state, pool_socket=pool.control_socket if pool else None,
+                       fleet_router=args.fleet_router or settings.fleet_router or None)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = [f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"]

@@ -87,7 +87,7 @@ def service_settings(box: dict) -> dict:
         raise SettingsError(f"model.{exc.field}", exc.message) from None
     fleet = fleet_from_box(box)
     if fleet.role == "gateway":
-        serving = dataclasses.replace(serving, fleet_listen=OWN_API)
+        serving = dataclasses.replace(serving, fleet_listen=OWN_API, fleet_router=f"127.0.0.1:{fleet.router_port}")
     return {"etc/everycycle/front.toml": front_from_box(box), "etc/everycycle/governor.toml": governor_from_box(box),
             "etc/everycycle/serving.toml": serving, "etc/everycycle/bmc.toml": bmc_from_box(box),
             "etc/everycycle/fleet.toml": fleet}

@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from host_runtime.fleet.settings import FleetSettings
 from tests.servers import Proc, everycycle, wait_for
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -160,7 +161,8 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
             if governor_state:  # a file the test writes to play the governor
                 common += ["--governor-state", str(workdir / f"box{i}_governor.json")]
             if i == 0:
-                listen = ["--unix-socket", str(workdir / "box0_api" / "http.sock"), "--also-listen", "127.0.0.1:8081"]
+                listen = ["--unix-socket", str(workdir / "box0_api" / "http.sock"), "--also-listen", "127.0.0.1:8081",
+                          "--fleet-router", f"127.0.0.1:{FleetSettings().router_port}"]   # fleet.toml's default
                 base = "http://127.0.0.1:8081"
             elif i in behind_front:
                 listen = ["--unix-socket", str(workdir / f"box{i}_api" / "http.sock")]

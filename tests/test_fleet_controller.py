@@ -122,3 +122,16 @@ def test_boxes_found_by_mdns_come_after_the_configured_ones_and_none_twice():
 
     assert merge_peers((A, B), (B + "/", "https://10.0.0.9:8443")) == (A, B, "https://10.0.0.9:8443")
     assert merge_peers((A,), ()) == (A,)
+
+
+def test_an_unroutable_request_is_a_404_naming_the_fleets_models_only_when_no_box_serves_it():
+    from host_runtime.serving.fleet_unroutable import explain
+
+    missing = explain("Big-Model", ["SmolLM2", "Solo"])
+    assert (missing.status, missing.code, missing.param) == (404, "model_not_found", "model")
+    assert "it has: SmolLM2, Solo" in missing.message
+    busy = explain("Solo", ["SmolLM2", "Solo"])   # served, but the router found no box that could take it now
+    assert (busy.status, busy.code, busy.retry_after) == (503, "fleet_unavailable", 2)
+    # The router did not say, or the request named no model: not a 404 the client could act on.
+    assert explain("Big-Model", None).status == 503 and explain(None, ["Solo"]).status == 503
+    assert "none yet" in explain("Solo", []).message

@@ -97,6 +97,12 @@ def test_the_clients_key_works_at_the_gateway_and_never_travels_to_the_boxes(fle
     assert http_get(fleet.boxes[1].base + "/v1/models", key=fleet.fleet_key)[0] == 200
     models = {m.id for m in client(fleet).models.list()}
     assert models == {SMOL, SOLO}
+    # A model no box has: a 404 naming the fleet's models (the router itself says 503 in plain text).
+    with pytest.raises(openai.NotFoundError) as err:
+        ask(client(fleet), "No-Such-Model", "hi")
+    assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
+    assert f"'No-Such-Model' is served by no box in the fleet; it has: {', '.join(sorted([SMOL, SOLO]))}" in \
+        err.value.body["message"]
 
 
 def test_two_hundred_concurrent_streams_across_the_boxes_get_no_5xx(fleet):

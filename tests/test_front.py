@@ -72,6 +72,11 @@ def test_on_the_fleet_gateway_v1_goes_to_the_router_after_the_box_accepts_the_ke
     assert 'proxy_set_header Authorization "";' in fleet and 'proxy_set_header X-Api-Key "";' in fleet
     assert "proxy_pass http://serving/v1/everycycle/auth;" in conf
     assert "location @unauthorized" in conf and '"code": "invalid_api_key"' in conf
+    # The router's plain-text 404 and 5xx go to the box's API, which says which it was; nginx's own limits keep
+    # their pages there (a location with its own error_page inherits none of the server's).
+    assert "proxy_intercept_errors on;" in fleet and "error_page 404 502 503 504 = @fleet_unroutable;" in fleet
+    assert "error_page 429 @too_many;" in fleet and "error_page 413 @too_large;" in fleet
+    assert "rewrite ^ /v1/everycycle/fleet/unroutable break; proxy_pass http://serving;" in conf
     assert "fleet_router" not in _conf()  # a box that is not the gateway serves its own API only
 
 

@@ -662,7 +662,8 @@ def test_a_fleet_gateway_and_a_member_read_back_what_provisioning_wrote(tmp_path
     assert read_key(key_file) == FLEET_KEY_TEXT and stat.S_IMODE(key_file.stat().st_mode) == 0o600
     assert not (bundle / "files/fleet.key").exists() and "files/fleet.key" in result.removed_secrets
     assert KeyVerifier(etc / "api_keys.json").verify(FLEET_KEY_TEXT) == "fleet"
-    assert load_settings(ServingSettings, etc / "serving.toml").fleet_listen == "127.0.0.1:8081"
+    serving = load_settings(ServingSettings, etc / "serving.toml")
+    assert serving.fleet_listen == "127.0.0.1:8081" and serving.fleet_router == f"127.0.0.1:{fleet.router_port}"
     assert front_settings.load(etc / "front.toml").fleet_gateway == ""
 
     member = _with("fleet", {"role": "member", "key_file": "files/fleet.key", "gateway_address": "10.20.0.5",

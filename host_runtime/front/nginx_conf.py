@@ -44,6 +44,19 @@ ERROR_PAGES = {
                      "invalid_request_error", "invalid_api_key"),
 }
 
+# Which status goes to which page. In a location that sets its own error_page, nginx inherits none of the
+# server's: the gateway's /v1/ repeats them.
+SERVER_ERROR_PAGES = ((429, "too_many"), (413, "too_large"), (403, "forbidden"), (408, "timeout"),
+                      ("502 503 504", "upstream_down"))
+# The router's own answers are plain text, and one 503 whether no box serves the model or every box that does is
+# busy: the box's API tells the client which (serving/fleet_unroutable.py), with the status it chooses ("=").
+GATEWAY_ERROR_PAGES = ((429, "too_many"), (413, "too_large"), (403, "forbidden"), (408, "timeout"),
+                       (401, "unauthorized"), ("404 502 503 504", "= @fleet_unroutable"))
+
+
+def _error_pages(pages) -> str:
+    return " ".join(f"error_page {status} {name if name.startswith('=') else '@' + name};" for status, name in pages)
+
 
 def _per_client_key(s: FrontSettings) -> list[str]:
     """On a fleet's member the gateway's address counts as no client (nginx does not limit an empty key)."""
@@ -57,9 +70,14 @@ def _gateway_locations() -> list[str]:
     return [
         "        location = /_fleet_auth { internal; proxy_pass http://serving/v1/everycycle/auth; "
         "proxy_method GET; proxy_pass_request_body off; proxy_set_header Content-Length \"\"; }",
-        "        location /v1/ { auth_request /_fleet_auth; error_page 401 @unauthorized; proxy_pass http://fleet_router; "
+        # proxy_intercept_errors: the router's (and a box's) 4xx/5xx with a page below become that page: an
+        # OpenAI-style error body instead of the router's plain text. The request's body goes to
+        # @fleet_unroutable as the client sent it (nginx has it buffered), so the API there sees the model named.
+        "        location /v1/ { auth_request /_fleet_auth; proxy_intercept_errors on; "
+        f"{_error_pages(GATEWAY_ERROR_PAGES)} proxy_pass http://fleet_router; "
         "proxy_set_header Authorization \"\"; proxy_set_header X-Api-Key \"\"; proxy_buffering off; }",
         "        location /v1/everycycle/ { proxy_pass http://serving; }  # this box's own map and key check",
+        "        location @fleet_unroutable { rewrite ^ /v1/everycycle/fleet/unroutable break; proxy_pass http://serving; }",
         # sglang-router has no Anthropic route for HTTP workers: Messages are this box's own models.
         "        location /v1/messages { proxy_pass http://serving; }",
     ]
@@ -69,11 +87,7 @@ def _server_body(s: FrontSettings, *, metrics_location: bool = True, gateway: bo
     lines = [
         f"        limit_conn per_client_conn {s.connections_per_client};",
         f"        limit_req zone=per_client_req burst={s.request_burst_per_client} nodelay;",
-        "        error_page 429 @too_many;",
-        "        error_page 413 @too_large;",
-        "        error_page 403 @forbidden;",
-        "        error_page 408 @timeout;",
-        "        error_page 502 503 504 @upstream_down;",
+        *(f"        error_page {status} @{name};" for status, name in SERVER_ERROR_PAGES),
         "        location / { proxy_pass http://serving; }",
     ]
     if gateway:

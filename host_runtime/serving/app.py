@@ -18,6 +18,7 @@ from host_runtime.engine.readiness import Verdict, WedgePolicy, unanswered
 from host_runtime.serving import anthropic_protocol, protocol
 from host_runtime.serving.anthropic_logic import MessagesLogic
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
+from host_runtime.serving.fleet_unroutable import FleetUnroutable
 from host_runtime.serving.handlers import ServingLogic, call_engine
 from host_runtime.serving.routing import Router
 
@@ -37,6 +38,7 @@ class AppConfig:
     metrics_access: str = "key"
     governor_state: str | None = None  # its .prom file beside it joins /metrics
     pool_socket: str | None = None  # the engine pool (several models); None: only the one engine
+    fleet_router: str | None = None  # on the fleet's gateway: the router's loopback HOST:PORT
 
 
 FLEET_PREFIX = "/fleet/"
@@ -402,6 +404,7 @@ def create_app(config: AppConfig) -> falcon.App:
     app.add_route("/v1/everycycle/capabilities", CapabilitiesResource(router, config))
     app.add_route("/v1/everycycle/auth", KeyCheck())
     app.add_route("/v1/everycycle/probe", LinkProbe())
+    app.add_route("/v1/everycycle/fleet/unroutable", FleetUnroutable(config.fleet_router, config.max_body_bytes))
     # Most specific last: falcon picks the handler registered for the closest class.
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPError, handle_falcon_error)

@@ -23,29 +23,34 @@ class ServingSettings:
     # On a fleet's gateway: a loopback HOST:PORT the API also listens on, for the gateway's router (which speaks
     # TCP only; the API's own socket is a Unix one). host_runtime/fleet/settings.py OWN_API.
     fleet_listen: str = ""
+    # On a fleet's gateway: the router's loopback HOST:PORT, which the API asks which models the fleet has when the
+    # router could not route a request (serving/fleet_unroutable.py).
+    fleet_router: str = ""
 
     def __post_init__(self) -> None:
         if self.model and not self.model.startswith("/"):
             raise SettingsError("model", f"must be an absolute path, got {self.model!r}")
         if not 0 <= self.context_length <= MAX_CONTEXT:
             raise SettingsError("context_length", f"must be between 1 and {MAX_CONTEXT} (0: the default)")
-        if self.fleet_listen:
-            self._check_fleet_listen()
+        for name in ("fleet_listen", "fleet_router"):
+            if getattr(self, name):
+                self._check_loopback(name)
         if self.pull_url:
             self._check_pull()
         elif self.pull_sha256 or self.pull_name:
             raise SettingsError("url", "is required when a model is to be pulled")
 
-    def _check_fleet_listen(self) -> None:
+    def _check_loopback(self, name: str) -> None:
         from host_runtime.common.host_port import split_host_port
 
+        value = getattr(self, name)
         try:
-            loopback = split_host_port(self.fleet_listen)[0].is_loopback
+            loopback = split_host_port(value)[0].is_loopback
         except ValueError:
             loopback = False
         if not loopback:
-            raise SettingsError("fleet_listen", f"must be a loopback HOST:PORT (the API is reached on the LAN only "
-                                                f"through the front), got {self.fleet_listen!r}")
+            raise SettingsError(name, f"must be a loopback HOST:PORT (the API is reached on the LAN only through the "
+                                      f"front, the router on this box only), got {value!r}")
 
     def _check_pull(self) -> None:
         from host_runtime.models.errors import StoreError
