@@ -185,12 +185,16 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
            "llama-cpp-python": ["--n_gpu_layers", str(n)] if n is not None else []}
     py = sys.executable
     wanted = args.servers.split(",")
-    if "everycycle" in wanted:
+    # everycycle's two batching modes: the default (batch-invariant: a request's temperature-0 output the same
+    # alone or batched) and --mixed-batches (prompt chunks and decode tokens in one call, as llama-server).
+    for name, mode in (("everycycle", []), ("everycycle-mixed", ["--mixed-batches"])):
+        if name not in wanted:
+            continue
         port = free_port()
-        servers.append(Server("everycycle", [py, "-m", "host_runtime.cli", "serve", "--port", str(port),
-                                             "--model", model, "--threads", str(args.threads),
-                                             "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size),
-                                             "--run-dir", str(workdir / "everycycle"), *gpu["everycycle"]], port,
+        servers.append(Server(name, [py, "-m", "host_runtime.cli", "serve", "--port", str(port),
+                                     "--model", model, "--threads", str(args.threads),
+                                     "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size),
+                                     "--run-dir", str(workdir / name), *mode, *gpu["everycycle"]], port,
                               "/ready"))
     if "llama-server" in wanted:
         port = free_port()
@@ -226,7 +230,7 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
         for s in servers:  # warm-up: first requests pay for page faults and thread start-up
             run_level(s, 2, 1, body_for)
         raw: dict[int, dict[str, list]] = {lvl: {s.name: [] for s in servers} for lvl in levels}
-        profile: dict[int, list] = {lvl: [] for lvl in levels}
+        profile: dict[int, list] = {lvl: [] for lvl in levels}  # the default mode's steps
         for rep in range(args.repeats):
             order = servers if rep % 2 == 0 else list(reversed(servers))
             for lvl in levels:
@@ -247,6 +251,14 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
             if not ec:
                 continue
             r = {}
+            mixed = by.get("everycycle-mixed")
+            if mixed and mixed["tok_s"]:
+                # what the invariance guarantee costs: below 1, the invariant default is the faster mode
+                r["tok_s_vs_mixed"] = ec["tok_s"] / mixed["tok_s"]
+                if ec["ttft_p50_s"] and mixed["ttft_p50_s"]:
+                    r["ttft_p50_vs_mixed"] = ec["ttft_p50_s"] / mixed["ttft_p50_s"]
+                if "llama-server" in by and by["llama-server"]["tok_s"]:
+                    r["mixed_tok_s_vs_llama_server"] = mixed["tok_s"] / by["llama-server"]["tok_s"]
             if "llama-server" in by and by["llama-server"]["tok_s"]:
                 r["tok_s_vs_llama_server"] = ec["tok_s"] / by["llama-server"]["tok_s"]
                 if ec["ttft_p50_s"] and by["llama-server"]["ttft_p50_s"]:
@@ -336,7 +348,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--llama-server", help="path to the llama-server binary (make bench-ref builds it)")
     p.add_argument("--model", default=None, help="GGUF (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--servers", default="everycycle,llama-server,llama-cpp-python")
+    p.add_argument("--servers", default="everycycle,everycycle-mixed,llama-server,llama-cpp-python")
     p.add_argument("--levels", default="1,4,8,16")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--requests-per-client", type=int, default=2)

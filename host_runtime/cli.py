@@ -93,6 +93,10 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache-dir", metavar="DIR",
                    help="where the disk tier lives (serve: RUN_DIR/prefix-cache; engine: no disk tier without it)")
     p.add_argument("--no-prefix-cache", action="store_true", help="recompute every prompt from scratch")
+    p.add_argument("--mixed-batches", action="store_true",
+                   help="prompt chunks and decode tokens in one llama_decode call over one shared KV buffer, as "
+                        "llama-server batches; a request's output then depends on what else is batched (default: "
+                        "batch-invariant, the faster of the two on CPU as measured by bench/serving.py)")
     p.add_argument("--wedge-floor", type=_positive_float, default=30.0, metavar="S",
                    help="the engine counts as wedged when pending work sees no decode call complete for the larger "
                         "of this and 10x its expected call time, measured (default 30)")
@@ -577,7 +581,7 @@ def cmd_engine(parser, args) -> int:
                            kv_budget_bytes=args.kv_budget_mib << 20, max_waiting=args.max_queue,
                            placement=args.placement, n_gpu_layers=args.gpu_layers,
                            tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,
-                           main_gpu=args.main_gpu)
+                           main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches)
     cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
                               disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
     from host_runtime.engine.readiness import WedgePolicy

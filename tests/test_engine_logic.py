@@ -149,3 +149,14 @@ def test_metrics_text_has_types_and_the_kv_ratio():
     from host_runtime.console.data import parse_prometheus
 
     assert parse_prometheus(text)["everycycle_tokens_predicted_total"] == 7
+
+
+def test_mixed_batches_plan_one_call_a_step_holding_decode_tokens_and_prompt_chunks():
+    decoding = [FakeSeq(i, [1, 2], n_past=2, next_token=9) for i in range(3)]
+    a, b = FakeSeq(5, list(range(20)), n_past=16), FakeSeq(6, list(range(40)))
+    calls = plan_step(decoding + [a, b], prefill_budget=64, invariant=False)
+    # Decode tokens first, then the prompts' chunks (cut at the same places as the invariant plan), unequal
+    # counts together: one pass over the weights for the whole step.
+    assert flat(calls) == [(0, 1, 2, True), (1, 1, 2, True), (2, 1, 2, True), (5, 4, 16, True), (6, 16, 0, False)]
+    assert len(calls) == 1
+    assert plan_step([FakeSeq(0, [1], n_past=1)], prefill_budget=8, invariant=False) == []

@@ -421,7 +421,7 @@ class Engine:
         self._publish_cache()
 
     def _step(self) -> None:
-        for call in plan_step(self._active, self.model.prefill_budget):
+        for call in plan_step(self._active, self.model.prefill_budget, self.model.batch_invariant):
             self._decode_call(call)
 
     def _decode_call(self, call) -> None:

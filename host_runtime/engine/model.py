@@ -72,7 +72,8 @@ class ContextConfig:
     n_batch: int = 512  # a step's prompt-token budget (several prompts, one chunk each)
     prefill_chunk: int = 128  # prompt tokens per chunk: the unit of chunked prefill and of prefix caching
     n_threads: int = 0  # 0: every core
-    batch_invariant: bool = True  # temperature-0 output independent of what else is batched
+    batch_invariant: bool = True  # temperature-0 output independent of what else is batched; False: serve
+    # --mixed-batches (prompt chunks and decode tokens in one call over a shared KV buffer)
     placement: str = "auto"  # auto: the planner spreads layers over the GPUs llama.cpp sees; cpu: none offloaded
     n_gpu_layers: int | None = None  # explicit, as llama-server's --gpu-layers; checked by the same proof
     tensor_split: tuple[float, ...] | None = None
@@ -117,7 +118,7 @@ class LoadedModel:
 
         from host_runtime.engine import llama_log
         from host_runtime.engine.capacity import Capacity
-        from host_runtime.placement.llama_params import DeviceMissing, context_params, model_params
+        from host_runtime.placement.llama_params import DeviceMissing, call_tokens, context_params, model_params
         from host_runtime.placement.proof import parse_buffer_log
 
         self.path = check_gguf_file(path)
@@ -145,10 +146,10 @@ class LoadedModel:
         self.capacity = Capacity(p.n_parallel, p.max_waiting, p.kv_bytes_per_token, p.kv_bytes_total)
         self.prefill_chunk = min(config.prefill_chunk, config.n_batch)
         self.prefill_budget = config.n_batch
-        # One call carries a decode token per sequence, or equal-length prompt chunks within the budget.
-        self.n_batch = max(config.n_batch, self.n_parallel)
+        self.batch_invariant = config.batch_invariant
+        self.n_batch = call_tokens(config.n_batch, self.n_parallel, config.batch_invariant)
         self.n_threads = config.n_threads or os.cpu_count() or 1
-        cparams = context_params(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel, n_batch=self.n_batch,
+        cparams = context_params(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel, n_batch=config.n_batch,
                                  n_threads=self.n_threads, batch_invariant=config.batch_invariant)
         with llama_log.capture() as text:
             try:

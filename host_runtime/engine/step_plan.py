@@ -56,10 +56,12 @@ class BatchSlice:
     wants_logits: bool  # True when this slice ends where the sequence samples its next token
 
 
-def plan_step(active: Sequence[Schedulable], prefill_budget: int) -> list[list[BatchSlice]]:
+def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: bool = True) -> list[list[BatchSlice]]:
     """The decode calls for one step: first all decode tokens, then prompt chunks grouped by length.
 
     At least one prompt chunk is planned whenever a sequence is prefilling, so prompts always progress.
+    Not `invariant`: everything in one call (as llama-server batches), one pass over the weights per step instead
+    of one per call; a sequence's results then depend on what else shares its call.
     """
     decodes: list[BatchSlice] = []
     for seq in active:
@@ -78,6 +80,8 @@ def plan_step(active: Sequence[Schedulable], prefill_budget: int) -> list[list[B
             break  # arrival order: a later prompt does not overtake an earlier one
         prefills.append(BatchSlice(seq, pending[:take], seq.n_past, take == len(pending)))
         used += take
+    if not invariant:
+        return [decodes + prefills] if decodes or prefills else []
     calls = [decodes] if decodes else []
     by_length: dict[int, list[BatchSlice]] = {}
     for part in prefills:

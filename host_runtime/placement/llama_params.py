@@ -64,14 +64,20 @@ def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams
     return ModelParams(mparams, keep)
 
 
+def call_tokens(n_batch: int, n_parallel: int, batch_invariant: bool) -> int:
+    """The most tokens one decode call carries (engine/step_plan.py): invariant, a decode token per sequence or
+    prompt chunks within the n_batch budget; otherwise both in one call."""
+    return max(n_batch, n_parallel) if batch_invariant else n_batch + n_parallel
+
+
 def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threads: int, batch_invariant: bool):
-    """The generation context: a KV stream per sequence, batches of n_batch tokens (see engine/model.py)."""
+    """The generation context: a KV stream per sequence (batch_invariant) or one shared buffer, calls of up to
+    call_tokens() tokens (see engine/model.py)."""
     import llama_cpp
 
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = n_ctx_per_seq * n_parallel
-    cparams.n_batch = n_batch
-    cparams.n_ubatch = n_batch
+    cparams.n_batch = cparams.n_ubatch = call_tokens(n_batch, n_parallel, batch_invariant)
     cparams.n_seq_max = n_parallel
     cparams.n_threads = n_threads or os.cpu_count() or 1
     cparams.n_threads_batch = cparams.n_threads
@@ -80,5 +86,7 @@ def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threa
     # With a unified buffer, llama.cpp's CPU flash attention switches to a tiled kernel once a call
     # holds ~64+ tokens, flipping greedy tokens (measured). Per-sequence streams and fixed chunk
     # boundaries give each sequence the same attention shape alone or batched, so it stays on.
+    # Not invariant: one unified buffer, so that a call may mix sequences with different token counts (with a
+    # stream per sequence llama.cpp splits such a call into equal-count pieces, one weight pass each).
     cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
     return cparams
