@@ -626,7 +626,8 @@ def run_and_report(box: Box, work: Path, summary: dict, body, keep: bool = False
     print(json.dumps(summary, indent=2), flush=True)
     if not ok:
         # last, so that a CI log's tail (which may show a few lines only) names what failed, not just "ok": false
-        say(f"FAILED (the summary's error, the box's work directory {work}): {summary['error'][:1500]}")
+        first = (summary["error"].splitlines() or [""])[0]
+        say(f"FAILED (the box's work directory {work}): {first[:1500]}")
     return 0 if ok else 1
 
 

@@ -117,3 +117,34 @@ def test_the_boot_check_reads_which_user_each_service_runs_as():
         "everycycle /opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/everycycle governor run --state y\n")
     assert [u for u, _ in rows] == ["root", "everycycle", "everycycle"]
     assert all(any(a in args for a in boot_check.ROOT_ALLOWED) for u, args in rows if u == "root")
+
+
+class _StillBox:
+    """A box that stays up and never shows what is waited for."""
+
+    def alive(self) -> bool:
+        return True
+
+    def log_tail(self) -> str:
+        return "console: last line"
+
+    def stop(self) -> float:
+        return 0.5
+
+
+def test_a_timed_out_wait_says_what_the_box_showed_and_a_failed_run_ends_with_its_error(tmp_path, capsys):
+    import time
+
+    with pytest.raises(boot_check.CheckFailed) as err:
+        boot_check.wait_until(_StillBox(), "version 2", time.monotonic() + 0.05, lambda: None,
+                              explain=lambda: "last /health system {'version': '1'}")
+    assert str(err.value).index("last /health system {'version': '1'}") < str(err.value).index("console: last line")
+
+    def body():
+        raise err.value
+
+    assert boot_check.run_and_report(_StillBox(), tmp_path, {}, body) == 1
+    out = capsys.readouterr()
+    assert '"ok": false' in out.out
+    last = out.err.strip().splitlines()[-1]   # a CI log's tail shows the cause, not only the summary's last keys
+    assert "FAILED" in last and "timed out waiting for version 2" in last and str(tmp_path) in last
