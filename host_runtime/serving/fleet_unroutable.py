@@ -1,13 +1,11 @@
 """POST /v1/everycycle/fleet/unroutable, on the fleet's gateway: what a client is told when the router could not
 route its request. sglang-router answers in plain text, and with the same 503 whether no box serves the model or
 every box that does is busy; the gateway's front sends its 404 and 5xx here instead (nginx error_page, the
-client's request as it was), and this asks the router which models it has to tell the two apart."""
+client's request as it was), and this asks the router which models its workers serve to tell the two apart."""
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 from host_runtime.serving.errors import APIError
 
@@ -21,22 +19,19 @@ def explain(model: object, fleet_models: list[str] | None) -> APIError:
         has = ", ".join(sorted(fleet_models)) or "none yet"
         return APIError(404, f"the model '{model}' is served by no box in the fleet; it has: {has}",
                         param="model", code="model_not_found", error_type="invalid_request_error")
-    what = f"serves '{model}'" if isinstance(model, str) and model else "could take it"
-    return APIError(503, f"no box in the fleet that {what} can take the request now; retry shortly",
+    which = f"that serves '{model}' " if isinstance(model, str) and model else ""
+    return APIError(503, f"no box in the fleet {which}can take the request now; retry shortly",
                     code="fleet_unavailable", retry_after=2)
 
 
 def router_models(router: str) -> list[str] | None:
-    """The model ids the router has workers for (its /v1/models), or None when it does not answer."""
+    """The models the router has a worker for (its /workers API), or None when it does not answer."""
+    from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
+
     try:
-        with urllib.request.urlopen(f"http://{router}/v1/models", timeout=ROUTER_TIMEOUT_S) as r:
-            doc = json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return [] if exc.code in (404, 503) else None   # the router's way of saying it has no worker at all
-    except (OSError, ValueError):
+        return sorted({w.model_id for w in RouterAPI(f"http://{router}", ROUTER_TIMEOUT_S).workers() if w.model_id})
+    except RouterUnavailable:
         return None
-    data = doc.get("data") if isinstance(doc, dict) else None
-    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] if isinstance(data, list) else None
 
 
 class FleetUnroutable:
