@@ -135,3 +135,20 @@ def test_an_unroutable_request_is_a_404_naming_the_fleets_models_only_when_no_bo
     # The router did not say, or the request named no model: not a 404 the client could act on.
     assert explain("Big-Model", None).status == 503 and explain(None, ["Solo"]).status == 503
     assert "none yet" in explain("Solo", []).message
+
+
+def test_the_unroutable_answer_survives_any_body_the_router_refused():
+    import falcon
+    import falcon.testing
+
+    from host_runtime.serving.errors import APIError, handle_api_error
+    from host_runtime.serving.fleet_unroutable import FleetUnroutable
+
+    app = falcon.App()
+    app.add_route("/u", FleetUnroutable("127.0.0.1:1", 1 << 20))   # no router there: it does not say
+    app.add_error_handler(APIError, handle_api_error)
+    client = falcon.testing.TestClient(app)
+    for body in (b'{"model": "Solo"}', b"[" * 100_000, b"not json", b'["a list"]'):
+        r = client.simulate_post("/u", body=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 503 and r.json["error"]["code"] == "fleet_unavailable", body[:20]
+    assert "that serves 'Solo'" in client.simulate_post("/u", body=b'{"model": "Solo"}').json["error"]["message"]

@@ -5,9 +5,8 @@ client's request as it was), and this asks the router which models its workers s
 
 from __future__ import annotations
 
-import json
-
 from host_runtime.serving.errors import APIError
+from host_runtime.serving.protocol import parse_json_body
 
 ROUTER_TIMEOUT_S = 2.0
 
@@ -46,11 +45,12 @@ class FleetUnroutable:
         model = None
         if req.method == "POST" and req.content_length:
             raw = req.bounded_stream.read(self.body_limit + 1)
+            # The API's own body parser (its depth and type checks); a body it refuses names no model here: the
+            # fleet's answer still goes out, not a second error about the body.
             try:
-                doc = json.loads(raw) if len(raw) <= self.body_limit else None
-            except ValueError:
-                doc = None
-            model = doc.get("model") if isinstance(doc, dict) else None
+                model = parse_json_body(raw).get("model") if len(raw) <= self.body_limit else None
+            except APIError:
+                model = None
         raise explain(model, router_models(self.router))
 
     def on_post(self, req, resp):
