@@ -44,18 +44,17 @@ ERROR_PAGES = {
                      "invalid_request_error", "invalid_api_key"),
 }
 
-# Which status goes to which page. In a location that sets its own error_page, nginx inherits none of the
-# server's: the gateway's /v1/ repeats them.
-SERVER_ERROR_PAGES = ((429, "too_many"), (413, "too_large"), (403, "forbidden"), (408, "timeout"),
-                      ("502 503 504", "upstream_down"))
+# Which status goes to which page: nginx's own refusals first. In a location that sets its own error_page, nginx
+# inherits none of the server's, so the gateway's /v1/ starts from the same ones.
+LIMIT_PAGES = ((429, "@too_many"), (413, "@too_large"), (403, "@forbidden"), (408, "@timeout"))
+SERVER_ERROR_PAGES = (*LIMIT_PAGES, ("502 503 504", "@upstream_down"))
 # The router's own answers are plain text, and one 503 whether no box serves the model or every box that does is
 # busy: the box's API tells the client which (serving/fleet_unroutable.py), with the status it chooses ("=").
-GATEWAY_ERROR_PAGES = ((429, "too_many"), (413, "too_large"), (403, "forbidden"), (408, "timeout"),
-                       (401, "unauthorized"), ("404 502 503 504", "= @fleet_unroutable"))
+GATEWAY_ERROR_PAGES = (*LIMIT_PAGES, (401, "@unauthorized"), ("404 502 503 504", "= @fleet_unroutable"))
 
 
-def _error_pages(pages) -> str:
-    return " ".join(f"error_page {status} {name if name.startswith('=') else '@' + name};" for status, name in pages)
+def _error_pages(pages) -> list[str]:
+    return [f"error_page {status} {target};" for status, target in pages]
 
 
 def _per_client_key(s: FrontSettings) -> list[str]:
@@ -74,7 +73,7 @@ def _gateway_locations() -> list[str]:
         # OpenAI-style error body instead of the router's plain text. The request's body goes to
         # @fleet_unroutable as the client sent it (nginx has it buffered), so the API there sees the model named.
         "        location /v1/ { auth_request /_fleet_auth; proxy_intercept_errors on; "
-        f"{_error_pages(GATEWAY_ERROR_PAGES)} proxy_pass http://fleet_router; "
+        f"{' '.join(_error_pages(GATEWAY_ERROR_PAGES))} proxy_pass http://fleet_router; "
         "proxy_set_header Authorization \"\"; proxy_set_header X-Api-Key \"\"; proxy_buffering off; }",
         "        location /v1/everycycle/ { proxy_pass http://serving; }  # this box's own map and key check",
         "        location @fleet_unroutable { rewrite ^ /v1/everycycle/fleet/unroutable break; proxy_pass http://serving; }",
@@ -87,7 +86,7 @@ def _server_body(s: FrontSettings, *, metrics_location: bool = True, gateway: bo
     lines = [
         f"        limit_conn per_client_conn {s.connections_per_client};",
         f"        limit_req zone=per_client_req burst={s.request_burst_per_client} nodelay;",
-        *(f"        error_page {status} @{name};" for status, name in SERVER_ERROR_PAGES),
+        *("        " + line for line in _error_pages(SERVER_ERROR_PAGES)),
         "        location / { proxy_pass http://serving; }",
     ]
     if gateway:
