@@ -89,7 +89,9 @@ def test_full_queue_refuses_at_once(model):
     assert exc.value.status == 503 and exc.value.retry_after and exc.value.code == "queue_full"
 
 
-def test_a_long_prompt_does_not_stop_running_streams(model):
+def stream_beside_a_long_prompt(model) -> dict:
+    """A stream runs; a ~400-token prompt arrives. What happened between its arrival and its first token: the
+    stream's tokens there, the prompt's chunk count, and the engine's decode calls."""
     engine = Engine(model, max_waiting=8)
     log = Log()
     engine.start()
@@ -98,18 +100,38 @@ def test_a_long_prompt_does_not_stop_running_streams(model):
              "the stream to start")
     long_prompt = "The history of the river valley begins long before written records. " * 30  # ~400 tokens
     n_chunks = -(-len(model.tokenize(long_prompt, add_bos=False, special=False)) // model.prefill_chunk)
+    calls: dict[str, float] = {}
+    long_request = request(model, log, "long", long_prompt, 2)
+    put = long_request.sink
+
+    def sink(event):
+        if event["type"] == "token" and "first_token" not in calls:
+            calls["first_token"] = engine.metrics.snapshot()["n_decode_total"]
+        put(event)
+
+    long_request.sink = sink
     with log.lock:
         submitted_at = len(log.events)
-    engine.submit(request(model, log, "long", long_prompt, 2))
+        calls["submitted"] = engine.metrics.snapshot()["n_decode_total"]
+    engine.submit(long_request)
     assert log.done["long"].wait(120) and log.done["stream"].wait(120)
     engine.stop()
-    # Between the long request's arrival and its first token, the stream got a token in every
-    # step: one per prefill chunk (the chunk is the most it ever waits).
     order = [(n, e["type"]) for n, e in log.events]
     first_long = order.index(("long", "token"))
-    tokens_during_prefill = sum(1 for n, t in order[submitted_at:first_long] if n == "stream" and t == "token")
+    return {"n_chunks": n_chunks, "calls": calls["first_token"] - calls["submitted"],
+            "stream_tokens": sum(1 for n, t in order[submitted_at:first_long] if n == "stream" and t == "token")}
+
+
+def test_a_long_prompt_does_not_stop_running_streams(model):
+    seen = stream_beside_a_long_prompt(model)
+    # Between the long request's arrival and its first token, the stream got a token in every
+    # step: one per prefill chunk (the chunk is the most it ever waits).
+    n_chunks = seen["n_chunks"]
+    tokens_during_prefill = seen["stream_tokens"]
     assert n_chunks >= 10
     assert tokens_during_prefill >= n_chunks - 1
+    # Invariant: the stream's tokens and the prompt's chunks go in separate calls, two a step (see the mixed test).
+    assert seen["calls"] > tokens_during_prefill + 2
 
 
 def test_cancel_frees_the_sequence_within_a_step(model):
@@ -223,34 +245,9 @@ def test_mixed_batches_make_one_call_a_step_and_streams_still_move_during_a_long
     # that prefills costs one pass over the weights, not two.
     mixed = LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_parallel=2, n_batch=32,
                                                             prefill_chunk=32, n_threads=2, batch_invariant=False))
-    engine = Engine(mixed, max_waiting=8)
-    log = Log()
-    engine.start()
-    engine.submit(request(mixed, log, "stream", "1, 2, 3, 4,", 120))
-    wait_for(lambda: sum(1 for n, e in log.events if n == "stream" and e["type"] == "token") >= 3, 60,
-             "the stream to start")
-    long_prompt = "The history of the river valley begins long before written records. " * 30
-    n_chunks = -(-len(mixed.tokenize(long_prompt, add_bos=False, special=False)) // mixed.prefill_chunk)
-    calls: dict[str, float] = {}
-    long_request = request(mixed, log, "long", long_prompt, 2)
-    put = long_request.sink
-
-    def sink(event):
-        if event["type"] == "token" and "first_token" not in calls:
-            calls["first_token"] = engine.metrics.snapshot()["n_decode_total"]
-        put(event)
-
-    long_request.sink = sink
-    with log.lock:
-        submitted_at = len(log.events)
-        calls["submitted"] = engine.metrics.snapshot()["n_decode_total"]
-    engine.submit(long_request)
-    assert log.done["long"].wait(120) and log.done["stream"].wait(120)
-    engine.stop()
-    order = [(n, e["type"]) for n, e in log.events]
-    first_long = order.index(("long", "token"))
-    stream_tokens = sum(1 for n, t in order[submitted_at:first_long] if n == "stream" and t == "token")
+    seen = stream_beside_a_long_prompt(mixed)
+    n_chunks, stream_tokens = seen["n_chunks"], seen["stream_tokens"]
     assert n_chunks >= 10 and stream_tokens >= n_chunks - 1
     # One call per step: as many calls as the stream got tokens (a step or so of slack at either end); the
     # invariant mode makes two per step here.
-    assert calls["first_token"] - calls["submitted"] <= stream_tokens + 2
+    assert seen["calls"] <= stream_tokens + 2
