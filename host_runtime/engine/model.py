@@ -177,9 +177,11 @@ class LoadedModel:
         self.chat_template = self.metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE
         if "tokenizer.chat_template" not in self.metadata:
             log.warning("%s has no chat template in its metadata; using ChatML", self.model_id)
-        # Cached KV is only valid for these weights, this llama.cpp, this cache type and chunking.
+        # Cached KV is only valid for these weights, this llama.cpp, this cache type and chunking, and this layout
+        # (flash attention or not lays the V cache out differently: llama_params.context_params).
+        layout = "streams:no-fa" if config.batch_invariant else "unified:fa-auto"
         self.cache_fingerprint = (f"{self.model_id}:{self.path.stat().st_size}:llama-cpp-python-{llama_cpp.__version__}"
-                                  f":f16:streams:chunk{self.prefill_chunk}:eog-cuts")
+                                  f":f16:{layout}:chunk{self.prefill_chunk}:eog-cuts")
         self._embed_ctx = None
         self._pieces: dict[int, bytes] = {}
 

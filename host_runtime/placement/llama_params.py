@@ -83,10 +83,15 @@ def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threa
     cparams.n_threads_batch = cparams.n_threads
     cparams.kv_unified = not batch_invariant
     cparams.no_perf = True
-    # With a unified buffer, llama.cpp's CPU flash attention switches to a tiled kernel once a call
-    # holds ~64+ tokens, flipping greedy tokens (measured). Per-sequence streams and fixed chunk
-    # boundaries give each sequence the same attention shape alone or batched, so it stays on.
     # Not invariant: one unified buffer, so that a call may mix sequences with different token counts (with a
     # stream per sequence llama.cpp splits such a call into equal-count pieces, one weight pass each).
-    cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+    # Invariant: no flash attention. llama.cpp's CPU kernel takes other paths by the call's shape: a tiled one
+    # from ~64 query tokens, and, for one query token of a call's only sequence once 512 or more KV cells are
+    # in view, a split over the KV cells whose partial sums add up in another order (ops.cpp,
+    # use_split_kv_path). Measured on a 355-token prompt: that token's logits differed by up to 0.53 from the
+    # same position verified as one of five tokens, and a greedy output changed 13 tokens later. Plain
+    # attention (matrix products and a softmax per row) gave identical logits for 1 to 12 query tokens at
+    # 355 and 900 cells, and cost 7.3 ms against 6.6 ms a token at 355 cells and less for multi-token calls.
+    cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED if batch_invariant
+                               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
     return cparams
