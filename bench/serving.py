@@ -43,6 +43,46 @@ PARAGRAPH = ("Our cooperative repairs old bicycles donated by the neighbourhood,
              "when the workshop is open, and why repaired bikes matter for the city.")
 
 
+# The code-edit workload: a file in the prompt and a request for the whole edited file back. The answer repeats
+# most of the prompt, which is what prompt-lookup speculation drafts from (issue 18's workload).
+CODE_FILE = '''import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Bicycle:
+    owner: str
+    frame_size: int
+    repaired: bool = False
+
+    def label(self) -> str:
+        state = "ready" if self.repaired else "in the workshop"
+        return f"{self.owner}'s bicycle ({self.frame_size} cm), {state}"
+
+
+def load_bicycles(path: Path) -> list[Bicycle]:
+    with open(path) as f:
+        rows = json.load(f)
+    return [Bicycle(row["owner"], row["frame_size"], row.get("repaired", False)) for row in rows]
+
+
+def save_bicycles(path: Path, bicycles: list[Bicycle]) -> None:
+    rows = [{"owner": b.owner, "frame_size": b.frame_size, "repaired": b.repaired} for b in bicycles]
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=2)
+
+
+def ready_for_loan(bicycles: list[Bicycle]) -> list[Bicycle]:
+    return [b for b in bicycles if b.repaired]
+'''
+# llama-server's prompt-lookup speculation (no draft model), as its docs show it for rewriting code: the last
+# 12 tokens looked up in the history, up to 48 drafted (its defaults for ngram-simple).
+LLAMA_SERVER_NGRAM = ["--spec-type", "ngram-simple"]
+CODE_EDIT = ("Here is a Python file:\n\n```python\n{file}```\n\nRename the class Bicycle to Bike everywhere in "
+             "this file. Reply with the whole edited file only, in one code block.")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -187,7 +227,9 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
     wanted = args.servers.split(",")
     # everycycle's two batching modes: the default (batch-invariant: a request's temperature-0 output the same
     # alone or batched) and --mixed-batches (prompt chunks and decode tokens in one call, as llama-server).
-    for name, mode in (("everycycle", []), ("everycycle-mixed", ["--mixed-batches"])):
+    # everycycle-spec: the default with prompt-lookup speculative decoding (serve --speculation ngram).
+    for name, mode in (("everycycle", []), ("everycycle-mixed", ["--mixed-batches"]),
+                       ("everycycle-spec", ["--speculation", "ngram"])):
         if name not in wanted:
             continue
         port = free_port()
@@ -196,12 +238,15 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
                                      "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size),
                                      "--run-dir", str(workdir / name), *mode, *gpu["everycycle"]], port,
                               "/ready"))
-    if "llama-server" in wanted:
+    # llama-server-spec: llama-server with its own prompt-lookup speculation (no draft model).
+    for name, mode in (("llama-server", []), ("llama-server-spec", LLAMA_SERVER_NGRAM)):
+        if name not in wanted:
+            continue
         port = free_port()
-        servers.append(Server("llama-server", [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port",
-                                               str(port), "-t", str(args.threads), "-tb", str(args.threads),
-                                               "-np", str(args.parallel), "-c", str(args.ctx_size * args.parallel),
-                                               "--alias", model_id, "--no-webui", *gpu["llama-server"]], port,
+        servers.append(Server(name, [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port",
+                                     str(port), "-t", str(args.threads), "-tb", str(args.threads),
+                                     "-np", str(args.parallel), "-c", str(args.ctx_size * args.parallel),
+                                     "--alias", model_id, "--no-webui", *mode, *gpu["llama-server"]], port,
                               "/health"))
     if "llama-cpp-python" in wanted:
         port = free_port()
@@ -222,26 +267,30 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
 
     def body_for(ci: int, ri: int) -> dict:
         # A unique start per request: no server can serve a whole prompt from a cache.
+        tag = uuid.uuid4().hex[:12]
+        if args.workload == "code-edit":
+            content = CODE_EDIT.format(file=f"# inventory {tag}\n{CODE_FILE}")
+        else:
+            content = f"[{tag}] {PARAGRAPH}"
         return {"model": model_id, "stream": True, "temperature": 0, "max_tokens": args.max_tokens,
-                "logit_bias": bias,
-                "messages": [{"role": "user", "content": f"[{uuid.uuid4().hex[:12]}] {PARAGRAPH}"}]}
+                "logit_bias": bias, "messages": [{"role": "user", "content": content}]}
 
     try:
         for s in servers:  # warm-up: first requests pay for page faults and thread start-up
             run_level(s, 2, 1, body_for)
         raw: dict[int, dict[str, list]] = {lvl: {s.name: [] for s in servers} for lvl in levels}
-        profile: dict[int, list] = {lvl: [] for lvl in levels}  # the default mode's steps
+        profile: dict[int, dict[str, list]] = {lvl: {} for lvl in levels}  # everycycle's own steps, per server
         for rep in range(args.repeats):
             order = servers if rep % 2 == 0 else list(reversed(servers))
             for lvl in levels:
                 for s in order:
-                    before = s.metrics() if s.name == "everycycle" else None
+                    before = s.metrics() if s.name in ("everycycle", "everycycle-spec") else None
                     t0 = time.perf_counter()
                     result = run_level(s, lvl, args.requests_per_client, body_for)
                     wall = time.perf_counter() - t0
                     raw[lvl][s.name].append(result)
                     if before is not None:
-                        profile[lvl].append(step_profile(before, s.metrics(), wall))
+                        profile[lvl].setdefault(s.name, []).append(step_profile(before, s.metrics(), wall))
                     print(f"  rep {rep + 1} c={lvl:<2} {s.name:<17} {result['tok_s']:7.1f} tok/s  "
                           f"ttft p50 {fmt(result['ttft_p50_s'])}  errors {result['errors']}", file=sys.stderr)
         table = {str(lvl): {name: median_of(runs) for name, runs in by.items()} for lvl, by in raw.items()}
@@ -263,12 +312,22 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
                 r["tok_s_vs_llama_server"] = ec["tok_s"] / by["llama-server"]["tok_s"]
                 if ec["ttft_p50_s"] and by["llama-server"]["ttft_p50_s"]:
                     r["ttft_p50_vs_llama_server"] = ec["ttft_p50_s"] / by["llama-server"]["ttft_p50_s"]
+            spec, spec_ref = by.get("everycycle-spec"), by.get("llama-server-spec")
+            if spec and spec["tok_s"]:
+                # everycycle with speculation against the default without it, and against llama-server's own
+                r["tok_s_vs_no_speculation"] = spec["tok_s"] / ec["tok_s"]
+                if spec_ref and spec_ref["tok_s"]:
+                    r["tok_s_vs_llama_server_speculative"] = spec["tok_s"] / spec_ref["tok_s"]
+            if spec_ref and spec_ref["tok_s"] and "llama-server" in by and by["llama-server"]["tok_s"]:
+                r["llama_server_spec_vs_plain"] = spec_ref["tok_s"] / by["llama-server"]["tok_s"]
             if "llama-cpp-python" in by and by["llama-cpp-python"]["tok_s"]:
                 r["tok_s_vs_llama_cpp_python"] = ec["tok_s"] / by["llama-cpp-python"]["tok_s"]
             ratios[lvl] = r
-        everycycle_profile = {str(lvl): {k: statistics.median(p[k] for p in runs) for k in runs[0]}
-                              for lvl, runs in profile.items() if runs}
-        return {"levels": table, "ratios": ratios, "everycycle_profile": everycycle_profile}
+        everycycle_profile = {str(lvl): {name: {k: statistics.median(p[k] for p in runs) for k in runs[0]}
+                                         for name, runs in by_name.items()}
+                              for lvl, by_name in profile.items() if by_name}
+        return {"workload": args.workload, "levels": table, "ratios": ratios,
+                "everycycle_profile": everycycle_profile}
     finally:
         for s in servers:
             s.stop()
@@ -280,7 +339,13 @@ def step_profile(before: dict, after: dict, wall: float) -> dict:
          for k in ("n_decode_total", "n_busy_slots_total", "prompt_seconds_total", "predicted_seconds_total",
                    "tokens_predicted_total")}
     decode_s = d["prompt_seconds_total"] + d["predicted_seconds_total"]
+    drafted = after.get("everycycle_spec_draft_tokens_total", 0) - before.get("everycycle_spec_draft_tokens_total", 0)
+    accepted = (after.get("everycycle_spec_accepted_tokens_total", 0)
+                - before.get("everycycle_spec_accepted_tokens_total", 0))
     return {"decode_share_of_wall": decode_s / wall if wall else 0.0,
+            "spec_drafted_per_generated_token": drafted / d["tokens_predicted_total"] if d["tokens_predicted_total"] else 0.0,
+            "spec_acceptance": accepted / drafted if drafted else 0.0,
+            "tokens_per_decode_call": d["tokens_predicted_total"] / d["n_decode_total"] if d["n_decode_total"] else 0.0,
             "mean_sequences_per_decode_call": d["n_busy_slots_total"] / d["n_decode_total"] if d["n_decode_total"] else 0.0,
             "decode_calls_per_s": d["n_decode_total"] / wall if wall else 0.0,
             "mean_ms_per_decode_call": 1000 * decode_s / d["n_decode_total"] if d["n_decode_total"] else 0.0}
@@ -348,7 +413,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--llama-server", help="path to the llama-server binary (make bench-ref builds it)")
     p.add_argument("--model", default=None, help="GGUF (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--servers", default="everycycle,everycycle-mixed,llama-server,llama-cpp-python")
+    p.add_argument("--servers", default="everycycle,everycycle-mixed,llama-server,llama-cpp-python",
+                   help="any of everycycle, everycycle-mixed, everycycle-spec (--speculation ngram), llama-server, "
+                        "llama-server-spec (its n-gram speculation), llama-cpp-python")
+    p.add_argument("--workload", choices=["chat", "code-edit"], default="chat",
+                   help="chat: a short paragraph and its answer; code-edit: a file and the whole edited file back")
     p.add_argument("--levels", default="1,4,8,16")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--requests-per-client", type=int, default=2)
@@ -365,7 +434,7 @@ def main() -> int:
     global API_KEY
     if args.api_key:
         API_KEY = args.api_key
-    if "llama-server" in args.servers and args.mode != "prefix":
+    if any(n.startswith("llama-server") for n in args.servers.split(",")) and args.mode != "prefix":
         if not args.llama_server or not Path(args.llama_server).exists():
             p.error("--llama-server: give the binary's path (make bench-ref builds it), or leave it out of --servers")
     model = str(Path(args.model).resolve()) if args.model else str(default_model_path())
@@ -375,6 +444,7 @@ def main() -> int:
     doc: dict = {"config": {"model": model_id, "threads": args.threads, "parallel": args.parallel,
                             "ctx_size_per_sequence": args.ctx_size, "max_tokens": args.max_tokens,
                             "requests_per_client": args.requests_per_client, "repeats": args.repeats,
+                            "workload": args.workload,
                             "suppressed_tokens": sorted(int(t) for t in bias), "cpu": cpu_name(),
                             "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}}
     try:

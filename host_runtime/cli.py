@@ -97,6 +97,13 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="prompt chunks and decode tokens in one llama_decode call over one shared KV buffer, as "
                         "llama-server batches; a request's output then depends on what else is batched (default: "
                         "batch-invariant, the faster of the two on CPU as measured by bench/serving.py)")
+    p.add_argument("--speculation", choices=["ngram", "off"], default="off",
+                   help="ngram: each decoding sequence drafts the tokens that followed the latest earlier occurrence "
+                        "of its last few tokens (prompt lookup) and the model verifies them in the same call, so "
+                        "edits and quotes come several tokens a step; drafts stop when a step holds 16 tokens. The "
+                        "tokens are those the sequence's own sampler picks from logits that llama.cpp's CPU kernels "
+                        "compute for several query rows, which can round differently from one row: a temperature-0 "
+                        "output may then differ from decoding without it (README). off (default): one token a step")
     p.add_argument("--wedge-floor", type=_positive_float, default=30.0, metavar="S",
                    help="the engine counts as wedged when pending work sees no decode call complete for the larger "
                         "of this and 10x its expected call time, measured (default 30)")
@@ -586,8 +593,11 @@ def cmd_engine(parser, args) -> int:
                               disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
     from host_runtime.engine.readiness import WedgePolicy
 
+    from host_runtime.engine.speculation import SpeculationConfig
+
     service = EngineService(model, config, cache, governor_state=args.governor_state,
-                            wedge=WedgePolicy(floor_s=args.wedge_floor))
+                            wedge=WedgePolicy(floor_s=args.wedge_floor),
+                            speculation=SpeculationConfig(enabled=args.speculation != "off"))
     serve_engine(args.socket, service)
     return 0 if service.state != "failed" else 1
 

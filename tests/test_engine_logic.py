@@ -52,6 +52,7 @@ class FakeSeq:
     next_token: int | None = None
     chunk: int = 16
     boundaries: frozenset = frozenset()
+    draft: tuple = ()
 
     def next_cut(self):
         return next_cut(self.prompt, self.n_past, self.chunk, self.boundaries)
@@ -60,7 +61,9 @@ class FakeSeq:
         return self.n_past < len(self.prompt)
 
     def pending_tokens(self):
-        return self.prompt[self.n_past:] if self.is_prefilling() else ([self.next_token] if self.next_token is not None else [])
+        if self.is_prefilling():
+            return self.prompt[self.n_past:]
+        return [self.next_token, *self.draft] if self.next_token is not None else []
 
 
 def flat(calls):
@@ -151,6 +154,16 @@ def test_metrics_text_has_types_and_the_kv_ratio():
     assert parse_prometheus(text)["everycycle_tokens_predicted_total"] == 7
 
 
+def test_speculation_counters_carry_the_drafting_kind():
+    m = EngineMetrics()
+    m.speculated("ngram", 8, 6)
+    m.speculated("ngram", 4, 0)
+    text = m.render("model-x", "ready")
+    assert 'everycycle_spec_draft_tokens_total{kind="ngram",model="model-x"} 12.0' in text
+    assert 'everycycle_spec_accepted_tokens_total{kind="ngram",model="model-x"} 6.0' in text
+    assert 'everycycle_spec_acceptance_ratio{kind="ngram",model="model-x"} 0.5' in text
+
+
 def test_mixed_batches_plan_one_call_a_step_holding_decode_tokens_and_prompt_chunks():
     decoding = [FakeSeq(i, [1, 2], n_past=2, next_token=9) for i in range(3)]
     a, b = FakeSeq(5, list(range(20)), n_past=16), FakeSeq(6, list(range(40)))
@@ -160,3 +173,15 @@ def test_mixed_batches_plan_one_call_a_step_holding_decode_tokens_and_prompt_chu
     assert flat(calls) == [(0, 1, 2, True), (1, 1, 2, True), (2, 1, 2, True), (5, 4, 16, True), (6, 16, 0, False)]
     assert len(calls) == 1
     assert plan_step([FakeSeq(0, [1], n_past=1)], prefill_budget=8, invariant=False) == []
+
+
+def test_a_draft_is_verified_in_its_sequences_decode_slice_equal_lengths_sharing_a_call():
+    drafted = [FakeSeq(i, [1, 2], n_past=2, next_token=9, draft=(4, 5, 6)) for i in range(2)]
+    plain = FakeSeq(2, [1, 2], n_past=2, next_token=9)
+    prompt = FakeSeq(7, list(range(40)))
+    calls = plan_step(drafted + [plain, prompt], prefill_budget=16)
+    # Invariant: a KV stream per sequence, so each call holds one slice length (llama.cpp would split it).
+    assert [flat([c]) for c in calls] == [[(0, 4, 2, True), (1, 4, 2, True)], [(2, 1, 2, True)], [(7, 16, 0, False)]]
+    assert calls[0][0].tokens == [9, 4, 5, 6]
+    mixed = plan_step(drafted + [plain, prompt], prefill_budget=16, invariant=False)
+    assert len(mixed) == 1 and flat(mixed) == flat(calls)

@@ -13,6 +13,7 @@ from host_runtime.engine.engine import EmbeddingCancelled, Engine, GenerationReq
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.model import ContextConfig, LoadedModel, default_model_path
 from host_runtime.engine.sampling import SamplingParams
+from host_runtime.engine.speculation import SpeculationConfig
 from tests.conftest import MODEL_ID
 from tests.servers import Proc, everycycle, free_port, http_get, metric_value, ready, wait_for
 
@@ -251,3 +252,45 @@ def test_mixed_batches_make_one_call_a_step_and_streams_still_move_during_a_long
     # One call per step: as many calls as the stream got tokens (a step or so of slack at either end); the
     # invariant mode makes two per step here.
     assert seen["calls"] <= stream_tokens + 2
+
+
+EDIT_PROMPT = ("Here is a Python file:\n\n```python\ndef load(path):\n    with open(path) as f:\n        rows = "
+               "json.load(f)\n    return [Bicycle(row['owner'], row['size']) for row in rows]\n\n\ndef save(path, "
+               "bicycles):\n    rows = [{'owner': b.owner, 'size': b.size} for b in bicycles]\n    with open(path, "
+               "'w') as f:\n        json.dump(rows, f)\n```\n\nRename Bicycle to Bike. Reply with the whole "
+               "edited file.")
+
+
+def edit(model, speculation: bool, opt_out: bool = False) -> tuple[str, dict, float]:
+    from host_runtime.engine.prompt import PromptBuilder
+
+    engine = Engine(model, speculation=SpeculationConfig(enabled=speculation))
+    log = Log()
+    tokens, _ = PromptBuilder(model).chat_tokens([{"role": "user", "content": EDIT_PROMPT}])
+    engine.submit(GenerationRequest(prompt_tokens=tokens, max_tokens=80, sink=log.sink("edit"),
+                                    sampling=SamplingParams(temperature=0.0, ignore_eos=True),
+                                    speculation=not opt_out))
+    engine.start()
+    assert log.done["edit"].wait(120)
+    engine.stop()
+    text = "".join(e.get("text", "") for _, e in log.events if e["type"] == "token")
+    assert sum(1 for _, e in log.events if e["type"] == "finish") == 1
+    return text, dict(engine.metrics.spec), engine.metrics.snapshot()["n_decode_total"]
+
+
+def test_speculation_drafts_from_the_prompt_and_keeps_the_output(model):
+    """Prompt lookup on a code edit: drafts are accepted, the same 80 tokens come in fewer decode calls, and
+    the text is the one decoding without speculation gives (temperature 0)."""
+    import llama_cpp
+
+    llama_cpp.llama_memory_clear(model.ctx.memory, True)  # an earlier test's cached prefixes are not this one's
+    plain, plain_spec, plain_calls = edit(model, speculation=False)
+    llama_cpp.llama_memory_clear(model.ctx.memory, True)
+    fast, spec, calls = edit(model, speculation=True)
+    assert plain_spec == {} and fast == plain
+    drafted, accepted = spec["ngram"]
+    assert accepted > 20 and drafted >= accepted
+    assert calls < plain_calls - 15
+    llama_cpp.llama_memory_clear(model.ctx.memory, True)
+    opted_out, none, _ = edit(model, speculation=True, opt_out=True)  # the request's own "speculation": false
+    assert none == {} and opted_out == plain

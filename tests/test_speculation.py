@@ -8,7 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from host_runtime.engine.speculation import DraftLength, accept_greedy, accept_sampled, lookup_draft, share_drafts
+from host_runtime.engine.speculation import (DraftLength, NgramIndex, accept_greedy, accept_sampled, lookup_draft,
+                                             share_drafts)
 
 
 def test_a_lookup_draft_continues_the_latest_earlier_occurrence_longest_match_first():
@@ -19,6 +20,20 @@ def test_a_lookup_draft_continues_the_latest_earlier_occurrence_longest_match_fi
     assert lookup_draft([7, 8, 1, 3, 8, 2, 7, 8], k=1) == [1]
     assert lookup_draft([1, 2, 3, 4], k=4) == [] and lookup_draft([], k=4) == [] and lookup_draft([1, 1], k=0) == []
     assert lookup_draft([4, 4, 4], k=5) == [4]  # a run repeats itself, bounded by what has been seen
+
+
+def test_the_incremental_index_drafts_what_the_search_finds():
+    rng = random.Random(11)
+    for _ in range(300):
+        vocab = rng.choice([2, 3, 6, 50])
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(0, 60))]
+        cut = rng.randrange(0, len(tokens) + 1)
+        index = NgramIndex(tokens[:cut], n_max=4, n_min=2)
+        index.extend(tokens[cut:])  # a prompt, then generated tokens one call at a time
+        for k in (1, 5):
+            assert index.draft(k) == lookup_draft(tokens, n_max=4, n_min=2, k=k), (tokens, k)
+    assert NgramIndex([1, 2, 3, 1, 2], n_min=2).draft(4) == [3, 1, 2]
+    assert NgramIndex([1, 2, 3, 9, 2], n_min=2).draft(4) == []  # a one-token match is not enough
 
 
 def test_the_draft_length_grows_with_acceptance_shrinks_with_rejection_and_pauses_when_useless():

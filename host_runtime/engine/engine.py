@@ -27,6 +27,7 @@ from host_runtime.engine.progress import DecodeProgress
 from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demote, PrefixCache, Restore, Spill,
                                               Trim)
 from host_runtime.engine.sampling import SamplingParams, build_sampler_chain, token_logprobs
+from host_runtime.engine.speculation import DraftLength, NgramIndex, SpeculationConfig, share_drafts
 from host_runtime.engine.step_plan import next_cut, plan_step
 from host_runtime.engine.stop_matcher import StopMatcher
 from host_runtime.engine.throttle import ThrottleReader
@@ -46,6 +47,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stops: list[str] = field(default_factory=list)
     n: int = 1
+    speculation: bool = True  # False: this request opts out of speculative decoding
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token_seen: bool = False
@@ -86,6 +88,13 @@ class Sequence:
         self.sampler = build_sampler_chain(engine.model.model, request.sampling, index)
         self.model = engine.model
         self.last_token_at: float | None = None
+        # Speculation: the n-gram index over prompt and output (None: not speculating), the draft length this
+        # sequence has earned, and this step's draft (tokens after next_token, verified in the same call).
+        spec = engine.speculation
+        self.ngrams = (NgramIndex(request.prompt_tokens, n_max=spec.n_max, n_min=spec.n_min)
+                       if spec.enabled and request.speculation else None)
+        self.draft_length = DraftLength(k_max=spec.k_max)
+        self.draft: list[int] = []
 
     def is_prefilling(self) -> bool:
         return self.n_past < len(self.request.prompt_tokens)
@@ -97,13 +106,18 @@ class Sequence:
     def pending_tokens(self):
         if self.is_prefilling():
             return self.request.prompt_tokens[self.n_past:]
-        return [self.next_token] if self.next_token is not None else []
+        return [self.next_token] + self.draft if self.next_token is not None else []
 
 
 class Engine:
     def __init__(self, model, *, max_waiting: int = 64, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
-                 governor_state: str | None = None):
+                 governor_state: str | None = None, speculation: SpeculationConfig = SpeculationConfig()):
         self.model = model
+        self.speculation = speculation
+        # A decode call holds the decoding sequences' tokens and drafts; with mixed batches the prompt budget
+        # takes the rest of the call's room.
+        room = model.n_batch - (0 if model.batch_invariant else model.prefill_budget)
+        self._spec_step_tokens = min(speculation.step_tokens, room)
         self.throttle = ThrottleReader(governor_state)
         self.metrics = EngineMetrics()
         self.progress = DecodeProgress()
@@ -421,8 +435,37 @@ class Engine:
         self._publish_cache()
 
     def _step(self) -> None:
+        if self.speculation.enabled:
+            self._draft()
         for call in plan_step(self._active, self.model.prefill_budget, self.model.batch_invariant):
             self._decode_call(call)
+
+    def _draft(self) -> None:
+        """This step's drafts: each decoding sequence asks for the length it has earned, within what it may still
+        generate and its context; the step's spare tokens (share_drafts) go to the best acceptance first."""
+        decoding = [s for s in self._active if not s.is_prefilling() and s.next_token is not None]
+        wanted, acceptance = {}, {}
+        for seq in decoding:
+            seq.draft = []
+            if seq.ngrams is None:
+                continue
+            room = min(seq.request.max_tokens - seq.generated - 1, self.model.n_ctx_per_seq - seq.n_past - 2)
+            k = min(seq.draft_length.next_k(), room)
+            if k > 0:
+                wanted[seq.seq_id] = k
+                acceptance[seq.seq_id] = seq.draft_length.acceptance
+        if not wanted:
+            return
+        shares = share_drafts(wanted, acceptance, len(decoding), self._spec_step_tokens)
+        drafts = {seq.seq_id: seq.ngrams.draft(shares[seq.seq_id]) for seq in decoding if shares.get(seq.seq_id)}
+        if self.model.batch_invariant and len(decoding) > 1:
+            # A KV stream per sequence: llama.cpp splits a call whose sequences carry unequal token counts into
+            # equal-count pieces, a weight pass each. One length for every draft keeps the step at two calls at
+            # most (sequences with a draft, sequences without).
+            shortest = min((len(d) for d in drafts.values() if d), default=0)
+            drafts = {s: d[:shortest] for s, d in drafts.items()}
+        for seq in decoding:
+            seq.draft = drafts.get(seq.seq_id, [])
 
     def _decode_call(self, call) -> None:
         import llama_cpp
@@ -431,16 +474,18 @@ class Engine:
         batch.n_tokens = 0
         sample_at: list[tuple[Sequence, int]] = []
         for part in call:
+            # A decoding sequence's tokens past the first are its draft: each needs its logits to be verified.
+            drafted = 0 if part.seq.is_prefilling() else len(part.tokens) - 1
             for offset, token in enumerate(part.tokens):
                 j = batch.n_tokens
                 batch.token[j] = token
                 batch.pos[j] = part.start_pos + offset
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = part.seq.seq_id
-                batch.logits[j] = part.wants_logits and offset == len(part.tokens) - 1
+                batch.logits[j] = part.wants_logits and (drafted > 0 or offset == len(part.tokens) - 1)
                 batch.n_tokens += 1
             if part.wants_logits:
-                sample_at.append((part.seq, batch.n_tokens - 1))
+                sample_at.append((part.seq, batch.n_tokens - 1 - drafted, drafted))
         has_prompt = any(p.seq.is_prefilling() for p in call)
         self.progress.call_started(batch.n_tokens)
         rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
@@ -456,17 +501,44 @@ class Engine:
         for part in call:
             if part.start_pos < len(part.seq.request.prompt_tokens):  # a prompt chunk, not a generated token
                 self.metrics.add("prompt_tokens_total", len(part.tokens))
-            part.seq.n_past += len(part.tokens)
+                part.seq.n_past += len(part.tokens)
+            else:
+                part.seq.n_past += 1  # the pending token; a draft's tokens count as they are accepted
         # Logits are valid only until the next decode call: sample now.
-        for seq, index in sample_at:
-            if not seq.request.cancelled.is_set():
+        for seq, index, drafted in sample_at:
+            if seq.request.cancelled.is_set():
+                continue
+            if drafted:
+                self._verify(seq, index, drafted)
+            else:
                 self._sample(seq, index)
 
-    def _sample(self, seq: Sequence, batch_index: int) -> None:
+    def _verify(self, seq: Sequence, first_index: int, drafted: int) -> None:
+        """Sample each drafted position with the sequence's own chain, in order, while the draft agrees: the
+        tokens and the chain's state (RNG, penalties, grammar) are those of decoding one token at a time. The
+        KV cells past what was kept are removed."""
+        import llama_cpp
+
+        draft, seq.draft = seq.draft[:drafted], []
+        accepted = 0
+        for i in range(drafted + 1):
+            token = self._sample(seq, first_index + i)
+            if seq not in self._active or i == drafted or token != draft[i]:
+                break
+            accepted += 1
+            seq.n_past += 1
+        self.metrics.speculated("ngram", drafted, accepted)
+        seq.draft_length.record(drafted, accepted)
+        if seq in self._active:
+            llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, seq.seq_id, seq.n_past, -1)
+
+    def _sample(self, seq: Sequence, batch_index: int) -> int:
         import llama_cpp
 
         request = seq.request
         token = seq.sampler.sample(self.model.ctx, batch_index)
+        if seq.ngrams is not None:
+            seq.ngrams.extend((token,))
         now = time.monotonic()
         seq.generated += 1
         self.metrics.add("tokens_predicted_total")
@@ -480,7 +552,7 @@ class Engine:
         if self.model.is_end_of_generation(token) and not request.sampling.ignore_eos:
             self._emit_text(seq, seq.decoder.decode(b"", final=True) + seq.stop.flush(), None)
             self._finish(seq, "stop")
-            return
+            return token
         logprob_entry = None
         if request.sampling.top_logprobs is not None:
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.model.ctx.ctx, batch_index),
@@ -499,6 +571,7 @@ class Engine:
             self._finish(seq, "length")
         else:
             seq.next_token = token
+        return token
 
     def _piece_text(self, token: int) -> str:
         return self.model.token_piece(token).decode("utf-8", errors="replace")

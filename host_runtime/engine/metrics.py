@@ -79,6 +79,7 @@ class EngineMetrics:
         # Recent figures for the fleet's capability map: the last TTFTs, and the generated-token count sampled
         # at most once a second (the rate over the last RECENT_S).
         self._recent_ttft: deque[float] = deque(maxlen=64)
+        self.spec: dict[str, list[int]] = {}  # drafting kind -> [drafted, accepted]
         self._token_samples: deque[tuple[float, float]] = deque(maxlen=RECENT_S + 2)
 
     def add(self, name: str, value: float = 1.0) -> None:
@@ -106,6 +107,12 @@ class EngineMetrics:
                 "running": self.requests_processing, "waiting": self.requests_deferred,
                 "throttle_level": self.throttle_level, "sequences_allowed": self.sequences_allowed,
                 "prefix_cache_bytes": dict(self.cache.get("bytes", {}))}
+
+    def speculated(self, kind: str, drafted: int, accepted: int) -> None:
+        with self._lock:
+            counts = self.spec.setdefault(kind, [0, 0])
+            counts[0] += drafted
+            counts[1] += accepted
 
     def set_queue(self, processing: int, deferred: int, kv_used: int, kv_total: int) -> None:
         with self._lock:
@@ -181,6 +188,7 @@ class EngineMetrics:
             out += [gauge(name, help_text, value) for name, (value, help_text) in gauges.items()]
             out.append(_model_info(model_id, state))
             out += self._cache_families(p, model_id)
+            out += self._spec_families(p, model_id)
             out.append(self.ttft.family(f"{p}time_to_first_token_seconds", "Time from arrival to first generated token.",
                                         model))
             out.append(self.time_per_token.family(f"{p}time_per_output_token_seconds",
@@ -211,6 +219,20 @@ class EngineMetrics:
                                       labels=["model"])
         corrupt.add_metric([model_id], c["corrupt_files"])
         return [looked, hits, ratio, held, entries, corrupt]
+
+
+    def _spec_families(self, p: str, model_id: str) -> list:
+        drafted = CounterMetricFamily(p + "spec_draft_tokens_total", "Tokens drafted for speculative decoding.",
+                                      labels=["model", "kind"])
+        accepted = CounterMetricFamily(p + "spec_accepted_tokens_total", "Drafted tokens the model agreed with.",
+                                       labels=["model", "kind"])
+        ratio = GaugeMetricFamily(p + "spec_acceptance_ratio", "Share of drafted tokens accepted.",
+                                  labels=["model", "kind"])
+        for kind, (n_drafted, n_accepted) in self.spec.items():
+            drafted.add_metric([model_id, kind], n_drafted)
+            accepted.add_metric([model_id, kind], n_accepted)
+            ratio.add_metric([model_id, kind], n_accepted / n_drafted if n_drafted else 0.0)
+        return [drafted, accepted, ratio]
 
 
 def _model_info(model_id: str, state: str) -> GaugeMetricFamily:

@@ -19,6 +19,7 @@ from host_runtime.engine.model import ContextConfig, LoadedModel, ModelLoadError
 from host_runtime.engine.prompt import PromptBuilder
 from host_runtime.engine.readiness import CanaryRecord, Verdict, WedgePolicy, judge
 from host_runtime.engine.sampling import GrammarRejected, SamplingParams, check_grammar
+from host_runtime.engine.speculation import SpeculationConfig
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,10 @@ EVENT_POLL_S = 0.05  # how often a waiting handler checks whether its worker hun
 
 class EngineService:
     def __init__(self, model_path: str, config: ContextConfig, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
-                 governor_state: str | None = None, wedge: WedgePolicy = WedgePolicy()):
+                 governor_state: str | None = None, wedge: WedgePolicy = WedgePolicy(),
+                 speculation: SpeculationConfig = SpeculationConfig()):
         self.model_path = model_path
+        self.speculation = speculation
         self.wedge = wedge
         self.config = config
         self.prefix_cache = prefix_cache
@@ -56,7 +59,8 @@ class EngineService:
             self.model = LoadedModel(self.model_path, self.config, on_progress=self._loading)
             self.prompts = PromptBuilder(self.model)
             self.engine = Engine(self.model, max_waiting=self.model.capacity.max_waiting,
-                                 prefix_cache=self.prefix_cache, governor_state=self.governor_state)
+                                 prefix_cache=self.prefix_cache, governor_state=self.governor_state,
+                                 speculation=self.speculation)
             self._loading("warming up")
             warm = self.engine.warm_up()
             self.engine.start()
@@ -223,7 +227,7 @@ class EngineService:
                 raise RequestRejected(400, f"'response_format': {exc}", param="response_format") from None
         return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink,
                                  sampling=SamplingParams(**message.get("sampling", {})), stops=stops,
-                                 n=int(message.get("n", 1)))
+                                 n=int(message.get("n", 1)), speculation=bool(message.get("speculation", True)))
 
     def count_tokens(self, message: dict) -> dict:
         """The prompt's length as the model sees it: the template rendered, then tokenized."""

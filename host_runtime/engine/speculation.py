@@ -2,7 +2,10 @@
 earned, the share of a step drafts may take, and the verification rules that keep the output what decoding
 without speculation gives (the same tokens at temperature 0; the same distribution above it).
 
-Not wired into the decode loop yet: the engine's batched verification is the next step of the issue."""
+The engine (engine.py) drafts with NgramIndex, shares the step with share_drafts, and verifies by sampling each
+drafted position with the sequence's own sampler chain, which is accept_greedy at temperature 0 and, for a lookup
+draft (a point mass), accept_sampled's rule: a draft d is kept with probability p(d), and at a rejection the token
+drawn from p is one other than d, which is the normalised max(0, p - q) for q a point mass on d."""
 
 from __future__ import annotations
 
@@ -29,6 +32,50 @@ def lookup_draft(history: Sequence[int], *, n_max: int = 4, n_min: int = 1, k: i
             if tokens[start] == first and tokens[start:start + n] == pattern:
                 return tokens[start + n:start + n + k]
     return []
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """The engine's speculation settings (serve --speculation)."""
+    enabled: bool = False
+    # The most tokens one sequence drafts in a step. Six: llama.cpp's CPU attention takes another path from 8
+    # query tokens of one sequence in a call (per-sequence KV streams, no flash attention), and its logits then
+    # differ from one-token decoding (measured: identical for 1 to 7 tokens, up to 0.6 apart from 8), so a
+    # verified token could differ from the one decoding without speculation gives.
+    k_max: int = 6
+    step_tokens: int = 16  # decode tokens a step may hold, drafts included, before drafts stop (share_drafts)
+    n_max: int = 4         # the longest n-gram looked up
+    n_min: int = 2         # the shortest: one-token matches draft too often wrongly to pay on a CPU
+
+
+class NgramIndex:
+    """lookup_draft's answer, kept up to date as tokens arrive instead of searched for: for every n-gram (n_min
+    to n_max tokens) the end of its latest occurrence that is not the history's own suffix. Adding a token costs
+    n_max dictionary writes; a draft costs n_max lookups, whatever the prompt's length."""
+
+    def __init__(self, tokens: Sequence[int] = (), *, n_max: int = 4, n_min: int = 2):
+        self.n_max, self.n_min = n_max, n_min
+        self.tokens: list[int] = []
+        self._last_end: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            # The n-grams ending at the token before this one stop being the suffix: register them now.
+            end = len(self.tokens) - 1
+            for n in range(self.n_min, min(self.n_max, end + 1) + 1):
+                self._last_end[tuple(self.tokens[end - n + 1:end + 1])] = end
+            self.tokens.append(token)
+
+    def draft(self, k: int) -> list[int]:
+        size = len(self.tokens)
+        if k <= 0 or size < 2:
+            return []
+        for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
+            end = self._last_end.get(tuple(self.tokens[size - n:]))
+            if end is not None:
+                return self.tokens[end + 1:end + 1 + k]
+        return []
 
 
 @dataclass

@@ -57,7 +57,8 @@ class BatchSlice:
 
 
 def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: bool = True) -> list[list[BatchSlice]]:
-    """The decode calls for one step: first all decode tokens, then prompt chunks grouped by length.
+    """The decode calls for one step: first the decoding sequences' tokens (a draft verified in the same call),
+    then prompt chunks; each group split by length.
 
     At least one prompt chunk is planned whenever a sequence is prefilling, so prompts always progress.
     Not `invariant`: everything in one call (as llama-server batches), one pass over the weights per step instead
@@ -66,9 +67,9 @@ def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: boo
     decodes: list[BatchSlice] = []
     for seq in active:
         if not seq.is_prefilling():
-            pending = seq.pending_tokens()
+            pending = seq.pending_tokens()  # its next token, then its speculative draft if it has one
             if pending:
-                decodes.append(BatchSlice(seq, pending[:1], seq.n_past, True))
+                decodes.append(BatchSlice(seq, pending, seq.n_past, True))
     prefills: list[BatchSlice] = []
     used = 0
     for seq in active:
@@ -82,9 +83,12 @@ def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: boo
         used += take
     if not invariant:
         return [decodes + prefills] if decodes or prefills else []
-    calls = [decodes] if decodes else []
+    return _by_length(decodes) + _by_length(prefills)
+
+
+def _by_length(parts: list[BatchSlice]) -> list[list[BatchSlice]]:
+    """Calls of equal-length slices, in the order each length first appears."""
     by_length: dict[int, list[BatchSlice]] = {}
-    for part in prefills:
+    for part in parts:
         by_length.setdefault(len(part.tokens), []).append(part)
-    calls.extend(by_length.values())
-    return calls
+    return list(by_length.values())

@@ -243,7 +243,10 @@ def _sampling_and_common(body: dict, default_max_tokens: int | None) -> tuple[di
     }
     if sampling["top_p"] == 0.0:
         raise bad("'top_p' must be greater than 0", "top_p")
-    message = {"op": "generate", "max_tokens": max_tokens, "n": n, "stop": _stop_strings(body), "sampling": sampling}
+    message = {"op": "generate", "max_tokens": max_tokens, "n": n, "stop": _stop_strings(body), "sampling": sampling,
+               # EveryCycle's own field: false opts this request out of speculative decoding (the output is the
+               # same either way; a client measuring the model's own speed may want it off).
+               "speculation": field_of(body, "speculation", bool, True)}
     return message, n, stream, include_usage
 
 
