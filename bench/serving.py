@@ -339,9 +339,11 @@ def step_profile(before: dict, after: dict, wall: float) -> dict:
          for k in ("n_decode_total", "n_busy_slots_total", "prompt_seconds_total", "predicted_seconds_total",
                    "tokens_predicted_total")}
     decode_s = d["prompt_seconds_total"] + d["predicted_seconds_total"]
-    drafted = after.get("everycycle_spec_draft_tokens_total", 0) - before.get("everycycle_spec_draft_tokens_total", 0)
-    accepted = (after.get("everycycle_spec_accepted_tokens_total", 0)
-                - before.get("everycycle_spec_accepted_tokens_total", 0))
+    def spec(name: str, figures: dict) -> float:  # summed over the drafting kinds (label `kind`)
+        return sum(v for k, v in figures.items() if k.split("{")[0] == f"everycycle_{name}")
+
+    drafted = spec("spec_draft_tokens_total", after) - spec("spec_draft_tokens_total", before)
+    accepted = spec("spec_accepted_tokens_total", after) - spec("spec_accepted_tokens_total", before)
     return {"decode_share_of_wall": decode_s / wall if wall else 0.0,
             "spec_drafted_per_generated_token": drafted / d["tokens_predicted_total"] if d["tokens_predicted_total"] else 0.0,
             "spec_acceptance": accepted / drafted if drafted else 0.0,

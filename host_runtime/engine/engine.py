@@ -460,10 +460,11 @@ class Engine:
         drafts = {seq.seq_id: seq.ngrams.draft(shares[seq.seq_id]) for seq in decoding if shares.get(seq.seq_id)}
         if self.model.batch_invariant and len(decoding) > 1:
             # A KV stream per sequence: llama.cpp splits a call whose sequences carry unequal token counts into
-            # equal-count pieces, a weight pass each. One length for every draft keeps the step at two calls at
-            # most (sequences with a draft, sequences without).
-            shortest = min((len(d) for d in drafts.values() if d), default=0)
-            drafts = {s: d[:shortest] for s, d in drafts.items()}
+            # equal-count pieces, a weight pass each. So drafts go out only when every decoding sequence has
+            # one, cut to one length: one call. (Measured at c=4 on a code edit, letting the sequences without
+            # a draft take a second call cost 0.88x the tok/s of no speculation.)
+            lengths = [len(drafts.get(seq.seq_id, ())) for seq in decoding]
+            drafts = {s: d[:min(lengths)] for s, d in drafts.items()} if min(lengths) > 0 else {}
         for seq in decoding:
             seq.draft = drafts.get(seq.seq_id, [])
 
