@@ -79,6 +79,9 @@ DEFAULT_CTX = 4096
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=_non_negative, default=0, metavar="N", help="CPU threads for llama.cpp (0: all cores)")
+    p.add_argument("--decode-threads", type=_non_negative, default=0, metavar="N",
+                   help="CPU threads for a decode call of one token, a lone stream's step (0: one fewer than "
+                        "--threads, at least 1, leaving a core to the processes that stream each token)")
     p.add_argument("--ctx-size", type=_positive, metavar="N", help="context tokens per sequence (default 4096)")
     p.add_argument("--parallel", type=_positive, metavar="N",
                    help="sequences decoded together (default: as many as --kv-budget-mib holds at full context, up to 16)")
@@ -585,6 +588,7 @@ def cmd_engine(parser, args) -> int:
 
     model = _resolve_model(parser, args.model)
     config = ContextConfig(n_ctx_per_seq=args.ctx_size, n_parallel=args.parallel, n_threads=args.threads,
+                           n_threads_decode=args.decode_threads,
                            kv_budget_bytes=args.kv_budget_mib << 20, max_waiting=args.max_queue,
                            placement=args.placement, n_gpu_layers=args.gpu_layers,
                            tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,

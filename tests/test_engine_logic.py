@@ -185,3 +185,19 @@ def test_a_draft_is_verified_in_its_sequences_decode_slice_equal_lengths_sharing
     assert calls[0][0].tokens == [9, 4, 5, 6]
     mixed = plan_step(drafted + [plain, prompt], prefill_budget=16, invariant=False)
     assert len(mixed) == 1 and flat(mixed) == flat(calls)
+
+
+def test_one_token_calls_leave_a_core_to_the_serving_processes():
+    from host_runtime.cli import build_parser
+    from host_runtime.placement.llama_params import context_params, decode_threads
+    from host_runtime.serving.gunicorn_runner import engine_argv
+
+    assert [decode_threads(n) for n in (1, 2, 16)] == [1, 1, 15]
+    cparams = context_params(n_ctx_per_seq=256, n_parallel=2, n_batch=64, n_threads=4, batch_invariant=True)
+    assert (cparams.n_threads, cparams.n_threads_batch) == (3, 4)
+    cparams = context_params(n_ctx_per_seq=256, n_parallel=2, n_batch=64, n_threads=4, batch_invariant=True,
+                             n_threads_decode=2)
+    assert (cparams.n_threads, cparams.n_threads_batch) == (2, 4)
+    args = build_parser().parse_args(["serve", "--threads", "4", "--decode-threads", "2", "--speculation", "ngram"])
+    argv = engine_argv("/run/e.sock", "m.gguf", args)
+    assert argv[argv.index("--decode-threads") + 1] == "2" and argv[argv.index("--speculation") + 1] == "ngram"

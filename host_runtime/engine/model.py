@@ -72,6 +72,7 @@ class ContextConfig:
     n_batch: int = 512  # a step's prompt-token budget (several prompts, one chunk each)
     prefill_chunk: int = 128  # prompt tokens per chunk: the unit of chunked prefill and of prefix caching
     n_threads: int = 0  # 0: every core
+    n_threads_decode: int = 0  # for calls of one token (llama.cpp's n_threads); 0: decode_threads(n_threads)
     batch_invariant: bool = True  # temperature-0 output independent of what else is batched; False: serve
     # --mixed-batches (prompt chunks and decode tokens in one call over a shared KV buffer)
     placement: str = "auto"  # auto: the planner spreads layers over the GPUs llama.cpp sees; cpu: none offloaded
@@ -118,7 +119,8 @@ class LoadedModel:
 
         from host_runtime.engine import llama_log
         from host_runtime.engine.capacity import Capacity
-        from host_runtime.placement.llama_params import DeviceMissing, call_tokens, context_params, model_params
+        from host_runtime.placement.llama_params import (DeviceMissing, call_tokens, context_params, decode_threads,
+                                                         model_params)
         from host_runtime.placement.proof import parse_buffer_log
 
         self.path = check_gguf_file(path)
@@ -149,8 +151,10 @@ class LoadedModel:
         self.batch_invariant = config.batch_invariant
         self.n_batch = call_tokens(config.n_batch, self.n_parallel, config.batch_invariant)
         self.n_threads = config.n_threads or os.cpu_count() or 1
+        self.n_threads_decode = config.n_threads_decode or decode_threads(self.n_threads)
         cparams = context_params(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel, n_batch=config.n_batch,
-                                 n_threads=self.n_threads, batch_invariant=config.batch_invariant)
+                                 n_threads=self.n_threads, n_threads_decode=self.n_threads_decode,
+                                 batch_invariant=config.batch_invariant)
         with llama_log.capture() as text:
             try:
                 self.model = LlamaModel(path_model=str(self.path), params=mp.params, verbose=False)
