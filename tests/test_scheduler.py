@@ -166,7 +166,10 @@ def test_queue_full_is_503_with_retry_after_over_http(tmp_path):
         def metric(name):
             return metric_value(http_get(base + "/metrics")[1].decode(), name)
 
-        holder = post({"model": MODEL_ID, "prompt": "1, 2, 3,", "max_tokens": 1500, "stream": True})
+        # The holder must keep its slot through the test: its end tokens are banned (SmolLM2's <|endoftext|>
+        # and <|im_end|>, 0 and 2), or a sampled end could free the slot before the second request queues.
+        holder = post({"model": MODEL_ID, "prompt": "1, 2, 3,", "max_tokens": 1500, "stream": True,
+                       "logit_bias": {"0": -100, "2": -100}})
         holder.readline()
         wait_for(lambda: metric("everycycle_requests_processing") == 1, 10, "the slot to be taken")
         waiting: queue.Queue = queue.Queue()
