@@ -473,7 +473,7 @@ class Engine:
 
         batch = self._batch.batch
         batch.n_tokens = 0
-        sample_at: list[tuple[Sequence, int]] = []
+        sample_at: list[tuple[Sequence, int, int]] = []  # (sequence, its first logits row, tokens drafted)
         for part in call:
             # A decoding sequence's tokens past the first are its draft: each needs its logits to be verified.
             drafted = 0 if part.seq.is_prefilling() else len(part.tokens) - 1
