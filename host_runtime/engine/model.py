@@ -119,8 +119,7 @@ class LoadedModel:
 
         from host_runtime.engine import llama_log
         from host_runtime.engine.capacity import Capacity
-        from host_runtime.placement.llama_params import (DeviceMissing, call_tokens, context_params, decode_threads,
-                                                         model_params)
+        from host_runtime.placement.llama_params import DeviceMissing, call_tokens, context_params, model_params
         from host_runtime.placement.proof import parse_buffer_log
 
         self.path = check_gguf_file(path)
@@ -151,10 +150,13 @@ class LoadedModel:
         self.batch_invariant = config.batch_invariant
         self.n_batch = call_tokens(config.n_batch, self.n_parallel, config.batch_invariant)
         self.n_threads = config.n_threads or os.cpu_count() or 1
-        self.n_threads_decode = config.n_threads_decode or decode_threads(self.n_threads)
         cparams = context_params(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel, n_batch=config.n_batch,
-                                 n_threads=self.n_threads, n_threads_decode=self.n_threads_decode,
+                                 n_threads=self.n_threads, n_threads_decode=config.n_threads_decode,
                                  batch_invariant=config.batch_invariant)
+        self.n_threads_decode = cparams.n_threads  # context_params chose it (decode_threads) unless given
+        # The KV cache's layout, for the prefix cache's fingerprint: as context_params made it.
+        kv_layout = (f"{'unified' if cparams.kv_unified else 'streams'}"
+                     f":fa{int(cparams.flash_attn_type)}")
         with llama_log.capture() as text:
             try:
                 self.model = LlamaModel(path_model=str(self.path), params=mp.params, verbose=False)
@@ -182,10 +184,9 @@ class LoadedModel:
         if "tokenizer.chat_template" not in self.metadata:
             log.warning("%s has no chat template in its metadata; using ChatML", self.model_id)
         # Cached KV is only valid for these weights, this llama.cpp, this cache type and chunking, and this layout
-        # (flash attention or not lays the V cache out differently: llama_params.context_params).
-        layout = "streams:no-fa" if config.batch_invariant else "unified:fa-auto"
+        # (flash attention or not lays the V cache out differently).
         self.cache_fingerprint = (f"{self.model_id}:{self.path.stat().st_size}:llama-cpp-python-{llama_cpp.__version__}"
-                                  f":f16:{layout}:chunk{self.prefill_chunk}:eog-cuts")
+                                  f":f16:{kv_layout}:chunk{self.prefill_chunk}:eog-cuts")
         self._embed_ctx = None
         self._pieces: dict[int, bytes] = {}
 

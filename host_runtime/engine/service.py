@@ -74,9 +74,9 @@ class EngineService:
         cap = self.model.capacity
         self._publish_placement()
         log.info("loaded %s in %.1fs: context %d tokens per sequence, %d sequences (KV %.0f MiB), "
-                 "queue %d, %d threads (%d for one-token calls)", self.model_id, time.monotonic() - started, self.model.n_ctx_per_seq,
-                 cap.n_parallel, cap.kv_bytes_total / 2**20, cap.max_waiting, self.model.n_threads,
-                 self.model.n_threads_decode)
+                 "queue %d, %d threads (%d for one-token calls)", self.model_id, time.monotonic() - started,
+                 self.model.n_ctx_per_seq, cap.n_parallel, cap.kv_bytes_total / 2**20, cap.max_waiting,
+                 self.model.n_threads, self.model.n_threads_decode)
 
     def _loading(self, phase: str, fraction: float | None = None) -> None:
         """Where loading is, for /ready, /health and the console (llama.cpp's callback calls this often)."""
