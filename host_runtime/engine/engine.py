@@ -446,7 +446,6 @@ class Engine:
         decoding = [s for s in self._active if not s.is_prefilling() and s.next_token is not None]
         wanted, acceptance = {}, {}
         for seq in decoding:
-            seq.draft = []
             if seq.ngrams is None:
                 continue
             room = min(seq.request.max_tokens - seq.generated - 1, self.model.n_ctx_per_seq - seq.n_past - 2)
@@ -454,8 +453,6 @@ class Engine:
             if k > 0:
                 wanted[seq.seq_id] = k
                 acceptance[seq.seq_id] = seq.draft_length.acceptance
-        if not wanted:
-            return
         shares = share_drafts(wanted, acceptance, len(decoding), self._spec_step_tokens)
         drafts = {seq.seq_id: seq.ngrams.draft(shares[seq.seq_id]) for seq in decoding if shares.get(seq.seq_id)}
         if self.model.batch_invariant and len(decoding) > 1:
@@ -465,7 +462,7 @@ class Engine:
             # a draft take a second call cost 0.88x the tok/s of no speculation.)
             lengths = [len(drafts.get(seq.seq_id, ())) for seq in decoding]
             drafts = {s: d[:min(lengths)] for s, d in drafts.items()} if min(lengths) > 0 else {}
-        for seq in decoding:
+        for seq in decoding:  # every one: a sequence with nothing drafted now drops last step's draft
             seq.draft = drafts.get(seq.seq_id, [])
 
     def _decode_call(self, call) -> None:
