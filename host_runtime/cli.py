@@ -100,13 +100,19 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="prompt chunks and decode tokens in one llama_decode call over one shared KV buffer, as "
                         "llama-server batches; a request's output then depends on what else is batched (default: "
                         "batch-invariant, the faster of the two on CPU as measured by bench/serving.py)")
-    p.add_argument("--speculation", choices=["ngram", "off"], default="off",
+    p.add_argument("--speculation", choices=["ngram", "draft", "off"], default="off",
                    help="ngram: each decoding sequence drafts the tokens that followed the latest earlier occurrence "
                         "of its last few tokens (prompt lookup) and the model verifies them in the same call, so "
                         "edits and quotes come several tokens a step; drafts stop when a step holds 16 tokens. The "
                         "tokens are those the sequence's own sampler picks from logits that llama.cpp's CPU kernels "
                         "compute for several query rows, which can round differently from one row: a temperature-0 "
-                        "output may then differ from decoding without it (README). off (default): one token a step")
+                        "output may then differ from decoding without it (README). draft: a smaller model of the "
+                        "same vocabulary (--draft-model) drafts its most likely tokens. off (default): one token a "
+                        "step")
+    p.add_argument("--draft-model", metavar="PATH",
+                   help="with --speculation draft: the GGUF that drafts for the served model (models loaded on "
+                        "demand beside it run without); its tokens must be the target's (loaded after the target, "
+                        "placed by the same planner, with as many sequences)")
     p.add_argument("--wedge-floor", type=_positive_float, default=30.0, metavar="S",
                    help="the engine counts as wedged when pending work sees no decode call complete for the larger "
                         "of this and 10x its expected call time, measured (default 30)")
@@ -368,6 +374,22 @@ def _resolve_model(parser: argparse.ArgumentParser, model: str | None) -> str:
         parser.error(f"--model: {exc}")
 
 
+def _resolve_draft_model(parser: argparse.ArgumentParser, args) -> str | None:
+    """--draft-model goes with --speculation draft, each needing the other; the path is checked as --model's."""
+    from host_runtime.engine.model import ModelLoadError, check_gguf_file
+
+    if args.speculation == "draft" and not args.draft_model:
+        parser.error("--speculation draft: needs --draft-model PATH, the GGUF that drafts")
+    if args.draft_model and args.speculation != "draft":
+        parser.error("--draft-model: drafts only with --speculation draft")
+    if not args.draft_model:
+        return None
+    try:
+        return str(check_gguf_file(args.draft_model).resolve())
+    except ModelLoadError as exc:
+        parser.error(f"--draft-model: {exc}")
+
+
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -434,6 +456,7 @@ def cmd_serve(parser, args) -> int:
     if args.engine_socket is None:
         _refuse_an_unsupported_cpu(parser)
         _check_offload_flags(parser, args)
+        args.draft_model = _resolve_draft_model(parser, args)
     if args.keys:
         try:
             if not os.path.exists(args.keys):
@@ -507,10 +530,22 @@ def _pulled_model(args, settings) -> str | None:
     return str(path) if path else None
 
 
-def _engine_pool(run_dir: Path, socket_path: str, model: str, engine, args):
-    """The other models of the store, loaded on demand beside the one this server starts with."""
+def on_demand_engine_options(args, path: str):
+    """serve's engine options for a model of the store loaded on demand (not the one serve starts with)."""
     import copy
 
+    from host_runtime.engine.model import model_id_for
+
+    options = copy.copy(args)
+    if args.prefix_cache_dir:  # each model its own prefix cache: entries are only valid for their weights
+        options.prefix_cache_dir = f"{args.prefix_cache_dir}-models/{model_id_for(path)}"
+    if args.speculation == "draft":  # the draft model drafts for the model serve starts with, not for these
+        options.speculation, options.draft_model = "off", None
+    return options
+
+
+def _engine_pool(run_dir: Path, socket_path: str, model: str, engine, args):
+    """The other models of the store, loaded on demand beside the one this server starts with."""
     import psutil
 
     from host_runtime.engine.model import model_id_for
@@ -518,10 +553,7 @@ def _engine_pool(run_dir: Path, socket_path: str, model: str, engine, args):
     from host_runtime.serving.gunicorn_runner import engine_argv
 
     def argv_for(sock: str, path: str) -> list[str]:
-        options = copy.copy(args)
-        if args.prefix_cache_dir:  # each model its own prefix cache: entries are only valid for their weights
-            options.prefix_cache_dir = f"{args.prefix_cache_dir}-models/{model_id_for(path)}"
-        return engine_argv(sock, path, options)
+        return engine_argv(sock, path, on_demand_engine_options(args, path))
 
     budget = (args.models_memory_mib << 20) if args.models_memory_mib else int(psutil.virtual_memory().available * 0.9)
 
@@ -599,9 +631,12 @@ def cmd_engine(parser, args) -> int:
 
     from host_runtime.engine.speculation import SpeculationConfig
 
+    draft = _resolve_draft_model(parser, args)
     service = EngineService(model, config, cache, governor_state=args.governor_state,
                             wedge=WedgePolicy(floor_s=args.wedge_floor),
-                            speculation=SpeculationConfig(enabled=args.speculation != "off"))
+                            speculation=SpeculationConfig(enabled=args.speculation != "off",
+                                                          kind="ngram" if args.speculation == "off" else args.speculation),
+                            draft_model=draft)
     serve_engine(args.socket, service)
     return 0 if service.state != "failed" else 1
 

@@ -201,3 +201,30 @@ def test_one_token_calls_leave_a_core_to_the_serving_processes():
     args = build_parser().parse_args(["serve", "--threads", "4", "--decode-threads", "2", "--speculation", "ngram"])
     argv = engine_argv("/run/e.sock", "m.gguf", args)
     assert argv[argv.index("--decode-threads") + 1] == "2" and argv[argv.index("--speculation") + 1] == "ngram"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--speculation", "draft"], "--speculation draft: needs --draft-model PATH"),
+    (["--draft-model", "x.gguf"], "--draft-model: drafts only with --speculation draft"),
+    (["--speculation", "draft", "--draft-model", "/nonexistent/d.gguf"], "--draft-model: model file"),
+])
+def test_draft_model_flags_are_checked_before_anything_starts(argv, message, capsys):
+    from host_runtime.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--placement", "cpu", *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_draft_model_reaches_the_engine_and_models_loaded_on_demand_run_without_it(tmp_path):
+    from host_runtime.cli import build_parser, on_demand_engine_options
+    from host_runtime.serving.gunicorn_runner import engine_argv
+
+    args = build_parser().parse_args(["serve", "--speculation", "draft", "--draft-model", "/m/draft.gguf",
+                                      "--prefix-cache-dir", "/run/pc"])
+    argv = engine_argv("/run/e.sock", "m.gguf", args)
+    assert argv[argv.index("--speculation") + 1] == "draft" and argv[argv.index("--draft-model") + 1] == "/m/draft.gguf"
+    other = engine_argv("/run/o.sock", "/store/other.gguf", on_demand_engine_options(args, "/store/other.gguf"))
+    assert other[other.index("--speculation") + 1] == "off" and "--draft-model" not in other
+    assert other[other.index("--prefix-cache-dir") + 1] == "/run/pc-models/other"
+    assert args.speculation == "draft"  # serve's own options are left as they were

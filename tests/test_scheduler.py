@@ -264,10 +264,11 @@ EDIT_PROMPT = ("Here is a Python file:\n\n```python\ndef load(path):\n    with o
                "edited file.")
 
 
-def edit(model, speculation: bool, opt_out: bool = False) -> tuple[str, dict, float]:
+def edit(model, speculation: bool, opt_out: bool = False, drafter=None) -> tuple[str, dict, float]:
     from host_runtime.engine.prompt import PromptBuilder
 
-    engine = Engine(model, speculation=SpeculationConfig(enabled=speculation))
+    kind = "draft" if drafter is not None else "ngram"
+    engine = Engine(model, speculation=SpeculationConfig(enabled=speculation, kind=kind), drafter=drafter)
     log = Log()
     tokens, _ = PromptBuilder(model).chat_tokens([{"role": "user", "content": EDIT_PROMPT}])
     engine.submit(GenerationRequest(prompt_tokens=tokens, max_tokens=80, sink=log.sink("edit"),
@@ -297,3 +298,43 @@ def test_speculation_drafts_from_the_prompt_and_keeps_the_output(model):
     llama_cpp.llama_memory_clear(model.ctx.memory, True)
     opted_out, none, _ = edit(model, speculation=True, opt_out=True)  # the request's own "speculation": false
     assert none == {} and opted_out == plain
+
+
+def test_a_draft_model_drafts_and_the_output_is_the_targets(model, tmp_path):
+    """The same GGUF as its own draft model (its own context, placed by the planner): its drafts are the target's
+    argmax, so nearly all are accepted; the text is the one decoding without speculation gives; and the next
+    request on the slot drafts from what the draft context already holds."""
+    import llama_cpp
+
+    from host_runtime.engine.draft_model import DraftModel
+
+    config = ContextConfig(n_ctx_per_seq=1024, n_parallel=2, n_batch=32, prefill_chunk=32, n_threads=2)
+    drafter = DraftModel.load(str(default_model_path()), model, config)
+    assert drafter.model.n_parallel == model.n_parallel and not drafter.model.batch_invariant
+    llama_cpp.llama_memory_clear(model.ctx.memory, True)
+    plain, _, plain_calls = edit(model, speculation=False)
+    llama_cpp.llama_memory_clear(model.ctx.memory, True)
+    text, spec, calls = edit(model, speculation=True, drafter=drafter)
+    drafted, accepted = spec["draft"]
+    assert text == plain
+    assert accepted >= 0.9 * drafted and accepted > 40
+    assert calls < plain_calls / 2
+    held = {seq: len(tokens) for seq, tokens in drafter.kv.items()}
+    assert max(held.values()) > 200  # the edit prompt and its answer, kept for the slot's next request
+    llama_cpp.llama_memory_clear(model.ctx.memory, True)
+    opted_out, none, _ = edit(model, speculation=True, opt_out=True, drafter=drafter)
+    assert none == {} and opted_out == plain
+
+
+def test_a_draft_model_with_other_tokens_is_refused_naming_both(model, tmp_path):
+    from host_runtime.engine.draft_model import DraftModel
+    from host_runtime.engine.model import ModelLoadError
+    from tests.tiny_gguf import write_tiny_llama
+
+    tiny = tmp_path / "tiny-draft.gguf"
+    write_tiny_llama(tiny, n_ctx=2048)
+    config = ContextConfig(n_ctx_per_seq=1024, n_parallel=2, n_batch=32, prefill_chunk=32, n_threads=2)
+    with pytest.raises(ModelLoadError) as exc:
+        DraftModel.load(str(tiny), model, config)
+    assert str(exc.value).startswith(f"--draft-model tiny-draft cannot draft for {model.model_id}: ")
+    assert "vocabulary has" in str(exc.value) or "token" in str(exc.value)

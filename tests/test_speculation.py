@@ -8,8 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from host_runtime.engine.speculation import (DraftLength, NgramIndex, accept_greedy, accept_sampled, lookup_draft,
-                                             share_drafts)
+from host_runtime.engine.speculation import (DraftLength, NgramIndex, Vocabulary, accept_greedy, accept_sampled,
+                                             catch_up_shares, common_prefix_len, draft_choice, lookup_draft,
+                                             share_drafts, vocabulary_difference)
 
 
 def test_a_lookup_draft_continues_the_latest_earlier_occurrence_longest_match_first():
@@ -56,6 +57,42 @@ def test_drafts_share_what_is_left_of_a_step_best_acceptance_first():
     wanted = {1: 8, 2: 8, 3: 8}
     assert share_drafts(wanted, {1: 0.2, 2: 0.9, 3: 0.5}, n_active=3, step_tokens=16) == {2: 8, 3: 5, 1: 0}
     assert share_drafts(wanted, {}, n_active=16, step_tokens=16) == {1: 0, 2: 0, 3: 0}  # compute-bound: none
+
+
+def test_the_common_prefix_of_two_histories_is_found_wherever_they_part():
+    rng = random.Random(3)
+    for _ in range(500):
+        a = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
+        b = list(a[:rng.randrange(0, len(a) + 1)]) + [rng.randrange(3) for _ in range(rng.randrange(0, 10))]
+        expected = 0
+        while expected < min(len(a), len(b)) and a[expected] == b[expected]:
+            expected += 1
+        assert common_prefix_len(a, b) == expected == common_prefix_len(b, a), (a, b)
+
+
+def test_draft_catch_up_goes_to_the_smallest_needs_first_within_the_call():
+    # A sequence one token behind (the usual step) always fits before a new prompt's hundreds of tokens.
+    assert catch_up_shares({1: 300, 2: 1, 3: 2}, budget=64) == {2: 1, 3: 2, 1: 61}
+    assert catch_up_shares({1: 1, 2: 1}, budget=1) == {1: 1}
+    assert catch_up_shares({}, budget=8) == {}
+
+
+def test_the_draft_models_token_is_its_argmax_with_that_tokens_probability():
+    logits = np.log(np.array([0.1, 0.6, 0.3], dtype=np.float32)) + 7.0
+    token, p = draft_choice(logits)
+    assert token == 1 and p == pytest.approx(0.6, abs=1e-6)
+
+
+def test_a_draft_model_must_share_the_targets_tokens():
+    target = Vocabulary(kind=2, add_bos=False, bos=1, add_eos=False, eos=2, texts=(b"<s>", b"</s>", b"a", b"b"))
+    assert vocabulary_difference(target, target) is None
+    other = dict(kind=2, add_bos=False, bos=1, add_eos=False, eos=2)
+    assert vocabulary_difference(target, Vocabulary(**other, texts=(b"<s>", b"</s>", b"a"))) == \
+        "its vocabulary has 3 tokens, the target's 4"
+    assert vocabulary_difference(target, Vocabulary(**other, texts=(b"<s>", b"</s>", b"a", b"c"))) == \
+        "token 3 is b'c' there and b'b' in the target"
+    assert "type" in vocabulary_difference(target, Vocabulary(**{**other, "kind": 1}, texts=target.texts))
+    assert "starts or ends" in vocabulary_difference(target, Vocabulary(**{**other, "eos": 3}, texts=target.texts))
 
 
 def test_greedy_verification_gives_exactly_the_one_token_at_a_time_output():

@@ -88,11 +88,14 @@ class Sequence:
         self.sampler = build_sampler_chain(engine.model.model, request.sampling, index)
         self.model = engine.model
         self.last_token_at: float | None = None
-        # Speculation: the n-gram index over prompt and output (None: not speculating), the draft length this
-        # sequence has earned, and this step's draft (tokens after next_token, verified in the same call).
+        # Speculation: the n-gram index over prompt and output (prompt lookup) or the history a draft model
+        # continues (None: not that kind, or not speculating), the draft length this sequence has earned, and
+        # this step's draft (tokens after next_token, verified in the same call).
         spec = engine.speculation
+        self.speculating = spec.enabled and request.speculation
         self.ngrams = (NgramIndex(request.prompt_tokens, n_max=spec.n_max, n_min=spec.n_min)
-                       if spec.enabled and request.speculation else None)
+                       if self.speculating and spec.kind == "ngram" else None)
+        self.history = list(request.prompt_tokens) if self.speculating and spec.kind == "draft" else None
         self.draft_length = DraftLength(k_max=spec.k_max)
         self.draft: list[int] = []
 
@@ -111,9 +114,13 @@ class Sequence:
 
 class Engine:
     def __init__(self, model, *, max_waiting: int = 64, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
-                 governor_state: str | None = None, speculation: SpeculationConfig = SpeculationConfig()):
+                 governor_state: str | None = None, speculation: SpeculationConfig = SpeculationConfig(),
+                 drafter=None):
         self.model = model
         self.speculation = speculation
+        if speculation.enabled and speculation.kind == "draft" and drafter is None:
+            raise ValueError("speculation with a draft model needs the DraftModel (drafter)")
+        self.drafter = drafter  # draft_model.DraftModel, for speculation.kind "draft"
         # A decode call holds the decoding sequences' tokens and drafts; with mixed batches the prompt budget
         # takes the rest of the call's room.
         room = model.n_batch - (0 if model.batch_invariant else model.prefill_budget)
@@ -446,7 +453,7 @@ class Engine:
         decoding = [s for s in self._active if not s.is_prefilling() and s.next_token is not None]
         wanted, acceptance = {}, {}
         for seq in decoding:
-            if seq.ngrams is None:
+            if not seq.speculating:
                 continue
             room = min(seq.request.max_tokens - seq.generated - 1, self.model.n_ctx_per_seq - seq.n_past - 2)
             k = min(seq.draft_length.next_k(), room)
@@ -454,7 +461,11 @@ class Engine:
                 wanted[seq.seq_id] = k
                 acceptance[seq.seq_id] = seq.draft_length.acceptance
         shares = share_drafts(wanted, acceptance, len(decoding), self._spec_step_tokens)
-        drafts = {seq.seq_id: seq.ngrams.draft(shares[seq.seq_id]) for seq in decoding if shares.get(seq.seq_id)}
+        if self.drafter is not None:
+            drafts = self.drafter.draft({seq.seq_id: (seq.history, shares[seq.seq_id])
+                                         for seq in decoding if shares.get(seq.seq_id)})
+        else:
+            drafts = {seq.seq_id: seq.ngrams.draft(shares[seq.seq_id]) for seq in decoding if shares.get(seq.seq_id)}
         if self.model.batch_invariant and len(decoding) > 1:
             # A KV stream per sequence: llama.cpp splits a call whose sequences carry unequal token counts into
             # equal-count pieces, a weight pass each. So drafts go out only when every decoding sequence has
@@ -525,7 +536,7 @@ class Engine:
                 break
             accepted += 1
             seq.n_past += 1
-        self.metrics.speculated("ngram", drafted, accepted)
+        self.metrics.speculated(self.speculation.kind, drafted, accepted)
         seq.draft_length.record(drafted, accepted)
         if seq in self._active:
             llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, seq.seq_id, seq.n_past, -1)
@@ -537,6 +548,8 @@ class Engine:
         token = seq.sampler.sample(self.model.ctx, batch_index)
         if seq.ngrams is not None:
             seq.ngrams.extend((token,))
+        elif seq.history is not None:
+            seq.history.append(token)
         now = time.monotonic()
         seq.generated += 1
         self.metrics.add("tokens_predicted_total")

@@ -30,9 +30,10 @@ EVENT_POLL_S = 0.05  # how often a waiting handler checks whether its worker hun
 class EngineService:
     def __init__(self, model_path: str, config: ContextConfig, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
                  governor_state: str | None = None, wedge: WedgePolicy = WedgePolicy(),
-                 speculation: SpeculationConfig = SpeculationConfig()):
+                 speculation: SpeculationConfig = SpeculationConfig(), draft_model: str | None = None):
         self.model_path = model_path
         self.speculation = speculation
+        self.draft_model_path = draft_model  # speculation.kind "draft": the drafting model's GGUF
         self.wedge = wedge
         self.config = config
         self.prefix_cache = prefix_cache
@@ -58,9 +59,16 @@ class EngineService:
         try:
             self.model = LoadedModel(self.model_path, self.config, on_progress=self._loading)
             self.prompts = PromptBuilder(self.model)
+            drafter = None
+            if self.speculation.enabled and self.speculation.kind == "draft":
+                from host_runtime.engine.draft_model import DraftModel
+
+                drafter = DraftModel.load(self.draft_model_path, self.model, self.config, self.speculation.p_min,
+                                          on_progress=lambda phase, fraction=None:
+                                          self._loading(f"draft model: {phase}", fraction))
             self.engine = Engine(self.model, max_waiting=self.model.capacity.max_waiting,
                                  prefix_cache=self.prefix_cache, governor_state=self.governor_state,
-                                 speculation=self.speculation)
+                                 speculation=self.speculation, drafter=drafter)
             self._loading("warming up")
             warm = self.engine.warm_up()
             self.engine.start()

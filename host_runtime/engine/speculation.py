@@ -2,10 +2,12 @@
 earned, the share of a step drafts may take, and the verification rules that keep the output what decoding
 without speculation gives (the same tokens at temperature 0; the same distribution above it).
 
-The engine (engine.py) drafts with NgramIndex, shares the step with share_drafts, and verifies by sampling each
-drafted position with the sequence's own sampler chain, which is accept_greedy at temperature 0 and, for a lookup
-draft (a point mass), accept_sampled's rule: a draft d is kept with probability p(d), and at a rejection the token
-drawn from p is one other than d, which is the normalised max(0, p - q) for q a point mass on d."""
+The engine (engine.py) drafts with NgramIndex or a draft model (draft_model.py), shares the step with
+share_drafts, and verifies by sampling each drafted position with the sequence's own sampler chain, which is
+accept_greedy at temperature 0 and, for a point-mass draft, accept_sampled's rule: a draft d is kept with
+probability p(d), and at a rejection the token drawn from p is one other than d, which is the normalised
+max(0, p - q) for q a point mass on d. Both drafters are point masses: a lookup proposes what followed, the draft
+model its argmax (llama.cpp's speculative example verifies its draft model's tokens the same way)."""
 
 from __future__ import annotations
 
@@ -34,10 +36,14 @@ def lookup_draft(history: Sequence[int], *, n_max: int = 4, n_min: int = 1, k: i
     return []
 
 
+KINDS = ("ngram", "draft")  # serve --speculation: prompt lookup, or a draft model (--draft-model)
+
+
 @dataclass(frozen=True)
 class SpeculationConfig:
-    """The engine's speculation settings (serve --speculation)."""
+    """The engine's speculation settings (serve --speculation, --draft-model)."""
     enabled: bool = False
+    kind: str = "ngram"  # one of KINDS; "draft" needs the engine's DraftModel
     # The most tokens one sequence drafts in a step. Six: llama.cpp's CPU attention takes another path from 8
     # query tokens of one sequence in a call (per-sequence KV streams, no flash attention), and its logits then
     # differ from one-token decoding (measured: identical for 1 to 7 tokens, up to 0.6 apart from 8), so a
@@ -46,6 +52,9 @@ class SpeculationConfig:
     step_tokens: int = 16  # decode tokens a step may hold, drafts included, before drafts stop (share_drafts)
     n_max: int = 4         # the longest n-gram looked up
     n_min: int = 2         # the shortest: one-token matches draft too often wrongly to pay on a CPU
+    # A draft model's draft stops at a token it gives less than this probability (0: never; llama.cpp's
+    # default too): a low-confidence token is likely rejected, and everything drafted after it with it.
+    p_min: float = 0.0
 
 
 class NgramIndex:
@@ -156,3 +165,68 @@ def accept_sampled(draft: Sequence[int], target_probs: np.ndarray, rng: np.rando
         return i, int(rng.choice(len(p), p=residual / total)) if total > 0 else int(rng.choice(len(p), p=p))
     last = target_probs[len(draft)]
     return len(draft), int(rng.choice(len(last), p=last / last.sum()))
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share. A draft context compares what its KV holds with a sequence's
+    history every step, so the usual case (one extends the other) is a single C-level slice comparison and the
+    rest a binary search over slice comparisons."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n - 1  # a[:lo] == b[:lo] holds; a[:hi + 1] != b[:hi + 1] holds
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def catch_up_shares(needs: dict[int, int], budget: int) -> dict[int, int]:
+    """Tokens each sequence's draft context takes in this step's catch-up call (a new prompt, or the tokens
+    verified since the last draft), `budget` in all. The smallest needs first: each sequence that catches up
+    fully drafts this step; one that does not drafts a later step and keeps what it got."""
+    out = {}
+    for seq in sorted(needs, key=lambda s: (needs[s], s)):
+        take = min(needs[seq], budget)
+        if take <= 0:
+            break
+        out[seq] = take
+        budget -= take
+    return out
+
+
+def draft_choice(logits: np.ndarray) -> tuple[int, float]:
+    """The draft model's token (its argmax: a point mass, see the module's docstring) and its probability."""
+    token = int(np.argmax(logits))
+    peak = float(logits[token])
+    return token, float(1.0 / np.exp(logits.astype(np.float64) - peak).sum())
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What must match for a draft model's tokens to mean the target's (llama.cpp's speculative example checks
+    the same): the tokenizer's type, its BOS/EOS use, and every token's text."""
+    kind: int
+    add_bos: bool
+    bos: int
+    add_eos: bool
+    eos: int
+    texts: tuple[bytes, ...]
+
+
+def vocabulary_difference(target: Vocabulary, draft: Vocabulary) -> str | None:
+    """Why the draft cannot draft for the target (None: it can)."""
+    if draft.kind != target.kind:
+        return f"its tokenizer is of another type ({draft.kind}, the target's {target.kind})"
+    if (draft.add_bos, draft.bos) != (target.add_bos, target.bos) or (draft.add_eos, draft.eos) != \
+            (target.add_eos, target.eos):
+        return "it starts or ends sequences with other tokens"
+    if len(draft.texts) != len(target.texts):
+        return f"its vocabulary has {len(draft.texts)} tokens, the target's {len(target.texts)}"
+    for i, (mine, theirs) in enumerate(zip(draft.texts, target.texts)):
+        if mine != theirs:
+            return f"token {i} is {mine!r} there and {theirs!r} in the target"
+    return None
