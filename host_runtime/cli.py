@@ -104,9 +104,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="ngram: each decoding sequence drafts the tokens that followed the latest earlier occurrence "
                         "of its last few tokens (prompt lookup) and the model verifies them in the same call, so "
                         "edits and quotes come several tokens a step; drafts stop when a step holds 16 tokens. The "
-                        "tokens are those the sequence's own sampler picks from logits that llama.cpp's CPU kernels "
-                        "compute for several query rows, which can round differently from one row: a temperature-0 "
-                        "output may then differ from decoding without it (README). draft: a smaller model of the "
+                        "output is the one decoding without it gives (on the CPU in the default batching mode, "
+                        "which then lays attention out for it: README). draft: a smaller model of the "
                         "same vocabulary (--draft-model) drafts its most likely tokens. off (default): one token a "
                         "step")
     p.add_argument("--draft-model", metavar="PATH",
@@ -624,7 +623,8 @@ def cmd_engine(parser, args) -> int:
                            kv_budget_bytes=args.kv_budget_mib << 20, max_waiting=args.max_queue,
                            placement=args.placement, n_gpu_layers=args.gpu_layers,
                            tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,
-                           main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches)
+                           main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches,
+                           speculation=args.speculation != "off")
     cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
                               disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
     from host_runtime.engine.readiness import WedgePolicy

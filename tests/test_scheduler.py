@@ -264,6 +264,56 @@ EDIT_PROMPT = ("Here is a Python file:\n\n```python\ndef load(path):\n    with o
                "edited file.")
 
 
+@pytest.fixture(scope="module")
+def spec_model():
+    """The model as serve --speculation loads it: attention laid out so that a draft's rows compute as one."""
+    return LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_parallel=2, n_batch=32,
+                                                           prefill_chunk=32, n_threads=2, speculation=True))
+
+
+def test_a_drafts_rows_give_the_logits_one_token_at_a_time_gives(spec_model):
+    """Up to 16 tokens of one sequence in one call (a draft verified) against the same tokens decoded one per
+    call, past 400 cells: bit-identical. (Plain attention, the layout without speculation, gave logits 0.47
+    to 1.1 apart here: llamafile's tinyBLAS takes its matrix products from two rows, vec_dot one.)"""
+    import llama_cpp
+    import numpy as np
+    from llama_cpp._internals import LlamaBatch
+
+    from host_runtime.engine.prompt import PromptBuilder
+
+    m = spec_model
+    assert m.exact_rows
+    holder = LlamaBatch(n_tokens=m.n_batch, embd=0, n_seq_max=1, verbose=False)
+    batch = holder.batch
+
+    def decode(tokens, pos, every_row=False):
+        batch.n_tokens = 0
+        for i, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos + i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = every_row or i == len(tokens) - 1
+        batch.n_tokens = len(tokens)
+        assert llama_cpp.llama_decode(m.ctx.ctx, batch) == 0
+        return [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(m.ctx.ctx, i), shape=(m.n_vocab,)).copy()
+                for i in range(len(tokens)) if every_row or i == len(tokens) - 1]
+
+    llama_cpp.llama_memory_clear(m.ctx.memory, True)
+    prompt, _ = PromptBuilder(m).chat_tokens([{"role": "user", "content": EDIT_PROMPT * 3}])
+    assert len(prompt) > 400
+    for start in range(0, len(prompt) - 1, 32):
+        decode(prompt[start:min(start + 32, len(prompt) - 1)], start)
+    base = len(prompt) - 1
+    tokens, one_by_one = [prompt[-1]], []
+    for i in range(16):
+        one_by_one.append(decode(tokens[-1:], base + i)[0])
+        tokens.append(int(np.argmax(one_by_one[-1])))
+    for rows in (2, 7, 16):
+        llama_cpp.llama_memory_seq_rm(m.ctx.memory, 0, base, -1)
+        together = decode(tokens[:rows], base, every_row=True)
+        assert all(np.array_equal(a, b) for a, b in zip(together, one_by_one[:rows])), rows
+    llama_cpp.llama_memory_clear(m.ctx.memory, True)
+
+
 def edit(model, speculation: bool, opt_out: bool = False, drafter=None) -> tuple[str, dict, float]:
     from host_runtime.engine.prompt import PromptBuilder
 
@@ -282,10 +332,12 @@ def edit(model, speculation: bool, opt_out: bool = False, drafter=None) -> tuple
     return text, dict(engine.metrics.spec), engine.metrics.snapshot()["n_decode_total"]
 
 
-def test_speculation_drafts_from_the_prompt_and_keeps_the_output(model):
+def test_speculation_drafts_from_the_prompt_and_keeps_the_output(spec_model):
     """Prompt lookup on a code edit: drafts are accepted, the same 80 tokens come in fewer decode calls, and
     the text is the one decoding without speculation gives (temperature 0)."""
     import llama_cpp
+
+    model = spec_model
 
     llama_cpp.llama_memory_clear(model.ctx.memory, True)  # an earlier test's cached prefixes are not this one's
     plain, plain_spec, plain_calls = edit(model, speculation=False)
@@ -300,7 +352,7 @@ def test_speculation_drafts_from_the_prompt_and_keeps_the_output(model):
     assert none == {} and opted_out == plain
 
 
-def test_a_draft_model_drafts_and_the_output_is_the_targets(model, tmp_path):
+def test_a_draft_model_drafts_and_the_output_is_the_targets(spec_model):
     """The same GGUF as its own draft model (its own context, placed by the planner): its drafts are the target's
     argmax, so nearly all are accepted; the text is the one decoding without speculation gives; and the next
     request on the slot drafts from what the draft context already holds."""
@@ -308,7 +360,9 @@ def test_a_draft_model_drafts_and_the_output_is_the_targets(model, tmp_path):
 
     from host_runtime.engine.draft_model import DraftModel
 
-    config = ContextConfig(n_ctx_per_seq=1024, n_parallel=2, n_batch=32, prefill_chunk=32, n_threads=2)
+    model = spec_model
+    config = ContextConfig(n_ctx_per_seq=1024, n_parallel=2, n_batch=32, prefill_chunk=32, n_threads=2,
+                           speculation=True)
     drafter = DraftModel.load(str(default_model_path()), model, config)
     assert drafter.model.n_parallel == model.n_parallel and not drafter.model.batch_invariant
     llama_cpp.llama_memory_clear(model.ctx.memory, True)

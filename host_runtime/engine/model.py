@@ -75,6 +75,7 @@ class ContextConfig:
     n_threads_decode: int = 0  # for calls of one token (llama.cpp's n_threads); 0: decode_threads(n_threads)
     batch_invariant: bool = True  # temperature-0 output independent of what else is batched; False: serve
     # --mixed-batches (prompt chunks and decode tokens in one call over a shared KV buffer)
+    speculation: bool = False  # drafts verified in the same call (serve --speculation): see exact_rows
     placement: str = "auto"  # auto: the planner spreads layers over the GPUs llama.cpp sees; cpu: none offloaded
     n_gpu_layers: int | None = None  # explicit, as llama-server's --gpu-layers; checked by the same proof
     tensor_split: tuple[float, ...] | None = None
@@ -101,7 +102,8 @@ def place(path: str | os.PathLike, config: ContextConfig, say=lambda phase, frac
         devices, host = live_devices()
         devices = [] if config.placement == "cpu" else only_main_gpu(devices, config.main_gpu)
         placement, _ = prove(str(path), table, devices, host, request, n_batch=config.n_batch,
-                             n_threads=config.n_threads, batch_invariant=config.batch_invariant)
+                             n_threads=config.n_threads, batch_invariant=config.batch_invariant,
+                             speculation=config.speculation)
     except (ModelTableError, PlacementError, ProofFailed) as exc:
         raise ModelLoadError(str(exc)) from None
     return placement
@@ -119,7 +121,8 @@ class LoadedModel:
 
         from host_runtime.engine import llama_log
         from host_runtime.engine.capacity import Capacity
-        from host_runtime.placement.llama_params import DeviceMissing, call_tokens, context_params, model_params
+        from host_runtime.placement.llama_params import (GGML_TYPE_BF16, DeviceMissing, call_tokens, context_params,
+                                                         exact_rows, model_params)
         from host_runtime.placement.proof import parse_buffer_log
 
         self.path = check_gguf_file(path)
@@ -152,11 +155,13 @@ class LoadedModel:
         self.n_threads = config.n_threads or os.cpu_count() or 1
         cparams = context_params(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel, n_batch=config.n_batch,
                                  n_threads=self.n_threads, n_threads_decode=config.n_threads_decode,
-                                 batch_invariant=config.batch_invariant)
+                                 batch_invariant=config.batch_invariant,
+                                 exact_rows=exact_rows(p, config.batch_invariant, config.speculation))
+        self.exact_rows = cparams.type_v == GGML_TYPE_BF16  # as context_params laid it out
         self.n_threads_decode = cparams.n_threads  # context_params chose it (decode_threads) unless given
         # The KV cache's layout, for the prefix cache's fingerprint: as context_params made it.
         kv_layout = (f"{'unified' if cparams.kv_unified else 'streams'}"
-                     f":fa{int(cparams.flash_attn_type)}")
+                     f":fa{int(cparams.flash_attn_type)}:v{int(cparams.type_v)}")
         with llama_log.capture() as text:
             try:
                 self.model = LlamaModel(path_model=str(self.path), params=mp.params, verbose=False)
@@ -186,7 +191,7 @@ class LoadedModel:
         # Cached KV is only valid for these weights, this llama.cpp, this cache type and chunking, and this layout
         # (flash attention or not lays the V cache out differently).
         self.cache_fingerprint = (f"{self.model_id}:{self.path.stat().st_size}:llama-cpp-python-{llama_cpp.__version__}"
-                                  f":f16:{kv_layout}:chunk{self.prefill_chunk}:eog-cuts")
+                                  f":{kv_layout}:chunk{self.prefill_chunk}:eog-cuts")
         self._embed_ctx = None
         self._pieces: dict[int, bytes] = {}
 

@@ -55,16 +55,18 @@ def parse_buffer_log(text: str, gpu_names: set[str]) -> Allocation:
     return Allocation(out)
 
 
-def dry_run(model_path: str, placement: Placement, *, n_batch: int, n_threads: int, batch_invariant: bool) -> Allocation:
+def dry_run(model_path: str, placement: Placement, *, n_batch: int, n_threads: int, batch_invariant: bool,
+            speculation: bool = False) -> Allocation:
     """llama.cpp sizes every buffer of this placement without allocating one; its compute figures come back."""
     import llama_cpp
 
     from host_runtime.engine import llama_log
-    from host_runtime.placement.llama_params import context_params, model_params
+    from host_runtime.placement.llama_params import context_params, exact_rows, model_params
 
     mp = model_params(placement, no_alloc=True)
     cparams = context_params(n_ctx_per_seq=placement.n_ctx_per_seq, n_parallel=placement.n_parallel,
-                             n_batch=n_batch, n_threads=n_threads, batch_invariant=batch_invariant)
+                             n_batch=n_batch, n_threads=n_threads, batch_invariant=batch_invariant,
+                             exact_rows=exact_rows(placement, batch_invariant, speculation))
     with llama_log.capture() as text:
         model = llama_cpp.llama_model_load_from_file(model_path.encode(), mp.params)
         if not model:
@@ -91,7 +93,8 @@ def _layout(p: Placement) -> tuple:
 
 
 def prove(model_path: str, table: ModelTable, devices: list[Device], host: Host, request: PlanRequest, *,
-          n_batch: int, n_threads: int = 0, batch_invariant: bool = True) -> tuple[Placement, list[Allocation]]:
+          n_batch: int, n_threads: int = 0, batch_invariant: bool = True,
+          speculation: bool = False) -> tuple[Placement, list[Allocation]]:
     """Plan, ask llama.cpp for the compute buffers of that plan, plan again with them; repeat until the layout
     holds (at most MAX_ROUNDS). Raises PlacementError where the proven figures do not fit."""
     request = replace(request, n_ubatch=n_batch)
@@ -99,7 +102,7 @@ def prove(model_path: str, table: ModelTable, devices: list[Device], host: Host,
     runs: list[Allocation] = []
     for _ in range(MAX_ROUNDS):
         allocation = dry_run(model_path, placement, n_batch=max(n_batch, placement.n_parallel), n_threads=n_threads,
-                             batch_invariant=batch_invariant)
+                             batch_invariant=batch_invariant, speculation=speculation)
         runs.append(allocation)
         measured = {s.device: allocation.get(s.device, "compute") for s in placement.shares}
         again = plan(table, devices, host, replace(request, measured_compute=measured))
