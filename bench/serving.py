@@ -227,9 +227,12 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
     wanted = args.servers.split(",")
     # everycycle's two batching modes: the default (batch-invariant: a request's temperature-0 output the same
     # alone or batched) and --mixed-batches (prompt chunks and decode tokens in one call, as llama-server).
-    # everycycle-spec: the default with prompt-lookup speculative decoding (serve --speculation ngram).
+    # everycycle-spec: the default with prompt-lookup speculative decoding (serve --speculation ngram);
+    # everycycle-draft: with a draft model (--draft-model, by default the target itself: the mechanism's cost).
+    draft = args.draft_model or model
     for name, mode in (("everycycle", []), ("everycycle-mixed", ["--mixed-batches"]),
-                       ("everycycle-spec", ["--speculation", "ngram"])):
+                       ("everycycle-spec", ["--speculation", "ngram"]),
+                       ("everycycle-draft", ["--speculation", "draft", "--draft-model", draft])):
         if name not in wanted:
             continue
         port = free_port()
@@ -238,8 +241,10 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
                                      "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size),
                                      "--run-dir", str(workdir / name), *mode, *gpu["everycycle"]], port,
                               "/ready"))
-    # llama-server-spec: llama-server with its own prompt-lookup speculation (no draft model).
-    for name, mode in (("llama-server", []), ("llama-server-spec", LLAMA_SERVER_NGRAM)):
+    # llama-server-spec: llama-server with its own prompt-lookup speculation (no draft model);
+    # llama-server-draft: with the same draft model as everycycle-draft, its default draft settings.
+    for name, mode in (("llama-server", []), ("llama-server-spec", LLAMA_SERVER_NGRAM),
+                       ("llama-server-draft", ["--model-draft", draft])):
         if name not in wanted:
             continue
         port = free_port()
@@ -284,7 +289,7 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
             order = servers if rep % 2 == 0 else list(reversed(servers))
             for lvl in levels:
                 for s in order:
-                    before = s.metrics() if s.name in ("everycycle", "everycycle-spec") else None
+                    before = s.metrics() if s.name in ("everycycle", "everycycle-spec", "everycycle-draft") else None
                     t0 = time.perf_counter()
                     result = run_level(s, lvl, args.requests_per_client, body_for)
                     wall = time.perf_counter() - t0
@@ -318,6 +323,12 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
                 r["tok_s_vs_no_speculation"] = spec["tok_s"] / ec["tok_s"]
                 if spec_ref and spec_ref["tok_s"]:
                     r["tok_s_vs_llama_server_speculative"] = spec["tok_s"] / spec_ref["tok_s"]
+            drafted, drafted_ref = by.get("everycycle-draft"), by.get("llama-server-draft")
+            if drafted and drafted["tok_s"]:
+                # the same with a draft model, against no speculation and against llama-server with that draft
+                r["draft_tok_s_vs_no_speculation"] = drafted["tok_s"] / ec["tok_s"]
+                if drafted_ref and drafted_ref["tok_s"]:
+                    r["draft_tok_s_vs_llama_server_draft"] = drafted["tok_s"] / drafted_ref["tok_s"]
             if spec_ref and spec_ref["tok_s"] and "llama-server" in by and by["llama-server"]["tok_s"]:
                 r["llama_server_spec_vs_plain"] = spec_ref["tok_s"] / by["llama-server"]["tok_s"]
             if "llama-cpp-python" in by and by["llama-cpp-python"]["tok_s"]:
@@ -416,8 +427,12 @@ def main() -> int:
     p.add_argument("--llama-server", help="path to the llama-server binary (make bench-ref builds it)")
     p.add_argument("--model", default=None, help="GGUF (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--servers", default="everycycle,everycycle-mixed,llama-server,llama-cpp-python",
-                   help="any of everycycle, everycycle-mixed, everycycle-spec (--speculation ngram), llama-server, "
-                        "llama-server-spec (its n-gram speculation), llama-cpp-python")
+                   help="any of everycycle, everycycle-mixed, everycycle-spec (--speculation ngram), "
+                        "everycycle-draft (--speculation draft), llama-server, llama-server-spec (its n-gram "
+                        "speculation), llama-server-draft (its --model-draft), llama-cpp-python")
+    p.add_argument("--draft-model", metavar="PATH",
+                   help="the draft model of everycycle-draft and llama-server-draft (default: --model itself, "
+                        "which measures the mechanism's cost, not a speed-up)")
     p.add_argument("--workload", choices=["chat", "code-edit"], default="chat",
                    help="chat: a short paragraph and its answer; code-edit: a file and the whole edited file back")
     p.add_argument("--levels", default="1,4,8,16")
