@@ -231,8 +231,9 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
     # everycycle-draft: with a draft model (--draft-model, by default the target itself: the mechanism's cost).
     draft = args.draft_model or model
     for name, mode in (("everycycle", []), ("everycycle-mixed", ["--mixed-batches"]),
-                       ("everycycle-spec", ["--speculation", "ngram"]),
-                       ("everycycle-draft", ["--speculation", "draft", "--draft-model", draft])):
+                       ("everycycle-spec", ["--speculation", "ngram", "--draft-max", str(args.draft_max)]),
+                       ("everycycle-draft", ["--speculation", "draft", "--draft-model", draft,
+                                             "--draft-max", str(args.draft_max)])):
         if name not in wanted:
             continue
         port = free_port()
@@ -242,16 +243,22 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
                                      "--run-dir", str(workdir / name), *mode, *gpu["everycycle"]], port,
                               "/ready"))
     # llama-server-spec: llama-server with its own prompt-lookup speculation (no draft model);
-    # llama-server-draft: with the same draft model as everycycle-draft, its default draft settings.
+    # llama-server-draft: with the same draft model as everycycle-draft, its draft-simple type (--model-draft
+    # alone loads the draft and drafts nothing). Where the CPU has AMX, every llama-server runs without
+    # repacked weights, as everycycle does there (placement/llama_params.extra_buffers_safe): this llama.cpp's
+    # AMX matrix multiply segfaults in a batched decode (seen here in llama-server, plain and with a draft).
+    from host_runtime.placement.llama_params import extra_buffers_safe
+
+    no_repack = [] if extra_buffers_safe() else ["--no-repack"]
     for name, mode in (("llama-server", []), ("llama-server-spec", LLAMA_SERVER_NGRAM),
-                       ("llama-server-draft", ["--model-draft", draft])):
+                       ("llama-server-draft", ["--model-draft", draft, "--spec-type", "draft-simple"])):
         if name not in wanted:
             continue
         port = free_port()
         servers.append(Server(name, [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port",
                                      str(port), "-t", str(args.threads), "-tb", str(args.threads),
                                      "-np", str(args.parallel), "-c", str(args.ctx_size * args.parallel),
-                                     "--alias", model_id, "--no-webui", *mode, *gpu["llama-server"]], port,
+                                     "--alias", model_id, "--no-webui", *mode, *no_repack, *gpu["llama-server"]], port,
                               "/health"))
     if "llama-cpp-python" in wanted:
         port = free_port()
@@ -430,6 +437,8 @@ def main() -> int:
                    help="any of everycycle, everycycle-mixed, everycycle-spec (--speculation ngram), "
                         "everycycle-draft (--speculation draft), llama-server, llama-server-spec (its n-gram "
                         "speculation), llama-server-draft (its --model-draft), llama-cpp-python")
+    p.add_argument("--draft-max", type=int, default=6, metavar="N",
+                   help="everycycle-spec's and everycycle-draft's serve --draft-max (llama-server keeps its defaults)")
     p.add_argument("--draft-model", metavar="PATH",
                    help="the draft model of everycycle-draft and llama-server-draft (default: --model itself, "
                         "which measures the mechanism's cost, not a speed-up)")
@@ -461,7 +470,8 @@ def main() -> int:
     doc: dict = {"config": {"model": model_id, "threads": args.threads, "parallel": args.parallel,
                             "ctx_size_per_sequence": args.ctx_size, "max_tokens": args.max_tokens,
                             "requests_per_client": args.requests_per_client, "repeats": args.repeats,
-                            "workload": args.workload,
+                            "workload": args.workload, "servers": args.servers.split(","),
+                            "draft_max": args.draft_max, "draft_model": model_id_for(args.draft_model or model),
                             "suppressed_tokens": sorted(int(t) for t in bias), "cpu": cpu_name(),
                             "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}}
     try:

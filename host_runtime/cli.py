@@ -68,6 +68,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _draft_max(text: str) -> int:
+    value = _positive(text)
+    if value > 15:  # a step holds 16 decode tokens: the pending one and up to 15 drafted
+        raise argparse.ArgumentTypeError(f"must be at most 15, got {value}")
+    return value
+
+
 def _run_dir(explicit: str | None = None) -> Path:
     """Where the services publish: the option, else $EVERYCYCLE_RUN_DIR (make run), else the box's /run/everycycle."""
     return Path(explicit or os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
@@ -108,6 +115,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         "which then lays attention out for it: README). draft: a smaller model of the "
                         "same vocabulary (--draft-model) drafts its most likely tokens. off (default): one token a "
                         "step")
+    p.add_argument("--draft-max", type=_draft_max, default=6, metavar="N",
+                   help="the most tokens a sequence drafts in a step, 1 to 15 (default 6); each sequence drafts as "
+                        "many as its recent acceptance earned, up to this")
     p.add_argument("--draft-model", metavar="PATH",
                    help="with --speculation draft: the GGUF that drafts for the served model (models loaded on "
                         "demand beside it run without); its tokens must be the target's (loaded after the target, "
@@ -635,7 +645,8 @@ def cmd_engine(parser, args) -> int:
     service = EngineService(model, config, cache, governor_state=args.governor_state,
                             wedge=WedgePolicy(floor_s=args.wedge_floor),
                             speculation=SpeculationConfig(enabled=args.speculation != "off",
-                                                          kind="ngram" if args.speculation == "off" else args.speculation),
+                                                          kind="ngram" if args.speculation == "off" else args.speculation,
+                                                          k_max=args.draft_max),
                             draft_model=draft)
     serve_engine(args.socket, service)
     return 0 if service.state != "failed" else 1

@@ -207,6 +207,8 @@ def test_one_token_calls_leave_a_core_to_the_serving_processes():
     (["--speculation", "draft"], "--speculation draft: needs --draft-model PATH"),
     (["--draft-model", "x.gguf"], "--draft-model: drafts only with --speculation draft"),
     (["--speculation", "draft", "--draft-model", "/nonexistent/d.gguf"], "--draft-model: model file"),
+    (["--speculation", "ngram", "--draft-max", "16"], "--draft-max: must be at most 15, got 16"),
+    (["--speculation", "ngram", "--draft-max", "0"], "--draft-max: must be at least 1, got 0"),
 ])
 def test_draft_model_flags_are_checked_before_anything_starts(argv, message, capsys):
     from host_runtime.cli import main
@@ -221,9 +223,10 @@ def test_the_draft_model_reaches_the_engine_and_models_loaded_on_demand_run_with
     from host_runtime.serving.gunicorn_runner import engine_argv
 
     args = build_parser().parse_args(["serve", "--speculation", "draft", "--draft-model", "/m/draft.gguf",
-                                      "--prefix-cache-dir", "/run/pc"])
+                                      "--prefix-cache-dir", "/run/pc", "--draft-max", "12"])
     argv = engine_argv("/run/e.sock", "m.gguf", args)
     assert argv[argv.index("--speculation") + 1] == "draft" and argv[argv.index("--draft-model") + 1] == "/m/draft.gguf"
+    assert argv[argv.index("--draft-max") + 1] == "12"
     other = engine_argv("/run/o.sock", "/store/other.gguf", on_demand_engine_options(args, "/store/other.gguf"))
     assert other[other.index("--speculation") + 1] == "off" and "--draft-model" not in other
     assert other[other.index("--prefix-cache-dir") + 1] == "/run/pc-models/other"

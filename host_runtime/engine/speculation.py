@@ -44,10 +44,9 @@ class SpeculationConfig:
     """The engine's speculation settings (serve --speculation, --draft-model)."""
     enabled: bool = False
     kind: str = "ngram"  # one of KINDS; "draft" needs the engine's DraftModel
-    # The most tokens one sequence drafts in a step. Six: llama.cpp's CPU attention takes another path from 8
-    # query tokens of one sequence in a call (per-sequence KV streams, no flash attention), and its logits then
-    # differ from one-token decoding (measured: identical for 1 to 7 tokens, up to 0.6 apart from 8), so a
-    # verified token could differ from the one decoding without speculation gives.
+    # The most tokens one sequence drafts in a step (serve --draft-max). Exactness does not bound it (with
+    # speculation the context lays attention out so that any number of rows computes as one does: see
+    # placement/llama_params.exact_rows); the step's 16 tokens and the cost of a verify call do.
     k_max: int = 6
     step_tokens: int = 16  # decode tokens a step may hold, drafts included, before drafts stop (share_drafts)
     n_max: int = 4         # the longest n-gram looked up
