@@ -239,6 +239,7 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
         port = free_port()
         servers.append(Server(name, [py, "-m", "host_runtime.cli", "serve", "--port", str(port),
                                      "--model", model, "--threads", str(args.threads),
+                                     *(["--decode-threads", str(args.decode_threads)] if args.decode_threads else []),
                                      "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size),
                                      "--run-dir", str(workdir / name), *mode, *gpu["everycycle"]], port,
                               "/ready"))
@@ -437,7 +438,7 @@ def main() -> int:
                    help="any of everycycle, everycycle-mixed, everycycle-spec (--speculation ngram), "
                         "everycycle-draft (--speculation draft), llama-server, llama-server-spec (its n-gram "
                         "speculation), llama-server-draft (its --model-draft), llama-cpp-python")
-    p.add_argument("--draft-max", type=int, default=6, metavar="N",
+    p.add_argument("--draft-max", type=int, default=12, metavar="N",
                    help="everycycle-spec's and everycycle-draft's serve --draft-max (llama-server keeps its defaults)")
     p.add_argument("--draft-model", metavar="PATH",
                    help="the draft model of everycycle-draft and llama-server-draft (default: --model itself, "
@@ -449,6 +450,8 @@ def main() -> int:
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--decode-threads", type=int, default=0, metavar="N",
+                   help="everycycle's serve --decode-threads (0: its default)")
     p.add_argument("--parallel", type=int, default=16, help="sequences/slots for the batching servers")
     p.add_argument("--ctx-size", type=int, default=1024, help="context per sequence")
     p.add_argument("--mode", choices=["all", "serving", "prefix"], default="all")
@@ -467,7 +470,7 @@ def main() -> int:
     model_id = model_id_for(model)
     bias = {str(t): -100 for t in end_of_generation_ids(model)}
     workdir = Path(tempfile.mkdtemp(prefix="everycycle-bench-"))
-    doc: dict = {"config": {"model": model_id, "threads": args.threads, "parallel": args.parallel,
+    doc: dict = {"config": {"model": model_id, "threads": args.threads, "decode_threads": args.decode_threads, "parallel": args.parallel,
                             "ctx_size_per_sequence": args.ctx_size, "max_tokens": args.max_tokens,
                             "requests_per_client": args.requests_per_client, "repeats": args.repeats,
                             "workload": args.workload, "servers": args.servers.split(","),

@@ -115,9 +115,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         "which then lays attention out for it: README). draft: a smaller model of the "
                         "same vocabulary (--draft-model) drafts its most likely tokens. off (default): one token a "
                         "step")
-    p.add_argument("--draft-max", type=_draft_max, default=6, metavar="N",
-                   help="the most tokens a sequence drafts in a step, 1 to 15 (default 6); each sequence drafts as "
-                        "many as its recent acceptance earned, up to this")
+    p.add_argument("--draft-max", type=_draft_max, default=12, metavar="N",
+                   help="the most tokens a sequence drafts in a step, 1 to 15; each sequence drafts as "
+                        "many as its recent acceptance earned, up to this (default 12)")
     p.add_argument("--draft-model", metavar="PATH",
                    help="with --speculation draft: the GGUF that drafts for the served model (models loaded on "
                         "demand beside it run without); its tokens must be the target's (loaded after the target, "
