@@ -269,9 +269,20 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
                                                    str(args.ctx_size), "--interrupt_requests", "False",
                                                    "--model_alias", model_id, *gpu["llama-cpp-python"]], port,
                                   "/v1/models"))
-    for s in servers:
-        s.wait_ready()
+    all_ready(servers)
     return servers
+
+
+def all_ready(servers) -> None:
+    """Wait for every server; if one never gets ready, stop them all before failing (seen: a crashed
+    llama-server left every other server of that run serving, idle, through the later runs)."""
+    try:
+        for s in servers:
+            s.wait_ready()
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
 
 
 def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> dict:
@@ -384,8 +395,7 @@ def prefix_mode(args, model: str, model_id: str, workdir: Path) -> dict:
                                            *common, "--prefix-cache-ram-mib", "0", "--run-dir",
                                            str(workdir / "prefix-disk")], ports["disk"], "/ready"),
     }
-    for s in servers.values():
-        s.wait_ready()
+    all_ready(list(servers.values()))
     system = " ".join([PARAGRAPH] * 11)  # ~1,000 tokens
 
     def ask(port: int, prefix: str | None, question: str) -> float:
