@@ -87,8 +87,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=_non_negative, default=0, metavar="N", help="CPU threads for llama.cpp (0: all cores)")
     p.add_argument("--decode-threads", type=_non_negative, default=0, metavar="N",
-                   help="CPU threads for a decode call of one token, a lone stream's step (0: one fewer than "
-                        "--threads, at least 1, leaving a core to the processes that stream each token)")
+                   help="CPU threads for a decode call of one token, a lone stream's step (0: as --threads)")
     p.add_argument("--ctx-size", type=_positive, metavar="N", help="context tokens per sequence (default 4096)")
     p.add_argument("--parallel", type=_positive, metavar="N",
                    help="sequences decoded together (default: as many as --kv-budget-mib holds at full context, up to 16)")

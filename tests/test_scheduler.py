@@ -392,3 +392,32 @@ def test_a_draft_model_with_other_tokens_is_refused_naming_both(model, tmp_path)
         DraftModel.load(str(tiny), model, config)
     assert str(exc.value).startswith(f"--draft-model tiny-draft cannot draft for {model.model_id}: ")
     assert "vocabulary has" in str(exc.value) or "token" in str(exc.value)
+
+
+def test_the_warm_up_decodes_on_the_loop_thread_that_makes_every_later_call(model):
+    """libgomp gives each calling thread its own team; a warm-up on the loading thread made every later
+    two-thread one-token call about three times slower (Engine.start). So it runs on the loop thread."""
+    import threading
+
+    import llama_cpp
+
+    engine = Engine(model)
+    threads = []
+    real_decode = llama_cpp.llama_decode
+
+    def recording_decode(ctx, batch):
+        threads.append(threading.current_thread().name)
+        return real_decode(ctx, batch)
+
+    llama_cpp.llama_decode = recording_decode
+    try:
+        seconds = engine.start(warm_up=True)
+        log = Log()
+        engine.submit(GenerationRequest(prompt_tokens=model.tokenize("Hello there", add_bos=True, special=False),
+                                        max_tokens=3, sink=log.sink("a"),
+                                        sampling=SamplingParams(temperature=0.0, ignore_eos=True)))
+        assert log.done["a"].wait(60)
+    finally:
+        llama_cpp.llama_decode = real_decode
+        engine.stop()
+    assert seconds > 0 and len(threads) >= 4 and set(threads) == {"engine-loop"}

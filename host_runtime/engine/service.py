@@ -70,8 +70,7 @@ class EngineService:
                                  prefix_cache=self.prefix_cache, governor_state=self.governor_state,
                                  speculation=self.speculation, drafter=drafter)
             self._loading("warming up")
-            warm = self.engine.warm_up()
-            self.engine.start()
+            warm = self.engine.start(warm_up=True)  # on the loop thread, as every later decode (Engine.start)
         except (ModelLoadError, RuntimeError) as exc:
             self.state, self.state_reason = "failed", str(exc)
             log.error("%s", exc)

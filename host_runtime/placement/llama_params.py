@@ -74,12 +74,13 @@ def call_tokens(n_batch: int, n_parallel: int, batch_invariant: bool) -> int:
 
 
 def decode_threads(n_threads: int) -> int:
-    """Threads for a call of one token (a lone stream's decode step): one fewer than for prompts, so that the
-    serving processes, which wake for every token, have a core and do not preempt one of llama.cpp's threads,
-    which the others then wait for at every barrier. Measured on 2 cores at concurrency 1 (bench/serving.py):
-    72 tok/s with one thread against 59 with two, while calls of several tokens (prompts, several streams) ran
-    faster on both (99 against 68 tok/s at concurrency 4). Logits are the same with either count."""
-    return max(1, n_threads - 1)
+    """Threads for a call of one token (a lone stream's decode step): all of them, as for prompts. An earlier
+    split (one fewer for one-token calls) answered a slowdown measured at c=1 in the server; its cause was
+    libgomp throttling its barrier spinning after the warm-up decoded on another thread than the loop
+    (Engine.start). With that fixed, on 2 cores: one-token calls 15.1 ms in the server on two threads against
+    22.8 on one, and chat at c=1 0.97x llama-server's tok/s against 0.65x (bench/serving.py
+    --decode-threads 2 / 1)."""
+    return n_threads
 
 
 def exact_rows(placement: Placement, batch_invariant: bool, speculation: bool) -> bool:
