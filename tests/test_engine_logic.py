@@ -189,10 +189,11 @@ def test_a_draft_is_verified_in_its_sequences_decode_slice_equal_lengths_sharing
 
 def test_one_token_calls_use_every_thread_unless_told_otherwise():
     from host_runtime.cli import build_parser
-    from host_runtime.placement.llama_params import context_params, decode_threads
+    from host_runtime.placement.llama_params import context_params
     from host_runtime.serving.gunicorn_runner import engine_argv
 
-    assert [decode_threads(n) for n in (1, 2, 16)] == [1, 2, 16]
+    assert [context_params(n_ctx_per_seq=256, n_parallel=2, n_batch=64, n_threads=n, batch_invariant=True).n_threads
+            for n in (1, 2, 16)] == [1, 2, 16]
     cparams = context_params(n_ctx_per_seq=256, n_parallel=2, n_batch=64, n_threads=4, batch_invariant=True)
     assert (cparams.n_threads, cparams.n_threads_batch) == (4, 4)
     cparams = context_params(n_ctx_per_seq=256, n_parallel=2, n_batch=64, n_threads=4, batch_invariant=True,

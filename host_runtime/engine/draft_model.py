@@ -47,7 +47,6 @@ class DraftModel:
         self.p_min = p_min
         self.kv: dict[int, list[int]] = {}  # seq_id -> the tokens its KV sequence holds, in order
         self._batch = LlamaBatch(n_tokens=model.n_batch, embd=0, n_seq_max=1, verbose=False)
-        self.calls = 0  # llama_decode calls made, for the engine's profile
 
     @classmethod
     def load(cls, path: str, target: LoadedModel, config: ContextConfig, p_min: float = 0.0,
@@ -85,27 +84,29 @@ class DraftModel:
         shares = catch_up_shares({s: len(t) for s, t in pending.items()}, self.model.n_batch)
         rows = self._decode({s: pending[s][:n] for s, n in shares.items()},
                             wants={s for s, n in shares.items() if n == len(pending[s])})
+        # The catch-up's last rows give each sequence its first token; each later call, one more for the
+        # sequences that still want one and whose draft model was sure enough of the last.
         drafts: dict[int, list[int]] = {}
-        live: list[int] = []
-        for seq_id, row in rows.items():
-            token, p = draft_choice(self._logits(row))
-            if p < self.p_min:
-                continue
-            drafts[seq_id] = [token]
-            if len(drafts[seq_id]) < wanted[seq_id][1]:
-                live.append(seq_id)
-        while live:
-            rows = self._decode({s: drafts[s][-1:] for s in live}, wants=set(live))
-            still = []
-            for seq_id in live:
-                token, p = draft_choice(self._logits(rows[seq_id]))
-                if p < self.p_min:
+        while rows:
+            live = []
+            for seq_id, row in rows.items():
+                token = self._next_token(row)
+                if token is None:
                     continue
-                drafts[seq_id].append(token)
+                drafts.setdefault(seq_id, []).append(token)
                 if len(drafts[seq_id]) < wanted[seq_id][1]:
-                    still.append(seq_id)
-            live = still
+                    live.append(seq_id)
+            rows = self._decode({s: drafts[s][-1:] for s in live}, wants=set(live))
         return drafts
+
+    def _next_token(self, row: int) -> int | None:
+        """The draft model's token at this batch row; None where p_min is set and its probability is below it
+        (the softmax over the vocabulary is only computed then)."""
+        logits = self._logits(row)
+        if not self.p_min:
+            return int(np.argmax(logits))
+        token, p = draft_choice(logits)
+        return token if p >= self.p_min else None
 
     def _decode(self, tokens: dict[int, list[int]], wants: set[int]) -> dict[int, int]:
         """One llama_decode of each sequence's tokens after what its KV holds; the batch row of the last token
@@ -130,7 +131,6 @@ class DraftModel:
         if batch.n_tokens == 0:
             return {}
         rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
-        self.calls += 1
         if rc != 0:
             # What the KV holds is no longer known: start every sequence over rather than draft from a guess.
             llama_cpp.llama_memory_clear(self.model.ctx.memory, True)

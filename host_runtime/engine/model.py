@@ -72,7 +72,7 @@ class ContextConfig:
     n_batch: int = 512  # a step's prompt-token budget (several prompts, one chunk each)
     prefill_chunk: int = 128  # prompt tokens per chunk: the unit of chunked prefill and of prefix caching
     n_threads: int = 0  # 0: every core
-    n_threads_decode: int = 0  # for calls of one token (llama.cpp's n_threads); 0: decode_threads(n_threads)
+    n_threads_decode: int = 0  # for calls of one token (llama.cpp's n_threads); 0: as n_threads
     batch_invariant: bool = True  # temperature-0 output independent of what else is batched; False: serve
     # --mixed-batches (prompt chunks and decode tokens in one call over a shared KV buffer)
     speculation: bool = False  # drafts verified in the same call (serve --speculation): see exact_rows
@@ -121,8 +121,8 @@ class LoadedModel:
 
         from host_runtime.engine import llama_log
         from host_runtime.engine.capacity import Capacity
-        from host_runtime.placement.llama_params import (GGML_TYPE_BF16, DeviceMissing, call_tokens, context_params,
-                                                         exact_rows, model_params)
+        from host_runtime.placement.llama_params import (DeviceMissing, call_tokens, context_params, exact_rows,
+                                                         model_params)
         from host_runtime.placement.proof import parse_buffer_log
 
         self.path = check_gguf_file(path)
@@ -153,12 +153,11 @@ class LoadedModel:
         self.batch_invariant = config.batch_invariant
         self.n_batch = call_tokens(config.n_batch, self.n_parallel, config.batch_invariant)
         self.n_threads = config.n_threads or os.cpu_count() or 1
+        self.exact_rows = exact_rows(p, config.batch_invariant, config.speculation)
         cparams = context_params(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel, n_batch=config.n_batch,
                                  n_threads=self.n_threads, n_threads_decode=config.n_threads_decode,
-                                 batch_invariant=config.batch_invariant,
-                                 exact_rows=exact_rows(p, config.batch_invariant, config.speculation))
-        self.exact_rows = cparams.type_v == GGML_TYPE_BF16  # as context_params laid it out
-        self.n_threads_decode = cparams.n_threads  # context_params chose it (decode_threads) unless given
+                                 batch_invariant=config.batch_invariant, exact_rows=self.exact_rows)
+        self.n_threads_decode = cparams.n_threads  # context_params chose it unless given
         # The KV cache's layout, for the prefix cache's fingerprint: as context_params made it.
         kv_layout = (f"{'unified' if cparams.kv_unified else 'streams'}"
                      f":fa{int(cparams.flash_attn_type)}:v{int(cparams.type_v)}")

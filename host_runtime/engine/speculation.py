@@ -36,14 +36,11 @@ def lookup_draft(history: Sequence[int], *, n_max: int = 4, n_min: int = 1, k: i
     return []
 
 
-KINDS = ("ngram", "draft")  # serve --speculation: prompt lookup, or a draft model (--draft-model)
-
-
 @dataclass(frozen=True)
 class SpeculationConfig:
     """The engine's speculation settings (serve --speculation, --draft-model)."""
     enabled: bool = False
-    kind: str = "ngram"  # one of KINDS; "draft" needs the engine's DraftModel
+    kind: str = "ngram"  # "ngram" (prompt lookup) or "draft" (a draft model: the engine's DraftModel)
     # The most tokens one sequence drafts in a step (serve --draft-max). Exactness does not bound it (with
     # speculation the context lays attention out so that any number of rows computes as one does: see
     # placement/llama_params.exact_rows); the step's 16 tokens and the cost of a verify call do.

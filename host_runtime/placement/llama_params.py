@@ -73,16 +73,6 @@ def call_tokens(n_batch: int, n_parallel: int, batch_invariant: bool) -> int:
     return max(n_batch, n_parallel) if batch_invariant else n_batch + n_parallel
 
 
-def decode_threads(n_threads: int) -> int:
-    """Threads for a call of one token (a lone stream's decode step): all of them, as for prompts. An earlier
-    split (one fewer for one-token calls) answered a slowdown measured at c=1 in the server; its cause was
-    libgomp throttling its barrier spinning after the warm-up decoded on another thread than the loop
-    (Engine.start). With that fixed, on 2 cores: one-token calls 15.1 ms in the server on two threads against
-    22.8 on one, and chat at c=1 0.97x llama-server's tok/s against 0.65x (bench/serving.py
-    --decode-threads 2 / 1)."""
-    return n_threads
-
-
 def exact_rows(placement: Placement, batch_invariant: bool, speculation: bool) -> bool:
     """Whether the context lays attention out so that several query rows of one sequence (a draft verified in
     one call) compute exactly as one row does (context_params): in the invariant mode with speculation, where
@@ -94,7 +84,7 @@ def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threa
                    n_threads_decode: int = 0, exact_rows: bool = False):
     """The generation context: a KV stream per sequence (batch_invariant) or one shared buffer, calls of up to
     call_tokens() tokens (see engine/model.py); n_threads for calls of several tokens, n_threads_decode
-    (default decode_threads()) for calls of one."""
+    (default: the same) for calls of one."""
     import llama_cpp
 
     cparams = llama_cpp.llama_context_default_params()
@@ -102,7 +92,11 @@ def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threa
     cparams.n_batch = cparams.n_ubatch = call_tokens(n_batch, n_parallel, batch_invariant)
     cparams.n_seq_max = n_parallel
     cparams.n_threads_batch = n_threads or os.cpu_count() or 1
-    cparams.n_threads = n_threads_decode or decode_threads(cparams.n_threads_batch)
+    # One-token calls on every thread too. An earlier split (one fewer for them) answered a slowdown at c=1 in
+    # the server whose cause was libgomp throttling its barrier spinning after the warm-up decoded on another
+    # thread than the loop (Engine.start). Fixed, on 2 cores: one-token calls 15.1 ms in the server on two
+    # threads against 22.8 on one; chat at c=1 0.97x llama-server's tok/s against 0.65x.
+    cparams.n_threads = n_threads_decode or cparams.n_threads_batch
     cparams.kv_unified = not batch_invariant
     cparams.no_perf = True
     # Not invariant: one unified buffer, so that a call may mix sequences with different token counts (with a
