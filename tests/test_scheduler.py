@@ -229,10 +229,14 @@ def test_a_grammar_llama_cpp_refuses_never_reaches_a_sampler_chain(model):
 
 def test_embeddings_stop_when_their_client_leaves(model):
     engine = Engine(model)
-    with pytest.raises(EmbeddingCancelled):
-        engine.embed(["one", "two"], cancelled=lambda: True)
-    # The context is free again for the next request.
-    vectors, _ = engine.embed(["one"])
+    engine.start()
+    try:
+        with pytest.raises(EmbeddingCancelled):
+            engine.embed(["one", "two"], cancelled=lambda: True)
+        # The loop goes on to the next request.
+        vectors, _ = engine.embed(["one"])
+    finally:
+        engine.stop()
     assert len(vectors) == 1
 
 
@@ -394,9 +398,10 @@ def test_a_draft_model_with_other_tokens_is_refused_naming_both(model, tmp_path)
     assert "vocabulary has" in str(exc.value) or "token" in str(exc.value)
 
 
-def test_the_warm_up_decodes_on_the_loop_thread_that_makes_every_later_call(model):
+def test_the_warm_up_and_embeddings_decode_on_the_loop_thread_that_makes_every_generation_call(model):
     """libgomp gives each calling thread its own team; a warm-up on the loading thread made every later
-    two-thread one-token call about three times slower (Engine.start). So it runs on the loop thread."""
+    two-thread one-token call about three times slower (Engine.start), and an embedding on a handler thread
+    made them four times slower while that thread lived (Engine.embed). So they run on the loop thread."""
     import threading
 
     import llama_cpp
@@ -417,7 +422,10 @@ def test_the_warm_up_decodes_on_the_loop_thread_that_makes_every_later_call(mode
                                         max_tokens=3, sink=log.sink("a"),
                                         sampling=SamplingParams(temperature=0.0, ignore_eos=True)))
         assert log.done["a"].wait(60)
+        n_generation = len(threads)
+        vectors, _ = engine.embed(["an embedding's decode too", "and the next input's"])
     finally:
         llama_cpp.llama_decode = real_decode
         engine.stop()
-    assert seconds > 0 and len(threads) >= 4 and set(threads) == {"engine-loop"}
+    assert seconds > 0 and n_generation >= 4 and len(vectors) == 2 and len(threads) == n_generation + 2
+    assert set(threads) == {"engine-loop"}

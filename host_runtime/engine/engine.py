@@ -73,6 +73,15 @@ class EmbeddingCancelled(Exception):
     """The embedding's client went away; nothing is answered."""
 
 
+@dataclass
+class _EmbeddingJob:
+    token_lists: list[list[int]]
+    vectors: list[list[float]] = field(default_factory=list)
+    error: RequestRejected | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
 class Sequence:
     """One choice of one request, bound to a llama.cpp seq_id while it runs."""
 
@@ -153,8 +162,8 @@ class Engine:
         self._warm_up_first = False
         self._warmed = threading.Event()
         self._warm_result: float | BaseException | None = None
-        self._embed_lock = threading.Lock()
-        self._embed_waiters = 0  # requests queued behind _embed_lock, bounded like the generation queue
+        self._embed_jobs: collections.deque[_EmbeddingJob] = collections.deque()  # bounded like _waiting
+        self._steps_owed_s = 0.0  # generation time due before the next embedding input (see _loop)
         from llama_cpp._internals import LlamaBatch
 
         self._batch = LlamaBatch(n_tokens=model.n_batch, embd=0, n_seq_max=1, verbose=False)
@@ -246,10 +255,10 @@ class Engine:
     def embed(self, texts: list[str], cancelled=lambda: False) -> tuple[list[list[float]], int]:
         """Pooled (the model's pooling, else the mean), unit-length embeddings and the total token count.
 
-        `cancelled()` is asked while waiting for the embedding context and between inputs: a request whose
-        client left stops there instead of holding the context."""
-        from llama_cpp._internals import LlamaBatch
-
+        The loop thread computes them, one input between two generation steps: a decode from any other thread
+        gets its own libgomp team, and while that thread lives every two-thread one-token call of the loop's
+        took 30.5 ms instead of 7.2 (2 cores; see start). `cancelled()` is asked while waiting: a request
+        whose client left is dropped where it stands."""
         token_lists = [self.model.tokenize(t, add_bos=self.model.add_bos(), special=False) for t in texts]
         for i, tokens in enumerate(token_lists):
             if not tokens:
@@ -257,42 +266,58 @@ class Engine:
             if len(tokens) > self.model.n_ctx_per_seq:
                 raise RequestRejected(400, f"input[{i}] is {len(tokens)} tokens; the limit is "
                                       f"{self.model.n_ctx_per_seq}", param="input", code="context_length_exceeded")
-        n_embd = self.model.model.n_embd()
-        vectors = []
+        job = _EmbeddingJob(token_lists)
         with self._cv:
-            if self._embed_waiters >= self.max_waiting:
+            if len(self._embed_jobs) >= self.max_waiting:
                 self.metrics.add("requests_rejected_total")
-                raise RequestRejected(503, f"the server is at capacity ({self._embed_waiters} embedding requests "
-                                      "waiting); retry shortly", error_type="server_busy", code="queue_full",
-                                      retry_after=2)
-            self._embed_waiters += 1
-        try:
-            while not self._embed_lock.acquire(timeout=EMBED_CANCEL_POLL_S):
-                if cancelled():
-                    raise EmbeddingCancelled()
-        finally:
-            with self._cv:
-                self._embed_waiters -= 1
+                raise RequestRejected(503, f"the server is at capacity ({len(self._embed_jobs)} embedding "
+                                      "requests waiting); retry shortly", error_type="server_busy",
+                                      code="queue_full", retry_after=2)
+            self._embed_jobs.append(job)
+            self._cv.notify_all()
+        while not job.done.is_set():
+            if cancelled():
+                job.cancelled.set()  # the loop drops it before its next input
+                raise EmbeddingCancelled()
+            job.done.wait(EMBED_CANCEL_POLL_S)
+        if job.error is not None:
+            raise job.error
+        return job.vectors, sum(len(t) for t in token_lists)
+
+    def _embed_next(self) -> None:
+        """The oldest embedding request's next input (loop thread); a request is done after its last."""
+        import llama_cpp
+
+        with self._cv:
+            while self._embed_jobs and self._embed_jobs[0].cancelled.is_set():
+                self._embed_jobs.popleft()
+            if not self._embed_jobs:
+                return
+            job = self._embed_jobs[0]
+        tokens = job.token_lists[len(job.vectors)]
         try:
             ctx = self.model.embeddings_context()
-        except BaseException:
-            self._embed_lock.release()
-            raise
-        try:
-            for tokens in token_lists:
-                if cancelled():
-                    raise EmbeddingCancelled()
-                ctx.kv_cache_clear()
-                batch = LlamaBatch(n_tokens=len(tokens), embd=0, n_seq_max=1, verbose=False)
-                batch.add_sequence(tokens, 0, logits_all=True)
-                ctx.decode(batch)
-                vec = np.ctypeslib.as_array(ctx.get_embeddings_seq(0), shape=(n_embd,)).astype(np.float64)
-                norm = np.linalg.norm(vec)
-                vectors.append((vec / norm if norm > 0 else vec).tolist())
-        finally:
             ctx.kv_cache_clear()
-            self._embed_lock.release()
-        return vectors, sum(len(t) for t in token_lists)
+            from llama_cpp._internals import LlamaBatch
+
+            batch = LlamaBatch(n_tokens=len(tokens), embd=0, n_seq_max=1, verbose=False)
+            batch.add_sequence(tokens, 0, logits_all=True)
+            rc = llama_cpp.llama_decode(ctx.ctx, batch.batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+            n_embd = self.model.model.n_embd()
+            vec = np.ctypeslib.as_array(ctx.get_embeddings_seq(0), shape=(n_embd,)).astype(np.float64)
+            ctx.kv_cache_clear()
+        except Exception as exc:  # this request's failure alone: its caller answers it, the loop goes on
+            log.exception("an embedding failed")
+            job.error = RequestRejected(500, f"internal error while embedding: {exc}", error_type="server_error")
+        else:
+            norm = np.linalg.norm(vec)
+            job.vectors.append((vec / norm if norm > 0 else vec).tolist())
+        if job.error is not None or len(job.vectors) == len(job.token_lists):
+            with self._cv:
+                self._embed_jobs.popleft()
+            job.done.set()
 
     # ---- the loop ------------------------------------------------------------
 
@@ -311,9 +336,12 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stopping and not self._active and not self._waiting:
+                while not self._stopping and not self._active and not self._waiting and not self._embed_jobs:
                     self._cv.wait(timeout=1.0)
                 if self._stopping:
+                    for job in self._embed_jobs:
+                        job.error = RequestRejected(503, "the engine is stopping", error_type="server_busy")
+                        job.done.set()
                     return
                 self._drop_cancelled_locked()
                 admitted = self._pop_admissible_locked()
@@ -321,8 +349,16 @@ class Engine:
             try:
                 for request in admitted:
                     self._admit(request)
+                # Embeddings and generation share the loop's time equally while both wait: an input is embedded
+                # only when the steps since the last one took at least as long as it did.
+                if self._embed_jobs and (not self._active or self._steps_owed_s <= 0):
+                    started = time.monotonic()
+                    self._embed_next()
+                    self._steps_owed_s = time.monotonic() - started
                 if self._active:
+                    started = time.monotonic()
                     self._step()
+                    self._steps_owed_s -= time.monotonic() - started
             except Exception:  # a bug here must not wedge every client: fail the batch, keep serving
                 log.exception("engine step failed")
                 for seq in list(self._active):
