@@ -227,11 +227,14 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
     wanted = args.servers.split(",")
     # everycycle's two batching modes: the default (batch-invariant: a request's temperature-0 output the same
     # alone or batched) and --mixed-batches (prompt chunks and decode tokens in one call, as llama-server).
-    # everycycle-spec: the default with prompt-lookup speculative decoding (serve --speculation ngram);
+    # everycycle-spec: the default with prompt-lookup speculative decoding (serve --speculation ngram), drafting as
+    # far as the measured cost of calls says pays; everycycle-spec-always: drafting whatever it costs;
     # everycycle-draft: with a draft model (--draft-model, by default the target itself: the mechanism's cost).
     draft = args.draft_model or model
     for name, mode in (("everycycle", []), ("everycycle-mixed", ["--mixed-batches"]),
                        ("everycycle-spec", ["--speculation", "ngram", "--draft-max", str(args.draft_max)]),
+                       ("everycycle-spec-always", ["--speculation", "ngram", "--draft-max", str(args.draft_max),
+                                                   "--draft-always"]),
                        ("everycycle-draft", ["--speculation", "draft", "--draft-model", draft,
                                              "--draft-max", str(args.draft_max)])):
         if name not in wanted:
@@ -308,7 +311,7 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
             order = servers if rep % 2 == 0 else list(reversed(servers))
             for lvl in levels:
                 for s in order:
-                    before = s.metrics() if s.name in ("everycycle", "everycycle-spec", "everycycle-draft") else None
+                    before = s.metrics() if s.name.startswith("everycycle") else None
                     t0 = time.perf_counter()
                     result = run_level(s, lvl, args.requests_per_client, body_for)
                     wall = time.perf_counter() - t0
@@ -342,6 +345,9 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
                 r["tok_s_vs_no_speculation"] = spec["tok_s"] / ec["tok_s"]
                 if spec_ref and spec_ref["tok_s"]:
                     r["tok_s_vs_llama_server_speculative"] = spec["tok_s"] / spec_ref["tok_s"]
+                always = by.get("everycycle-spec-always")
+                if always and always["tok_s"]:
+                    r["spec_cost_aware_vs_draft_always"] = spec["tok_s"] / always["tok_s"]
             drafted, drafted_ref = by.get("everycycle-draft"), by.get("llama-server-draft")
             if drafted and drafted["tok_s"]:
                 # the same with a draft model, against no speculation and against llama-server with that draft
@@ -446,7 +452,7 @@ def main() -> int:
     p.add_argument("--model", default=None, help="GGUF (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--servers", default="everycycle,everycycle-mixed,llama-server,llama-cpp-python",
                    help="any of everycycle, everycycle-mixed, everycycle-spec (--speculation ngram), "
-                        "everycycle-draft (--speculation draft), llama-server, llama-server-spec (its n-gram "
+                        "everycycle-spec-always (the same with --draft-always), everycycle-draft (--speculation draft), llama-server, llama-server-spec (its n-gram "
                         "speculation), llama-server-draft (its --model-draft), llama-cpp-python")
     p.add_argument("--draft-max", type=int, default=12, metavar="N",
                    help="everycycle-spec's and everycycle-draft's serve --draft-max (llama-server keeps its defaults)")

@@ -117,6 +117,10 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-max", type=_draft_max, default=12, metavar="N",
                    help="the most tokens a sequence drafts in a step, 1 to 15; each sequence drafts as "
                         "many as its recent acceptance earned, up to this (default 12)")
+    p.add_argument("--draft-always", action="store_true",
+                   help="draft as much as acceptance earned and the step has room for, whatever the calls cost "
+                        "(default: only as much as the measured cost of this box's decode calls says pays; on a "
+                        "small CPU bound by computation that is often nothing)")
     p.add_argument("--draft-model", metavar="PATH",
                    help="with --speculation draft: the GGUF that drafts for the served model (models loaded on "
                         "demand beside it run without); its tokens must be the target's (loaded after the target, "
@@ -645,7 +649,8 @@ def cmd_engine(parser, args) -> int:
                             wedge=WedgePolicy(floor_s=args.wedge_floor),
                             speculation=SpeculationConfig(enabled=args.speculation != "off",
                                                           kind="ngram" if args.speculation == "off" else args.speculation,
-                                                          k_max=args.draft_max),
+                                                          k_max=args.draft_max,
+                                                          cost_aware=not args.draft_always),
                             draft_model=draft)
     serve_engine(args.socket, service)
     return 0 if service.state != "failed" else 1

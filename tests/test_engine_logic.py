@@ -227,7 +227,10 @@ def test_the_draft_model_reaches_the_engine_and_models_loaded_on_demand_run_with
                                       "--prefix-cache-dir", "/run/pc", "--draft-max", "12"])
     argv = engine_argv("/run/e.sock", "m.gguf", args)
     assert argv[argv.index("--speculation") + 1] == "draft" and argv[argv.index("--draft-model") + 1] == "/m/draft.gguf"
-    assert argv[argv.index("--draft-max") + 1] == "12"
+    assert argv[argv.index("--draft-max") + 1] == "12" and "--draft-always" not in argv
+    always = engine_argv("/run/e.sock", "m.gguf", build_parser().parse_args(
+        ["serve", "--speculation", "ngram", "--draft-always"]))
+    assert build_parser().parse_args(always[3:]).draft_always  # read back by the engine's own parser
     other = engine_argv("/run/o.sock", "/store/other.gguf", on_demand_engine_options(args, "/store/other.gguf"))
     assert other[other.index("--speculation") + 1] == "off" and "--draft-model" not in other
     assert other[other.index("--prefix-cache-dir") + 1] == "/run/pc-models/other"

@@ -318,11 +318,14 @@ def test_a_drafts_rows_give_the_logits_one_token_at_a_time_gives(spec_model):
     llama_cpp.llama_memory_clear(m.ctx.memory, True)
 
 
-def edit(model, speculation: bool, opt_out: bool = False, drafter=None) -> tuple[str, dict, float]:
+def edit(model, speculation: bool, opt_out: bool = False, drafter=None,
+         cost_aware: bool = False) -> tuple[str, dict, float]:
     from host_runtime.engine.prompt import PromptBuilder
 
     kind = "draft" if drafter is not None else "ngram"
-    engine = Engine(model, speculation=SpeculationConfig(enabled=speculation, kind=kind), drafter=drafter)
+    # Drafting whatever it costs: these tests check the mechanism, not whether drafts pay on this machine.
+    engine = Engine(model, speculation=SpeculationConfig(enabled=speculation, kind=kind, cost_aware=cost_aware),
+                    drafter=drafter)
     log = Log()
     tokens, _ = PromptBuilder(model).chat_tokens([{"role": "user", "content": EDIT_PROMPT}])
     engine.submit(GenerationRequest(prompt_tokens=tokens, max_tokens=80, sink=log.sink("edit"),
@@ -382,6 +385,12 @@ def test_a_draft_model_drafts_and_the_output_is_the_targets(spec_model):
     llama_cpp.llama_memory_clear(model.ctx.memory, True)
     opted_out, none, _ = edit(model, speculation=True, opt_out=True, drafter=drafter)
     assert none == {} and opted_out == plain
+    llama_cpp.llama_memory_clear(model.ctx.memory, True)
+    # Left to the measured cost of calls, a draft as dear as its target drafts once, learns that a drafted
+    # position costs a target call's worth, and stops: no acceptance can pay for that.
+    priced, priced_spec, _ = edit(model, speculation=True, drafter=drafter, cost_aware=True)
+    drafted, _ = priced_spec["draft"]
+    assert priced == plain and 0 < drafted <= 8
 
 
 def test_a_draft_model_with_other_tokens_is_refused_naming_both(model, tmp_path):

@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from host_runtime.engine.speculation import (DraftLength, NgramIndex, Vocabulary, accept_greedy, accept_sampled,
-                                             catch_up_shares, common_prefix_len, draft_choice, lookup_draft,
-                                             share_drafts, vocabulary_difference)
+from host_runtime.engine.speculation import (CallCost, DraftLength, NgramIndex, Vocabulary, accept_greedy,
+                                             accept_sampled, catch_up_shares, common_prefix_len, draft_choice,
+                                             lookup_draft, share_drafts, vocabulary_difference)
 
 
 def test_a_lookup_draft_continues_the_latest_earlier_occurrence_longest_match_first():
@@ -152,3 +152,52 @@ def test_a_request_opts_out_of_speculation_with_a_boolean_and_anything_else_is_a
     with pytest.raises(APIError) as exc:
         parse_chat({"model": "m", "messages": messages, "speculation": "no"}, "m")
     assert exc.value.status == 400 and exc.value.param == "speculation"
+
+
+def test_the_cost_of_a_call_is_learned_per_token_count_and_read_between_and_above_what_was_seen():
+    cost = CallCost(weight=0.5)
+    assert cost.estimate(1) is None
+    cost.observe(1, 0.010)
+    cost.observe(5, 0.030)
+    cost.observe(5, 0.050)  # moving average: 0.040
+    assert cost.estimate(5) == pytest.approx(0.040)
+    assert cost.estimate(3) == pytest.approx(0.025)  # between: the line through 1 and 5
+    assert cost.estimate(9) == pytest.approx(0.040)  # above: as dear as the largest seen, so it is tried
+    cost2 = CallCost()
+    cost2.observe(4, 0.02)
+    assert cost2.estimate(2) is None  # below everything seen: unknown
+
+
+def learned(seconds_for) -> CallCost:
+    cost = CallCost()
+    for n in range(1, 17):
+        cost.observe(n, seconds_for(n))
+    return cost
+
+
+def test_drafts_go_out_only_where_the_measured_cost_of_a_call_says_they_pay():
+    wanted, good = {1: 8}, {1: 0.8}
+    # Bound by reading the weights (a GPU): a token more costs 2% of a call, so a good draft goes out whole.
+    reading = learned(lambda n: 0.010 + 0.0002 * n)
+    assert share_drafts(wanted, good, n_active=1, step_tokens=16, cost=reading) == {1: 8}
+    # Bound by computing them (2 small cores): each token costs a call's worth, so no draft pays.
+    computing = learned(lambda n: 0.010 * n)
+    assert share_drafts(wanted, good, n_active=1, step_tokens=16, cost=computing) == {1: 0}
+    # Between: a fixed part of 5 ms pays for drafts accepted 80% of the time, not for ones accepted 20%.
+    between = learned(lambda n: 0.005 + 0.005 * n)
+    assert share_drafts(wanted, good, n_active=1, step_tokens=16, cost=between) == {1: 8}
+    assert share_drafts(wanted, {1: 0.2}, n_active=1, step_tokens=16, cost=between) == {1: 0}
+    # A draft model's call per drafted position is part of the price.
+    assert share_drafts(wanted, good, n_active=1, step_tokens=16, cost=reading,
+                        draft_seconds_per_position=0.010) == {1: 0}
+    # Nothing measured yet at this many sequences: the plain call is measured first.
+    assert share_drafts(wanted, good, n_active=1, step_tokens=16, cost=CallCost()) == {1: 0}
+
+
+def test_with_equal_lengths_every_sequence_drafts_the_same_or_none_does():
+    reading = learned(lambda n: 0.010 + 0.0002 * n)
+    shares = share_drafts({1: 8, 2: 3, 3: 6}, {1: 0.9, 2: 0.9, 3: 0.9}, n_active=3, step_tokens=16, cost=reading,
+                          equal_lengths=True)
+    assert shares == {1: 3, 2: 3, 3: 3}  # the shortest wanted, within the step's 13 spare tokens
+    assert share_drafts({1: 8, 2: 8}, {1: 0.9, 2: 0.9}, n_active=3, step_tokens=16, cost=reading,
+                        equal_lengths=True) == {1: 0, 2: 0}  # the third decoding sequence drafts nothing

@@ -27,7 +27,7 @@ from host_runtime.engine.progress import DecodeProgress
 from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demote, PrefixCache, Restore, Spill,
                                               Trim)
 from host_runtime.engine.sampling import SamplingParams, build_sampler_chain, token_logprobs
-from host_runtime.engine.speculation import DraftLength, NgramIndex, SpeculationConfig, share_drafts
+from host_runtime.engine.speculation import CallCost, DraftLength, NgramIndex, SpeculationConfig, share_drafts
 from host_runtime.engine.step_plan import next_cut, plan_step
 from host_runtime.engine.stop_matcher import StopMatcher
 from host_runtime.engine.throttle import ThrottleReader
@@ -134,6 +134,10 @@ class Engine:
         # takes the rest of the call's room.
         room = model.n_batch - (0 if model.batch_invariant else model.prefill_budget)
         self._spec_step_tokens = min(speculation.step_tokens, room)
+        # What decode calls cost here, and a draft model's call per drafted position: drafts go out only where
+        # they are expected to raise the step's tokens per second (share_drafts).
+        self.call_cost = CallCost() if speculation.enabled and speculation.cost_aware else None
+        self._draft_position_s = 0.0
         self.throttle = ThrottleReader(governor_state)
         self.metrics = EngineMetrics()
         self.progress = DecodeProgress()
@@ -512,7 +516,8 @@ class Engine:
 
     def _draft(self) -> None:
         """This step's drafts: each decoding sequence asks for the length it has earned, within what it may still
-        generate and its context; the step's spare tokens (share_drafts) go to the best acceptance first."""
+        generate and its context; share_drafts gives the step's spare tokens to the best acceptance first, as far
+        as the measured cost of calls says they pay."""
         decoding = [s for s in self._active if not s.is_prefilling() and s.next_token is not None]
         wanted, acceptance = {}, {}
         for seq in decoding:
@@ -523,10 +528,18 @@ class Engine:
             if k > 0:
                 wanted[seq.seq_id] = k
                 acceptance[seq.seq_id] = seq.draft_length.acceptance
-        shares = share_drafts(wanted, acceptance, len(decoding), self._spec_step_tokens)
+        shares = share_drafts(wanted, acceptance, len(decoding), self._spec_step_tokens, self.call_cost,
+                              equal_lengths=self.model.batch_invariant and len(decoding) > 1,
+                              draft_seconds_per_position=self._draft_position_s)
         if self.drafter is not None:
+            started = time.monotonic()
             drafts = self.drafter.draft({seq.seq_id: (seq.history, shares[seq.seq_id])
                                          for seq in decoding if shares.get(seq.seq_id)})
+            positions = max((len(d) for d in drafts.values()), default=0)
+            if positions:  # its catch-up call included: what a drafted position costs the step
+                seconds = (time.monotonic() - started) / positions
+                self._draft_position_s = seconds if not self._draft_position_s else \
+                    0.8 * self._draft_position_s + 0.2 * seconds
         else:
             drafts = {seq.seq_id: seq.ngrams.draft(shares[seq.seq_id]) for seq in decoding if shares.get(seq.seq_id)}
         if self.model.batch_invariant and len(decoding) > 1:
@@ -567,6 +580,8 @@ class Engine:
         self.metrics.add("n_decode_total")
         self.metrics.add("n_busy_slots_total", len(call))
         self.metrics.add("prompt_seconds_total" if has_prompt else "predicted_seconds_total", elapsed)
+        if self.call_cost is not None and not has_prompt:
+            self.call_cost.observe(batch.n_tokens, elapsed)
         if rc != 0:
             reason = "no free KV cache cells" if rc == 1 else f"llama_decode returned {rc}"
             raise RuntimeError(reason)

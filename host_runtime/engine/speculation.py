@@ -51,6 +51,9 @@ class SpeculationConfig:
     # A draft model's draft stops at a token it gives less than this probability (0: never; llama.cpp's
     # default too): a low-confidence token is likely rejected, and everything drafted after it with it.
     p_min: float = 0.0
+    # Draft only as much as the measured cost of calls says pays (share_drafts with a CallCost). False: as much
+    # as the step has room for, whatever it costs (the tests that check the mechanism itself).
+    cost_aware: bool = True
 
 
 class NgramIndex:
@@ -111,18 +114,82 @@ class DraftLength:
         return 0
 
 
-def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active: int, step_tokens: int) -> dict[int, int]:
-    """Draft tokens per sequence for one step, within `step_tokens` tokens in all (one per active sequence comes
-    first): while decoding is bound by reading the weights, extra tokens in a step are nearly free; past
-    step_tokens the step becomes compute-bound and drafts would slow every sequence. The sequences whose drafts
-    are accepted most often keep theirs first."""
-    room = max(0, step_tokens - n_active)
+class CallCost:
+    """What a decode call of n tokens costs on this box, learned from the engine's own calls (those without
+    prompt chunks): a moving average of seconds per token count. A count never seen is taken to cost what the
+    nearest smaller one seen costs, and between two seen counts the line through them: so a longer draft is
+    tried once, and kept only if what it cost pays. On a GPU, or a CPU bound by reading the weights, a few more
+    tokens in a call are nearly free; on a small CPU bound by computing them (2 cores: 15 ms for one token,
+    46 ms for a 2.9-token verify) they are not, and speculation must know which."""
+
+    def __init__(self, weight: float = 0.2):
+        self.weight = weight
+        self.seconds: dict[int, float] = {}
+
+    def observe(self, n_tokens: int, seconds: float) -> None:
+        old = self.seconds.get(n_tokens)
+        self.seconds[n_tokens] = seconds if old is None else (1 - self.weight) * old + self.weight * seconds
+
+    def estimate(self, n_tokens: int) -> float | None:
+        """Seconds for a call of n_tokens (None: no call of n_tokens or fewer has been seen)."""
+        if n_tokens in self.seconds:
+            return self.seconds[n_tokens]
+        below = max((n for n in self.seconds if n < n_tokens), default=None)
+        above = min((n for n in self.seconds if n > n_tokens), default=None)
+        if below is None:
+            return None
+        if above is None:
+            return self.seconds[below]
+        lo, hi = self.seconds[below], self.seconds[above]
+        return lo + (hi - lo) * (n_tokens - below) / (above - below)
+
+
+def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active: int, step_tokens: int,
+                 cost: CallCost | None = None, equal_lengths: bool = False,
+                 draft_seconds_per_position: float = 0.0) -> dict[int, int]:
+    """Draft tokens per sequence for one step: the amount that maximises the step's expected tokens per second.
+
+    `n_active` tokens (one per decoding sequence) go first; drafts fill at most `step_tokens` in all. A sequence's
+    drafted token is expected to yield `acceptance` tokens (its recent ratio), and the sequences accepted most
+    often draft first. The step's seconds are `cost`'s estimate for its token count plus, for a draft model,
+    `draft_seconds_per_position` for each position drafted. Nothing drafts until a call of `n_active` tokens
+    (or fewer) has been measured; counts above those measured are taken as dear as the largest measured, so
+    they are tried once and learned. No `cost`: every spare token drafts. `equal_lengths`: every sequence must draft the
+    same length or none drafts (the batch-invariant layout's one-call rule; see Engine._draft)."""
     out = {seq: 0 for seq in wanted}
-    for seq in sorted(wanted, key=lambda s: -acceptance.get(s, 0.0)):
-        take = min(wanted[seq], room)
-        out[seq] = take
-        room -= take
-    return out
+    room = max(0, step_tokens - n_active)
+    if not wanted or room == 0:
+        return out
+    order = sorted(wanted, key=lambda s: -acceptance.get(s, 0.0))
+    # Candidate plans, each (shares, expected extra tokens, positions drafted); the first drafts nothing.
+    plans: list[tuple[dict[int, int], float, int]] = [(dict(out), 0.0, 0)]
+    if equal_lengths:
+        if len(wanted) < n_active:
+            return out  # a decoding sequence that drafts nothing: no common length
+        longest = min(min(wanted.values()), room // len(wanted))
+        for length in range(1, longest + 1):
+            plans.append(({s: length for s in wanted}, length * sum(acceptance.get(s, 0.0) for s in wanted),
+                          length))
+    else:
+        shares, gain, left = dict(out), 0.0, room
+        for seq in order:
+            for _ in range(min(wanted[seq], left)):
+                shares[seq] += 1
+                gain += acceptance.get(seq, 0.0)
+                left -= 1
+                plans.append((dict(shares), gain, max(shares.values())))
+    if cost is None:
+        return plans[-1][0]
+    if cost.estimate(n_active) is None:
+        return out  # first the call without drafts is measured, the yardstick of every draft
+
+    def rate(plan) -> float:
+        shares, gain, positions = plan
+        seconds = cost.estimate(n_active + sum(shares.values()))
+        return (n_active + gain) / (seconds + positions * draft_seconds_per_position)
+
+    best = max(plans, key=rate)  # max keeps the first of equals: no draft unless it is expected to pay
+    return best[0]
 
 
 def accept_greedy(draft: Sequence[int], target: Sequence[int]) -> tuple[int, int]:
