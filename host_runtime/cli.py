@@ -75,6 +75,16 @@ def _draft_max(text: str) -> int:
     return value
 
 
+def _probability_below_one(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value
+
+
 def _run_dir(explicit: str | None = None) -> Path:
     """Where the services publish: the option, else $EVERYCYCLE_RUN_DIR (make run), else the box's /run/everycycle."""
     return Path(explicit or os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
@@ -121,6 +131,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="draft as much as acceptance earned and the step has room for, whatever the calls cost "
                         "(default: only as much as the measured cost of this box's decode calls says pays; on a "
                         "small CPU bound by computation that is often nothing)")
+    p.add_argument("--draft-p-min", type=_probability_below_one, default=0.0, metavar="P",
+                   help="with --speculation draft: the draft stops at a token the draft model gives less than P "
+                        "(a likely rejection; default 0: never, as llama.cpp's default)")
     p.add_argument("--draft-model", metavar="PATH",
                    help="with --speculation draft: the GGUF that drafts for the served model (models loaded on "
                         "demand beside it run without); its tokens must be the target's (loaded after the target, "
@@ -394,6 +407,8 @@ def _resolve_draft_model(parser: argparse.ArgumentParser, args) -> str | None:
         parser.error("--speculation draft: needs --draft-model PATH, the GGUF that drafts")
     if args.draft_model and args.speculation != "draft":
         parser.error("--draft-model: drafts only with --speculation draft")
+    if args.draft_p_min and args.speculation != "draft":
+        parser.error("--draft-p-min: applies only to --speculation draft (a draft model's probabilities)")
     if not args.draft_model:
         return None
     try:
@@ -552,7 +567,7 @@ def on_demand_engine_options(args, path: str):
     if args.prefix_cache_dir:  # each model its own prefix cache: entries are only valid for their weights
         options.prefix_cache_dir = f"{args.prefix_cache_dir}-models/{model_id_for(path)}"
     if args.speculation == "draft":  # the draft model drafts for the model serve starts with, not for these
-        options.speculation, options.draft_model = "off", None
+        options.speculation, options.draft_model, options.draft_p_min = "off", None, 0.0
     return options
 
 
@@ -650,7 +665,8 @@ def cmd_engine(parser, args) -> int:
                             speculation=SpeculationConfig(enabled=args.speculation != "off",
                                                           kind="ngram" if args.speculation == "off" else args.speculation,
                                                           k_max=args.draft_max,
-                                                          cost_aware=not args.draft_always),
+                                                          cost_aware=not args.draft_always,
+                                                          p_min=args.draft_p_min),
                             draft_model=draft)
     serve_engine(args.socket, service)
     return 0 if service.state != "failed" else 1

@@ -210,6 +210,9 @@ def test_one_token_calls_use_every_thread_unless_told_otherwise():
     (["--speculation", "draft", "--draft-model", "/nonexistent/d.gguf"], "--draft-model: model file"),
     (["--speculation", "ngram", "--draft-max", "16"], "--draft-max: must be at most 15, got 16"),
     (["--speculation", "ngram", "--draft-max", "0"], "--draft-max: must be at least 1, got 0"),
+    (["--speculation", "draft", "--draft-model", "x.gguf", "--draft-p-min", "1"],
+     "--draft-p-min: must be at least 0 and below 1, got 1"),
+    (["--speculation", "ngram", "--draft-p-min", "0.5"], "--draft-p-min: applies only to --speculation draft"),
 ])
 def test_draft_model_flags_are_checked_before_anything_starts(argv, message, capsys):
     from host_runtime.cli import main
@@ -231,7 +234,15 @@ def test_the_draft_model_reaches_the_engine_and_models_loaded_on_demand_run_with
     always = engine_argv("/run/e.sock", "m.gguf", build_parser().parse_args(
         ["serve", "--speculation", "ngram", "--draft-always"]))
     assert build_parser().parse_args(always[3:]).draft_always  # read back by the engine's own parser
+    assert build_parser().parse_args(argv[3:]).draft_p_min == 0.0
+    confident = engine_argv("/run/e.sock", "m.gguf", build_parser().parse_args(
+        ["serve", "--speculation", "draft", "--draft-model", "/m/d.gguf", "--draft-p-min", "0.25"]))
+    assert build_parser().parse_args(confident[3:]).draft_p_min == 0.25
     other = engine_argv("/run/o.sock", "/store/other.gguf", on_demand_engine_options(args, "/store/other.gguf"))
     assert other[other.index("--speculation") + 1] == "off" and "--draft-model" not in other
+    other_p_min = engine_argv("/run/o.sock", "/store/other.gguf", on_demand_engine_options(
+        build_parser().parse_args(["serve", "--speculation", "draft", "--draft-model", "/m/d.gguf",
+                                   "--draft-p-min", "0.3"]), "/store/other.gguf"))
+    assert build_parser().parse_args(other_p_min[3:]).draft_p_min == 0.0  # else its engine would refuse it
     assert other[other.index("--prefix-cache-dir") + 1] == "/run/pc-models/other"
     assert args.speculation == "draft"  # serve's own options are left as they were

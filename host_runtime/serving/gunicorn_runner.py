@@ -107,7 +107,7 @@ class ServingApplication(BaseApplication):
 
 ENGINE_OPTIONS = ("threads", "decode_threads", "ctx_size", "parallel", "kv_budget_mib", "max_queue", "placement", "gpu_layers",
                   "tensor_split", "main_gpu", "gpu_margin_mib", "prefix_cache_ram_mib", "prefix_cache_disk_mib", "prefix_cache_dir", "no_prefix_cache",
-                  "mixed_batches", "speculation", "draft_max", "draft_always", "draft_model", "governor_state", "wedge_floor")
+                  "mixed_batches", "speculation", "draft_max", "draft_always", "draft_p_min", "draft_model", "governor_state", "wedge_floor")
 
 
 def engine_argv(socket_path: str, model: str, args) -> list[str]:
