@@ -438,3 +438,22 @@ def test_the_warm_up_and_embeddings_decode_on_the_loop_thread_that_makes_every_g
         engine.stop()
     assert seconds > 0 and n_generation >= 4 and len(vectors) == 2 and len(threads) == n_generation + 2
     assert set(threads) == {"engine-loop"}
+
+
+def test_a_served_draft_models_placement_is_in_the_metrics_beside_the_targets():
+    from host_runtime.engine.service import EngineService
+
+    path = str(default_model_path())
+    service = EngineService(path, ContextConfig(n_ctx_per_seq=512, n_parallel=1, n_batch=32, prefill_chunk=32,
+                                                n_threads=2, speculation=True),
+                            speculation=SpeculationConfig(enabled=True, kind="draft"), draft_model=path)
+    service.load()
+    try:
+        assert service.state == "ready", service.state_reason
+        text = service.metrics_text()
+    finally:
+        service.engine.stop()
+    assert 'everycycle_model_layers{device="CPU"} 31' in text
+    assert 'everycycle_draft_model_layers{device="CPU"} 31' in text
+    assert 'everycycle_draft_device_memory_allocated_bytes{device="CPU",kind="weights"}' in text
+    assert text.count("everycycle_backend_info{") == 1  # the draft has no backend line of its own

@@ -120,7 +120,14 @@ class EngineService:
             if real > s.used_bytes + tolerance(s.used_bytes):
                 log.warning("%s: llama.cpp allocated %.0f MiB, the plan said %.0f MiB", s.device, real / 2**20,
                             s.used_bytes / 2**20)
-        self.engine.metrics.placement_lines = prometheus_lines(p, allocated.by_device, self.backend)
+        lines = prometheus_lines(p, allocated.by_device, self.backend)
+        drafter = self.engine.drafter
+        if drafter is not None:  # the draft model's own layers and bytes, beside the target's
+            log.info("draft model placement:\n%s", render_table(drafter.model.placement, proven=True,
+                                                                 proof_note="placed after the target"))
+            lines += prometheus_lines(drafter.model.placement, drafter.model.allocation.by_device, None,
+                                      prefix="draft_")
+        self.engine.metrics.placement_lines = lines
 
     # ---- ops -------------------------------------------------------------------
 

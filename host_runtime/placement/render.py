@@ -64,17 +64,20 @@ def _backend_choice(p: Placement, compiled: list[str], seen: list[str], forced_c
     return "cpu", "CPU", "no GPU was used: " + "; ".join(p.notes)
 
 
-def prometheus_lines(p: Placement, allocated: dict[str, dict[str, int]], backend: tuple[str, str, str]) -> list[str]:
-    """The placement as gauges: layers and bytes per device (planned, and what llama.cpp allocated)."""
+def prometheus_lines(p: Placement, allocated: dict[str, dict[str, int]], backend: tuple[str, str, str] | None,
+                     prefix: str = "") -> list[str]:
+    """The placement as gauges: layers and bytes per device (planned, and what llama.cpp allocated). prefix:
+    "draft_" for a draft model's (everycycle_draft_model_layers, ...), which has no backend line of its own."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     registry = CollectorRegistry()
 
     def gauge(name: str, help_text: str, labels: list[str]) -> Gauge:
-        return Gauge(f"everycycle_{name}", help_text, labels, registry=registry)
+        return Gauge(f"everycycle_{prefix}{name}", help_text, labels, registry=registry)
 
-    gauge("backend_info", "What serves the tokens, and why (1).", ["backend", "device", "reason"]) \
-        .labels(*backend).set(1)
+    if backend is not None:
+        gauge("backend_info", "What serves the tokens, and why (1).", ["backend", "device", "reason"]) \
+            .labels(*backend).set(1)
     layers = gauge("model_layers", "Model layers placed on each device (the output layer counts on its device).",
                    ["device"])
     planned = gauge("device_memory_bytes", "Bytes the placement planned on each device.", ["device", "kind"])
