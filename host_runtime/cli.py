@@ -119,7 +119,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculation", choices=["ngram", "draft", "off"], default="off",
                    help="ngram: each decoding sequence drafts the tokens that followed the latest earlier occurrence "
                         "of its last few tokens (prompt lookup) and the model verifies them in the same call, so "
-                        "edits and quotes come several tokens a step; drafts stop when a step holds 16 tokens. The "
+                        "edits and quotes come several tokens a step; drafts stop when a step holds 16 tokens or the "
+                        "measured cost of calls says they would not pay (--draft-always). The "
                         "output is the one decoding without it gives (on the CPU in the default batching mode, "
                         "which then lays attention out for it: README). draft: a smaller model of the "
                         "same vocabulary (--draft-model) drafts its most likely tokens. off (default): one token a "
