@@ -189,7 +189,7 @@ def test_drafts_go_out_only_where_the_measured_cost_of_a_call_says_they_pay():
     assert share_drafts(wanted, {1: 0.2}, n_active=1, step_tokens=16, cost=between) == {1: 0}
     # A draft model's call per drafted position is part of the price.
     assert share_drafts(wanted, good, n_active=1, step_tokens=16, cost=reading,
-                        draft_seconds_per_position=0.010) == {1: 0}
+                        draft_cost=learned(lambda n: 0.010)) == {1: 0}  # 10 ms a drafted position
     # Nothing measured yet at this many sequences: the plain call is measured first.
     assert share_drafts(wanted, good, n_active=1, step_tokens=16, cost=CallCost()) == {1: 0}
 

@@ -134,10 +134,10 @@ class Engine:
         # takes the rest of the call's room.
         room = model.n_batch - (0 if model.batch_invariant else model.prefill_budget)
         self._spec_step_tokens = min(speculation.step_tokens, room)
-        # What decode calls cost here, and a draft model's call per drafted position: drafts go out only where
-        # they are expected to raise the step's tokens per second (share_drafts).
+        # What decode calls cost here, and what a draft model's drafting costs per position drafted:
+        # drafts go out only where they are expected to raise the step's tokens per second (share_drafts).
         self.call_cost = CallCost() if speculation.enabled and speculation.cost_aware else None
-        self._draft_position_s = 0.0
+        self.draft_cost = CallCost() if self.call_cost is not None and drafter is not None else None
         self.throttle = ThrottleReader(governor_state)
         self.metrics = EngineMetrics()
         self.progress = DecodeProgress()
@@ -291,6 +291,7 @@ class Engine:
     def _embed_next(self) -> None:
         """The oldest embedding request's next input (loop thread); a request is done after its last."""
         import llama_cpp
+        from llama_cpp._internals import LlamaBatch
 
         with self._cv:
             while self._embed_jobs and self._embed_jobs[0].cancelled.is_set():
@@ -302,8 +303,6 @@ class Engine:
         try:
             ctx = self.model.embeddings_context()
             ctx.kv_cache_clear()
-            from llama_cpp._internals import LlamaBatch
-
             batch = LlamaBatch(n_tokens=len(tokens), embd=0, n_seq_max=1, verbose=False)
             batch.add_sequence(tokens, 0, logits_all=True)
             rc = llama_cpp.llama_decode(ctx.ctx, batch.batch)
@@ -530,16 +529,14 @@ class Engine:
                 acceptance[seq.seq_id] = seq.draft_length.acceptance
         shares = share_drafts(wanted, acceptance, len(decoding), self._spec_step_tokens, self.call_cost,
                               equal_lengths=self.model.batch_invariant and len(decoding) > 1,
-                              draft_seconds_per_position=self._draft_position_s)
+                              draft_cost=self.draft_cost)
         if self.drafter is not None:
             started = time.monotonic()
             drafts = self.drafter.draft({seq.seq_id: (seq.history, shares[seq.seq_id])
                                          for seq in decoding if shares.get(seq.seq_id)})
             positions = max((len(d) for d in drafts.values()), default=0)
-            if positions:  # its catch-up call included: what a drafted position costs the step
-                seconds = (time.monotonic() - started) / positions
-                self._draft_position_s = seconds if not self._draft_position_s else \
-                    0.8 * self._draft_position_s + 0.2 * seconds
+            if positions and self.draft_cost is not None:  # per position, its catch-up call shared among them
+                self.draft_cost.observe(1, (time.monotonic() - started) / positions)
         else:
             drafts = {seq.seq_id: seq.ngrams.draft(shares[seq.seq_id]) for seq in decoding if shares.get(seq.seq_id)}
         if self.model.batch_invariant and len(decoding) > 1:

@@ -146,13 +146,14 @@ class CallCost:
 
 def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active: int, step_tokens: int,
                  cost: CallCost | None = None, equal_lengths: bool = False,
-                 draft_seconds_per_position: float = 0.0) -> dict[int, int]:
+                 draft_cost: CallCost | None = None) -> dict[int, int]:
     """Draft tokens per sequence for one step: the amount that maximises the step's expected tokens per second.
 
     `n_active` tokens (one per decoding sequence) go first; drafts fill at most `step_tokens` in all. A sequence's
     drafted token is expected to yield `acceptance` tokens (its recent ratio), and the sequences accepted most
     often draft first. The step's seconds are `cost`'s estimate for its token count plus, for a draft model,
-    `draft_seconds_per_position` for each position drafted. Nothing drafts until a call of `n_active` tokens
+    `draft_cost`'s seconds per drafted position (a draft model's call each, its catch-up shared among them,
+    kept as the cost of a count of 1; none measured yet: free) times the positions drafted. Nothing drafts until a call of `n_active` tokens
     (or fewer) has been measured; counts above those measured are taken as dear as the largest measured, so
     they are tried once and learned. No `cost`: every spare token drafts. `equal_lengths`: every sequence must draft the
     same length or none drafts (the batch-invariant layout's one-call rule; see Engine._draft)."""
@@ -160,7 +161,6 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
     room = max(0, step_tokens - n_active)
     if not wanted or room == 0:
         return out
-    order = sorted(wanted, key=lambda s: -acceptance.get(s, 0.0))
     # Candidate plans, each (shares, expected extra tokens, positions drafted); the first drafts nothing.
     plans: list[tuple[dict[int, int], float, int]] = [(dict(out), 0.0, 0)]
     if equal_lengths:
@@ -172,7 +172,7 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
                           length))
     else:
         shares, gain, left = dict(out), 0.0, room
-        for seq in order:
+        for seq in sorted(wanted, key=lambda s: -acceptance.get(s, 0.0)):
             for _ in range(min(wanted[seq], left)):
                 shares[seq] += 1
                 gain += acceptance.get(seq, 0.0)
@@ -186,7 +186,8 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
     def rate(plan) -> float:
         shares, gain, positions = plan
         seconds = cost.estimate(n_active + sum(shares.values()))
-        return (n_active + gain) / (seconds + positions * draft_seconds_per_position)
+        per_position = (draft_cost.estimate(1) if draft_cost is not None else None) or 0.0
+        return (n_active + gain) / (seconds + positions * per_position)
 
     best = max(plans, key=rate)  # max keeps the first of equals: no draft unless it is expected to pay
     return best[0]
