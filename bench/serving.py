@@ -452,8 +452,9 @@ def main() -> int:
     p.add_argument("--model", default=None, help="GGUF (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--servers", default="everycycle,everycycle-mixed,llama-server,llama-cpp-python",
                    help="any of everycycle, everycycle-mixed, everycycle-spec (--speculation ngram), "
-                        "everycycle-spec-always (the same with --draft-always), everycycle-draft (--speculation draft), llama-server, llama-server-spec (its n-gram "
-                        "speculation), llama-server-draft (its --model-draft), llama-cpp-python")
+                        "everycycle-spec-always (the same with --draft-always), everycycle-draft (--speculation "
+                        "draft), llama-server, llama-server-spec (its n-gram speculation), llama-server-draft (its "
+                        "--model-draft), llama-cpp-python")
     p.add_argument("--draft-max", type=int, default=12, metavar="N",
                    help="everycycle-spec's and everycycle-draft's serve --draft-max (llama-server keeps its defaults)")
     p.add_argument("--draft-model", metavar="PATH",

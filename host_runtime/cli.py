@@ -58,11 +58,15 @@ def _keep_alive(text: str) -> float | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive_float(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _positive_float(text: str) -> float:
+    value = _number(text)
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
     return value
@@ -76,10 +80,7 @@ def _draft_max(text: str) -> int:
 
 
 def _probability_below_one(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text)
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
     return value
