@@ -53,6 +53,25 @@ def test_the_draft_length_grows_with_acceptance_shrinks_with_rejection_and_pause
     assert ks.count(1) == 2 and set(ks) == {0, 1}  # paused, with a one-token try every 16 steps
 
 
+def test_a_declined_sequence_drifts_back_toward_its_prior_and_so_drafts_again_where_that_pays():
+    # Its first drafts failed (the prose before a code edit's file): at 0.25 no draft pays at these costs.
+    d = DraftLength(k_max=16, k=1, acceptance=0.25)
+    cost = CallCost()
+    cost.observe(1, 0.010)
+    cost.observe(2, 0.0135)
+    declined = 0
+    while share_drafts({0: d.next_k()}, {0: d.acceptance}, n_active=1, step_tokens=16, cost=cost) == {0: 0}:
+        d.declined()
+        declined += 1
+        assert declined < 64, "it never drafts again"
+    assert 0.35 <= d.acceptance < 0.5 and declined > 1  # a few steps back, not all the way at once
+    # Staleness works both ways: a high acceptance the cost rule keeps declining also returns toward the prior.
+    high = DraftLength(acceptance=0.95)
+    for _ in range(32):
+        high.declined()
+    assert 0.5 < high.acceptance < 0.7
+
+
 def test_drafts_share_what_is_left_of_a_step_best_acceptance_first():
     wanted = {1: 8, 2: 8, 3: 8}
     assert share_drafts(wanted, {1: 0.2, 2: 0.9, 3: 0.5}, n_active=3, step_tokens=16) == {2: 8, 3: 5, 1: 0}

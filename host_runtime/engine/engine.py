@@ -530,6 +530,9 @@ class Engine:
         shares = share_drafts(wanted, acceptance, len(decoding), self._spec_step_tokens, self.call_cost,
                               equal_lengths=self.model.batch_invariant and len(decoding) > 1,
                               draft_cost=self.draft_cost)
+        for seq in decoding:
+            if seq.seq_id in wanted and not shares.get(seq.seq_id):
+                seq.draft_length.declined()
         if self.drafter is not None:
             started = time.monotonic()
             drafts = self.drafter.draft({seq.seq_id: (seq.history, shares[seq.seq_id])
