@@ -53,28 +53,47 @@ def test_the_draft_length_grows_with_acceptance_shrinks_with_rejection_and_pause
     assert ks.count(1) == 2 and set(ks) == {0, 1}  # paused, with a one-token try every 16 steps
 
 
+def test_acceptance_is_the_chance_of_a_drafted_token_once_those_before_it_were_accepted():
+    d = DraftLength()
+    assert d.acceptance == 0.5  # the prior
+    d.record(12, 5)  # five tried and kept, the sixth tried and refused; the rest never tried
+    assert d.acceptance == pytest.approx((0.8 * 1 + 5) / (0.8 * 2 + 6))
+    before = d.acceptance
+    d.record(4, 4)  # all kept: four tried, none refused
+    assert d.acceptance > before
+
+
 def test_a_declined_sequence_drifts_back_toward_its_prior_and_so_drafts_again_where_that_pays():
-    # Its first drafts failed (the prose before a code edit's file): at 0.25 no draft pays at these costs.
-    d = DraftLength(k_max=16, k=1, acceptance=0.25)
+    d = DraftLength()
+    d.record(4, 0)  # its first drafts failed (the prose before a code edit's file)
+    d.record(1, 0)
+    assert d.acceptance < 0.25
     cost = CallCost()
     cost.observe(1, 0.010)
-    cost.observe(2, 0.0135)
+    cost.observe(2, 0.0135)  # a drafted token pays where it yields more than 0.35 tokens
     declined = 0
-    while share_drafts({0: d.next_k()}, {0: d.acceptance}, n_active=1, step_tokens=16, cost=cost) == {0: 0}:
+    while share_drafts({0: 1}, {0: d.acceptance}, n_active=1, step_tokens=16, cost=cost) == {0: 0}:
         d.declined()
         declined += 1
         assert declined < 64, "it never drafts again"
     assert 0.35 <= d.acceptance < 0.5 and declined > 1  # a few steps back, not all the way at once
     # Staleness works both ways: a high acceptance the cost rule keeps declining also returns toward the prior.
-    high = DraftLength(acceptance=0.95)
+    high = DraftLength()
+    for _ in range(3):
+        high.record(12, 12)
+    assert high.acceptance > 0.9
     for _ in range(32):
         high.declined()
     assert 0.5 < high.acceptance < 0.7
+    assert high.probe_due()  # and, declined 16 steps in a row, it may probe
+    high.record(1, 1)
+    assert not high.probe_due()
 
 
 def test_drafts_share_what_is_left_of_a_step_best_acceptance_first():
     wanted = {1: 8, 2: 8, 3: 8}
-    assert share_drafts(wanted, {1: 0.2, 2: 0.9, 3: 0.5}, n_active=3, step_tokens=16) == {2: 8, 3: 5, 1: 0}
+    # The i-th drafted token yields acceptance**i: the 4th of sequence 3 (0.06) comes after the 1st of sequence 1.
+    assert share_drafts(wanted, {1: 0.2, 2: 0.9, 3: 0.5}, n_active=3, step_tokens=16) == {2: 8, 3: 4, 1: 1}
     assert share_drafts(wanted, {}, n_active=16, step_tokens=16) == {1: 0, 2: 0, 3: 0}  # compute-bound: none
 
 
@@ -202,9 +221,10 @@ def test_drafts_go_out_only_where_the_measured_cost_of_a_call_says_they_pay():
     # Bound by computing them (2 small cores): each token costs a call's worth, so no draft pays.
     computing = learned(lambda n: 0.010 * n)
     assert share_drafts(wanted, good, n_active=1, step_tokens=16, cost=computing) == {1: 0}
-    # Between: a fixed part of 5 ms pays for drafts accepted 80% of the time, not for ones accepted 20%.
+    # Between: a fixed part of 5 ms pays for the first tokens of drafts accepted 80% of the time (the third
+    # yields 0.51 tokens for its 5 ms: no longer), not for ones accepted 20%.
     between = learned(lambda n: 0.005 + 0.005 * n)
-    assert share_drafts(wanted, good, n_active=1, step_tokens=16, cost=between) == {1: 8}
+    assert share_drafts(wanted, good, n_active=1, step_tokens=16, cost=between) == {1: 2}
     assert share_drafts(wanted, {1: 0.2}, n_active=1, step_tokens=16, cost=between) == {1: 0}
     # A draft model's call per drafted position is part of the price.
     assert share_drafts(wanted, good, n_active=1, step_tokens=16, cost=reading,
@@ -220,3 +240,15 @@ def test_with_equal_lengths_every_sequence_drafts_the_same_or_none_does():
     assert shares == {1: 3, 2: 3, 3: 3}  # the shortest wanted, within the step's 13 spare tokens
     assert share_drafts({1: 8, 2: 8}, {1: 0.9, 2: 0.9}, n_active=3, step_tokens=16, cost=reading,
                         equal_lengths=True) == {1: 0, 2: 0}  # the third decoding sequence drafts nothing
+
+
+def test_a_long_declined_sequence_probes_where_a_wholly_accepted_draft_would_pay_and_only_there():
+    between = learned(lambda n: 0.005 + 0.005 * n)
+    assert share_drafts({1: 4}, {1: 0.2}, n_active=1, step_tokens=16, cost=between) == {1: 0}
+    assert share_drafts({1: 4}, {1: 0.2}, n_active=1, step_tokens=16, cost=between, probes={1}) == {1: 4}
+    # Each token a call's worth: not even a wholly accepted draft pays, so no probe either.
+    computing = learned(lambda n: 0.010 * n)
+    assert share_drafts({1: 4}, {1: 0.2}, n_active=1, step_tokens=16, cost=computing, probes={1}) == {1: 0}
+    # One call a step in the invariant layout: a probe would make every sequence draft, so none goes out.
+    assert share_drafts({1: 4, 2: 4}, {1: 0.2, 2: 0.2}, n_active=2, step_tokens=16, cost=between,
+                        equal_lengths=True, probes={1}) == {1: 0, 2: 0}

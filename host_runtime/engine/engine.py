@@ -523,13 +523,15 @@ class Engine:
             if not seq.speculating:
                 continue
             room = min(seq.request.max_tokens - seq.generated - 1, self.model.n_ctx_per_seq - seq.n_past - 2)
-            k = min(seq.draft_length.next_k(), room)
+            # Priced drafts: as long as the step allows, and share_drafts chooses the length that pays.
+            k = min(seq.draft_length.next_k() if self.call_cost is None else self.speculation.k_max, room)
             if k > 0:
                 wanted[seq.seq_id] = k
                 acceptance[seq.seq_id] = seq.draft_length.acceptance
+        probes = {seq.seq_id for seq in decoding if seq.seq_id in wanted and seq.draft_length.probe_due()}
         shares = share_drafts(wanted, acceptance, len(decoding), self._spec_step_tokens, self.call_cost,
                               equal_lengths=self.model.batch_invariant and len(decoding) > 1,
-                              draft_cost=self.draft_cost)
+                              draft_cost=self.draft_cost, probes=probes)
         for seq in decoding:
             if seq.seq_id in wanted and not shares.get(seq.seq_id):
                 seq.draft_length.declined()

@@ -88,22 +88,39 @@ class NgramIndex:
 
 @dataclass
 class DraftLength:
-    """How many tokens a sequence drafts next: doubled after a draft fully accepted, cut to one past what was
-    accepted otherwise; paused while its acceptance (a moving average) stays under `floor`, then tried again
-    with one token every `retry_every` steps. While the cost rule declines its drafts (share_drafts), what it
-    learned grows stale: `declined` moves its acceptance back toward the `prior` it started from."""
+    """What a sequence has shown of its drafts. `acceptance` is the chance that a drafted token is accepted once
+    the ones before it were (drafts are kept up to their first rejected token, so the i-th drafted token yields a
+    token with chance acceptance**i): a moving estimate from accepted and tried tokens, starting at `prior`. `k`
+    is what it drafts where no cost is measured (--draft-always): doubled after a draft fully accepted, cut to one
+    past what was accepted otherwise, paused while acceptance stays under `floor`, then one token every
+    `retry_every` steps. Where the cost rule prices drafts (share_drafts), the length is the rule's, and a
+    sequence it declines grows stale: `declined` moves its acceptance back toward the prior, and after
+    `retry_every` declined steps in a row it may probe (probe_due)."""
     k_max: int = 16
     k: int = 4
-    acceptance: float = 0.5
+    prior: float = 0.5
     floor: float = 0.15
     retry_every: int = 16
-    prior: float = 0.5
+    keep: float = 0.8  # the weight of what was seen before, at each record
+    _accepted: float = 1.0  # prior * _tried
+    _tried: float = 2.0  # the prior's weight: two tokens
     _paused_steps: int = 0
+    _declined_steps: int = 0
+
+    def __post_init__(self):
+        self._accepted = self.prior * self._tried
+
+    @property
+    def acceptance(self) -> float:
+        return self._accepted / self._tried
 
     def record(self, drafted: int, accepted: int) -> None:
+        """A verified draft: `accepted` tokens tried and kept, and one more tried and refused unless all were."""
         if drafted <= 0:
             return
-        self.acceptance = 0.8 * self.acceptance + 0.2 * (accepted / drafted)
+        self._declined_steps = 0
+        self._accepted = self.keep * self._accepted + accepted
+        self._tried = self.keep * self._tried + accepted + (accepted < drafted)
         self.k = min(self.k_max, self.k * 2) if accepted == drafted else max(1, accepted + 1)
 
     def declined(self) -> None:
@@ -113,7 +130,13 @@ class DraftLength:
         code edit at c=1, 0.02 drafts per token against 0.97 when drafting always, and 0.86x its tok/s. A
         1/retry_every step of the way back per declined step: a sequence held off by a real cost tries again
         after some steps, not every step."""
-        self.acceptance += (self.prior - self.acceptance) / self.retry_every
+        self._accepted += (self.prior * self._tried - self._accepted) / self.retry_every
+        self._declined_steps += 1
+
+    def probe_due(self) -> bool:
+        """Declined retry_every steps in a row: it may draft once whatever its acceptance says, as only a draft
+        tells whether it would now be accepted (share_drafts' probes)."""
+        return self._declined_steps >= self.retry_every
 
     def next_k(self) -> int:
         if self.acceptance >= self.floor:
@@ -157,21 +180,29 @@ class CallCost:
 
 def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active: int, step_tokens: int,
                  cost: CallCost | None = None, equal_lengths: bool = False,
-                 draft_cost: CallCost | None = None) -> dict[int, int]:
+                 draft_cost: CallCost | None = None, probes: set[int] = frozenset()) -> dict[int, int]:
     """Draft tokens per sequence for one step: the amount that maximises the step's expected tokens per second.
 
     `n_active` tokens (one per decoding sequence) go first; drafts fill at most `step_tokens` in all. A sequence's
-    drafted token is expected to yield `acceptance` tokens (its recent ratio), and the sequences accepted most
-    often draft first. The step's seconds are `cost`'s estimate for its token count plus, for a draft model,
+    i-th drafted token is expected to yield acceptance**i tokens (DraftLength), and the tokens expected to yield
+    most draft first. The step's seconds are `cost`'s estimate for its token count plus, for a draft model,
     `draft_cost`'s seconds per drafted position (a draft model's call each, its catch-up shared among them,
-    kept as the cost of a count of 1; none measured yet: free) times the positions drafted. Nothing drafts until a call of `n_active` tokens
-    (or fewer) has been measured; counts above those measured are taken as dear as the largest measured, so
-    they are tried once and learned. No `cost`: every spare token drafts. `equal_lengths`: every sequence must draft the
-    same length or none drafts (the batch-invariant layout's one-call rule; see Engine._draft)."""
+    kept as the cost of a count of 1; none measured yet: free) times the positions drafted. Nothing drafts until
+    a call of `n_active` tokens (or fewer) has been measured; counts above those measured are taken as dear as
+    the largest measured, so they are tried once and learned. No `cost`: every spare token drafts.
+    `equal_lengths`: every sequence must draft the same length or none drafts (the batch-invariant layout's
+    one-call rule; see Engine._draft). `probes`: sequences the rule has long declined (DraftLength.probe_due)
+    draft their wanted length anyway where it would pay if wholly accepted (not with `equal_lengths`, where a
+    probe would make every sequence draft)."""
     out = {seq: 0 for seq in wanted}
     room = max(0, step_tokens - n_active)
     if not wanted or room == 0:
         return out
+
+    def yields(seq: int, length: int) -> float:  # expected tokens from drafting `length` tokens
+        a = min(max(acceptance.get(seq, 0.0), 0.0), 1.0)
+        return sum(a ** i for i in range(1, length + 1))
+
     # Candidate plans, each (shares, expected extra tokens, positions drafted); the first drafts nothing.
     plans: list[tuple[dict[int, int], float, int]] = [(dict(out), 0.0, 0)]
     if equal_lengths:
@@ -179,16 +210,17 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
             return out  # a decoding sequence that drafts nothing: no common length
         longest = min(min(wanted.values()), room // len(wanted))
         for length in range(1, longest + 1):
-            plans.append(({s: length for s in wanted}, length * sum(acceptance.get(s, 0.0) for s in wanted),
-                          length))
+            plans.append(({s: length for s in wanted}, sum(yields(s, length) for s in wanted), length))
     else:
-        shares, gain, left = dict(out), 0.0, room
-        for seq in sorted(wanted, key=lambda s: -acceptance.get(s, 0.0)):
-            for _ in range(min(wanted[seq], left)):
-                shares[seq] += 1
-                gain += acceptance.get(seq, 0.0)
-                left -= 1
-                plans.append((dict(shares), gain, max(shares.values())))
+        # Every (sequence, i-th token) by what it yields; a sequence's own tokens yield less the later they come,
+        # so each prefix of this order is the best plan of its size.
+        tokens = sorted(((acceptance.get(seq, 0.0) ** i, seq, i) for seq in wanted
+                         for i in range(1, min(wanted[seq], room) + 1)), key=lambda t: (-t[0], t[1], t[2]))
+        shares, gain = dict(out), 0.0
+        for worth, seq, _ in tokens[:room]:
+            shares[seq] += 1
+            gain += worth
+            plans.append((dict(shares), gain, max(shares.values())))
     if cost is None:
         return plans[-1][0]
     if cost.estimate(n_active) is None:
@@ -201,6 +233,15 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
         return (n_active + gain) / (seconds + positions * per_position)
 
     best = max(plans, key=rate)  # max keeps the first of equals: no draft unless it is expected to pay
+    if not equal_lengths:
+        # A probe drafts where only its acceptance held it back: the draft would pay if all of it were accepted.
+        for seq in sorted(probes & wanted.keys()):
+            shares, gain, positions = best
+            length = min(wanted[seq], room - sum(shares.values()))
+            if shares[seq] or length <= 0:
+                continue
+            if rate(({**shares, seq: length}, gain + length, max(positions, length))) > rate(best):
+                best = ({**shares, seq: length}, gain + yields(seq, length), max(positions, length))
     return best[0]
 
 
