@@ -127,8 +127,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         "same vocabulary (--draft-model) drafts its most likely tokens. off (default): one token a "
                         "step")
     p.add_argument("--draft-max", type=_draft_max, default=12, metavar="N",
-                   help="the most tokens a sequence drafts in a step, 1 to 15; each sequence drafts as "
-                        "many as its recent acceptance earned, up to this (default 12)")
+                   help="the most tokens a sequence drafts in a step, 1 to 15; up to this, each sequence drafts "
+                        "as many as its acceptance and the measured cost of calls say pay (default 12)")
     p.add_argument("--draft-always", action="store_true",
                    help="draft as much as acceptance earned and the step has room for, whatever the calls cost "
                         "(default: only as much as the measured cost of this box's decode calls says pays; on a "

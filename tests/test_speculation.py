@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from host_runtime.engine.speculation import (CallCost, DraftLength, NgramIndex, Vocabulary, accept_greedy,
+from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLength, NgramIndex, Vocabulary, accept_greedy,
                                              accept_sampled, catch_up_shares, common_prefix_len, draft_choice,
                                              lookup_draft, share_drafts, vocabulary_difference)
 
@@ -53,21 +53,35 @@ def test_the_draft_length_grows_with_acceptance_shrinks_with_rejection_and_pause
     assert ks.count(1) == 2 and set(ks) == {0, 1}  # paused, with a one-token try every 16 steps
 
 
-def test_acceptance_is_the_chance_of_a_drafted_token_once_those_before_it_were_accepted():
+def test_a_sequences_acceptance_is_the_chance_its_next_drafts_first_token_is_kept():
     d = DraftLength()
     assert d.acceptance == 0.5  # the prior
-    d.record(12, 5)  # five tried and kept, the sixth tried and refused; the rest never tried
-    assert d.acceptance == pytest.approx((0.8 * 1 + 5) / (0.8 * 2 + 6))
-    before = d.acceptance
-    d.record(4, 4)  # all kept: four tried, none refused
-    assert d.acceptance > before
+    d.record(12, 5)  # the first token kept (five were)
+    assert d.acceptance == pytest.approx(0.6)
+    d.record(4, 0)
+    assert d.acceptance == pytest.approx(0.48)
+
+
+def test_the_curve_learns_each_later_positions_chance_from_drafts_that_reached_it():
+    curve = AcceptanceCurve(k_max=4, prior=0.8, weight=2.0, keep=1.0)
+    assert curve.chances() == [0.8, 0.8, 0.8]  # positions 2 to 4, before any draft
+    curve.record(4, 4)  # every position tried and kept
+    curve.record(4, 1)  # the 2nd tried and refused; the 3rd and 4th never tried
+    curve.record(1, 0)  # nothing past the first: nothing learned here
+    assert curve.chances() == pytest.approx([(1 + 1.6) / (2 + 2), (1 + 1.6) / (1 + 2), (1 + 1.6) / (1 + 2)])
+    # Priced with the curve, a draft that starts right runs on: a long draft yields more than one chance for
+    # every position would say.
+    reading = learned(lambda n: 0.010 + 0.002 * n)
+    assert share_drafts({1: 12}, {1: 0.77}, n_active=1, step_tokens=16, cost=reading) == {1: 4}
+    assert share_drafts({1: 12}, {1: 0.77}, n_active=1, step_tokens=16, cost=reading,
+                        continuation=[0.9, 0.9, 0.9] + [0.97] * 8) == {1: 12}
 
 
 def test_a_declined_sequence_drifts_back_toward_its_prior_and_so_drafts_again_where_that_pays():
     d = DraftLength()
-    d.record(4, 0)  # its first drafts failed (the prose before a code edit's file)
-    d.record(1, 0)
-    assert d.acceptance < 0.25
+    for _ in range(3):
+        d.record(1, 0)  # its first drafts failed (the prose before a code edit's file)
+    assert d.acceptance < 0.3
     cost = CallCost()
     cost.observe(1, 0.010)
     cost.observe(2, 0.0135)  # a drafted token pays where it yields more than 0.35 tokens
@@ -81,7 +95,7 @@ def test_a_declined_sequence_drifts_back_toward_its_prior_and_so_drafts_again_wh
     high = DraftLength()
     for _ in range(3):
         high.record(12, 12)
-    assert high.acceptance > 0.9
+    assert high.acceptance > 0.7
     for _ in range(32):
         high.declined()
     assert 0.5 < high.acceptance < 0.7

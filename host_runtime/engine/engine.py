@@ -27,7 +27,8 @@ from host_runtime.engine.progress import DecodeProgress
 from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demote, PrefixCache, Restore, Spill,
                                               Trim)
 from host_runtime.engine.sampling import SamplingParams, build_sampler_chain, token_logprobs
-from host_runtime.engine.speculation import CallCost, DraftLength, NgramIndex, SpeculationConfig, share_drafts
+from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLength, NgramIndex, SpeculationConfig,
+                                             share_drafts)
 from host_runtime.engine.step_plan import next_cut, plan_step
 from host_runtime.engine.stop_matcher import StopMatcher
 from host_runtime.engine.throttle import ThrottleReader
@@ -138,6 +139,7 @@ class Engine:
         # drafts go out only where they are expected to raise the step's tokens per second (share_drafts).
         self.call_cost = CallCost() if speculation.enabled and speculation.cost_aware else None
         self.draft_cost = CallCost() if self.call_cost is not None and drafter is not None else None
+        self.acceptance_curve = AcceptanceCurve(speculation.k_max)  # how drafts fare past their first token
         self.throttle = ThrottleReader(governor_state)
         self.metrics = EngineMetrics()
         self.progress = DecodeProgress()
@@ -514,9 +516,9 @@ class Engine:
             self._decode_call(call)
 
     def _draft(self) -> None:
-        """This step's drafts: each decoding sequence asks for the length it has earned, within what it may still
-        generate and its context; share_drafts gives the step's spare tokens to the best acceptance first, as far
-        as the measured cost of calls says they pay."""
+        """This step's drafts: each decoding sequence asks for up to --draft-max tokens (drafting always: the
+        length it has earned), within what it may still generate and its context; share_drafts gives the step's
+        spare tokens to those expected to yield most, as far as the measured cost of calls says they pay."""
         decoding = [s for s in self._active if not s.is_prefilling() and s.next_token is not None]
         wanted, acceptance = {}, {}
         for seq in decoding:
@@ -531,7 +533,8 @@ class Engine:
         probes = {seq.seq_id for seq in decoding if seq.seq_id in wanted and seq.draft_length.probe_due()}
         shares = share_drafts(wanted, acceptance, len(decoding), self._spec_step_tokens, self.call_cost,
                               equal_lengths=self.model.batch_invariant and len(decoding) > 1,
-                              draft_cost=self.draft_cost, probes=probes)
+                              draft_cost=self.draft_cost, probes=probes,
+                              continuation=self.acceptance_curve.chances())
         for seq in decoding:
             if seq.seq_id in wanted and not shares.get(seq.seq_id):
                 seq.draft_length.declined()
@@ -618,6 +621,7 @@ class Engine:
             seq.n_past += 1
         self.metrics.speculated(self.speculation.kind, drafted, accepted)
         seq.draft_length.record(drafted, accepted)
+        self.acceptance_curve.record(drafted, accepted)
         if seq in self._active:
             llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, seq.seq_id, seq.n_past, -1)
 

@@ -88,39 +88,28 @@ class NgramIndex:
 
 @dataclass
 class DraftLength:
-    """What a sequence has shown of its drafts. `acceptance` is the chance that a drafted token is accepted once
-    the ones before it were (drafts are kept up to their first rejected token, so the i-th drafted token yields a
-    token with chance acceptance**i): a moving estimate from accepted and tried tokens, starting at `prior`. `k`
-    is what it drafts where no cost is measured (--draft-always): doubled after a draft fully accepted, cut to one
-    past what was accepted otherwise, paused while acceptance stays under `floor`, then one token every
+    """What a sequence has shown of its drafts. `acceptance` is the chance that its next draft's first token is
+    kept (a moving average, from `prior`): whether it is in a stretch its drafter predicts, such as the part of
+    a code edit that copies the file. Tokens further into a draft are priced by the engine's AcceptanceCurve.
+    `k` is what it drafts where no cost is measured (--draft-always): doubled after a draft fully accepted, cut
+    to one past what was accepted otherwise, paused while acceptance stays under `floor`, then one token every
     `retry_every` steps. Where the cost rule prices drafts (share_drafts), the length is the rule's, and a
     sequence it declines grows stale: `declined` moves its acceptance back toward the prior, and after
     `retry_every` declined steps in a row it may probe (probe_due)."""
     k_max: int = 16
     k: int = 4
     prior: float = 0.5
+    acceptance: float = 0.5
     floor: float = 0.15
     retry_every: int = 16
-    keep: float = 0.8  # the weight of what was seen before, at each record
-    _accepted: float = 1.0  # prior * _tried
-    _tried: float = 2.0  # the prior's weight: two tokens
     _paused_steps: int = 0
     _declined_steps: int = 0
 
-    def __post_init__(self):
-        self._accepted = self.prior * self._tried
-
-    @property
-    def acceptance(self) -> float:
-        return self._accepted / self._tried
-
     def record(self, drafted: int, accepted: int) -> None:
-        """A verified draft: `accepted` tokens tried and kept, and one more tried and refused unless all were."""
         if drafted <= 0:
             return
         self._declined_steps = 0
-        self._accepted = self.keep * self._accepted + accepted
-        self._tried = self.keep * self._tried + accepted + (accepted < drafted)
+        self.acceptance = 0.8 * self.acceptance + 0.2 * (accepted > 0)
         self.k = min(self.k_max, self.k * 2) if accepted == drafted else max(1, accepted + 1)
 
     def declined(self) -> None:
@@ -130,7 +119,7 @@ class DraftLength:
         code edit at c=1, 0.02 drafts per token against 0.97 when drafting always, and 0.86x its tok/s. A
         1/retry_every step of the way back per declined step: a sequence held off by a real cost tries again
         after some steps, not every step."""
-        self._accepted += (self.prior * self._tried - self._accepted) / self.retry_every
+        self.acceptance += (self.prior - self.acceptance) / self.retry_every
         self._declined_steps += 1
 
     def probe_due(self) -> bool:
@@ -146,6 +135,32 @@ class DraftLength:
             self._paused_steps = 0
             return 1
         return 0
+
+
+class AcceptanceCurve:
+    """For each position i of a draft past the first, the chance its token is kept once the ones before it were,
+    over every sequence of the engine (moving counts, from `prior`). Drafts are not alike along their length:
+    on a code edit drafted by prompt lookup (c=1, 2 cores) the first token was kept 77% of the time, the 2nd to
+    4th 90% once those before were, the 5th to 12th 96-100%: a draft that starts right tends to run on, so one
+    chance for every position (a geometric guess) prices long drafts too low. The prior is hopeful (0.8, worth
+    two drafts) so that a position not yet drafted gets tried and learned, not priced out unseen."""
+
+    def __init__(self, k_max: int, prior: float = 0.8, weight: float = 2.0, keep: float = 0.99):
+        self.prior, self.weight, self.keep = prior, weight, keep
+        self._kept = [0.0] * (k_max + 1)
+        self._tried = [0.0] * (k_max + 1)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        for i in range(2, min(drafted, len(self._tried) - 1) + 1):
+            if accepted < i - 1:
+                break  # not tried: an earlier token was refused
+            self._tried[i] = self.keep * self._tried[i] + 1
+            self._kept[i] = self.keep * self._kept[i] + (accepted >= i)
+
+    def chances(self) -> list[float]:
+        """The chances for positions 2, 3, ... (share_drafts' `continuation`)."""
+        return [(self._kept[i] + self.prior * self.weight) / (self._tried[i] + self.weight)
+                for i in range(2, len(self._tried))]
 
 
 class CallCost:
@@ -180,12 +195,14 @@ class CallCost:
 
 def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active: int, step_tokens: int,
                  cost: CallCost | None = None, equal_lengths: bool = False,
-                 draft_cost: CallCost | None = None, probes: set[int] = frozenset()) -> dict[int, int]:
+                 draft_cost: CallCost | None = None, probes: set[int] = frozenset(),
+                 continuation: Sequence[float] | None = None) -> dict[int, int]:
     """Draft tokens per sequence for one step: the amount that maximises the step's expected tokens per second.
 
     `n_active` tokens (one per decoding sequence) go first; drafts fill at most `step_tokens` in all. A sequence's
-    i-th drafted token is expected to yield acceptance**i tokens (DraftLength), and the tokens expected to yield
-    most draft first. The step's seconds are `cost`'s estimate for its token count plus, for a draft model,
+    first drafted token is expected to yield its `acceptance` (DraftLength), its i-th that times the chances of
+    positions 2..i in `continuation` (AcceptanceCurve; none given: its acceptance again at each), and the tokens
+    expected to yield most draft first. The step's seconds are `cost`'s estimate for its token count plus, for a draft model,
     `draft_cost`'s seconds per drafted position (a draft model's call each, its catch-up shared among them,
     kept as the cost of a count of 1; none measured yet: free) times the positions drafted. Nothing drafts until
     a call of `n_active` tokens (or fewer) has been measured; counts above those measured are taken as dear as
@@ -199,9 +216,18 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
     if not wanted or room == 0:
         return out
 
-    def yields(seq: int, length: int) -> float:  # expected tokens from drafting `length` tokens
-        a = min(max(acceptance.get(seq, 0.0), 0.0), 1.0)
-        return sum(a ** i for i in range(1, length + 1))
+    def worth(seq: int, length: int) -> list[float]:  # what each of `length` drafted tokens is expected to yield
+        chance = min(max(acceptance.get(seq, 0.0), 0.0), 1.0)
+        out = []
+        for i in range(length):
+            if i:
+                chance *= continuation[i - 1] if continuation is not None and i - 1 < len(continuation) else \
+                    min(max(acceptance.get(seq, 0.0), 0.0), 1.0)
+            out.append(chance)
+        return out
+
+    def yields(seq: int, length: int) -> float:
+        return sum(worth(seq, length))
 
     # Candidate plans, each (shares, expected extra tokens, positions drafted); the first drafts nothing.
     plans: list[tuple[dict[int, int], float, int]] = [(dict(out), 0.0, 0)]
@@ -214,12 +240,12 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
     else:
         # Every (sequence, i-th token) by what it yields; a sequence's own tokens yield less the later they come,
         # so each prefix of this order is the best plan of its size.
-        tokens = sorted(((acceptance.get(seq, 0.0) ** i, seq, i) for seq in wanted
-                         for i in range(1, min(wanted[seq], room) + 1)), key=lambda t: (-t[0], t[1], t[2]))
+        tokens = sorted(((w, seq, i) for seq in wanted for i, w in enumerate(worth(seq, min(wanted[seq], room)))),
+                        key=lambda t: (-t[0], t[1], t[2]))
         shares, gain = dict(out), 0.0
-        for worth, seq, _ in tokens[:room]:
+        for expected, seq, _ in tokens[:room]:
             shares[seq] += 1
-            gain += worth
+            gain += expected
             plans.append((dict(shares), gain, max(shares.values())))
     if cost is None:
         return plans[-1][0]
