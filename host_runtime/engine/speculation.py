@@ -202,11 +202,11 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
     `n_active` tokens (one per decoding sequence) go first; drafts fill at most `step_tokens` in all. A sequence's
     first drafted token is expected to yield its `acceptance` (DraftLength), its i-th that times the chances of
     positions 2..i in `continuation` (AcceptanceCurve; none given: its acceptance again at each), and the tokens
-    expected to yield most draft first. The step's seconds are `cost`'s estimate for its token count plus, for a draft model,
-    `draft_cost`'s seconds per drafted position (a draft model's call each, its catch-up shared among them,
-    kept as the cost of a count of 1; none measured yet: free) times the positions drafted. Nothing drafts until
-    a call of `n_active` tokens (or fewer) has been measured; counts above those measured are taken as dear as
-    the largest measured, so they are tried once and learned. No `cost`: every spare token drafts.
+    expected to yield most draft first. The step's seconds are `cost`'s estimate for its token count plus, for a
+    draft model, `draft_cost`'s seconds per drafted position (a draft model's call each, its catch-up shared
+    among them, kept as the cost of a count of 1; none measured yet: free) times the positions drafted. Nothing
+    drafts until a call of `n_active` tokens (or fewer) has been measured; counts above those measured are taken
+    as dear as the largest measured, so they are tried once and learned. No `cost`: every spare token drafts.
     `equal_lengths`: every sequence must draft the same length or none drafts (the batch-invariant layout's
     one-call rule; see Engine._draft). `probes`: sequences the rule has long declined (DraftLength.probe_due)
     draft their wanted length anyway where it would pay if wholly accepted (not with `equal_lengths`, where a
@@ -216,15 +216,16 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
     if not wanted or room == 0:
         return out
 
+    later = list(continuation or ())
+
     def worth(seq: int, length: int) -> list[float]:  # what each of `length` drafted tokens is expected to yield
-        chance = min(max(acceptance.get(seq, 0.0), 0.0), 1.0)
-        out = []
+        first = min(max(acceptance.get(seq, 0.0), 0.0), 1.0)
+        values, chance = [], first
         for i in range(length):
             if i:
-                chance *= continuation[i - 1] if continuation is not None and i - 1 < len(continuation) else \
-                    min(max(acceptance.get(seq, 0.0), 0.0), 1.0)
-            out.append(chance)
-        return out
+                chance *= later[i - 1] if i - 1 < len(later) else first
+            values.append(chance)
+        return values
 
     def yields(seq: int, length: int) -> float:
         return sum(worth(seq, length))
