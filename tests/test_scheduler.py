@@ -357,6 +357,10 @@ def test_speculation_drafts_from_the_prompt_and_keeps_the_output(spec_model):
     llama_cpp.llama_memory_clear(model.ctx.memory, True)
     opted_out, none, _ = edit(model, speculation=True, opt_out=True)  # the request's own "speculation": false
     assert none == {} and opted_out == plain
+    llama_cpp.llama_memory_clear(model.ctx.memory, True)
+    # Priced by the measured cost of calls (the default): whatever lengths that chooses, the text is the same.
+    priced, _, _ = edit(model, speculation=True, cost_aware=True)
+    assert priced == plain
 
 
 def test_a_draft_model_drafts_and_the_output_is_the_targets(spec_model):
