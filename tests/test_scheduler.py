@@ -392,10 +392,11 @@ def test_a_draft_model_drafts_and_the_output_is_the_targets(spec_model):
     llama_cpp.llama_memory_clear(model.ctx.memory, True)
     # Left to the measured cost of calls, a draft as dear as its target drafts once (up to --draft-max), learns
     # that a drafted position costs a target call's worth, and stops: no acceptance can pay for that, so it
-    # does not even probe later.
+    # does not probe later either. (Bound: two drafts, as one call measured far slower than the rest can make
+    # a second look worth it; drafting always, it drafted over 40 of these 80 tokens.)
     priced, priced_spec, _ = edit(model, speculation=True, drafter=drafter, cost_aware=True)
     drafted, _ = priced_spec["draft"]
-    assert priced == plain and 0 < drafted <= SpeculationConfig().k_max
+    assert priced == plain and 0 < drafted <= 2 * SpeculationConfig().k_max
 
 
 def test_a_draft_model_with_other_tokens_is_refused_naming_both(model, tmp_path):

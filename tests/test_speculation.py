@@ -263,6 +263,9 @@ def test_a_long_declined_sequence_probes_where_a_wholly_accepted_draft_would_pay
     # Each token a call's worth: not even a wholly accepted draft pays, so no probe either.
     computing = learned(lambda n: 0.010 * n)
     assert share_drafts({1: 4}, {1: 0.2}, n_active=1, step_tokens=16, cost=computing, probes={1}) == {1: 0}
+    # Nor where a wholly accepted draft would pay, but by less than PROBE_GAIN (5 tokens in 40 ms, one in 9.6: 1.2x).
+    slight = learned(lambda n: 0.002 + 0.0076 * n)
+    assert share_drafts({1: 4}, {1: 0.2}, n_active=1, step_tokens=16, cost=slight, probes={1}) == {1: 0}
     # One call a step in the invariant layout: a probe would make every sequence draft, so none goes out.
     assert share_drafts({1: 4, 2: 4}, {1: 0.2, 2: 0.2}, n_active=2, step_tokens=16, cost=between,
                         equal_lengths=True, probes={1}) == {1: 0, 2: 0}

@@ -193,6 +193,9 @@ class CallCost:
         return lo + (hi - lo) * (n_tokens - below) / (above - below)
 
 
+PROBE_GAIN = 1.5  # how much faster a wholly accepted probe must make the step (share_drafts)
+
+
 def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active: int, step_tokens: int,
                  cost: CallCost | None = None, equal_lengths: bool = False,
                  draft_cost: CallCost | None = None, probes: set[int] = frozenset(),
@@ -209,8 +212,8 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
     as dear as the largest measured, so they are tried once and learned. No `cost`: every spare token drafts.
     `equal_lengths`: every sequence must draft the same length or none drafts (the batch-invariant layout's
     one-call rule; see Engine._draft). `probes`: sequences the rule has long declined (DraftLength.probe_due)
-    draft their wanted length anyway where it would pay if wholly accepted (not with `equal_lengths`, where a
-    probe would make every sequence draft)."""
+    draft their wanted length anyway where, wholly accepted, it would make the step PROBE_GAIN times as fast
+    (not with `equal_lengths`, where a probe would make every sequence draft)."""
     out = {seq: 0 for seq in wanted}
     room = max(0, step_tokens - n_active)
     if not wanted or room == 0:
@@ -261,13 +264,15 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
 
     best = max(plans, key=rate)  # max keeps the first of equals: no draft unless it is expected to pay
     if not equal_lengths:
-        # A probe drafts where only its acceptance held it back: the draft would pay if all of it were accepted.
+        # A probe drafts where only its acceptance held it back: the draft, wholly accepted, would make the step
+        # PROBE_GAIN times as fast. The margin keeps a draft as dear as it would be worth at best from probing
+        # on a noisy reading (a one-token call measured slow once made a target drafting for itself probe).
         for seq in sorted(probes & wanted.keys()):
             shares, gain, positions = best
             length = min(wanted[seq], room - sum(shares.values()))
             if shares[seq] or length <= 0:
                 continue
-            if rate(({**shares, seq: length}, gain + length, max(positions, length))) > rate(best):
+            if rate(({**shares, seq: length}, gain + length, max(positions, length))) > PROBE_GAIN * rate(best):
                 best = ({**shares, seq: length}, gain + yields(seq, length), max(positions, length))
     return best[0]
 
