@@ -141,9 +141,10 @@ class AcceptanceCurve:
     """For each position i of a draft past the first, the chance its token is kept once the ones before it were,
     over every sequence of the engine (moving counts, from `prior`). Drafts are not alike along their length:
     on a code edit drafted by prompt lookup (c=1, 2 cores) the first token was kept 77% of the time, the 2nd to
-    4th 90% once those before were, the 5th to 12th 96-100%: a draft that starts right tends to run on, so one
-    chance for every position (a geometric guess) prices long drafts too low. The prior is hopeful (0.8, worth
-    two drafts) so that a position not yet drafted gets tried and learned, not priced out unseen."""
+    4th 90% once those before were, the 5th to 12th 86-100% (most 100%): a draft that starts right tends to
+    run on, so one chance for every position (a geometric guess) prices long drafts too low. The prior is
+    hopeful (0.8, worth two drafts) so that a position not yet drafted gets tried and learned, not priced out
+    unseen."""
 
     def __init__(self, k_max: int, prior: float = 0.8, weight: float = 2.0, keep: float = 0.99):
         self.prior, self.weight, self.keep = prior, weight, keep
