@@ -534,7 +534,7 @@ class Engine:
         shares = share_drafts(wanted, acceptance, len(decoding), self._spec_step_tokens, self.call_cost,
                               equal_lengths=self.model.batch_invariant and len(decoding) > 1,
                               draft_cost=self.draft_cost, probes=probes,
-                              continuation=self.acceptance_curve.chances())
+                              continuation=self.acceptance_curve.chances() if wanted else None)
         for seq in decoding:
             if seq.seq_id in wanted and not shares.get(seq.seq_id):
                 seq.draft_length.declined()

@@ -12,7 +12,7 @@ model its argmax (llama.cpp's speculative example verifies its draft model's tok
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -99,11 +99,14 @@ class DraftLength:
     k_max: int = 16
     k: int = 4
     prior: float = 0.5
-    acceptance: float = 0.5
+    acceptance: float = field(init=False)  # starts at the prior
     floor: float = 0.15
     retry_every: int = 16
     _paused_steps: int = 0
     _declined_steps: int = 0
+
+    def __post_init__(self) -> None:
+        self.acceptance = self.prior
 
     def record(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
@@ -221,18 +224,15 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
         return out
 
     later = list(continuation or ())
-
-    def worth(seq: int, length: int) -> list[float]:  # what each of `length` drafted tokens is expected to yield
-        first = min(max(acceptance.get(seq, 0.0), 0.0), 1.0)
-        values, chance = [], first
-        for i in range(length):
+    # What each token a sequence may draft this step is expected to yield, in order.
+    worth: dict[int, list[float]] = {}
+    for seq, k in wanted.items():
+        first = chance = acceptance.get(seq, 0.0)
+        worth[seq] = []
+        for i in range(min(k, room)):
             if i:
                 chance *= later[i - 1] if i - 1 < len(later) else first
-            values.append(chance)
-        return values
-
-    def yields(seq: int, length: int) -> float:
-        return sum(worth(seq, length))
+            worth[seq].append(chance)
 
     # Candidate plans, each (shares, expected extra tokens, positions drafted); the first drafts nothing.
     plans: list[tuple[dict[int, int], float, int]] = [(dict(out), 0.0, 0)]
@@ -241,11 +241,11 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
             return out  # a decoding sequence that drafts nothing: no common length
         longest = min(min(wanted.values()), room // len(wanted))
         for length in range(1, longest + 1):
-            plans.append(({s: length for s in wanted}, sum(yields(s, length) for s in wanted), length))
+            plans.append(({s: length for s in wanted}, sum(sum(worth[s][:length]) for s in wanted), length))
     else:
         # Every (sequence, i-th token) by what it yields; a sequence's own tokens yield less the later they come,
         # so each prefix of this order is the best plan of its size.
-        tokens = sorted(((w, seq, i) for seq in wanted for i, w in enumerate(worth(seq, min(wanted[seq], room)))),
+        tokens = sorted(((w, seq, i) for seq, values in worth.items() for i, w in enumerate(values)),
                         key=lambda t: (-t[0], t[1], t[2]))
         shares, gain = dict(out), 0.0
         for expected, seq, _ in tokens[:room]:
@@ -274,7 +274,7 @@ def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active:
             if shares[seq] or length <= 0:
                 continue
             if rate(({**shares, seq: length}, gain + length, max(positions, length))) > PROBE_GAIN * rate(best):
-                best = ({**shares, seq: length}, gain + yields(seq, length), max(positions, length))
+                best = ({**shares, seq: length}, gain + sum(worth[seq][:length]), max(positions, length))
     return best[0]
 
 
