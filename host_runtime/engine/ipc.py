@@ -14,28 +14,53 @@ from collections.abc import Callable
 from typing import Iterator
 
 CLIENT_POLL_S = 0.1  # while waiting for the engine, how often to ask whether the HTTP client is still there
+# The longest line each side reads (and the worker sends): a call carries a request body of at most 1 MiB by
+# default (--max-body-bytes) made into messages, tools and a grammar of at most 256 KiB; the events' largest
+# lines are 64 embeddings of a wide model. Past them a reader stops reading instead of growing without bound.
+MAX_REQUEST_LINE_BYTES = 16 << 20
+MAX_EVENT_LINE_BYTES = 64 << 20
 
 
 class EngineUnavailable(Exception):
     """The engine process is not listening, or did not answer in time."""
 
 
+class MessageTooLarge(EngineUnavailable):
+    """A line longer than its side allows: refused unsent (the worker's call) or unread (the engine's)."""
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"the engine call is {size} bytes; at most {limit} are allowed")
+        self.size, self.limit = size, limit
+
+
 class ClientGone(Exception):
     """The HTTP client hung up while its request waited for the engine; the engine call was closed (cancelled)."""
 
 
+def encode_line(message: dict, limit: int | None = None) -> bytes:
+    line = json.dumps(message, separators=(",", ":")).encode()
+    if limit is not None and len(line) > limit:
+        raise MessageTooLarge(len(line), limit)
+    return line + b"\n"
+
+
 def send_message(sock: socket.socket, message: dict) -> None:
-    sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+    sock.sendall(encode_line(message))
 
 
 class LineReader:
-    def __init__(self, sock: socket.socket):
+    """One call's line, read by the side that answers it (the engine, the pool)."""
+
+    def __init__(self, sock: socket.socket, limit: int = MAX_REQUEST_LINE_BYTES):
         self._file = sock.makefile("rb")
+        self._limit = limit
 
     def read(self) -> dict | None:
-        line = self._file.readline()
+        line = self._file.readline(self._limit + 1)
         if not line:
             return None
+        if len(line) > self._limit:
+            raise MessageTooLarge(len(line), self._limit)
         return json.loads(line)
 
 
@@ -65,9 +90,10 @@ class EngineClient:
 
     def stream(self, message: dict, first_event_timeout: float, idle_timeout: float,
                client_gone: Callable[[], bool] | None = None) -> "EventStream":
+        line = encode_line(message, MAX_REQUEST_LINE_BYTES)  # refused before connecting: the engine never sees it
         sock = self._connect(first_event_timeout)
         try:
-            send_message(sock, message)
+            sock.sendall(line)
         except OSError as exc:
             sock.close()
             raise EngineUnavailable(f"lost the engine connection: {exc}") from None
@@ -115,6 +141,9 @@ class EventStream:
             if not chunk:
                 return None
             self._buffer += chunk
+            if len(self._buffer) > MAX_EVENT_LINE_BYTES and self._buffer.find(b"\n") < 0:
+                self.close()
+                raise EngineUnavailable(f"the engine sent a line of over {MAX_EVENT_LINE_BYTES} bytes")
 
     def next_event(self) -> dict:
         timeout = self._first_timeout if self._first else self._idle_timeout

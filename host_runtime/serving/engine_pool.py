@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from host_runtime.engine.errors import RequestRejected
-from host_runtime.engine.ipc import EngineClient, EngineUnavailable, LineReader, send_message
+from host_runtime.engine.ipc import EngineClient, EngineUnavailable, LineReader, MessageTooLarge, send_message
 from host_runtime.models.residency import Resident, expired, plan_load
 from host_runtime.models.store import Store
 from host_runtime.serving.pool_protocol import (DEFAULT_KEEP_ALIVE, Acquire, Acquired, Download, ListModels, PoolModel,
@@ -235,7 +235,7 @@ class EnginePool:
             def handle(self):
                 try:
                     message = LineReader(self.request).read()
-                except (OSError, ValueError):
+                except (OSError, ValueError, MessageTooLarge):
                     return
                 if not message:
                     return

@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Iterator
 
-from host_runtime.engine.ipc import ClientGone, EngineClient, EngineUnavailable, EventStream
+from host_runtime.engine.ipc import ClientGone, EngineClient, EngineUnavailable, EventStream, MessageTooLarge
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import EmbeddingCall, GenerationCall
 from host_runtime.serving.tool_calls import ToolCallStream, parse_output
@@ -25,6 +25,8 @@ def client_left() -> APIError:
 
 
 def engine_down(exc: EngineUnavailable) -> APIError:
+    if isinstance(exc, MessageTooLarge):  # the request, not the engine: refused before it was sent
+        return APIError(413, f"this request is too large for the engine: {exc}", code="request_too_large")
     return APIError(503, f"the inference engine is unavailable: {exc}", error_type="server_error",
                     code="engine_unavailable", retry_after=5)
 

@@ -6,10 +6,10 @@ Every refusal names the field (`param`) and what was expected.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 
 from host_runtime.serving.errors import APIError
+from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
 
 MAX_N = 4
 MAX_TOP_LOGPROBS = 20
@@ -19,12 +19,6 @@ MAX_EMBEDDING_INPUTS = 64
 MAX_LOGIT_BIAS = 300  # OpenAI's ceiling
 # JSON bodies nest at most this deep: Python's parser would otherwise recurse until RecursionError.
 MAX_JSON_DEPTH = 64
-# response_format.json_schema: limits that keep the grammar small enough to compile on the request's thread in
-# milliseconds. llama.cpp refuses repetitions past 2000 (and the converter nests one rule per repetition).
-MAX_SCHEMA_DEPTH = 16
-MAX_SCHEMA_REPETITION = 1000
-MAX_GRAMMAR_BYTES = 64 * 1024
-REPETITION_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 UNSUPPORTED_ROLES = {"function"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -178,45 +172,16 @@ def _response_format_grammar(body: dict) -> str | None:
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
             raise bad("'response_format.json_schema.schema' must be a JSON Schema object",
                       "response_format.json_schema.schema", "invalid_type")
-        check_schema_limits(spec["schema"])
+        where = "response_format.json_schema.schema"
+        GrammarBudget().charge(spec["schema"], where)  # before converting: the converter's work is bounded too
         try:
             grammar = LlamaGrammar.from_json_schema(json.dumps(spec["schema"]), verbose=False)._grammar
         except Exception as exc:  # the converter raises bare Exceptions (and KeyErrors) for what it cannot do
             raise bad(f"this JSON Schema cannot be turned into a grammar: {type(exc).__name__}: {exc}",
-                      "response_format.json_schema.schema") from None
-        if len(grammar) > MAX_GRAMMAR_BYTES:
-            raise bad(f"this JSON Schema makes a grammar of {len(grammar)} bytes; the limit is {MAX_GRAMMAR_BYTES}",
-                      "response_format.json_schema.schema")
-        return grammar
+                      where) from None
+        return check_grammar_size(grammar, MAX_SCHEMA_GRAMMAR_BYTES, where, "this JSON Schema")
     raise bad(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",
               "response_format.type")
-
-
-def check_schema_limits(schema, depth: int = 0, path: str = "response_format.json_schema.schema") -> None:
-    """Refuse schemas whose grammar would be too deep or too repetitive to compile safely."""
-    if depth > MAX_SCHEMA_DEPTH:
-        raise bad(f"the JSON Schema nests deeper than {MAX_SCHEMA_DEPTH} levels", path)
-    if isinstance(schema, dict):
-        for keyword in REPETITION_KEYWORDS:
-            value = schema.get(keyword)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise bad(f"'{keyword}' must be a non-negative integer", f"{path}.{keyword}")
-            if value > MAX_SCHEMA_REPETITION:
-                raise bad(f"'{keyword}' is {value}; this server allows at most {MAX_SCHEMA_REPETITION}",
-                          f"{path}.{keyword}")
-        pattern = schema.get("pattern")
-        if isinstance(pattern, str):
-            counts = [int(n) for n in re.findall(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}", pattern) for n in n if n]
-            if any(n > MAX_SCHEMA_REPETITION for n in counts):
-                raise bad(f"'pattern' repeats more than {MAX_SCHEMA_REPETITION} times", f"{path}.pattern")
-        for key, value in schema.items():
-            if isinstance(value, (dict, list)):
-                check_schema_limits(value, depth + 1, path)
-    elif isinstance(schema, list):
-        for value in schema:
-            check_schema_limits(value, depth + 1, path)
 
 
 def _sampling_and_common(body: dict, default_max_tokens: int | None) -> tuple[dict, int, bool, bool]:

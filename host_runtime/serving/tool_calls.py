@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 
 from host_runtime.engine.tool_format import HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, PYTHON_TAG
 from host_runtime.serving.errors import APIError
+from host_runtime.serving.grammar_budget import MAX_TOOLS_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_TOOLS = 128
+# The converter names a call's rules after the wrapping around each tool's parameters (tool-calls-item-...).
+CALL_RULE_PREFIX_BYTES = 32
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> APIError:
@@ -59,9 +62,9 @@ class ToolCall:
 # ---- the request ---------------------------------------------------------------------------------------------
 
 def parse_tools(body: dict) -> list[Tool]:
-    """`tools`, checked: each a function with a valid name and a JSON Schema the grammar converter accepts."""
-    from host_runtime.serving.protocol import check_schema_limits
-
+    """`tools`, checked: each a function with a valid name and a JSON Schema the grammar converter accepts. All
+    the tools' schemas share one grammar budget (serving/grammar_budget.py), charged before any is converted,
+    whatever `tool_choice` says: each is converted here to check it, and a required call converts them all."""
     tools = body.get("tools")
     if tools is None:
         return []
@@ -69,7 +72,7 @@ def parse_tools(body: dict) -> list[Tool]:
         raise _bad("'tools' must be an array of tools", "tools", "invalid_type")
     if len(tools) > MAX_TOOLS:
         raise _bad(f"'tools' has {len(tools)} tools; at most {MAX_TOOLS} are allowed", "tools")
-    out, seen = [], set()
+    out, seen, budget = [], set(), GrammarBudget()
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
@@ -93,12 +96,14 @@ def parse_tools(body: dict) -> list[Tool]:
         if params.get("type", "object") != "object":
             raise _bad(f"'{where}.function.parameters' must describe an object (\"type\": \"object\"), got "
                        f"{params.get('type')!r}", f"{where}.function.parameters")
-        check_schema_limits(params, path=f"{where}.function.parameters")
+        budget.charge(params, f"{where}.function.parameters", CALL_RULE_PREFIX_BYTES)
         try:
-            _schema_grammar(params)
+            grammar = _schema_grammar(params)
         except Exception as exc:  # the converter raises bare Exceptions and KeyErrors for what it cannot read
             raise _bad(f"'{where}.function.parameters' is not a JSON Schema this server can follow: "
                        f"{type(exc).__name__}: {exc}", f"{where}.function.parameters") from None
+        check_grammar_size(grammar, MAX_TOOLS_GRAMMAR_BYTES, f"{where}.function.parameters",
+                           f"'{where}.function.parameters'")
         out.append(Tool(name, description, params))
     return out
 
@@ -160,7 +165,13 @@ def _rename_rule(grammar: str, old: str, new: str) -> str:
 
 
 def grammar_for(fmt: str, tools: list[Tool], choice: ToolChoice) -> str:
-    """GBNF that admits only well-formed calls of the allowed tools, in the format's wrapping."""
+    """GBNF that admits only well-formed calls of the allowed tools, in the format's wrapping; refused past
+    MAX_TOOLS_GRAMMAR_BYTES (the tools were weighed by parse_tools before any conversion)."""
+    return check_grammar_size(_call_grammar(fmt, tools, choice), MAX_TOOLS_GRAMMAR_BYTES, "tools",
+                              "the tools together")
+
+
+def _call_grammar(fmt: str, tools: list[Tool], choice: ToolChoice) -> str:
     allowed = [t for t in tools if choice.mode != "named" or t.name == choice.name]
     parallel = choice.parallel and choice.mode != "named"  # a named function is called once
     if fmt == "hermes":
