@@ -217,14 +217,19 @@ def test_a_failed_admission_errors_that_request_only(model, monkeypatch):
 def test_a_grammar_llama_cpp_refuses_never_reaches_a_sampler_chain(model):
     """llama_sampler_init_grammar returns NULL for a repetition past its limit, an undefined rule, a syntax error or
     left recursion; before, that NULL went into the chain and the engine crashed on the first token."""
-    from host_runtime.engine.sampling import GrammarRejected, SamplingParams, build_sampler_chain, check_grammar
+    from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected, SamplingParams, build_sampler_chain
 
-    check_grammar(model.model, 'root ::= "a"{1,20}')
+    CompiledGrammar(model.model, 'root ::= "a"{1,20}').close()
+    engine = Engine(model)
     for refused in ('root ::= "a"{2500}', "root ::= undefined-rule", "root ::= (", 'root ::= x\nx ::= x "a"'):
         with pytest.raises(GrammarRejected):
-            check_grammar(model.model, refused)
-        with pytest.raises(GrammarRejected):
+            CompiledGrammar(model.model, refused)
+        with pytest.raises(GrammarRejected):  # a chain never parses: it takes only a compiled grammar
             build_sampler_chain(model.model, SamplingParams(grammar=refused))
+        with pytest.raises(RequestRejected) as err:  # refused at submit, on the caller's thread
+            engine.submit(GenerationRequest(prompt_tokens=[1, 2], max_tokens=2, sink=lambda e: None,
+                                            sampling=SamplingParams(grammar=refused)))
+        assert err.value.status == 400
 
 
 def test_embeddings_stop_when_their_client_leaves(model):
@@ -463,3 +468,43 @@ def test_a_served_draft_models_placement_is_in_the_metrics_beside_the_targets():
     assert 'everycycle_draft_model_layers{device="CPU"} 31' in text
     assert 'everycycle_draft_device_memory_allocated_bytes{device="CPU",kind="weights"}' in text
     assert text.count("everycycle_backend_info{") == 1  # the draft has no backend line of its own
+
+
+def test_a_grammar_is_parsed_once_on_the_submitting_thread_and_copied_for_each_choice(model):
+    """The third hardening review: a tool grammar was compiled again for each choice on the loop thread, so one
+    large grammar held every stream. Now Engine.submit parses it on the caller's thread, and each choice's chain
+    gets a copy of the parsed grammar (llama_sampler_clone), which still constrains it."""
+    import threading
+
+    import llama_cpp
+
+    from host_runtime.engine.sampling import MAX_GRAMMAR_BYTES, CompiledGrammar, GrammarRejected
+
+    engine = Engine(model)
+    parses = []
+    real_init = llama_cpp.llama_sampler_init_grammar
+
+    def recording_init(vocab, grammar, root):
+        parses.append(threading.current_thread().name)
+        return real_init(vocab, grammar, root)
+
+    llama_cpp.llama_sampler_init_grammar = recording_init
+    try:
+        engine.start()
+        log = Log()
+        engine.submit(GenerationRequest(prompt_tokens=model.tokenize("Say yes or no:", add_bos=True, special=False),
+                                        max_tokens=8, n=2, sink=log.sink("a"),
+                                        sampling=SamplingParams(temperature=1.0, seed=7,
+                                                                grammar='root ::= ("yes" | "no") "."')))
+        assert log.done["a"].wait(60)
+    finally:
+        llama_cpp.llama_sampler_init_grammar = real_init
+        engine.stop()
+    texts = {}
+    for _, event in log.events:
+        if event["type"] == "token":
+            texts[event["index"]] = texts.get(event["index"], "") + event["text"]
+    assert parses == [threading.current_thread().name]
+    assert sorted(texts) == [0, 1] and all(t in ("yes.", "no.") for t in texts.values()), texts
+    with pytest.raises(GrammarRejected):
+        CompiledGrammar(model.model, 'root ::= "' + "a" * MAX_GRAMMAR_BYTES + '"')

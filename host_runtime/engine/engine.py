@@ -26,7 +26,8 @@ from host_runtime.engine.metrics import EngineMetrics
 from host_runtime.engine.progress import DecodeProgress
 from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demote, PrefixCache, Restore, Spill,
                                               Trim)
-from host_runtime.engine.sampling import SamplingParams, build_sampler_chain, token_logprobs
+from host_runtime.engine.sampling import (CompiledGrammar, GrammarRejected, SamplingParams, build_sampler_chain,
+                                          token_logprobs)
 from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLength, NgramIndex, SpeculationConfig,
                                              share_drafts)
 from host_runtime.engine.step_plan import next_cut, plan_step
@@ -49,6 +50,7 @@ class GenerationRequest:
     stops: list[str] = field(default_factory=list)
     n: int = 1
     speculation: bool = True  # False: this request opts out of speculative decoding
+    grammar: CompiledGrammar | None = None  # sampling.grammar parsed, by submit() on the caller's thread
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token_seen: bool = False
@@ -95,7 +97,7 @@ class Sequence:
         self.generated = 0
         self.stop = StopMatcher(request.stops)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.sampler = build_sampler_chain(engine.model.model, request.sampling, index)
+        self.sampler = build_sampler_chain(engine.model.model, request.sampling, index, request.grammar)
         self.model = engine.model
         self.last_token_at: float | None = None
         # Speculation: the n-gram index over prompt and output (prompt lookup) or the history a draft model
@@ -246,6 +248,12 @@ class Engine:
         if request.n > self.model.n_parallel:
             raise RequestRejected(400, f"n is {request.n}; this server runs at most {self.model.n_parallel} "
                                   "sequences at once", param="n")
+        if request.sampling.grammar and request.grammar is None:
+            # Parsed here, on the submitting thread: the loop thread only copies it into each choice's chain.
+            try:
+                request.grammar = CompiledGrammar(self.model.model, request.sampling.grammar)
+            except GrammarRejected as exc:
+                raise RequestRejected(400, str(exc), param="response_format") from None
         with self._cv:
             if len(self._waiting) >= self.max_waiting:
                 self.metrics.add("requests_rejected_total")

@@ -27,8 +27,12 @@ class SamplingParams:
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 
 
+# The largest grammar the engine compiles, whoever sends it (the serving API's caps are at or below it).
+MAX_GRAMMAR_BYTES = 256 * 1024
+
+
 class GrammarRejected(ValueError):
-    """llama.cpp could not compile the grammar (it logs why and returns NULL)."""
+    """llama.cpp could not compile the grammar (it logs why and returns NULL), or it is past MAX_GRAMMAR_BYTES."""
 
 
 def _grammar_sampler(model, grammar: str):
@@ -40,23 +44,48 @@ def _grammar_sampler(model, grammar: str):
     return sampler
 
 
-def check_grammar(model, grammar: str) -> None:
-    """Compile the grammar once and free it: run on the request's own thread, so a grammar llama.cpp refuses
-    (NULL, which must never reach a sampler chain) or a slow one never reaches the engine's loop."""
-    import llama_cpp
+class CompiledGrammar:
+    """A grammar parsed once, on the thread that submits the request (never the engine's loop thread): a grammar
+    llama.cpp refuses (NULL, which must never reach a sampler chain) or a large one is settled there. Each choice's
+    sampler chain gets a copy (llama_sampler_clone copies the parsed rules and stacks; it parses nothing)."""
 
-    llama_cpp.llama_sampler_free(_grammar_sampler(model, grammar))
+    def __init__(self, model, grammar: str):
+        size = len(grammar.encode("utf-8"))
+        if size > MAX_GRAMMAR_BYTES:
+            raise GrammarRejected(f"the grammar is {size} bytes; the engine compiles at most {MAX_GRAMMAR_BYTES}")
+        self._sampler = _grammar_sampler(model, grammar)
+
+    def copy(self):
+        """A new grammar sampler in the parsed state, owned by whoever adds it to a chain."""
+        import llama_cpp
+
+        return llama_cpp.llama_sampler_clone(self._sampler)
+
+    def close(self) -> None:
+        if self._sampler:
+            import llama_cpp
+
+            llama_cpp.llama_sampler_free(self._sampler)
+            self._sampler = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # at interpreter exit llama_cpp may be gone before us
+            pass
 
 
-def build_sampler_chain(model, params: SamplingParams, choice_index: int = 0):
-    """A fresh llama.cpp sampler chain for one sequence; it owns its RNG and penalty state."""
+def build_sampler_chain(model, params: SamplingParams, choice_index: int = 0, grammar: CompiledGrammar | None = None):
+    """A fresh llama.cpp sampler chain for one sequence; it owns its RNG and penalty state. `grammar`: the request's
+    compiled `params.grammar` (Engine.submit compiles it)."""
     import llama_cpp
     from llama_cpp._internals import LlamaSampler
 
     chain = LlamaSampler()
     if params.grammar:
-        # Checked before admission (check_grammar); checked again here, since adding NULL to a chain crashes.
-        llama_cpp.llama_sampler_chain_add(chain.sampler, _grammar_sampler(model, params.grammar))
+        if grammar is None:
+            raise GrammarRejected("a grammar reached the sampler chain uncompiled")
+        llama_cpp.llama_sampler_chain_add(chain.sampler, grammar.copy())
     if params.logit_bias:
         chain.add_logit_bias(model.n_vocab(), {int(t): b for t, b in params.logit_bias.items()})
     if params.presence_penalty or params.frequency_penalty:

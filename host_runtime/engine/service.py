@@ -14,11 +14,11 @@ from pathlib import Path
 from host_runtime.common.sockets import peer_closed
 from host_runtime.engine.engine import EmbeddingCancelled, Engine, GenerationRequest, PrefixCacheConfig
 from host_runtime.engine.errors import RequestRejected
-from host_runtime.engine.ipc import LineReader, send_message
+from host_runtime.engine.ipc import LineReader, MessageTooLarge, send_message
 from host_runtime.engine.model import ContextConfig, LoadedModel, ModelLoadError, model_id_for
 from host_runtime.engine.prompt import PromptBuilder
 from host_runtime.engine.readiness import CanaryRecord, Verdict, WedgePolicy, judge
-from host_runtime.engine.sampling import GrammarRejected, SamplingParams, check_grammar
+from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected, SamplingParams
 from host_runtime.engine.speculation import SpeculationConfig
 
 log = logging.getLogger(__name__)
@@ -235,14 +235,16 @@ class EngineService:
             raise RequestRejected(400, f"'logit_bias' names a token id past this model's vocabulary of "
                                   f"{self.model.n_vocab}", param="logit_bias")
         grammar = message.get("sampling", {}).get("grammar")
+        compiled = None
         if grammar:
-            try:
-                check_grammar(self.model.model, grammar)
+            try:  # parsed once, on this handler's thread (sampling.CompiledGrammar)
+                compiled = CompiledGrammar(self.model.model, grammar)
             except GrammarRejected as exc:
                 raise RequestRejected(400, f"'response_format': {exc}", param="response_format") from None
         return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink,
                                  sampling=SamplingParams(**message.get("sampling", {})), stops=stops,
-                                 n=int(message.get("n", 1)), speculation=bool(message.get("speculation", True)))
+                                 n=int(message.get("n", 1)), speculation=bool(message.get("speculation", True)),
+                                 grammar=compiled)
 
     def count_tokens(self, message: dict) -> dict:
         """The prompt's length as the model sees it: the template rendered, then tokenized."""
@@ -299,6 +301,13 @@ class _Handler(socketserver.BaseRequestHandler):
         sock: socket.socket = self.request
         try:
             message = LineReader(sock).read()
+        except MessageTooLarge as exc:
+            try:
+                send_message(sock, {"type": "error", "error": RequestRejected(413, str(exc),
+                                                                              code="request_too_large").to_wire()})
+            except OSError:
+                pass
+            return
         except (OSError, ValueError):
             return
         if not message:
