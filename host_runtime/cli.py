@@ -854,8 +854,9 @@ def cmd_console(parser, args) -> int:
         return 0
     from host_runtime.console.app import Dashboard
 
-    Dashboard(reader, tick_s=args.tick, allow_quit=args.allow_quit).run()
-    return 0
+    app = Dashboard(reader, tick_s=args.tick, allow_quit=args.allow_quit, watch_terminal=True)
+    app.run()
+    return app.return_code or 0
 
 
 def cmd_provision(parser, args) -> int:

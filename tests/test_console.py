@@ -200,3 +200,53 @@ def test_first_boot_keys_are_shown_once_on_the_screen_and_then_forgotten(tmp_pat
     import asyncio
 
     asyncio.run(drive())
+
+
+def _console_on_a_pty(tmp_path):
+    """`everycycle console` on a fresh pty that is not its controlling terminal (as under a tmux session killed
+    or an SSH session dropped, where no SIGHUP may come): (process, the pty's master), once it has drawn."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen([str(BIN / "everycycle"), "console", "--run-dir", str(tmp_path / "run"), "--tick", "0.5",
+                             "--provision-root", str(tmp_path / "root"), "--bundle-dir", str(tmp_path / "bundle")],
+                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                            env={**os.environ, "TERM": "xterm-256color"})
+    os.close(slave)
+    drawn, deadline = b"", time.monotonic() + 60
+    while len(drawn) < 2000 and time.monotonic() < deadline:
+        if select.select([master], [], [], 1)[0]:
+            drawn += os.read(master, 1 << 16)
+    assert len(drawn) >= 2000, drawn[-500:]
+    return proc, master
+
+
+@pytest.mark.system
+def test_the_console_exits_when_its_terminal_goes_away(tmp_path):
+    """It was found spinning at 83% of a core three minutes after its pty was closed."""
+    (tmp_path / "run").mkdir()
+    proc, master = _console_on_a_pty(tmp_path)
+    os.close(master)
+    try:
+        assert proc.wait(timeout=10) == 129
+    finally:
+        proc.kill()
+
+
+@pytest.mark.system
+def test_the_console_exits_on_sighup(tmp_path):
+    import signal
+
+    (tmp_path / "run").mkdir()
+    proc, master = _console_on_a_pty(tmp_path)
+    try:
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=10) == 129
+    finally:
+        proc.kill()
+        os.close(master)

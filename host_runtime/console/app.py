@@ -114,11 +114,14 @@ class Dashboard(App):
                 Binding("F", "factory_reset", "factory reset"),
                 Binding("q", "quit_console", "quit")]
 
-    def __init__(self, reader: StatusReader, tick_s: float = 2.0, allow_quit: bool = False):
+    def __init__(self, reader: StatusReader, tick_s: float = 2.0, allow_quit: bool = False,
+                 watch_terminal: bool = False):
         super().__init__()
         self.reader = reader
         self.tick_s = tick_s
         self.allow_quit = allow_quit
+        # On a real terminal (cmd_console): end when it goes away (console/terminal.py). Not under the pilot.
+        self.watch_terminal = watch_terminal
         self.status: BoxStatus | None = None
         self.reads = 0
 
@@ -140,6 +143,10 @@ class Dashboard(App):
             self.query_one(f"#{pid}").border_title = title
         self.refresh_data()
         self.set_interval(self.tick_s, self.refresh_data)
+        if self.watch_terminal:
+            from host_runtime.console.terminal import TerminalWatch
+
+            TerminalWatch(self).start()
         if hasattr(self.reader, "provisioned") and self.reader.provisioned() is None:
             self.action_wizard()  # first boot with no bundle: set the box up before anything else
         self.show_new_keys()
@@ -304,10 +311,10 @@ class Dashboard(App):
     def open_wizard(self) -> None:
         import psutil
 
-        from host_runtime.console.wizard import Wizard
+        from host_runtime.console.wizard import Wizard, configurable_links
 
         topo = self.reader.topology() if hasattr(self.reader, "topology") else None
-        links = [l for l in ((topo or {}).get("network") or []) if isinstance(l, dict) and l.get("kind") != "loopback"]
+        links = configurable_links((topo or {}).get("network"))
         memory = ((topo or {}).get("memory") or {}).get("total_bytes") or psutil.virtual_memory().total
         cfg = self.reader.config
         self.push_screen(Wizard(links, memory, cfg.bundle_dir, cfg.provision_root))
