@@ -166,3 +166,13 @@ def test_without_a_passphrase_the_wizard_is_locked_and_a_factory_reset_says_what
     asyncio.run(drive())
     assert not (root / "var/lib/everycycle/provisioned.json").exists()
     assert json.loads((root / "etc/everycycle/api_keys.json").read_text())["keys"] == []
+
+
+def test_the_wizard_offers_physical_links_only():
+    from host_runtime.console.wizard import configurable_links
+
+    # What discovery reports on this kind of machine: a virtio NIC beside two ifb links and loopback.
+    network = [{"name": "eth0", "kind": "physical"}, {"name": "ifb0", "kind": "ifb"}, {"name": "ifb1", "kind": "ifb"},
+               {"name": "lo", "kind": "loopback"}, {"name": "br0", "kind": "bridge"}, "junk"]
+    assert [link["name"] for link in configurable_links(network)] == ["eth0"]
+    assert configurable_links({"unavailable": "netlink: no"}) == []

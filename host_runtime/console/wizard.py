@@ -58,6 +58,14 @@ def write_bundle(directory: Path, box: dict, files: dict[str, bytes]) -> Path:
     return directory
 
 
+def configurable_links(network) -> list[dict]:
+    """The links the wizard offers: the physical NICs discovery found (kind "physical": no virtual link kind such as
+    ifb, dummy, veth, bridge or loopback), which are what a first boot configures."""
+    if not isinstance(network, list):
+        return []
+    return [link for link in network if isinstance(link, dict) and link.get("kind") == "physical"]
+
+
 class Wizard(Screen):
     """One form; every change re-checks the whole box and shows the problems next to the preview."""
 
