@@ -18,7 +18,7 @@ BMC_ARGS ?= --backend local
 BMC_LISTEN ?= 127.0.0.1:9290
 PYTEST_ARGS ?=
 
-.PHONY: install run test console status clean image image-dir image-test image-test-slow image-dir-test image-test-full \
+.PHONY: install run test test-packages console status clean image image-dir image-test image-test-slow image-dir-test image-test-full \
 	image-update-test
 
 install: $(STAMP)
@@ -29,14 +29,18 @@ $(STAMP): pyproject.toml image/install-venv.sh
 
 run: $(STAMP)
 	@mkdir -p $(VAR)/run $(VAR)/log $(VAR)/state && chmod 700 $(VAR)/state
-	@# A fresh development key each run: keys are stored only as hashes, so an old one cannot be shown again.
-	@$(VENV)/bin/everycycle keys revoke --keys $(VAR)/state/api_keys.json --missing-ok dev
+	@# The development key, kept across runs (var/state/dev-api-key, 0600) so that yesterday's client still
+	@# connects; the key file holds only its hash, stored again each run. rm that file for a new key.
+	@dev=$(VAR)/state/dev-api-key; keys=$(VAR)/state/api_keys.json; \
+	if [ -s $$dev ] && $(VENV)/bin/everycycle keys import --keys $$keys --key-file $$dev dev 2>/dev/null; then :; else \
+	  $(VENV)/bin/everycycle keys revoke --keys $$keys --missing-ok dev && \
+	  (umask 077; $(VENV)/bin/everycycle keys create --keys $$keys dev > $$dev.new 2>/dev/null) && mv $$dev.new $$dev; fi
 	@# The front's settings, through its own typed writer (a bad HOST or port is refused naming the field).
 	@$(PY) -c 'import ipaddress, sys; from host_runtime.front.settings import FrontSettings, save; \
 	  h = sys.argv[1]; save(FrontSettings(listen=h, http_port=int(sys.argv[2]), https_port=int(sys.argv[3]), \
 	  http="serve" if ipaddress.ip_address(h).is_loopback else "redirect"), sys.argv[4])' \
 	  $(HOST) $(PORT) $(HTTPS_PORT) $(VAR)/state/front.toml
-	@key=$$($(VENV)/bin/everycycle keys create --keys $(VAR)/state/api_keys.json dev 2>/dev/null); \
+	@key=$$(cat $(VAR)/state/dev-api-key); \
 	export EVERYCYCLE_BIN=$(CURDIR)/$(VENV)/bin \
 	       EVERYCYCLE_STATE_DIR=$(VAR)/state EVERYCYCLE_RUN_DIR=$(VAR)/run EVERYCYCLE_LOG_DIR=$(VAR)/log \
 	       EVERYCYCLE_CACHE_DIR=$(VAR)/cache EVERYCYCLE_MODEL_STORE=$(VAR)/models EVERYCYCLE_SERVICE_USER=$$(id -un) \
@@ -76,8 +80,13 @@ console: $(STAMP)
 status: $(STAMP)
 	@$(VENV)/bin/everycycle status $(CONSOLE_ARGS)
 
-test: $(STAMP)
+# The Debian packages the suite runs (ipmi_sim, nginx, lavapipe, sfdisk...) are installed first as root, or named
+# in one line (with the apt-get command) before anything runs.
+test: test-packages $(STAMP)
 	@$(PY) -m pytest $(PYTEST_ARGS)
+
+test-packages:
+	@bash tests/system-packages.sh
 
 clean:
 	rm -rf $(VAR) .pytest_cache
