@@ -37,6 +37,21 @@ print(compose(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"], 
   "$SOURCE_DATE_EPOCH" "$(git rev-parse HEAD 2>/dev/null || echo 0000000)")}
 $py -c 'import sys; from host_runtime.update.versioning import check; check(sys.argv[1])' "$version" || exit 2
 
+# The llama.cpp wheels the build overlay compiled are kept outside the clone too, so that CI's fresh clone on the
+# same machine reuses them (image/mkosi.build.chroot keys each by the sdist, its flags and the overlay's compiler
+# and Python, so a reused one is what a new compile would give). mkosi keeps its package downloads in
+# ~/.cache/mkosi by itself.
+keep=${EVERYCYCLE_CACHE:-$HOME/.cache/everycycle}/image
+mkdir -p "$keep/llama-cache" "$work/llama-cache"
+copy_new() {  # copy_new FROM TO: every finished cache entry of FROM that TO lacks
+  local d
+  for d in "$1"/*/; do
+    d=${d%/}
+    case $d in *.tmp|*/\*) continue ;; esac
+    [ -e "$2/${d##*/}" ] || cp -a "$d" "$2/"
+  done
+}
+copy_new "$keep/llama-cache" "$work/llama-cache"
 args=(--force --format="$format" --package-manager-tree="$work/pkgmngr" --mirror="$mirror")
 mkdir -p "$work"
 printf '[Output]\nImageVersion=%s\nOutput=everycycle\n' "$version" > "$work/version.conf"
@@ -98,6 +113,7 @@ if ! mkosi "${args[@]}" build > "$work/mkosi-$format.log" 2>&1; then
   tail -40 "$work/mkosi-$format.log" >&2
   exit 1
 fi
+copy_new "$work/llama-cache" "$keep/llama-cache"
 out=$work/out/everycycle
 [ "$format" = disk ] && out=$out.raw
 [ -e "$out" ] || { echo "mkosi finished but $out is missing" >&2; exit 1; }
