@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from host_runtime.common.settings_file import SettingsError
 from host_runtime.fleet.capabilities import Capabilities, GovernorView, ModelCapability
 from host_runtime.fleet.controller import FAILURES_TO_REMOVE, BoxHealth, Registered, Report, Worker, changes, decide
-from host_runtime.fleet.router_process import argv, environment, trust_bundle
+from host_runtime.fleet.router_process import ADMIN_KEY_ENV, argv, control_plane_key_arg, environment, trust_bundle
 from host_runtime.fleet.settings import FleetSettings
 
 A, B, C = "http://10.0.0.2:8080", "http://10.0.0.3:8080", "http://10.0.0.4:8080"
@@ -98,6 +101,58 @@ def test_the_router_routes_by_model_on_loopback_with_the_chosen_policy():
     assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--port") + 1] == "9000"
     assert args[args.index("--policy") + 1] == "round_robin"
     assert "--worker-urls" not in args and "--api-key" not in args  # workers and their key come over its API
+    # Its control-plane key travels in its environment (the process's own user reads it), never in argv.
+    assert not any("control-plane" in a for a in args) and args[1:3] == ["-m", "host_runtime.fleet.router_main"]
+    env = environment({}, Path("/v"), admin_key="k" * 40)
+    assert env[ADMIN_KEY_ENV] == "k" * 40 and ADMIN_KEY_ENV not in environment({}, Path("/v"))
+    assert control_plane_key_arg("k" * 40)[1].split(":")[2:] == ["admin", "k" * 40]
+    with pytest.raises(ValueError):
+        control_plane_key_arg("a:b")
+
+
+@pytest.mark.system
+def test_the_routers_control_plane_answers_only_the_gateways_key(tmp_path):
+    """The third hardening review: any client key (through the front) and any local process reached /workers
+    and /v1/tokenizers. Started as the gateway starts it, the router refuses them without its admin key, and
+    the key is not on its command line."""
+    import json
+    import secrets
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+
+    from host_runtime.fleet import router_vocab
+    from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
+    from tests.servers import free_port
+
+    port, key = free_port(), secrets.token_urlsafe(32)
+    settings = FleetSettings(role="gateway", peers=(A,), router_port=port, metrics_port=free_port())
+    proc = subprocess.Popen(argv(settings), env=environment(dict(os.environ), router_vocab.default_dir(), None, key),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        api = RouterAPI(f"http://127.0.0.1:{port}", admin_key=key)
+        deadline = time.monotonic() + 30
+        while not api.alive():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        assert api.workers() == [] and api.models() == []
+        with pytest.raises(RouterUnavailable, match="HTTP 401"):
+            RouterAPI(f"http://127.0.0.1:{port}").workers()
+        for method, path in (("GET", "/workers"), ("POST", "/workers"), ("GET", "/v1/tokenizers"),
+                             ("POST", "/v1/tokenizers")):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                         data=json.dumps({"url": "http://127.0.0.1:1"}).encode() if method == "POST"
+                                         else None, headers={"Content-Type": "application/json",
+                                                             "Authorization": "Bearer ec-a-client-key"})
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(req, timeout=5)
+            assert err.value.code == 401, (method, path)
+        cmdline = open(f"/proc/{proc.pid}/cmdline", "rb").read()
+        assert key.encode() not in cmdline and b"control-plane" not in cmdline
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_a_busy_box_is_retried_with_backoff_never_circuit_broken_and_cache_aware_spills_early():

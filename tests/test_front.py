@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import ssl
 import statistics
@@ -67,7 +68,14 @@ def test_on_the_fleet_gateway_v1_goes_to_the_router_after_the_box_accepts_the_ke
     pair = CertificatePair(Path("/c.crt"), Path("/c.key"), True)
     conf = render(FrontSettings(http="off"), FrontPaths(Path("/run/f"), Path("/run/s.sock"), gateway_port=8090), pair)
     assert "upstream fleet_router { server 127.0.0.1:8090;" in conf
-    fleet = next(line for line in conf.splitlines() if "location /v1/ {" in line)
+    fleet = next(line for line in conf.splitlines() if "proxy_pass http://fleet_router;" in line)
+    routes = re.compile(fleet.split("location ~ ", 1)[1].split(" {", 1)[0])
+    # Only the inference routes go to the router: not its control plane nor its shared conversation store.
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/smol"):
+        assert routes.match(path), path
+    for path in ("/v1/tokenizers", "/v1/conversations", "/v1/conversations/x/items", "/v1/responses/abc",
+                 "/workers", "/v1/workers", "/v1/chat/completionsX", "/v1/everycycle/capabilities"):
+        assert not routes.match(path), path
     assert "auth_request /_fleet_auth;" in fleet and "proxy_pass http://fleet_router;" in fleet
     assert 'proxy_set_header Authorization "";' in fleet and 'proxy_set_header X-Api-Key "";' in fleet
     assert "proxy_pass http://serving/v1/everycycle/auth;" in conf

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import ssl
 import subprocess
@@ -45,7 +46,9 @@ class Gateway:
         self.key = key
         self.vocab_dir = vocab_dir
         self.state_file = state_file
-        self.api = RouterAPI(f"http://127.0.0.1:{settings.router_port}")
+        # The router's control-plane key: made here, for this run of the router, and known to this process alone.
+        self.admin_key = secrets.token_urlsafe(32)
+        self.api = RouterAPI(f"http://127.0.0.1:{settings.router_port}", admin_key=self.admin_key)
         self.health = BoxHealth()
         self.decision: Decision | None = None
         self._pending: dict[str, float] = {}
@@ -59,7 +62,8 @@ class Gateway:
     def start_router(self) -> None:
         bundle = self._write_trust_bundle() if self.settings.peer_certificates else None
         self._router = subprocess.Popen(router_process.argv(self.settings),
-                                        env=router_process.environment(dict(os.environ), self.vocab_dir, bundle))
+                                        env=router_process.environment(dict(os.environ), self.vocab_dir, bundle,
+                                                                       self.admin_key))
         deadline = time.monotonic() + ROUTER_START_S
         while not self.api.alive():
             if self._router.poll() is not None:

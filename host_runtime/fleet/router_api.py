@@ -12,23 +12,32 @@ from host_runtime.fleet.controller import Registered, Worker
 
 
 class RouterUnavailable(Exception):
-    """The router did not answer, or answered something unusable."""
+    """The router did not answer, or answered something unusable (`status`: its HTTP status, where it answered)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 class RouterAPI:
-    def __init__(self, base_url: str, timeout_s: float = 5.0):
+    """`admin_key`: the router's control-plane key (router_process.py); /workers answers 401 without it."""
+
+    def __init__(self, base_url: str, timeout_s: float = 5.0, admin_key: str | None = None):
         self.base = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.admin_key = admin_key
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data else {})
+        headers = {"Content-Type": "application/json"} if data else {}
+        if self.admin_key:
+            headers["Authorization"] = f"Bearer {self.admin_key}"
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            raise RouterUnavailable(f"{method} {path}: HTTP {exc.code} {exc.read()[:200]!r}") from None
+            raise RouterUnavailable(f"{method} {path}: HTTP {exc.code} {exc.read()[:200]!r}", exc.code) from None
         except (OSError, urllib.error.URLError) as exc:
             raise RouterUnavailable(f"{method} {path}: {getattr(exc, 'reason', exc)}") from None
         try:
@@ -42,6 +51,20 @@ class RouterAPI:
             return True
         except (OSError, urllib.error.URLError):
             return False
+
+    def models(self) -> list[str]:
+        """The models its workers serve: the router's own /v1/models, an inference route (no key). With no worker
+        it answers 503 ("No models available"): none."""
+        try:
+            doc = self._call("GET", "/v1/models")
+        except RouterUnavailable as exc:
+            if exc.status == 503:
+                return []
+            raise
+        try:
+            return sorted({str(m["id"]) for m in doc["data"]})
+        except (KeyError, TypeError) as exc:
+            raise RouterUnavailable(f"GET /v1/models: unexpected answer ({exc})") from None
 
     def workers(self) -> list[Registered]:
         doc = self._call("GET", "/workers")

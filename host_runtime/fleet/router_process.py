@@ -23,10 +23,19 @@ RETRY_MAX_MS = 3000
 # requests (and by 1.5x); the router's default, 64, is several times what a box admits (4-16 sequences, 4 waiting
 # per sequence), so one box's queue would fill while another idles.
 BALANCE_ABS_THRESHOLD = 8
+# The router's control-plane key (admin role) travels in this variable, never in argv (router_main.py says why).
+ADMIN_KEY_ENV = "EVERYCYCLE_ROUTER_ADMIN_KEY"
+
+
+def control_plane_key_arg(key: str) -> list[str]:
+    """sglang-router's control-plane key, as id:name:role:key."""
+    if ":" in key or not key:
+        raise ValueError("the router's control-plane key must be non-empty and hold no ':'")
+    return ["--control-plane-api-keys", f"everycycle-gateway:fleet gateway:admin:{key}"]
 
 
 def argv(settings: FleetSettings) -> list[str]:
-    return [sys.executable, "-m", "sglang_router.launch_router",
+    return [sys.executable, "-m", "host_runtime.fleet.router_main",
             "--host", "127.0.0.1", "--port", str(settings.router_port),
             "--enable-igw", "--policy", settings.policy,
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(settings.metrics_port),
@@ -44,10 +53,13 @@ def argv(settings: FleetSettings) -> list[str]:
             *(["--ca-cert-paths", *settings.peer_certificates] if settings.peer_certificates else [])]
 
 
-def environment(base: dict[str, str], vocab_dir: Path, trust_bundle: Path | None = None) -> dict[str, str]:
+def environment(base: dict[str, str], vocab_dir: Path, trust_bundle: Path | None = None,
+                admin_key: str | None = None) -> dict[str, str]:
     # See router_vocab.py; HF_HUB_OFFLINE: the router would look for tokenizers on the hub, which HTTP mode
     # never needs.
     env = {**base, "TIKTOKEN_ENCODINGS_BASE": str(vocab_dir), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    if admin_key is not None:
+        env[ADMIN_KEY_ENV] = admin_key
     if trust_bundle is not None:
         # The router's health checks use a second HTTP client (OpenSSL's, not the rustls one --ca-cert-paths
         # configures): measured here, it refused a member's self-signed certificate and marked the worker

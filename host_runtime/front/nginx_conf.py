@@ -65,6 +65,10 @@ def _per_client_key(s: FrontSettings) -> list[str]:
             "    map $fleet_gateway $per_client { 1 \"\"; default $binary_remote_addr; }"]
 
 
+# The routes the fleet's router serves for clients (regex location; nginx tries it after the prefix locations).
+FLEET_ROUTES = "^/v1/(chat/completions|completions|embeddings|models)(/|$)"
+
+
 def _gateway_locations() -> list[str]:
     return [
         "        location = /_fleet_auth { internal; proxy_pass http://serving/v1/everycycle/auth; "
@@ -72,7 +76,10 @@ def _gateway_locations() -> list[str]:
         # proxy_intercept_errors: the router's (and a box's) 4xx/5xx with a page below become that page: an
         # OpenAI-style error body instead of the router's plain text. The request's body goes to
         # @fleet_unroutable as the client sent it (nginx has it buffered), so the API there sees the model named.
-        "        location /v1/ { auth_request /_fleet_auth; proxy_intercept_errors on; "
+        # Only the inference routes reach the router: its control plane (/workers, /v1/tokenizers) and its shared
+        # in-memory state (/v1/conversations, /v1/responses/{id}) are no client's; the rest of /v1/ is this
+        # box's own API (location /), which answers what it does not serve with its own 404.
+        f"        location ~ {FLEET_ROUTES} {{ auth_request /_fleet_auth; proxy_intercept_errors on; "
         f"{' '.join(_error_pages(GATEWAY_ERROR_PAGES))} proxy_pass http://fleet_router; "
         "proxy_set_header Authorization \"\"; proxy_set_header X-Api-Key \"\"; proxy_buffering off; }",
         "        location /v1/everycycle/ { proxy_pass http://serving; }  # this box's own map and key check",

@@ -1,7 +1,8 @@
 """POST /v1/everycycle/fleet/unroutable, on the fleet's gateway: what a client is told when the router could not
 route its request. sglang-router answers in plain text, and with the same 503 whether no box serves the model or
 every box that does is busy; the gateway's front sends its 404 and 5xx here instead (nginx error_page, the
-client's request as it was), and this asks the router which models its workers serve to tell the two apart."""
+client's request as it was), and this asks the router which models its workers serve to tell the two apart (its
+/v1/models: the control plane's /workers needs the router's admin key, which only the gateway's controller has)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,11 @@ def explain(model: object, fleet_models: list[str] | None) -> APIError:
 
 
 def router_models(router: str) -> list[str] | None:
-    """The models the router has a worker for (its /workers API), or None when it does not answer."""
+    """The models the router has a worker for (its /v1/models), or None when it does not answer."""
     from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
 
     try:
-        return sorted({w.model_id for w in RouterAPI(f"http://{router}", ROUTER_TIMEOUT_S).workers() if w.model_id})
+        return RouterAPI(f"http://{router}", ROUTER_TIMEOUT_S).models()
     except RouterUnavailable:
         return None
 
