@@ -53,6 +53,7 @@ class FleetPrefix:
         if req.path.startswith(FLEET_PREFIX):
             _, _, rest = req.path[len(FLEET_PREFIX):].partition("/")
             req.path = "/" + rest
+            req.context.fleet_prefixed = True  # AuthMiddleware: no open path but /health behind the prefix
 
 
 class KeyCheck:
@@ -99,9 +100,12 @@ class AuthMiddleware:
         self._open = OPEN_PATHS | ({"/metrics"} if metrics_access != "key" else set())
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if req.path in self._open:
+        # Behind /fleet/BOX/ only /health is open (the router's health check): /metrics is open here only where
+        # the front lets no LAN client reach it (metrics = "loopback"), and the front passes /fleet/ to anyone.
+        prefixed = req.context.get("fleet_prefixed", False)
+        if req.path in self._open and (not prefixed or req.path == "/health"):
             return
-        if req.path == "/metrics" and is_local_reader(req):
+        if req.path == "/metrics" and not prefixed and is_local_reader(req):
             return
         header = req.get_header("Authorization") or ""
         scheme, _, token = header.partition(" ")
