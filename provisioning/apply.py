@@ -113,7 +113,8 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
     keys = [k for k in existing_keys if isinstance(k, dict) and k.get("name") not in named
             and not (k.get("name") == FLEET_KEY_NAME and k.get("hint") == FLEET_KEY_NAME)] + keys
     files = {
-        "etc/everycycle/box.toml": (bundle.raw_toml, 0o644),
+        # root's alone: it holds the API keys' hashes (the services read their own settings files, not this).
+        "etc/everycycle/box.toml": (bundle.raw_toml, 0o600),
         "etc/everycycle/api_keys.json": (json.dumps({"version": FILE_VERSION, "keys": keys}, indent=2).encode(), 0o600),
         "etc/hostname": (box["hostname"].encode() + b"\n", 0o644),
     }

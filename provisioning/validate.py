@@ -220,6 +220,13 @@ def _network_errors(interfaces: list[dict]) -> list[BundleError]:
         if iface["name"] in names:
             errors.append(BundleError(f"{where}.name", f"interface {iface['name']!r} is configured twice"))
         names.add(iface["name"])
+        # Checked in both modes: each becomes a DNS= line of the networkd file, and a newline in one would add
+        # sections of its own ("1.1.1.1\n[Route]...").
+        for j, dns in enumerate(iface.get("dns", [])):
+            try:
+                ipaddress.ip_address(dns)
+            except ValueError:
+                errors.append(BundleError(f"{where}.dns[{j}]", f"{dns!r} is not an IP address"))
         if iface["mode"] == "dhcp":
             for key in ("address", "gateway"):
                 if key in iface:
@@ -247,9 +254,4 @@ def _network_errors(interfaces: list[dict]) -> list[BundleError]:
             else:
                 if gw not in net.network:
                     errors.append(BundleError(f"{where}.gateway", f"{gw} is outside {net.network}"))
-        for j, dns in enumerate(iface.get("dns", [])):
-            try:
-                ipaddress.ip_address(dns)
-            except ValueError:
-                errors.append(BundleError(f"{where}.dns[{j}]", f"{dns!r} is not an IP address"))
     return errors

@@ -86,6 +86,10 @@ BAD = [
     ("bad address", _with("network.interfaces.0.address", "10.20.0.300/24"), {}, "network.interfaces[0].address"),
     ("gateway outside", _with("network.interfaces.0.gateway", "10.99.0.1"), {}, "network.interfaces[0].gateway"),
     ("dns not an address", _with("network.interfaces.0.dns", ["dns.example"]), {}, "network.interfaces[0].dns[0]"),
+    # Each DNS entry becomes a networkd line: a newline in one, on a DHCP link too, added sections of its own.
+    ("dns injecting networkd sections on a dhcp link", _with("network.interfaces", [
+        {"name": "eth0", "mode": "dhcp", "dns": ["1.1.1.1\n[Route]\nGateway=10.66.0.1"]}]), {},
+     "network.interfaces[0].dns[0]"),
     ("colliding addresses", _with("network.interfaces", [
         {"name": "eth0", "mode": "static", "address": "10.20.0.5/24"},
         {"name": "eth1", "mode": "static", "address": "10.20.0.5/24"}]), {}, "network.interfaces[1].address"),
@@ -159,7 +163,8 @@ def test_apply_writes_everything_with_the_right_modes_and_removes_secrets(tmp_pa
     assert result.changed and set(result.generated_keys) == {"owner"}
     assert KeyVerifier(root / "etc/everycycle/api_keys.json").verify(result.generated_keys["owner"]) == "owner"
     assert result.generated_keys["owner"] not in (root / "etc/everycycle/api_keys.json").read_text()
-    for rel in ("etc/everycycle/api_keys.json", "etc/everycycle/bmc.password"):
+    # box.toml too: it holds the keys' hashes (it was 0644).
+    for rel in ("etc/everycycle/api_keys.json", "etc/everycycle/bmc.password", "etc/everycycle/box.toml"):
         assert stat.S_IMODE((root / rel).stat().st_mode) == 0o600, rel
     assert (root / "etc/everycycle/bmc.password").read_bytes() == b"s3cret\n"
     assert (root / "etc/hostname").read_text() == "box-7\n"
@@ -458,7 +463,7 @@ def test_the_secrets_services_read_are_handed_to_their_user(tmp_path):
                                      {"files/api.key": 0o600}))
     secrets = {rel for rel, (_, mode) in plan_files(bundle, {"owner": "ec-x"}).items() if mode == 0o600}
     # Every secret is either the services' or root's own (the admin's SSH keys).
-    assert secrets - set(SERVICE_READ_FILES) <= {"root/.ssh/authorized_keys"}
+    assert secrets - set(SERVICE_READ_FILES) <= {"root/.ssh/authorized_keys", "etc/everycycle/box.toml"}
     assert set(SERVICE_READ_FILES) <= secrets | {"etc/everycycle/tls/api.key"}
 
 

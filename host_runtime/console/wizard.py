@@ -54,7 +54,7 @@ def box_from_answers(a: dict) -> tuple[dict, dict[str, bytes]]:
 def write_bundle(directory: Path, box: dict, files: dict[str, bytes]) -> Path:
     for rel, data in files.items():
         atomic_write(directory / rel, data, mode=0o600)  # the only files the wizard writes are secrets
-    atomic_write(directory / "box.toml", tomli_w.dumps(box).encode(), mode=0o644)
+    atomic_write(directory / "box.toml", tomli_w.dumps(box).encode(), mode=0o600)
     return directory
 
 
