@@ -100,7 +100,10 @@ NVIDIA ?= 1
 export NVIDIA CUDA_ARCHS
 
 # The bootable disk image: prints its path, size and sha256, and writes its update files to build/image/out/update
-# (signed by UPDATE_KEY=FILE, an Ed25519 private key in PEM; a development key without one).
+# (signed by UPDATE_KEY=FILE, an Ed25519 private key in PEM; refused without one unless DEV_UPDATE_KEY=1, a
+# development key for tests). The image-test targets below use the development key unless UPDATE_KEY is given.
+DEV_UPDATE_KEY ?=
+TEST_DEV_KEY = $(if $(UPDATE_KEY),,DEV_UPDATE_KEY=1)
 image: $(STAMP)
 	@bash image/build.sh disk
 
@@ -111,7 +114,7 @@ image-dir: $(STAMP)
 # Boot the disk image under qemu (UEFI, software emulation) and check it from outside.
 image-test: $(STAMP)
 	@bash image/host-tools.sh --boot
-	@[ -f $(IMAGE_DIR)/everycycle.raw ] || bash image/build.sh disk
+	@[ -f $(IMAGE_DIR)/everycycle.raw ] || $(TEST_DEV_KEY) bash image/build.sh disk
 	@$(PY) image/boot_check.py qemu $(IMAGE_DIR)/everycycle.raw $(if $(filter 1,$(NVIDIA)),--nvidia)
 
 # The same boot on a slow box: qemu's two CPUs held to SLOW_QUOTA% of one (about 2x slower here), so that the
@@ -119,7 +122,7 @@ image-test: $(STAMP)
 SLOW_QUOTA ?= 100
 image-test-slow: $(STAMP)
 	@bash image/host-tools.sh --boot
-	@[ -f $(IMAGE_DIR)/everycycle.raw ] || bash image/build.sh disk
+	@[ -f $(IMAGE_DIR)/everycycle.raw ] || $(TEST_DEV_KEY) bash image/build.sh disk
 	@$(PY) image/boot_check.py qemu $(IMAGE_DIR)/everycycle.raw --cpu-quota $(SLOW_QUOTA) --slow-canary 10
 
 # Build the directory image and boot it in systemd-nspawn: what CI runs every time.
@@ -130,11 +133,11 @@ image-dir-test: image-dir
 # the update files).
 image-test-full: $(STAMP)
 	@bash image/host-tools.sh --boot
-	@bash image/build.sh disk
+	@$(TEST_DEV_KEY) bash image/build.sh disk
 	@cp $(IMAGE_DIR)/everycycle.raw.sha256 build/image/first.sha256
 	@cp $(IMAGE_DIR)/update/SHA256SUMS build/image/first.SHA256SUMS
 	@$(PY) image/boot_check.py qemu $(IMAGE_DIR)/everycycle.raw $(if $(filter 1,$(NVIDIA)),--nvidia)
-	@bash image/build.sh disk
+	@$(TEST_DEV_KEY) bash image/build.sh disk
 	@echo "==> reproducibility: two builds of $$(git rev-parse --short HEAD)"; \
 	a=$$(cut -d' ' -f1 build/image/first.sha256); b=$$(cut -d' ' -f1 $(IMAGE_DIR)/everycycle.raw.sha256); \
 	echo "    first:  $$a"; echo "    second: $$b"; \

@@ -12,6 +12,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 format=${1:-disk}
 case $format in disk|directory) ;; *) echo "usage: image/build.sh disk|directory" >&2; exit 2 ;; esac
+# A disk is what an owner flashes, and its update files are what boxes trust: it is signed by the release key
+# (UPDATE_KEY=FILE), or by a development key only when asked for by name (DEV_UPDATE_KEY=1: the image and update
+# tests), never by default. Refused before anything is built.
+if [ "$format" = disk ] && [ -z "${UPDATE_KEY:-}" ] && [ "${DEV_UPDATE_KEY:-}" != 1 ]; then
+  echo "image/build.sh: a disk image needs UPDATE_KEY=FILE (the Ed25519 key, in PEM, that signs its updates:" \
+       "openssl genpkey -algorithm ed25519 -out key.pem); DEV_UPDATE_KEY=1 signs with a development key instead," \
+       "for tests only" >&2
+  exit 2
+fi
 work=build/image
 start=$(date +%s)
 

@@ -13,6 +13,8 @@ shift
 wanted=("${@:-v2 v3}")
 wanted=(${wanted[@]})
 export NVIDIA=${NVIDIA:-0}
+# The test releases are signed by the development key (image/build.sh refuses it unless asked for by name).
+[ -n "${UPDATE_KEY:-}" ] || export DEV_UPDATE_KEY=1
 out=build/image/out
 rm -rf "$work"
 mkdir -p "$work"

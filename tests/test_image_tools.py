@@ -148,3 +148,14 @@ def test_a_timed_out_wait_says_what_the_box_showed_and_a_failed_run_ends_with_it
     assert '"ok": false' in out.out
     last = out.err.strip().splitlines()[-1]   # a CI log's tail shows the cause, not only the summary's last keys
     assert "FAILED" in last and "timed out waiting for version 2" in last and str(tmp_path) in last
+
+
+def test_a_disk_is_not_signed_with_the_development_key_unless_asked_for_by_name():
+    """The third hardening review: `make image` signed a release with a development update key without refusing."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("UPDATE_KEY", "DEV_UPDATE_KEY")}
+    out = subprocess.run(["bash", "image/build.sh", "disk"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2 and "needs UPDATE_KEY=FILE" in out.stderr and "DEV_UPDATE_KEY=1" in out.stderr
+    assert out.stdout == ""  # refused before anything was built
