@@ -112,6 +112,10 @@ class Gateway:
         timeout = max(0.5, min(2.0, 2 * self.settings.poll_interval_s))
         peers = merge_peers(self.settings.peers, self.browser.peers() if self.browser else ())
         reports = poll_all(peers, self.key, timeout, pool, self.tls)
+        if self.browser:
+            for r in reports:
+                if r.caps is None:
+                    self.browser.unanswered(r.box)
         decision = decide(reports, self.health, self.decision)
         for box, why in decision.left_out.items():
             if self.decision is None or self.decision.left_out.get(box) != why:

@@ -16,6 +16,8 @@ from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, ServiceStateChange,
 log = logging.getLogger("everycycle.fleet")
 
 SERVICE = "_everycycle._tcp.local."
+# The most boxes found on the LAN at once: anyone on the LAN can announce, and each found box is polled.
+MAX_FOUND = 64
 
 
 class MDNSError(Exception):
@@ -52,12 +54,19 @@ class Announcer:
 
 class PeerBrowser:
     """The fronts announced on the LAN, as peer URLs (every address a box announces; the controller dedupes
-    nothing by name, so that a box with two links is polled on each)."""
+    nothing by name, so that a box with two links is polled on each).
 
-    def __init__(self):
+    A goodbye is not trusted either: anyone on the LAN can send one in a box's name. A box that said goodbye
+    stays a peer until a poll of it fails (the gateway calls `unanswered`), so a forged goodbye evicts nothing
+    that still answers. At most MAX_FOUND boxes are kept."""
+
+    def __init__(self, max_found: int = MAX_FOUND):
         self._zc: Zeroconf | None = None
         self._lock = threading.Lock()
         self._found: dict[str, tuple[str, ...]] = {}   # service name -> its URLs
+        self._left: dict[str, tuple[str, ...]] = {}    # said goodbye, not yet failed a poll
+        self.max_found = max_found
+        self._full_logged = False
 
     def start(self) -> None:
         try:
@@ -70,22 +79,38 @@ class PeerBrowser:
         if state_change is ServiceStateChange.Removed:
             with self._lock:
                 gone = self._found.pop(name, None)
+                if gone:
+                    self._left[name] = gone
             if gone:
-                log.info("mDNS: %s left (%s)", name, ", ".join(gone))
+                log.info("mDNS: %s said goodbye (%s); it stays until a poll of it fails", name, ", ".join(gone))
             return
         info = zeroconf.get_service_info(service_type, name, timeout=3000)
         if info is None or not info.port:
             return
         urls = tuple(peer_url(a, info.port) for a in info.parsed_addresses())
         with self._lock:
+            self._left.pop(name, None)
             known = self._found.get(name)
+            if known is None and len(self._found) + len(self._left) >= self.max_found:
+                full, self._full_logged = not self._full_logged, True
+                if full:
+                    log.warning("mDNS: %d boxes found already; %s and later ones are ignored", self.max_found, name)
+                return
             self._found[name] = urls
         if known != urls:
             log.info("mDNS: found %s at %s", name, ", ".join(urls))
 
+    def unanswered(self, url: str) -> None:
+        """A poll of `url` failed: a box that said goodbye at that address is gone now."""
+        with self._lock:
+            for name, urls in list(self._left.items()):
+                if url.rstrip("/") in (u.rstrip("/") for u in urls):
+                    del self._left[name]
+                    log.info("mDNS: %s left (%s)", name, ", ".join(urls))
+
     def peers(self) -> tuple[str, ...]:
         with self._lock:
-            return tuple(sorted({u for urls in self._found.values() for u in urls}))
+            return tuple(sorted({u for urls in (*self._found.values(), *self._left.values()) for u in urls}))
 
     def stop(self) -> None:
         if self._zc is not None:
