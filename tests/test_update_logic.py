@@ -9,6 +9,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -173,6 +174,44 @@ def test_staging_over_http_from_the_lan(tmp_path):
         Source(str(tmp_path / "nowhere"))
     with pytest.raises(UpdateError, match="only a directory or an http"):
         Source("ftp://example/x")
+
+
+def test_a_file_served_without_its_size_is_cut_off_at_a_root_slots_size(tmp_path):
+    """The third hardening review: a download without Content-Length was copied without limit before its hash
+    was checked. A server that declares no size now brings at most a root slot's bytes per file."""
+    private, public = key_pair()
+    root = os.urandom(1 << 20)
+    made = make_release(tmp_path / "srv/rel", V2, private, root_bytes=root)
+
+    class Endless(http.server.SimpleHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(tmp_path / "srv"), **kwargs)
+
+        def do_GET(self):
+            if not self.path.endswith(made.root_file):
+                return super().do_GET()
+            self.send_response(200)
+            self.end_headers()   # no Content-Length: the body ends when the connection does
+            try:
+                for _ in range(32):
+                    self.wfile.write(b"\0" * (1 << 20))
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(UpdateError, match=re.escape(made.root_file) + ": it went on past .*a root slot"):
+            stage(Source(f"http://127.0.0.1:{httpd.server_address[1]}/rel"), tmp_path / "staged", public,
+                  lambda _: None, expanded_bytes=4 << 20)
+    finally:
+        httpd.shutdown()
+    assert not (tmp_path / "staged").exists() and not (tmp_path / "staged.partial").exists()
 
 
 # ---- apply: what is refused before sysupdate writes, and what the record says ------------------------------

@@ -51,13 +51,27 @@ def file_sha256(path, digest=None, block: int = 4 << 20):
     return digest
 
 
-def copy_hashing(stream, dest, progress, *, append: bool = False, digest=None) -> str:
+class TooLarge(ValueError):
+    """The stream went on past the most bytes it may bring (its declared size, or the room it has)."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"it went on past {limit:,} bytes, the most it may be")
+        self.limit = limit
+
+
+def copy_hashing(stream, dest, progress, *, append: bool = False, digest=None, limit: int | None = None) -> str:
     """Write the stream to dest (after what is there, with append) and return the sha256 hex of the whole file;
-    `digest` carries the hash of what dest already held."""
+    `digest` carries the hash of what dest already held. `limit`: the most bytes this copy may write (TooLarge past
+    it, with no more written): a server that declares no size (or lies) cannot fill the disk before the hash is
+    checked."""
     digest = digest or hashlib.sha256()
+    written = 0
     with stream, open(dest, "ab" if append else "wb") as out:
         while block := stream.read(4 << 20):
+            if limit is not None and written + len(block) > limit:
+                raise TooLarge(limit)
             digest.update(block)
             out.write(block)
+            written += len(block)
             progress(len(block))
     return digest.hexdigest()

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
-from host_runtime.common.download import Progress, copy_hashing, file_sha256
+from host_runtime.common.download import Progress, TooLarge, copy_hashing, file_sha256
 from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.manifest import Manifest, check_name, name_for_file
 from host_runtime.models.store import Store
@@ -136,7 +136,13 @@ def _pull_http(store: Store, url: str, name: str, say, observe=None) -> tuple[Pa
     progress = Progress(f"pulling {name}", total, say, already=already, observe=observe)
     digest = file_sha256(part) if already else None
     try:
-        sha = copy_hashing(resp, part, progress, append=already > 0, digest=digest)
+        # At most what the server declared (or, declaring nothing, the room the store keeps free).
+        sha = copy_hashing(resp, part, progress, append=already > 0, digest=digest,
+                           limit=store.room() if total is None else total - already)
+    except TooLarge as exc:
+        part.unlink(missing_ok=True)
+        bound = "the size it declared" if total is not None else f"the room {store.root} has, keeping the reserve"
+        raise StoreError(f"{url}: {exc} ({bound}); nothing was kept") from None
     except OSError as exc:
         raise StoreError(f"{url}: the download stopped at {progress.done / 2**20:,.1f} MiB ({exc}); run the same "
                          "pull again to resume") from None

@@ -82,6 +82,11 @@ class Store:
             raise StoreError(f"{name} is {size / 2**30:.2f} GiB; {self.root} has {free / 2**30:.2f} GiB free and "
                              f"keeps {FREE_SPACE_RESERVE >> 30} GiB spare: free some space (everycycle models rm)")
 
+    def room(self) -> int:
+        """The bytes a download may still write here, keeping the reserve."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return max(0, shutil.disk_usage(self.root).free - FREE_SPACE_RESERVE)
+
     def refuse_existing(self, name: str) -> None:
         if (self.root / name / MANIFEST).exists():
             raise StoreError(f"a model named {name!r} is already in the store: pick another --name, or remove it "

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from host_runtime.common.atomic_file import replace_directory
-from host_runtime.common.download import Progress, copy_hashing
+from host_runtime.common.download import Progress, TooLarge, copy_hashing
 from host_runtime.update import release as rel
 from host_runtime.update.errors import UpdateError
 
@@ -91,9 +91,15 @@ def stage(source: Source, staging: Path, public_key_pem: bytes, say=print,
             raise UpdateError(f"the data partition has {free / 2**20:,.0f} MiB free; the release needs "
                               f"{total / 2**20:,.0f} MiB (its files, and its root image expanded) and "
                               f"{FREE_SPACE_MARGIN >> 20} MiB to spare")
+        # No file of a release is larger than a root slot: one that declares no size is cut off there.
+        slot = shutil.disk_usage("/").total if expanded_bytes is None else expanded_bytes
         for name, (stream, size) in streams.items():
             progress = Progress(f"copying {name}", size, say)
-            digest = copy_hashing(stream, partial / name, progress)
+            try:
+                digest = copy_hashing(stream, partial / name, progress, limit=slot if size is None else size)
+            except TooLarge as exc:
+                raise UpdateError(f"{name}: {exc} ({'its declared size' if size is not None else 'a root slot'}); "
+                                  "nothing was written to a slot") from None
             if digest != release.sha256[name]:
                 raise UpdateError(f"{name}: sha256 {digest} is not the {release.sha256[name]} that {rel.SUMS} "
                                   f"lists: the file was altered or damaged; nothing was written to a slot")
