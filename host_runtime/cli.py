@@ -189,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="on the fleet's gateway: the router's loopback address, asked which models the fleet has "
                             "when it could not route a request (serving.toml's fleet_router)")
     serve.add_argument("--keys", metavar="FILE", help="API key file (from 'everycycle keys create'); without it the API is open")
+    serve.add_argument("--prefix-cache-shared", action="store_true",
+                       help="let every API key's requests reuse each other's cached prompt prefixes (default: each key "
+                            "finds only its own, so a hit tells no key about another's prompts; serving.toml's "
+                            "prefix_cache_shared)")
     serve.add_argument("--workers", type=_positive, default=2, metavar="N", help="HTTP worker processes (default 2)")
     serve.add_argument("--http-threads", type=_positive, metavar="N",
                        help="threads per HTTP worker (default: every request the engine admits, running or queued, "
@@ -523,7 +527,8 @@ def cmd_serve(parser, args) -> int:
     config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes,
                        ready_wait_s=args.ready_wait, wedge_floor_s=args.wedge_floor, metrics_access=metrics_access,
                        governor_state=args.governor_state, pool_socket=pool.control_socket if pool else None,
-                       fleet_router=args.fleet_router or settings.fleet_router or None)
+                       fleet_router=args.fleet_router or settings.fleet_router or None,
+                       prefix_cache_shared=args.prefix_cache_shared or settings.prefix_cache_shared)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = [f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"]

@@ -82,7 +82,8 @@ def service_settings(box: dict) -> dict:
         pull = {"pull_url": model.get("url", ""), "pull_sha256": model.get("sha256", ""),
                 "pull_name": model.get("name", "")} if model["source"] == "pull" else {}
         serving = ServingSettings(model=path, context_length=int(model.get("context_length") or 0),
-                                  quantization=model.get("quantization", ""), **pull)
+                                  quantization=model.get("quantization", ""),
+                                  prefix_cache_shared=box.get("api", {}).get("prefix_cache") == "shared", **pull)
     except SettingsError as exc:
         raise SettingsError(f"model.{exc.field}", exc.message) from None
     fleet = fleet_from_box(box)

@@ -129,3 +129,26 @@ def test_entries_past_a_smaller_budget_are_not_adopted():
     cache = PrefixCache(n_slots=1, chunk=4, ram_budget=0, disk_budget=100)
     assert cache.found_on_disk((1, 2, 3, 4), 80)
     assert not cache.found_on_disk((5, 6, 7, 8), 80)
+
+
+def test_a_scope_finds_only_its_own_prefixes():
+    """The third hardening review: cached_tokens and the time to first token told one client whether another had
+    recently sent a system prompt. Scoped (by API key, by default), a hit needs the same scope."""
+    from host_runtime.engine.prefix_cache import scope_marker, split_scope
+
+    alice, bob = scope_marker("alice"), scope_marker("bob")
+    assert alice < 0 and bob < 0 and alice != bob and scope_marker("alice") == alice
+    cache = PrefixCache(1, C, 10**9, 10**9)
+    a = cache.admit(prompt(1), alice)
+    cache.release(a.slot_id, prompt(1), cacheable=True, scope=alice)
+    b = cache.admit(prompt(2), bob)               # the same system prompt, another key: a miss
+    assert b.source == "miss" and b.reuse == 0
+    assert b.actions[0] == Spill(0, (alice, *SYSTEM))  # alice's prefix kept, under her scope
+    cache.stored_in_ram((alice, *SYSTEM), 100)
+    cache.release(b.slot_id, prompt(2), cacheable=True, scope=bob)
+    shared = cache.admit(prompt(3))               # the shared scope sees neither
+    assert shared.source == "miss"
+    cache.release(shared.slot_id, [], cacheable=False)
+    again = cache.admit(prompt(4), alice)         # alice finds her own in RAM
+    assert (again.source, again.reuse) == ("ram", 12)
+    assert split_scope((alice, *SYSTEM)) == (alice, tuple(SYSTEM)) and split_scope(tuple(SYSTEM)) == (None, tuple(SYSTEM))

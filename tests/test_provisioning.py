@@ -613,6 +613,7 @@ def test_every_box_toml_field_has_an_owner():
     owners = {
         "schema_version": "checked", "hostname": "/etc/hostname", "network": "systemd-networkd",
         "api.port": "front.toml", "api.http_port": "front.toml", "api.http": "front.toml", "api.metrics": "front.toml",
+        "api.prefix_cache": "serving.toml",
         "api.tls_certificate": "front.toml", "api.tls_key": "front.toml", "api.keys": "api_keys.json",
         "api.generate_keys": "api_keys.json", "ssh.authorized_keys": "/root/.ssh", "model.source": "serving.toml",
         "model.path": "serving.toml", "model.context_length": "serving.toml", "model.quantization": "validated",
@@ -634,6 +635,21 @@ def test_every_box_toml_field_has_an_owner():
         else:
             fields.add(top)
     assert fields == set(owners)
+
+
+def test_a_shared_prefix_cache_reaches_serving_toml_and_per_key_is_the_default(tmp_path):
+    from host_runtime.common.settings_file import load as load_settings
+    from host_runtime.serving.settings import ServingSettings
+
+    for value, shared in ((None, False), ("per-key", False), ("shared", True)):
+        box = copy.deepcopy(BASE)
+        if value:
+            box["api"]["prefix_cache"] = value
+        root = tmp_path / f"root-{value}"
+        apply(open_bundle(make_bundle(tmp_path / f"bundle-{value}", box)), root)
+        assert load_settings(ServingSettings, root / "etc/everycycle/serving.toml").prefix_cache_shared is shared
+    errors = validate(open_bundle(make_bundle(tmp_path / "bad", _with("api.prefix_cache", "everyone"))))
+    assert "api.prefix_cache" in [e.field for e in errors]
 
 
 def test_a_fleet_gateway_and_a_member_read_back_what_provisioning_wrote(tmp_path):

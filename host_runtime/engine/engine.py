@@ -51,6 +51,7 @@ class GenerationRequest:
     n: int = 1
     speculation: bool = True  # False: this request opts out of speculative decoding
     grammar: CompiledGrammar | None = None  # sampling.grammar parsed, by submit() on the caller's thread
+    cache_scope: int | None = None  # prefix_cache.scope_marker of whose prefixes it may reuse (None: shared)
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token_seen: bool = False
@@ -408,7 +409,7 @@ class Engine:
         taken: list[int] = []
         try:
             for index in range(request.n):
-                admission = self.cache.admit(prompt)
+                admission = self.cache.admit(prompt, request.cache_scope)
                 taken.append(admission.slot_id)
                 reuse = self._apply(admission)
                 if index == 0:
@@ -512,7 +513,8 @@ class Engine:
         self._active.remove(seq)
         request = seq.request
         prefilled = min(seq.n_past, len(request.prompt_tokens))
-        trim = self.cache.release(seq.seq_id, request.prompt_tokens[:prefilled], cacheable=request.n == 1)
+        trim = self.cache.release(seq.seq_id, request.prompt_tokens[:prefilled], cacheable=request.n == 1,
+                                  scope=request.cache_scope)
         llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, seq.seq_id, trim.keep if trim.keep else -1, -1)
         seq.sampler.close()
         self._publish_cache()

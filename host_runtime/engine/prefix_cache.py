@@ -8,17 +8,38 @@ Only *prompt* tokens up to a cut point are cached (a multiple of the chunk, or j
 end-of-generation token, see step_plan): a hit then resumes prefill exactly where a miss
 would cut, so a hit's output is identical to a miss's.
 The policy returns actions; the engine carries them out and reports sizes back.
+
+Scopes: an entry is found only by requests of its own scope (an API key, by default), so that whether a prompt
+hits, its cached-token count and its time to first token tell no client about another's prompts. A scoped key
+starts with the scope's marker, a negative int32 no token id can be (scope_marker); the shared scope (None) has
+no marker, so unscoped keys read as before and the disk tier's files need no other format.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 from dataclasses import dataclass, field
 
 from host_runtime.engine.step_plan import last_cut
 
 Key = tuple[int, ...]
+Scope = int | None  # None: shared by every request; else a scope_marker
+
+
+def scope_marker(name: str) -> int:
+    """The marker of a cache scope (an API key's name): a negative int32, which no token id is."""
+    h = int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:4], "little")
+    return -1 - h % 0x7FFFFFFF
+
+
+def scoped(tokens: Key, scope: Scope) -> Key:
+    return tuple(tokens) if scope is None else (scope, *tokens)
+
+
+def split_scope(key: Key) -> tuple[Scope, Key]:
+    return (key[0], key[1:]) if key and key[0] < 0 else (None, key)
 
 
 @dataclass
@@ -27,6 +48,7 @@ class Slot:
     busy: bool = False
     prefix: Key = ()  # tokens whose KV the slot holds while idle
     last_used: int = 0
+    scope: Scope = None  # whose prefix it is
 
 
 @dataclass(frozen=True)
@@ -123,8 +145,9 @@ class PrefixCache:
 
     # ---- admission ----------------------------------------------------------------
 
-    def admit(self, prompt) -> Admission:
-        """Take a free slot for a new sequence with this prompt (None: a sequence that must not use the cache)."""
+    def admit(self, prompt, scope: Scope = None) -> Admission:
+        """Take a free slot for a new sequence with this prompt (None: a sequence that must not use the cache),
+        reusing only what its own `scope` left."""
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             raise RuntimeError("admit() called with no free slot")
@@ -132,10 +155,15 @@ class PrefixCache:
             slot = min(idle, key=lambda s: (bool(s.prefix), s.last_used))
             return self._take(slot, Admission(slot.slot_id, 0, "miss", self._evict_slot(slot, keep=0)))
         self.lookups += 1
-        best_slot = max(idle, key=lambda s: (self.aligned_match(s.prefix, prompt), -s.last_used))
-        in_context = self.aligned_match(best_slot.prefix, prompt)
-        stored = [(self.aligned_match(e.key, prompt), tier, e.key)
-                  for tier, store in (("ram", self.ram), ("disk", self.disk)) for e in store.values()]
+
+        def in_slot(s: Slot) -> int:
+            return self.aligned_match(s.prefix, prompt) if s.scope == scope else 0
+
+        best_slot = max(idle, key=lambda s: (in_slot(s), -s.last_used))
+        in_context = in_slot(best_slot)
+        stored = [(self.aligned_match(tokens, prompt), tier, e.key)
+                  for tier, store in (("ram", self.ram), ("disk", self.disk)) for e in store.values()
+                  for owner, tokens in (split_scope(e.key),) if owner == scope]
         in_store = max(stored, default=(0, "", ()))
         if in_context and in_context >= in_store[0]:
             self.hits["context"] += 1
@@ -165,8 +193,9 @@ class PrefixCache:
     def _evict_slot(self, slot: Slot, keep: int) -> list:
         """Actions that empty a slot, saving its prefix to RAM first if no tier has it yet."""
         actions: list = []
-        if slot.prefix and self.enabled and slot.prefix not in self.ram and slot.prefix not in self.disk:
-            actions.append(Spill(slot.slot_id, slot.prefix))
+        key = scoped(slot.prefix, slot.scope)
+        if slot.prefix and self.enabled and key not in self.ram and key not in self.disk:
+            actions.append(Spill(slot.slot_id, key))
         actions.append(Trim(slot.slot_id, keep))
         return actions
 
@@ -177,10 +206,11 @@ class PrefixCache:
         (self.ram if tier == "ram" else self.disk).pop(key, None)
         self.hits[tier] -= 1
 
-    def release(self, slot_id: int, prefilled, cacheable: bool) -> Trim:
-        """A sequence left: its slot keeps the whole chunks of prompt it had prefilled (or nothing)."""
+    def release(self, slot_id: int, prefilled, cacheable: bool, scope: Scope = None) -> Trim:
+        """A sequence left: its slot keeps the whole chunks of prompt it had prefilled (or nothing), as `scope`'s."""
         slot = self.slots[slot_id]
         slot.busy = False
+        slot.scope = scope
         slot.last_used = next(self._clock)
         keep = last_cut(prefilled, len(prefilled), self.chunk, self.boundary_tokens) \
             if (cacheable and self.enabled) else 0

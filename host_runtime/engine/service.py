@@ -244,7 +244,7 @@ class EngineService:
         return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink,
                                  sampling=SamplingParams(**message.get("sampling", {})), stops=stops,
                                  n=int(message.get("n", 1)), speculation=bool(message.get("speculation", True)),
-                                 grammar=compiled)
+                                 grammar=compiled, cache_scope=_cache_scope(message.get("cache_scope")))
 
     def count_tokens(self, message: dict) -> dict:
         """The prompt's length as the model sees it: the template rendered, then tokenized."""
@@ -292,6 +292,13 @@ class EngineService:
                                   "embeddings", param="model", code="model_not_embedding")
         vectors, n_tokens = self.engine.embed(list(message["inputs"]), cancelled)
         return {"type": "result", "data": vectors, "prompt_tokens": n_tokens}
+
+
+def _cache_scope(name) -> int | None:
+    """The prefix cache's scope for a request (the serving API names it: the API key's name, or none: shared)."""
+    from host_runtime.engine.prefix_cache import scope_marker
+
+    return scope_marker(name) if isinstance(name, str) and name else None
 
 
 class _Handler(socketserver.BaseRequestHandler):

@@ -39,6 +39,8 @@ class AppConfig:
     governor_state: str | None = None  # its .prom file beside it joins /metrics
     pool_socket: str | None = None  # the engine pool (several models); None: only the one engine
     fleet_router: str | None = None  # on the fleet's gateway: the router's loopback HOST:PORT
+    # The prefix cache is scoped by API key unless the owner shares it between keys (one team, the fleet key).
+    prefix_cache_shared: bool = False
 
 
 FLEET_PREFIX = "/fleet/"
@@ -114,8 +116,10 @@ class AuthMiddleware:
         if not token.strip():
             raise APIError(401, "no API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                            code="missing_api_key")
-        if self._verifier.verify(token.strip()) is None:
+        name = self._verifier.verify(token.strip())
+        if name is None:
             raise APIError(401, "the API key is not valid for this box", code="invalid_api_key")
+        req.context.key_name = name  # the prefix cache's scope (cache_scope)
 
 
 def keep_alive_of(body: dict):
@@ -146,6 +150,14 @@ def read_json(req: falcon.Request, limit: int) -> dict:
     if len(raw) > limit:
         raise APIError(413, f"the request body is over the limit of {limit} bytes", code="request_too_large")
     return protocol.parse_json_body(raw)
+
+
+def cache_scope(req: falcon.Request, config: "AppConfig") -> str | None:
+    """Whose prefixes a request may reuse in the engine's prefix cache: its API key's (by name), unless the owner
+    shares the cache between keys (prefix_cache_shared) or the API takes no key (None: shared)."""
+    if config.prefix_cache_shared:
+        return None
+    return req.context.get("key_name") or None
 
 
 def is_local_reader(req: falcon.Request) -> bool:
@@ -332,6 +344,7 @@ class Generation:
             call = protocol.parse_chat(body, model_id, info.get("tool_format") or "generic")
         else:
             call = protocol.parse_completion(body, model_id)
+        call.engine_message["cache_scope"] = cache_scope(req, self._config)
         logic = ServingLogic(client)
         if call.stream:
             event_stream(resp, logic.stream(call, self._kind, model_id))
@@ -351,6 +364,7 @@ class Messages:
         client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
         logic = MessagesLogic(ServingLogic(client))
         call = anthropic_protocol.parse_messages(body, info["model_id"], info.get("tool_format") or "generic")
+        call.engine_message["cache_scope"] = cache_scope(req, self._config)
         if call.stream:
             event_stream(resp, logic.stream(call, info["model_id"]))
         else:

@@ -26,6 +26,9 @@ class ServingSettings:
     # On a fleet's gateway: the router's loopback HOST:PORT, which the API asks which models the fleet has when the
     # router could not route a request (serving/fleet_unroutable.py).
     fleet_router: str = ""
+    # box.toml's [api] prefix_cache = "shared": requests of every API key may reuse each other's cached prefixes
+    # (by default each key finds only its own: serving/app.py cache_scope).
+    prefix_cache_shared: bool = False
 
     def __post_init__(self) -> None:
         if self.model and not self.model.startswith("/"):
