@@ -96,3 +96,35 @@ def ready(base: str, context=None) -> bool:
         return http_get(base + "/ready", context=context)[0] == 200
     except OSError:
         return False
+
+
+def serve_unsized(directory: Path, endless_suffix: str):
+    """A loopback HTTP server (started; .shutdown() it) of the files in `directory`, except that a path ending in
+    `endless_suffix` answers 32 MiB of zeros with no Content-Length (the body ends when the connection does): a
+    server that declares no size, for the download bounds' tests. Its base URL is http://127.0.0.1:PORT."""
+    import http.server
+    import threading
+
+    class Unsized(http.server.SimpleHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(directory), **kwargs)
+
+        def do_GET(self):
+            if not self.path.endswith(endless_suffix):
+                return super().do_GET()
+            self.send_response(200)
+            self.end_headers()
+            try:
+                for _ in range(32):
+                    self.wfile.write(b"\0" * (1 << 20))
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unsized)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

@@ -183,28 +183,9 @@ def test_a_file_served_without_its_size_is_cut_off_at_a_root_slots_size(tmp_path
     root = os.urandom(1 << 20)
     made = make_release(tmp_path / "srv/rel", V2, private, root_bytes=root)
 
-    class Endless(http.server.SimpleHTTPRequestHandler):
-        protocol_version = "HTTP/1.0"
+    from tests.servers import serve_unsized
 
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(tmp_path / "srv"), **kwargs)
-
-        def do_GET(self):
-            if not self.path.endswith(made.root_file):
-                return super().do_GET()
-            self.send_response(200)
-            self.end_headers()   # no Content-Length: the body ends when the connection does
-            try:
-                for _ in range(32):
-                    self.wfile.write(b"\0" * (1 << 20))
-            except OSError:
-                pass
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd = serve_unsized(tmp_path / "srv", made.root_file)
     try:
         with pytest.raises(UpdateError, match=re.escape(made.root_file) + ": it went on past .*a root slot"):
             stage(Source(f"http://127.0.0.1:{httpd.server_address[1]}/rel"), tmp_path / "staged", public,
