@@ -59,6 +59,10 @@ class EnginePool:
         self._loaded: dict[str, Loaded] = {default_name: Loaded(
             default_name, default_path, default_socket, default_child, True, None)}
         self._stopping = False
+        # Engines taken out of _loaded whose processes are still stopping (up to 10 s each): their memory still
+        # counts against the budget, but no lock is held while they stop (listing, /metrics and the capability map
+        # went on waiting behind one before).
+        self._stopping_bytes = 0
         self._launches: queue.Queue = queue.Queue()
         self.loads: Counter = Counter({default_name: 1})     # model -> engines started for it
         self.unloads: Counter = Counter()                     # (model, reason) -> engines stopped
@@ -143,7 +147,7 @@ class EnginePool:
                                      f"{', '.join(sorted(self.available()))} (everycycle models pull)",
                                 code="model_not_found")
             need = self._need(info["path"])
-            plan = plan_load(need, self.budget, self._residents())
+            plan = plan_load(need, self.budget - self._stopping_bytes, self._residents())
             if plan.shortfall:
                 raise _refusal(507, f"'{name}' needs about {need / 2**30:.2f} GiB with its KV cache and compute buffers; the models' "
                                      f"memory budget is {self.budget / 2**30:.2f} GiB ({plan.shortfall / 2**30:.2f} "
@@ -157,18 +161,18 @@ class EnginePool:
             if plan.wait:
                 raise _refusal(503, f"no room to load '{name}' until a busy model goes idle; retry shortly",
                                 code="models_busy", error_type="server_busy", retry_after=5)
-            for victim in plan.evict:
-                self._unload_locked(victim, f"to make room for {name}", "room")
+            victims = [self._take_out_locked(victim, f"to make room for {name}", "room") for victim in plan.evict]
             socket_path = str(self.run_dir / f"engine-{name}.sock")
             from host_runtime.serving.gunicorn_runner import EngineChild
 
             child = EngineChild(self.engine_argv(socket_path, info["path"]))
-            self._launch(child, lambda n=name: self._died(n))
+            # Listed from now on (a second acquire of it waits for this load); started once the victims are gone.
             self._loaded[name] = Loaded(name, info["path"], socket_path, child, bool(info["pinned"]), keep)
             self.loads[name] += 1
-            log.info("loading %s on demand (about %.2f GiB; budget %.2f GiB)", name, need / 2**30,
-                     self.budget / 2**30)
-            return Acquired(socket_path, "loading")
+        self._finish_stopping(victims)
+        self._launch(child, lambda n=name: self._died(n))
+        log.info("loading %s on demand (about %.2f GiB; budget %.2f GiB)", name, need / 2**30, self.budget / 2**30)
+        return Acquired(socket_path, "loading")
 
     def _launch(self, child, on_exit) -> None:
         """Start an engine from the launcher thread, which lives as long as the pool: an engine dies with the
@@ -192,13 +196,25 @@ class EnginePool:
                          e.pinned or bool(available.get(e.name, {}).get("pinned")), e.keep_alive_s)
                 for e in self._loaded.values()]
 
-    def _unload_locked(self, name: str, why: str, reason: str) -> None:
-        """reason: the metric's label (room, keep_alive, removed, stopping)."""
+    def _take_out_locked(self, name: str, why: str, reason: str) -> tuple[Loaded, int]:
+        """Take an engine out of the pool (under the lock); _finish_stopping stops it after the lock is released.
+        reason: the metric's label (room, keep_alive, removed, stopping)."""
         entry = self._loaded.pop(name)
         self.unloads[(name, reason)] += 1
         log.info("unloading %s (%s)", name, why)
-        entry.child.stop()
-        Path(entry.socket).unlink(missing_ok=True)
+        need = self._need(entry.path)
+        self._stopping_bytes += need
+        return entry, need
+
+    def _finish_stopping(self, taken: list[tuple[Loaded, int]]) -> None:
+        """Stop engines taken out of the pool, without its lock (each may take up to 10 s)."""
+        for entry, need in taken:
+            try:
+                entry.child.stop()
+                Path(entry.socket).unlink(missing_ok=True)
+            finally:
+                with self._lock:
+                    self._stopping_bytes -= need
 
     def _died(self, name: str) -> None:
         with self._lock:
@@ -214,18 +230,20 @@ class EnginePool:
             if name == self.default_name:
                 raise _refusal(409, f"'{name}' is the model the server started with (serving.toml or --model): "
                                      "change that and restart the serving service first", code="model_in_use")
-            if name in self._loaded:
-                self._unload_locked(name, "its removal was asked for", "removed")
-                return True
-        return False
+            if name not in self._loaded:
+                return False
+            taken = [self._take_out_locked(name, "its removal was asked for", "removed")]
+        self._finish_stopping(taken)
+        return True
 
     # ---- housekeeping --------------------------------------------------------------------------------------
 
     def sweep(self) -> None:
         """Unload what has idled past its keep-alive."""
         with self._lock:
-            for name in expired(self._residents(), time.monotonic()):
-                self._unload_locked(name, "its keep-alive passed", "keep_alive")
+            taken = [self._take_out_locked(name, "its keep-alive passed", "keep_alive")
+                     for name in expired(self._residents(), time.monotonic())]
+        self._finish_stopping(taken)
 
     def start(self) -> None:
         Path(self.control_socket).unlink(missing_ok=True)
@@ -293,8 +311,9 @@ class EnginePool:
         if self.provisioned is not None:
             self.provisioned.stop()
         with self._lock:
-            for name in [n for n in self._loaded if n != self.default_name]:
-                self._unload_locked(name, "the server stops", "stopping")
+            taken = [self._take_out_locked(name, "the server stops", "stopping")
+                     for name in [n for n in self._loaded if n != self.default_name]]
+        self._finish_stopping(taken)
         server = getattr(self, "_server", None)
         if server is not None:
             server.shutdown()

@@ -1,0 +1,40 @@
+"""The engine pool's lock is not held while an engine stops (pure: fake engine children, no processes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from host_runtime.serving.engine_pool import EnginePool, Loaded
+
+
+class SlowChild:
+    """An engine child whose stop takes as long as a stuck engine's (EngineChild waits up to 10 s)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.stopped = threading.Event()
+
+    def stop(self):
+        time.sleep(self.seconds)
+        self.stopped.set()
+
+
+def test_stopping_an_engine_does_not_stall_the_pools_other_answers(tmp_path):
+    """The third hardening review: stopping an engine held the pool lock up to 10 s, which stalled /v1/models,
+    /metrics and the capability map until the fleet's gateway dropped the box."""
+    pool = EnginePool(run_dir=tmp_path, default_name="default", default_path=str(tmp_path / "d.gguf"),
+                      default_socket=str(tmp_path / "d.sock"), default_child=None, engine_argv=lambda s, p: [],
+                      store=None, budget_bytes=1 << 30, need_for=lambda path: 1 << 20, keep_alive_s=None)
+    slow = SlowChild(3.0)
+    pool._loaded["slow"] = Loaded("slow", str(tmp_path / "slow.gguf"), str(tmp_path / "slow.sock"), slow, False, None)
+    stopper = threading.Thread(target=pool.unload, args=("slow",))
+    stopper.start()
+    time.sleep(0.2)  # the unload has begun stopping the engine
+    started = time.monotonic()
+    snapshot = pool.snapshot()
+    took = time.monotonic() - started
+    stopper.join()
+    assert took < 1.0, f"the pool answered after {took:.1f} s, behind the engine's stop"
+    assert "slow" not in snapshot["memory"] and slow.stopped.is_set()
+    assert pool.unloads[("slow", "removed")] == 1 and pool._stopping_bytes == 0
