@@ -591,11 +591,15 @@ def _engine_pool(run_dir: Path, socket_path: str, model: str, engine, args):
 
     budget = (args.models_memory_mib << 20) if args.models_memory_mib else int(psutil.virtual_memory().available * 0.9)
 
+    # Each on-demand engine also keeps a prefix cache's RAM tier of its own (up to --prefix-cache-ram-mib): counted
+    # in what it takes, so that the models' memory budget holds with their caches full.
+    cache_ram = 0 if args.no_prefix_cache else args.prefix_cache_ram_mib << 20
+
     def need_for(path: str) -> int:
         from host_runtime.placement.session import resident_bytes_for
 
         return resident_bytes_for(path, ctx_size=args.ctx_size, parallel=args.parallel,
-                                  kv_budget_bytes=args.kv_budget_mib << 20)
+                                  kv_budget_bytes=args.kv_budget_mib << 20) + cache_ram
     return EnginePool(run_dir=run_dir, default_name=model_id_for(model), default_path=model,
                       default_socket=socket_path, default_child=engine, engine_argv=argv_for,
                       store=_model_store(args), budget_bytes=budget, need_for=need_for, keep_alive_s=args.keep_alive)

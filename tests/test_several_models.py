@@ -32,13 +32,14 @@ def box(tmp_path_factory):
     from host_runtime.engine.model import default_model_path
     from host_runtime.placement.session import resident_bytes_for
 
-    def need(path):
-        return resident_bytes_for(str(path), ctx_size=256, parallel=1, kv_budget_bytes=64 << 20)
+    def need(path):  # what the pool counts: the planner's bytes and the engine's prefix cache's RAM tier (16 MiB)
+        return resident_bytes_for(str(path), ctx_size=256, parallel=1, kv_budget_bytes=64 << 20) + (16 << 20)
 
     budget_mib = (need(default_model_path()) + 1.5 * need(store.path_of(store.get("tiny-a")))) / 2**20
     port = free_port()
     proc = Proc(everycycle("serve", "--port", str(port), "--threads", "2", "--workers", "2", "--ctx-size", "256",
-                           "--parallel", "1", "--kv-budget-mib", "64", "--model-store", str(store.root),
+                           "--parallel", "1", "--kv-budget-mib", "64", "--prefix-cache-ram-mib", "16",
+                           "--model-store", str(store.root),
                            "--models-memory-mib", str(int(budget_mib)), "--run-dir", str(d / "run" / "serving")), d / "serve.log")
     base = f"http://127.0.0.1:{port}"
     try:
@@ -76,6 +77,17 @@ def test_a_budget_that_holds_one_unloads_the_least_recently_used(box):
     assert "unloading tiny-b (to make room for tiny-a)" in proc.log()
     text = http_get(base + "/metrics")[1].decode()
     assert metric_value(text, "everycycle_tokens_predicted_total") > 0 and 'model="tiny-a"' in text
+    # The room a model is given counts its engine's prefix cache RAM tier (16 MiB here), which it kept outside the
+    # budget before (the third hardening review).
+    from host_runtime.placement.session import resident_bytes_for
+
+    _, store, _, _ = box
+    from prometheus_client.parser import text_string_to_metric_families
+
+    planned = next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == "everycycle_model_memory_bytes" and s.labels == {"model": "tiny-a", "kind": "planned"})
+    assert planned == resident_bytes_for(str(store.path_of(store.get("tiny-a"))), ctx_size=256, parallel=1,
+                                         kv_budget_bytes=64 << 20) + (16 << 20)
 
 
 def test_a_pinned_model_stays_and_what_cannot_fit_beside_it_is_refused(box):
