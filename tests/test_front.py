@@ -86,6 +86,9 @@ def test_on_the_fleet_gateway_v1_goes_to_the_router_after_the_box_accepts_the_ke
     assert "error_page 429 @too_many;" in fleet and "error_page 413 @too_large;" in fleet
     assert "rewrite ^ /v1/everycycle/fleet/unroutable break; proxy_pass http://serving;" in conf
     assert "fleet_router" not in _conf()  # a box that is not the gateway serves its own API only
+    # The link probe is never spooled to a temp file under /run (RAM) for a client that stops reading.
+    assert "location = /v1/everycycle/probe { proxy_max_temp_file_size 0;" in conf
+    assert "location = /v1/everycycle/probe { proxy_max_temp_file_size 0;" in _conf()
 
 
 def test_self_signed_certificate_is_made_once_with_a_private_key(tmp_path):

@@ -95,6 +95,9 @@ def _server_body(s: FrontSettings, *, metrics_location: bool = True, gateway: bo
         f"        limit_req zone=per_client_req burst={s.request_burst_per_client} nodelay;",
         *("        " + line for line in _error_pages(SERVER_ERROR_PAGES)),
         "        location / { proxy_pass http://serving; }",
+        # The link probe's bytes are never spooled to a temp file (under /run: RAM) for a client that stops
+        # reading: nginx holds what its memory buffers take and the API's thread waits, within send_timeout.
+        "        location = /v1/everycycle/probe { proxy_max_temp_file_size 0; proxy_pass http://serving; }",
     ]
     if gateway:
         lines += _gateway_locations()
