@@ -16,21 +16,33 @@ PATH = "/v1/everycycle/capabilities"
 
 
 def tls_context(certificates: tuple[str, ...]) -> ssl.SSLContext:
-    """What the router trusts for https:// peers (its --ca-cert-paths), for the polls too. OSError when a
-    certificate cannot be read, ssl.SSLError when it is not one."""
-    context = ssl.create_default_context()
+    """What the polls trust for https:// peers, which carry the fleet key: the fleet's peer certificates alone
+    where it names any (a publicly trusted certificate for a peer's DNS name is not enough), else the system's
+    CAs. OSError when a certificate cannot be read, ssl.SSLError when it is not one."""
+    if not certificates:
+        return ssl.create_default_context()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and the host name; no system CAs
     for path in certificates:
         context.load_verify_locations(cafile=path)
     return context
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A poll carries the fleet key: a redirect (to anywhere) is an answer, never followed."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise urllib.error.HTTPError(req.full_url, code, f"redirects to {newurl}, which is not followed", headers, fp)
+
+
 def poll(box: str, key: str, timeout_s: float, context: ssl.SSLContext | None = None) -> Report:
     req = urllib.request.Request(box.rstrip("/") + PATH, headers={"Authorization": f"Bearer {key}"})
+    opener = urllib.request.build_opener(_NoRedirects, urllib.request.HTTPSHandler(context=context))
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
+        with opener.open(req, timeout=timeout_s) as resp:
             return Report(box, Capabilities.from_wire(json.loads(resp.read())))
     except urllib.error.HTTPError as exc:
-        why = "the fleet key is refused (is it in the box's keys?)" if exc.code == 401 else f"HTTP {exc.code}"
+        why = "the fleet key is refused (is it in the box's keys?)" if exc.code == 401 else \
+            f"HTTP {exc.code} ({exc.msg})" if 300 <= exc.code < 400 else f"HTTP {exc.code}"
         return Report(box, None, why)
     except (OSError, urllib.error.URLError) as exc:
         return Report(box, None, str(getattr(exc, "reason", exc)))
