@@ -70,17 +70,23 @@ def test_ready_follows_the_engine_and_a_stopped_engine_is_wedged_within_its_boun
     procs.append(engine)
     wait_for(lambda: _status(base + "/ready") == 200, 60, "the canary to pass", engine)
     status, doc = _ready(base)
-    assert doc["state"] in ("ready", "busy") and doc["bound_s"] == 3.0 and doc["canary_s"] > 0
+    # The bound is the floor (3 s) unless the slowest call seen, ten times over, is longer: this model's calls
+    # take milliseconds on an idle machine, but a loaded one (a CI run beside other work) saw a 4.4 s warm-up.
+    # (busy: a canary's call in flight may count for more.)
+    floor_or_calls = max(3.0, round(10 * doc["slowest_step_s"], 3))
+    assert doc["state"] in ("ready", "busy") and doc["canary_s"] > 0
+    assert doc["bound_s"] == floor_or_calls if doc["state"] == "ready" else doc["bound_s"] >= floor_or_calls
+    bound = doc["bound_s"]
     assert "warm-up decode" in engine.log()
 
     # Wedged: the whole engine stops (its socket too). Liveness still answers; readiness says wedged once the
-    # engine has been silent past the bound it reported (3 s, its floor: this model's calls take milliseconds).
+    # engine has been silent past the bound it reported.
     os.kill(engine.popen.pid, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
-        wait_for(lambda: _ready(base)[1]["state"] == "wedged", 20, "/ready to report the stopped engine wedged")
+        wait_for(lambda: _ready(base)[1]["state"] == "wedged", 20 + bound, "/ready to report the stopped engine wedged")
         # One probe may be in flight when the bound passes: it gives up after --ready-wait + 3 s.
-        assert time.monotonic() - stopped < 3.0 + 4.0 + 2.0
+        assert time.monotonic() - stopped < bound + 4.0 + 2.0
         status, doc = _ready(base)
         assert status == 503 and doc["reason"].startswith("wedged: the engine has not answered")
         assert _status(base + "/health") == 200
