@@ -503,3 +503,22 @@ def test_what_a_cut_off_apply_staged_is_cleared_at_boot_and_before_the_next_appl
     make_release(tmp_path / "usb", V2, private)
     service.apply(Source(str(tmp_path / "usb")), paths, lambda _: None, sysupdate=lambda v, say: None)
     assert not paths.staged.with_name("staged.partial").exists()
+
+
+@pytest.mark.root
+def test_carried_files_keep_their_owner_by_name_when_the_new_image_numbers_users_otherwise(tmp_path):
+    """The third hardening review: carried files were restored by numeric uid, while the image assigns the
+    services' user its uid per build: the old number may be nobody, or another user, on the new slot."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    for root, uid in ((old, 990), (new, 991)):
+        (root / "etc/everycycle").mkdir(parents=True)
+        (root / "etc/passwd").write_text(f"root:x:0:0::/root:/bin/sh\neverycycle:x:{uid}:{uid}::/var/lib:/bin/false\n")
+        (root / "etc/group").write_text(f"root:x:0:\neverycycle:x:{uid}:\n")
+    key = old / "etc/everycycle/api_keys.json"
+    key.write_bytes(b'{"keys": []}')
+    os.chmod(key, 0o600)
+    os.chown(key, 990, 990)
+    carry.snapshot(old, tmp_path / "carry")
+    assert "etc/everycycle/api_keys.json" in carry.restore(tmp_path / "carry", new)
+    st = os.stat(new / "etc/everycycle/api_keys.json")
+    assert (st.st_uid, st.st_gid) == (991, 991) and st.st_mode & 0o777 == 0o600

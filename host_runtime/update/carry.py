@@ -49,12 +49,30 @@ def carried_files(root: Path) -> list[str]:
     return wanted
 
 
+def _ids(root: Path, table: str) -> dict[str, int]:
+    """Names to ids in a root's /etc/passwd or /etc/group (read as files: the root need not be the running one)."""
+    out = {}
+    try:
+        lines = (root / "etc" / table).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split(":")
+        if len(parts) >= 3 and parts[2].isdigit():
+            out.setdefault(parts[0], int(parts[2]))
+    return out
+
+
 def snapshot(root: Path, dest: Path) -> str:
     """Copy the carried files to `dest` (replacing an older snapshot in one rename); returns its id."""
     partial = dest.with_name(dest.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True, mode=0o700)
     entries = []
+    # Owners by name as well: the image assigns the services' user its uid per build, so a number from the old
+    # slot may be nobody, or another user, on the new one.
+    user_of = {uid: name for name, uid in _ids(root, "passwd").items()}
+    group_of = {gid: name for name, gid in _ids(root, "group").items()}
     for rel in carried_files(root):
         st = (root / rel).stat()
         data = (root / rel).read_bytes()
@@ -62,6 +80,7 @@ def snapshot(root: Path, dest: Path) -> str:
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_write(target, data, mode=0o600)
         entries.append({"path": rel, "mode": st.st_mode & 0o7777, "uid": st.st_uid, "gid": st.st_gid,
+                        "user": user_of.get(st.st_uid), "group": group_of.get(st.st_gid),
                         "sha256": hashlib.sha256(data).hexdigest()})
     manifest = json.dumps({"files": entries}, indent=2, sort_keys=True).encode()
     snapshot_id = hashlib.sha256(manifest).hexdigest()[:16]
@@ -89,6 +108,7 @@ def restore(dest: Path, root: Path) -> list[str]:
     except OSError:
         pass
     written = []
+    users, groups = _ids(root, "passwd"), _ids(root, "group")
     for entry in json.loads((dest / MANIFEST).read_text())["files"]:
         rel = entry["path"]
         if rel.startswith("/") or ".." in Path(rel).parts:
@@ -98,7 +118,15 @@ def restore(dest: Path, root: Path) -> list[str]:
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, data, mode=entry["mode"])
         if os.geteuid() == 0:
-            os.chown(target, entry["uid"], entry["gid"])
+            os.chown(target, *_owner(entry, users, groups))
         written.append(rel)
     atomic_write(marker, ident.encode() + b"\n", mode=0o644)
     return written
+
+
+def _owner(entry: dict, users: dict[str, int], groups: dict[str, int]) -> tuple[int, int]:
+    """The new root's ids for a carried file's owner, by name; a name the new root lacks gives root's (nobody else
+    reads it), and a snapshot from before names were kept gives its numbers."""
+    uid = users.get(entry["user"], 0) if entry.get("user") else entry["uid"]
+    gid = groups.get(entry["group"], 0) if entry.get("group") else entry["gid"]
+    return uid, gid
