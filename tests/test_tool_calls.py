@@ -95,6 +95,27 @@ def test_a_required_call_always_parses_with_the_default_model(client):
     assert set(names) <= {"get_weather", "get_time"}
 
 
+def test_parallel_required_calls_end_or_come_back_as_calls_when_max_tokens_cuts_them(client):
+    """The review: with parallel calls allowed (the default) the default model repeated the same call until
+    max_tokens ran out in 4 of 10 seeds at temperature 0.7, and the answer carried no tool_calls, only the cut
+    JSON as content. Now the grammar ends after MAX_PARALLEL_CALLS calls, and an answer cut by max_tokens keeps
+    its whole calls (finish_reason "length" says one was cut)."""
+    from host_runtime.serving.tool_calls import MAX_PARALLEL_CALLS
+
+    def one(seed):
+        return client.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS[:1], tool_choice="required",
+                                              temperature=0.7, seed=seed, max_tokens=160)
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(one, range(10)))
+    for r in answers:
+        choice = r.choices[0]
+        assert choice.message.tool_calls, choice   # never the cut JSON as content alone
+        assert 1 <= len(choice.message.tool_calls) <= MAX_PARALLEL_CALLS
+        assert choice.finish_reason in ("tool_calls", "length"), choice
+        for call in choice.message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER_ARGS)
+
+
 def test_a_required_call_always_parses_with_a_hermes_template(hermes_tiny):
     names = [_check_call(r) for r in _required_calls(hermes_tiny, "tiny-hermes", range(100))]
     assert set(names) <= {"get_weather", "get_time"}

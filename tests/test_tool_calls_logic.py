@@ -166,3 +166,34 @@ def test_the_generic_format_writes_tools_calls_and_results_as_text():
     assert json.loads(messages[2]["content"]) == {"tool_calls": [{"name": "get_weather",
                                                                  "arguments": {"city": "Oslo", "unit": "c"}}]}
     assert messages[3]["role"] == "user" and json.loads(messages[3]["content"])["tool_response"]["name"] == "get_weather"
+
+
+def test_a_required_calls_grammar_ends_after_the_most_parallel_calls():
+    from host_runtime.serving.tool_calls import MAX_PARALLEL_CALLS
+
+    hermes = grammar_for("hermes", TOOLS, ToolChoice("required"))
+    assert hermes.splitlines()[0].endswith(f'){{0,{MAX_PARALLEL_CALLS - 1}}}')
+    generic = grammar_for("generic", TOOLS, ToolChoice("required"))
+    # The converter writes maxItems out: the list closes ("]") after the 8th call at the latest.
+    calls_rule = next(line for line in generic.splitlines() if line.startswith("tool-calls ::="))
+    assert calls_rule.count("tool-calls-item") == MAX_PARALLEL_CALLS and calls_rule.endswith('"]" space')
+
+
+@pytest.mark.parametrize("text,names", [
+    ('{"tool_calls": [{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Pa',
+     ["get_time"]),
+    ('[{"name": "get_time", "arguments": {}}, {"name": "get_time", "arguments": {}}, {"name": "get_ti',
+     ["get_time", "get_time"]),
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_weath',
+     ["get_time"]),
+])
+def test_the_whole_calls_before_a_cut_one_are_calls_when_max_tokens_cut_the_answer(text, names):
+    """The review: a small model repeating a required call until max_tokens ran out came back with no tool_calls
+    at all, only the cut JSON as content. Cut by max_tokens, the whole calls before the cut one are calls."""
+    content, calls = parse_output(text, TOOLS, truncated=True)
+    assert [c.name for c in calls] == names and not content
+    assert parse_output(text, TOOLS) == (text, [])  # not cut by max_tokens: malformed, so all content
+    stream = ToolCallStream(TOOLS)
+    assert stream.feed(text) == ""
+    assert [c.name for c in stream.finish(truncated=True)[1]] == names
+    assert parse_output('{"tool_calls": [{"name": "nope", "argu', TOOLS, truncated=True)[1] == []

@@ -42,7 +42,7 @@ class MessagesLogic:
             except EngineUnavailable as exc:
                 raise engine_down(exc) from None
         tools = call.extra.get("tools")
-        content, calls = parse_output(text, tools) if tools else (text, [])
+        content, calls = parse_output(text, tools, truncated=finish == "length") if tools else (text, [])
         if not call.extra["tool_choice"].parallel:
             calls = calls[:1]
         if not calls:
@@ -91,7 +91,7 @@ class MessagesLogic:
                     finish, stop_string = event["finish_reason"], event.get("stop_string")
                     output_tokens = event["completion_tokens"]
                     if splitter:
-                        rest, calls = splitter.finish()
+                        rest, calls = splitter.finish(truncated=finish == "length")
                         calls = calls if call.extra["tool_choice"].parallel else calls[:1]
                         yield from text_delta(rest)
                 elif kind == "error":

@@ -83,7 +83,7 @@ def chat_message(text: str, finish: str | None, call: GenerationCall) -> dict:
     tools = call.extra.get("tools")
     if not tools:
         return {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
-    content, calls = parse_output(text, tools)
+    content, calls = parse_output(text, tools, truncated=finish == "length")
     if not call.extra["tool_choice"].parallel:
         calls = calls[:1]
     if not calls:
@@ -212,7 +212,7 @@ class ServingLogic:
                     choices.completion_tokens += event["completion_tokens"]
                     reason = event["finish_reason"]
                     if splitters:
-                        rest, calls = splitters[i].finish()
+                        rest, calls = splitters[i].finish(truncated=reason == "length")
                         calls = calls if call.extra["tool_choice"].parallel else calls[:1]
                         if rest:
                             yield chunk([{"index": i, "delta": {"content": rest}, "logprobs": None,
