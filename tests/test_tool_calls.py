@@ -104,16 +104,26 @@ def test_parallel_required_calls_end_or_come_back_as_calls_when_max_tokens_cuts_
 
     def one(seed):
         return client.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS[:1], tool_choice="required",
-                                              temperature=0.7, seed=seed, max_tokens=160)
+                                              temperature=0.7, seed=seed, max_tokens=max_tokens)
+    # Room for far more than MAX_PARALLEL_CALLS calls: a model that repeats reaches the grammar's end first.
+    max_tokens = 600
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(one, range(10)))
     for r in answers:
         choice = r.choices[0]
         assert choice.message.tool_calls, choice   # never the cut JSON as content alone
-        assert 1 <= len(choice.message.tool_calls) <= MAX_PARALLEL_CALLS
-        assert choice.finish_reason in ("tool_calls", "length"), choice
+        assert len(choice.message.tool_calls) <= MAX_PARALLEL_CALLS
+        assert choice.finish_reason == "tool_calls" and r.usage.completion_tokens < max_tokens, choice
         for call in choice.message.tool_calls:
             jsonschema.validate(json.loads(call.function.arguments), WEATHER_ARGS)
+    # Cut by max_tokens instead, the whole calls before the cut one still come back as calls.
+    max_tokens = 40
+    with ThreadPoolExecutor(4) as pool:
+        cut = [r.choices[0] for r in pool.map(one, range(10))]
+    for choice in cut:
+        assert choice.message.tool_calls or choice.finish_reason == "length", choice
+        assert choice.finish_reason in ("tool_calls", "length"), choice
+    assert any(c.finish_reason == "length" and c.message.tool_calls for c in cut), cut
 
 
 def test_a_required_call_always_parses_with_a_hermes_template(hermes_tiny):
