@@ -254,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     engine = sub.add_parser("engine", help="run only the inference engine, listening on a Unix socket")
     engine.add_argument("--socket", required=True, metavar="PATH", help="Unix socket to listen on")
+    engine.add_argument("--options-stdin", action="store_true",
+                        help="read every engine setting, the model's path too, from stdin as `serve` writes them "
+                             "(engine/options.py) instead of these options")
     _add_engine_options(engine)
 
     discover = sub.add_parser("discover", help="enumerate the hardware and write the topology file",
@@ -476,20 +479,18 @@ def cmd_serve(parser, args) -> int:
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.common.settings_file import load as load_settings
     from host_runtime.serving.app import AppConfig
-    from host_runtime.serving.gunicorn_runner import EngineChild, ServingApplication, engine_argv
+    from host_runtime.serving.gunicorn_runner import EngineChild, ServingApplication
     from host_runtime.serving.settings import ServingSettings
 
     try:
         settings = load_settings(ServingSettings, args.settings)
     except SettingsError as exc:
         parser.error(f"--settings: {exc}")
-    args.model = args.model or settings.model or _pulled_model(args, settings) or None
-    args.ctx_size = args.ctx_size or settings.context_length or DEFAULT_CTX
+    model_arg = args.model or settings.model or _pulled_model(args, settings) or None
+    ctx_size = args.ctx_size or settings.context_length or DEFAULT_CTX
 
     if args.engine_socket is None:
         _refuse_an_unsupported_cpu(parser)
-        _check_offload_flags(parser, args)
-        args.draft_model = _resolve_draft_model(parser, args)
     if args.keys:
         try:
             if not os.path.exists(args.keys):
@@ -501,20 +502,20 @@ def cmd_serve(parser, args) -> int:
     engine = pool = None
     socket_path = args.engine_socket
     if socket_path is None:
-        model = _resolve_model(parser, args.model)
         run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="everycycle-"))
+        options = engine_options(parser, argparse.Namespace(**{
+            **vars(args), "ctx_size": ctx_size,
+            "prefix_cache_dir": args.prefix_cache_dir or str(run_dir / "prefix-cache")}), model_arg)
         run_dir.mkdir(parents=True, exist_ok=True)
         socket_path = str(run_dir / "engine.sock")
-        if args.prefix_cache_dir is None:
-            args.prefix_cache_dir = str(run_dir / "prefix-cache")
-        engine = EngineChild(engine_argv(socket_path, model, args))
-        pool = _engine_pool(run_dir, socket_path, model, engine, args)
+        engine = EngineChild(socket_path, options)
+        pool = _engine_pool(run_dir, socket_path, options, engine, args)
         if settings.pull_url and pool.default_name != settings.pulled_name:
             from host_runtime.models.provisioned import ProvisionedPull
 
             pool.provisioned = ProvisionedPull(pool.store, settings.pulled_name, settings.pull_url,
                                                settings.pull_sha256, on_pulled=pool.load_pulled)
-    elif args.model:
+    elif model_arg:
         parser.error("--model: not used with --engine-socket (the running engine has its model)")
     metrics_access = args.metrics_access
     if metrics_access is None:
@@ -564,44 +565,27 @@ def _pulled_model(args, settings) -> str | None:
     return str(path) if path else None
 
 
-def on_demand_engine_options(args, path: str):
-    """serve's engine options for a model of the store loaded on demand (not the one serve starts with)."""
-    import copy
-
-    from host_runtime.engine.model import model_id_for
-
-    options = copy.copy(args)
-    if args.prefix_cache_dir:  # each model its own prefix cache: entries are only valid for their weights
-        options.prefix_cache_dir = f"{args.prefix_cache_dir}-models/{model_id_for(path)}"
-    if args.speculation == "draft":  # the draft model drafts for the model serve starts with, not for these
-        options.speculation, options.draft_model, options.draft_p_min = "off", None, 0.0
-    return options
-
-
-def _engine_pool(run_dir: Path, socket_path: str, model: str, engine, args):
-    """The other models of the store, loaded on demand beside the one this server starts with."""
+def _engine_pool(run_dir: Path, socket_path: str, options, engine, args):
+    """The other models of the store, loaded on demand beside the one this server starts with (`options`' model),
+    each with `options` changed where that model needs it (EngineOptions.for_on_demand)."""
     import psutil
 
     from host_runtime.engine.model import model_id_for
     from host_runtime.serving.engine_pool import EnginePool
-    from host_runtime.serving.gunicorn_runner import engine_argv
-
-    def argv_for(sock: str, path: str) -> list[str]:
-        return engine_argv(sock, path, on_demand_engine_options(args, path))
 
     budget = (args.models_memory_mib << 20) if args.models_memory_mib else int(psutil.virtual_memory().available * 0.9)
 
     # Each on-demand engine also keeps a prefix cache's RAM tier of its own (up to --prefix-cache-ram-mib): counted
     # in what it takes, so that the models' memory budget holds with their caches full.
-    cache_ram = 0 if args.no_prefix_cache else args.prefix_cache_ram_mib << 20
+    cache = options.prefix_cache
+    cache_ram = cache.ram_bytes if cache.enabled else 0
 
     def need_for(path: str) -> int:
         from host_runtime.placement.session import resident_bytes_for
 
-        return resident_bytes_for(path, ctx_size=args.ctx_size, parallel=args.parallel,
-                                  kv_budget_bytes=args.kv_budget_mib << 20) + cache_ram
-    return EnginePool(run_dir=run_dir, default_name=model_id_for(model), default_path=model,
-                      default_socket=socket_path, default_child=engine, engine_argv=argv_for,
+        return resident_bytes_for(path, options.context) + cache_ram
+    return EnginePool(run_dir=run_dir, default_name=model_id_for(options.model), default_path=options.model,
+                      default_socket=socket_path, default_child=engine, engine_options=options.for_on_demand,
                       store=_model_store(args), budget_bytes=budget, need_for=need_for, keep_alive_s=args.keep_alive)
 
 
@@ -648,37 +632,45 @@ def cmd_front(parser, args) -> int:
     return 0
 
 
-def cmd_engine(parser, args) -> int:
-    args.ctx_size = args.ctx_size or DEFAULT_CTX
-    _refuse_an_unsupported_cpu(parser)
-    _check_offload_flags(parser, args)
-    from host_runtime.engine.engine import PrefixCacheConfig
+def engine_options(parser, args, model: str | None):
+    """The engine's settings from `serve`'s or `engine`'s options (checked first, the model last), as one
+    EngineOptions."""
     from host_runtime.engine.model import ContextConfig
-    from host_runtime.engine.service import EngineService, serve_engine
-
-    model = _resolve_model(parser, args.model)
-    config = ContextConfig(n_ctx_per_seq=args.ctx_size, n_parallel=args.parallel, n_threads=args.threads,
-                           n_threads_decode=args.decode_threads,
-                           kv_budget_bytes=args.kv_budget_mib << 20, max_waiting=args.max_queue,
-                           placement=args.placement, n_gpu_layers=args.gpu_layers,
-                           tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,
-                           main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches,
-                           speculation=args.speculation != "off")
-    cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
-                              disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
+    from host_runtime.engine.options import EngineOptions, PrefixCacheConfig
     from host_runtime.engine.readiness import WedgePolicy
-
     from host_runtime.engine.speculation import SpeculationConfig
 
-    draft = _resolve_draft_model(parser, args)
-    service = EngineService(model, config, cache, governor_state=args.governor_state,
-                            wedge=WedgePolicy(floor_s=args.wedge_floor),
-                            speculation=SpeculationConfig(enabled=args.speculation != "off",
-                                                          kind="ngram" if args.speculation == "off" else args.speculation,
-                                                          k_max=args.draft_max,
-                                                          cost_aware=not args.draft_always,
-                                                          p_min=args.draft_p_min),
-                            draft_model=draft)
+    _check_offload_flags(parser, args)
+    speculating = args.speculation != "off"
+    context = ContextConfig(n_ctx_per_seq=args.ctx_size or DEFAULT_CTX, n_parallel=args.parallel,
+                            n_threads=args.threads, n_threads_decode=args.decode_threads,
+                            kv_budget_bytes=args.kv_budget_mib << 20, max_waiting=args.max_queue,
+                            placement=args.placement, n_gpu_layers=args.gpu_layers,
+                            tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,
+                            main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches, speculation=speculating)
+    cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
+                              disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
+    speculation = SpeculationConfig(enabled=speculating, kind="ngram" if not speculating else args.speculation,
+                                    k_max=args.draft_max, cost_aware=not args.draft_always, p_min=args.draft_p_min)
+    draft_model = _resolve_draft_model(parser, args)
+    return EngineOptions(model=_resolve_model(parser, model), context=context, prefix_cache=cache,
+                         speculation=speculation, draft_model=draft_model, governor_state=args.governor_state,
+                         wedge=WedgePolicy(floor_s=args.wedge_floor))
+
+
+def cmd_engine(parser, args) -> int:
+    _refuse_an_unsupported_cpu(parser)
+    from host_runtime.engine.options import EngineOptions, OptionsError
+    from host_runtime.engine.service import EngineService, serve_engine
+
+    if args.options_stdin:
+        try:
+            options = EngineOptions.from_json(sys.stdin.buffer.read())
+        except OptionsError as exc:
+            parser.error(f"--options-stdin: {exc}")
+    else:
+        options = engine_options(parser, args, args.model)
+    service = EngineService(options)
     serve_engine(args.socket, service)
     return 0 if service.state != "failed" else 1
 
@@ -691,16 +683,17 @@ def cmd_plan(parser, args) -> int:
     import json
 
     from host_runtime.placement.render import render_table
+    from host_runtime.engine.model import ContextConfig
     from host_runtime.placement.session import PlanInputsError, plan_for_cli
 
     _refuse_offload_with_cpu_placement(parser, args)
     model = _resolve_model(parser, args.model)
     try:
-        outcome = plan_for_cli(model, ctx_size=args.ctx_size, parallel=args.parallel,
-                               kv_budget_bytes=args.kv_budget_mib << 20, n_batch=args.batch, placement=args.placement,
-                               n_gpu_layers=args.gpu_layers, tensor_split=_split_values(args.tensor_split),
-                               topology=args.topology, gpu_margin_bytes=args.gpu_margin_mib << 20,
-                               main_gpu=args.main_gpu)
+        outcome = plan_for_cli(model, ContextConfig(
+            n_ctx_per_seq=args.ctx_size, n_parallel=args.parallel, kv_budget_bytes=args.kv_budget_mib << 20,
+            placement=args.placement, n_gpu_layers=args.gpu_layers, tensor_split=_split_values(args.tensor_split),
+            gpu_margin_bytes=args.gpu_margin_mib << 20, main_gpu=args.main_gpu), n_batch=args.batch,
+            topology=args.topology)
     except PlanInputsError as exc:
         print(f"everycycle plan: {exc}", file=sys.stderr)
         return 2

@@ -39,8 +39,8 @@ def generate(model, prompts, batch: list[int]) -> list[str]:
     texts = []
     for sink in sinks:
         text = ""
-        while (event := sink.get(timeout=120))["type"] != "done":
-            text += event.get("text", "")
+        while (event := sink.get(timeout=120)).type != "done":
+            text += getattr(event, "text", "")
         texts.append(text)
     engine.stop()
     return texts
@@ -86,9 +86,9 @@ def logprobs_of(model, prompts, texts: list[str], max_tokens: int = 12) -> list[
     out = []
     for sink in sinks:
         values = []
-        while (event := sink.get(timeout=120))["type"] != "done":
-            if event["type"] == "token" and event.get("logprob"):
-                values.append(event["logprob"]["logprob"])
+        while (event := sink.get(timeout=120)).type != "done":
+            if event.type == "token" and event.logprob:
+                values.append(event.logprob.logprob)
         out.append(values)
     engine.stop()
     return out

@@ -188,9 +188,7 @@ def test_a_draft_is_verified_in_its_sequences_decode_slice_equal_lengths_sharing
 
 
 def test_one_token_calls_use_every_thread_unless_told_otherwise():
-    from host_runtime.cli import build_parser
     from host_runtime.placement.llama_params import context_params
-    from host_runtime.serving.gunicorn_runner import engine_argv
 
     assert [context_params(n_ctx_per_seq=256, n_parallel=2, n_batch=64, n_threads=n, batch_invariant=True).n_threads
             for n in (1, 2, 16)] == [1, 2, 16]
@@ -199,9 +197,19 @@ def test_one_token_calls_use_every_thread_unless_told_otherwise():
     cparams = context_params(n_ctx_per_seq=256, n_parallel=2, n_batch=64, n_threads=4, batch_invariant=True,
                              n_threads_decode=2)
     assert (cparams.n_threads, cparams.n_threads_batch) == (2, 4)
-    args = build_parser().parse_args(["serve", "--threads", "4", "--decode-threads", "2", "--speculation", "ngram"])
-    argv = engine_argv("/run/e.sock", "m.gguf", args)
-    assert argv[argv.index("--decode-threads") + 1] == "2" and argv[argv.index("--speculation") + 1] == "ngram"
+    options = _engine_sees("serve", "--threads", "4", "--decode-threads", "2", "--speculation", "ngram")
+    assert (options.context.n_threads, options.context.n_threads_decode) == (4, 2)
+    assert options.speculation.enabled and options.speculation.kind == "ngram" and options.context.speculation
+
+
+def _engine_sees(*argv):
+    """The settings an engine process reads from its stdin when `serve` starts with these options."""
+    from host_runtime.cli import build_parser, engine_options
+    from host_runtime.engine.options import EngineOptions
+
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    return EngineOptions.from_json(engine_options(parser, args, None).to_json())
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -223,26 +231,44 @@ def test_draft_model_flags_are_checked_before_anything_starts(argv, message, cap
 
 
 def test_the_draft_model_reaches_the_engine_and_models_loaded_on_demand_run_without_it(tmp_path):
-    from host_runtime.cli import build_parser, on_demand_engine_options
-    from host_runtime.serving.gunicorn_runner import engine_argv
+    from host_runtime.engine.model import default_model_path
 
-    args = build_parser().parse_args(["serve", "--speculation", "draft", "--draft-model", "/m/draft.gguf",
-                                      "--prefix-cache-dir", "/run/pc", "--draft-max", "12"])
-    argv = engine_argv("/run/e.sock", "m.gguf", args)
-    assert argv[argv.index("--speculation") + 1] == "draft" and argv[argv.index("--draft-model") + 1] == "/m/draft.gguf"
-    assert argv[argv.index("--draft-max") + 1] == "12" and "--draft-always" not in argv
-    always = engine_argv("/run/e.sock", "m.gguf", build_parser().parse_args(
-        ["serve", "--speculation", "ngram", "--draft-always"]))
-    assert build_parser().parse_args(always[3:]).draft_always  # read back by the engine's own parser
-    assert build_parser().parse_args(argv[3:]).draft_p_min == 0.0
-    confident = engine_argv("/run/e.sock", "m.gguf", build_parser().parse_args(
-        ["serve", "--speculation", "draft", "--draft-model", "/m/d.gguf", "--draft-p-min", "0.25"]))
-    assert build_parser().parse_args(confident[3:]).draft_p_min == 0.25
-    other = engine_argv("/run/o.sock", "/store/other.gguf", on_demand_engine_options(args, "/store/other.gguf"))
-    assert other[other.index("--speculation") + 1] == "off" and "--draft-model" not in other
-    other_p_min = engine_argv("/run/o.sock", "/store/other.gguf", on_demand_engine_options(
-        build_parser().parse_args(["serve", "--speculation", "draft", "--draft-model", "/m/d.gguf",
-                                   "--draft-p-min", "0.3"]), "/store/other.gguf"))
-    assert build_parser().parse_args(other_p_min[3:]).draft_p_min == 0.0  # else its engine would refuse it
-    assert other[other.index("--prefix-cache-dir") + 1] == "/run/pc-models/other"
-    assert args.speculation == "draft"  # serve's own options are left as they were
+    draft = str(default_model_path())  # a real GGUF: the path is checked as --model's
+    options = _engine_sees("serve", "--speculation", "draft", "--draft-model", draft, "--prefix-cache-dir", "/run/pc",
+                           "--draft-max", "12")
+    assert options.speculation.kind == "draft" and options.speculation.enabled and options.draft_model == draft
+    assert options.speculation.k_max == 12 and options.speculation.cost_aware  # no --draft-always
+    assert _engine_sees("serve", "--speculation", "ngram", "--draft-always").speculation.cost_aware is False
+    assert options.speculation.p_min == 0.0
+    confident = _engine_sees("serve", "--speculation", "draft", "--draft-model", draft, "--draft-p-min", "0.25")
+    assert confident.speculation.p_min == 0.25
+    other = options.for_on_demand("/store/other.gguf")
+    assert other.model == "/store/other.gguf" and other.draft_model is None
+    assert not other.speculation.enabled and not other.context.speculation
+    assert confident.for_on_demand("/store/other.gguf").speculation.p_min == 0.0  # else its engine would refuse it
+    assert other.prefix_cache.directory == "/run/pc-models/other"
+    assert options.speculation.kind == "draft" and options.prefix_cache.directory == "/run/pc"  # left as they were
+
+
+def test_engine_options_cross_to_the_engine_as_themselves_and_a_bad_document_is_refused(tmp_path, monkeypatch, capsys):
+    import io
+
+    from host_runtime.cli import main
+    from host_runtime.engine.model import ContextConfig
+    from host_runtime.engine.options import EngineOptions, OptionsError, PrefixCacheConfig
+    from host_runtime.engine.readiness import WedgePolicy
+    from host_runtime.engine.speculation import SpeculationConfig
+
+    full = EngineOptions("/m.gguf", ContextConfig(n_ctx_per_seq=8192, tensor_split=(0.25, 0.75), n_gpu_layers=10,
+                                                  main_gpu=None, batch_invariant=False),
+                         PrefixCacheConfig(ram_bytes=1 << 20, directory="/pc"),
+                         SpeculationConfig(enabled=True, k_max=6), None, "/run/governor.json", WedgePolicy(floor_s=5))
+    assert EngineOptions.from_json(full.to_json()) == full
+    for bad in ("{}", "[]", '{"model": "/m.gguf"}', "not json"):
+        with pytest.raises(OptionsError):
+            EngineOptions.from_json(bad)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'{"model": 1}')))
+    with pytest.raises(SystemExit) as exc:
+        main(["engine", "--socket", str(tmp_path / "e.sock"), "--options-stdin"])
+    assert exc.value.code == 2 and "--options-stdin: not an engine options document" in capsys.readouterr().err
+    assert not (tmp_path / "e.sock").exists()  # refused before listening

@@ -24,7 +24,7 @@ def test_stopping_an_engine_does_not_stall_the_pools_other_answers(tmp_path):
     """The third hardening review: stopping an engine held the pool lock up to 10 s, which stalled /v1/models,
     /metrics and the capability map until the fleet's gateway dropped the box."""
     pool = EnginePool(run_dir=tmp_path, default_name="default", default_path=str(tmp_path / "d.gguf"),
-                      default_socket=str(tmp_path / "d.sock"), default_child=None, engine_argv=lambda s, p: [],
+                      default_socket=str(tmp_path / "d.sock"), default_child=None, engine_options=lambda p: None,
                       store=None, budget_bytes=1 << 30, need_for=lambda path: 1 << 20, keep_alive_s=None)
     slow = SlowChild(3.0)
     pool._loaded["slow"] = Loaded("slow", str(tmp_path / "slow.gguf"), str(tmp_path / "slow.sock"), slow, False, None)

@@ -174,7 +174,7 @@ def test_the_scheduler_follows_the_throttle_level(tmp_path):
     events: queue.Queue = queue.Queue()
     for name in "abc":
         engine.submit(GenerationRequest(prompt_tokens=model.tokenize("1, 2, 3,", add_bos=False, special=False),
-                                        max_tokens=6, sink=lambda e, n=name: events.put((n, e["type"])),
+                                        max_tokens=6, sink=lambda e, n=name: events.put((n, e.type)),
                                         sampling=SamplingParams(temperature=0.0, ignore_eos=True)))
     engine.start()
     order = []

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from host_runtime.engine.ipc import MAX_REQUEST_LINE_BYTES, EngineClient, LineReader, MessageTooLarge
+from host_runtime.engine import wire
+from host_runtime.engine.client import EngineClient
+from host_runtime.engine.ipc import MAX_REQUEST_LINE_BYTES, LineReader, MessageTooLarge
 from host_runtime.serving import tool_calls
 from host_runtime.serving.anthropic_protocol import parse_messages
 from host_runtime.serving.errors import APIError
@@ -95,7 +97,7 @@ def test_the_tools_grammar_is_capped_by_its_real_size():
                                                         "minItems": 1, "maxItems": 1000}}}
     tools = [_tool(f"list_{i}", listy) for i in range(15)]
     call = parse_chat({"model": MODEL, "messages": MSGS, "tools": tools}, MODEL)
-    assert call.engine_message["sampling"]["grammar"] is None
+    assert call.request.sampling.grammar is None
     err = _refused(parse_chat, {"model": MODEL, "messages": MSGS, "tools": tools, "tool_choice": "required"}, MODEL)
     assert err.param == "tools" and f"the limit is {MAX_TOOLS_GRAMMAR_BYTES}" in err.message
 
@@ -120,7 +122,7 @@ def test_an_agents_tools_are_well_inside_the_bounds():
     tools = [_tool(name, {"type": "object", "properties": props, "required": list(props)[:1]})
              for name, props in AGENT_TOOLS.items()]
     call = parse_chat({"model": MODEL, "messages": MSGS, "tools": tools, "tool_choice": "required"}, MODEL)
-    grammar = call.engine_message["sampling"]["grammar"]
+    grammar = call.request.sampling.grammar
     assert grammar and len(grammar) < MAX_TOOLS_GRAMMAR_BYTES // 8
 
 
@@ -161,7 +163,7 @@ def test_an_engine_call_past_the_line_limit_is_a_413_and_is_never_sent(tmp_path)
     listener.settimeout(0.2)
     try:
         with pytest.raises(MessageTooLarge) as err:
-            EngineClient(str(path)).stream({"op": "generate", "pad": "x" * MAX_REQUEST_LINE_BYTES}, 1, 1)
+            EngineClient(str(path)).generate(wire.Generate(wire.TextPrompt("x" * MAX_REQUEST_LINE_BYTES)), 1, 1)
         with pytest.raises(socket.timeout):
             listener.accept()  # refused before connecting
     finally:

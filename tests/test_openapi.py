@@ -87,9 +87,9 @@ def test_schemathesis_finds_no_server_error_and_the_engine_survives(tmp_path, ap
 
 
 def _engine_pid(run_dir: Path) -> int:
-    from host_runtime.engine.ipc import EngineClient
+    from host_runtime.engine.client import EngineClient
 
-    return EngineClient(str(run_dir / "engine.sock")).call({"op": "info"}, timeout=5)["pid"]
+    return EngineClient(str(run_dir / "engine.sock")).info(timeout=5).pid
 
 
 def _statuses(access_log: str) -> set[str]:

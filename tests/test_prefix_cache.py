@@ -29,9 +29,9 @@ def ask(engine: Engine, model, text: str) -> str:
     engine.submit(GenerationRequest(prompt_tokens=model.tokenize(text, add_bos=False, special=False), max_tokens=24,
                                     sink=sink.put, sampling=SamplingParams(temperature=0.0)))
     out = ""
-    while (event := sink.get(timeout=120))["type"] != "done":
-        assert event["type"] != "error", event
-        out += event.get("text", "")
+    while (event := sink.get(timeout=120)).type != "done":
+        assert event.type != "error", event
+        out += getattr(event, "text", "")
     return out
 
 

@@ -1,4 +1,6 @@
-"""The scheduler against the real model: admission, order, chunked prefill beside running streams, cancel."""
+"""The scheduler with the real runner and model: chunked prefill beside running streams, mixed batches, speculation
+with real logits, embeddings and the warm-up on the loop thread, grammars llama.cpp refuses. Admission, order,
+the queue, cancellation and failures are tests/test_scheduler_logic.py's, against a fake runner."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ class Log:
         def put(event):
             with self.lock:
                 self.events.append((name, event))
-            if event["type"] in ("done", "error"):
+            if event.type in ("done", "error"):
                 self.done[name].set()
         return put
 
@@ -65,31 +67,6 @@ def request(model, log: Log, name: str, prompt: str, max_tokens: int) -> Generat
                              sink=log.sink(name), sampling=SamplingParams(temperature=0.0, ignore_eos=True))
 
 
-def test_waiting_requests_are_served_in_arrival_order(model):
-    engine = Engine(model, max_waiting=8)
-    log = Log()
-    names = [f"r{i}" for i in range(5)]
-    for name in names:
-        engine.submit(request(model, log, name, "Once upon a time", 4))
-    engine.start()
-    for name in names:
-        assert log.done[name].wait(60)
-    engine.stop()
-    finished = [name for name, e in log.events if e["type"] == "done"]
-    # Two slots: r0 and r1 run together, then r2 and r3, then r4.
-    assert sorted(finished[:2]) == ["r0", "r1"]
-    assert sorted(finished[2:4]) == ["r2", "r3"] and finished[4] == "r4"
-
-
-def test_full_queue_refuses_at_once(model):
-    engine = Engine(model, max_waiting=1)  # not started: nothing leaves the queue
-    log = Log()
-    engine.submit(request(model, log, "a", "hi", 2))
-    with pytest.raises(RequestRejected) as exc:
-        engine.submit(request(model, log, "b", "hi", 2))
-    assert exc.value.status == 503 and exc.value.retry_after and exc.value.code == "queue_full"
-
-
 def stream_beside_a_long_prompt(model) -> dict:
     """A stream runs; a ~400-token prompt arrives. What happened between its arrival and its first token: the
     stream's tokens there, the prompt's chunk count, and the engine's decode calls."""
@@ -97,7 +74,7 @@ def stream_beside_a_long_prompt(model) -> dict:
     log = Log()
     engine.start()
     engine.submit(request(model, log, "stream", "1, 2, 3, 4,", 120))
-    wait_for(lambda: sum(1 for n, e in log.events if n == "stream" and e["type"] == "token") >= 3, 60,
+    wait_for(lambda: sum(1 for n, e in log.events if n == "stream" and e.type == "token") >= 3, 60,
              "the stream to start")
     long_prompt = "The history of the river valley begins long before written records. " * 30  # ~400 tokens
     n_chunks = -(-len(model.tokenize(long_prompt, add_bos=False, special=False)) // model.prefill_chunk)
@@ -106,7 +83,7 @@ def stream_beside_a_long_prompt(model) -> dict:
     put = long_request.sink
 
     def sink(event):
-        if event["type"] == "token" and "first_token" not in calls:
+        if event.type == "token" and "first_token" not in calls:
             calls["first_token"] = engine.metrics.snapshot()["n_decode_total"]
         put(event)
 
@@ -117,7 +94,7 @@ def stream_beside_a_long_prompt(model) -> dict:
     engine.submit(long_request)
     assert log.done["long"].wait(120) and log.done["stream"].wait(120)
     engine.stop()
-    order = [(n, e["type"]) for n, e in log.events]
+    order = [(n, e.type) for n, e in log.events]
     first_long = order.index(("long", "token"))
     return {"n_chunks": n_chunks, "calls": calls["first_token"] - calls["submitted"],
             "stream_tokens": sum(1 for n, t in order[submitted_at:first_long] if n == "stream" and t == "token")}
@@ -133,21 +110,6 @@ def test_a_long_prompt_does_not_stop_running_streams(model):
     assert tokens_during_prefill >= n_chunks - 1
     # Invariant: the stream's tokens and the prompt's chunks go in separate calls, two a step (see the mixed test).
     assert seen["calls"] > tokens_during_prefill + 2
-
-
-def test_cancel_frees_the_sequence_within_a_step(model):
-    engine = Engine(model, max_waiting=8)
-    log = Log()
-    engine.start()
-    r = request(model, log, "c", "1, 2, 3,", 500)
-    engine.submit(r)
-    wait_for(lambda: any(n == "c" and e["type"] == "token" for n, e in log.events), 60, "a first token")
-    decodes_at_cancel = engine.metrics.snapshot()["n_decode_total"]
-    r.cancel()
-    wait_for(lambda: engine.metrics.snapshot()["requests_processing"] == 0, 10, "the sequence to be freed")
-    assert engine.metrics.snapshot()["n_decode_total"] - decodes_at_cancel <= 1
-    assert engine.metrics.snapshot()["requests_cancelled_total"] == 1
-    engine.stop()
 
 
 def test_queue_full_is_503_with_retry_after_over_http(tmp_path):
@@ -186,32 +148,6 @@ def test_queue_full_is_503_with_retry_after_over_http(tmp_path):
         assert waiting.get(timeout=60)["choices"][0]["finish_reason"] == "length"
     finally:
         proc.stop()
-
-
-def test_a_failed_admission_errors_that_request_only(model, monkeypatch):
-    engine = Engine(model, max_waiting=8)
-    log = Log()
-    engine.start()
-    engine.submit(request(model, log, "ok", "1, 2, 3,", 40))
-    wait_for(lambda: any(n == "ok" and e["type"] == "token" for n, e in log.events), 60, "the first stream")
-    import host_runtime.engine.engine as engine_module
-
-    real = engine_module.Sequence
-
-    def broken(engine_, req, *args, **kwargs):
-        if req.prompt_tokens[:2] == model.tokenize("Broken", add_bos=False, special=False)[:2]:
-            raise RuntimeError("simulated failure while building a sampler")
-        return real(engine_, req, *args, **kwargs)
-
-    monkeypatch.setattr(engine_module, "Sequence", broken)
-    engine.submit(request(model, log, "bad", "Broken request", 5))
-    assert log.done["bad"].wait(30)
-    assert [e for n, e in log.events if n == "bad"][-1]["type"] == "error"
-    monkeypatch.setattr(engine_module, "Sequence", real)
-    assert log.done["ok"].wait(60)  # the running stream finished normally
-    assert [e for n, e in log.events if n == "ok"][-1]["type"] == "done"
-    assert engine.cache.free_slots() == model.n_parallel
-    engine.stop()
 
 
 def test_a_grammar_llama_cpp_refuses_never_reaches_a_sampler_chain(model):
@@ -339,8 +275,8 @@ def edit(model, speculation: bool, opt_out: bool = False, drafter=None,
     engine.start()
     assert log.done["edit"].wait(120)
     engine.stop()
-    text = "".join(e.get("text", "") for _, e in log.events if e["type"] == "token")
-    assert sum(1 for _, e in log.events if e["type"] == "finish") == 1
+    text = "".join(getattr(e, "text", "") for _, e in log.events if e.type == "token")
+    assert sum(1 for _, e in log.events if e.type == "finish") == 1
     return text, dict(engine.metrics.spec), engine.metrics.snapshot()["n_decode_total"]
 
 
@@ -452,16 +388,17 @@ def test_the_warm_up_and_embeddings_decode_on_the_loop_thread_that_makes_every_g
 
 
 def test_a_served_draft_models_placement_is_in_the_metrics_beside_the_targets():
+    from host_runtime.engine.options import EngineOptions
     from host_runtime.engine.service import EngineService
 
     path = str(default_model_path())
-    service = EngineService(path, ContextConfig(n_ctx_per_seq=512, n_parallel=1, n_batch=32, prefill_chunk=32,
-                                                n_threads=2, speculation=True),
-                            speculation=SpeculationConfig(enabled=True, kind="draft"), draft_model=path)
+    service = EngineService(EngineOptions(path, ContextConfig(n_ctx_per_seq=512, n_parallel=1, n_batch=32,
+                                                              prefill_chunk=32, n_threads=2, speculation=True),
+                                          speculation=SpeculationConfig(enabled=True, kind="draft"), draft_model=path))
     service.load()
     try:
         assert service.state == "ready", service.state_reason
-        text = service.metrics_text()
+        text = service.metrics_text().text
     finally:
         service.engine.stop()
     assert 'everycycle_model_layers{device="CPU"} 31' in text
@@ -502,8 +439,8 @@ def test_a_grammar_is_parsed_once_on_the_submitting_thread_and_copied_for_each_c
         engine.stop()
     texts = {}
     for _, event in log.events:
-        if event["type"] == "token":
-            texts[event["index"]] = texts.get(event["index"], "") + event["text"]
+        if event.type == "token":
+            texts[event.index] = texts.get(event.index, "") + event.text
     assert parses == [threading.current_thread().name]
     assert sorted(texts) == [0, 1] and all(t in ("yes.", "no.") for t in texts.values()), texts
     with pytest.raises(GrammarRejected):

@@ -29,11 +29,12 @@ def box(tmp_path_factory):
         store.root.mkdir(parents=True, exist_ok=True)
         store.admit(f, name, "0" * 64, str(f), move=True)
     # A budget that holds the default model and one tiny one, by the planner's count, with half a tiny one spare.
-    from host_runtime.engine.model import default_model_path
+    from host_runtime.engine.model import ContextConfig, default_model_path
     from host_runtime.placement.session import resident_bytes_for
 
     def need(path):  # what the pool counts: the planner's bytes and the engine's prefix cache's RAM tier (16 MiB)
-        return resident_bytes_for(str(path), ctx_size=256, parallel=1, kv_budget_bytes=64 << 20) + (16 << 20)
+        return resident_bytes_for(str(path), ContextConfig(n_ctx_per_seq=256, n_parallel=1,
+                                                         kv_budget_bytes=64 << 20)) + (16 << 20)
 
     budget_mib = (need(default_model_path()) + 1.5 * need(store.path_of(store.get("tiny-a")))) / 2**20
     port = free_port()
@@ -79,15 +80,16 @@ def test_a_budget_that_holds_one_unloads_the_least_recently_used(box):
     assert metric_value(text, "everycycle_tokens_predicted_total") > 0 and 'model="tiny-a"' in text
     # The room a model is given counts its engine's prefix cache RAM tier (16 MiB here), which it kept outside the
     # budget before (the third hardening review).
-    from host_runtime.placement.session import resident_bytes_for
-
     _, store, _, _ = box
     from prometheus_client.parser import text_string_to_metric_families
 
+    from host_runtime.engine.model import ContextConfig
+    from host_runtime.placement.session import resident_bytes_for
+
     planned = next(s.value for f in text_string_to_metric_families(text) for s in f.samples
                    if s.name == "everycycle_model_memory_bytes" and s.labels == {"model": "tiny-a", "kind": "planned"})
-    assert planned == resident_bytes_for(str(store.path_of(store.get("tiny-a"))), ctx_size=256, parallel=1,
-                                         kv_budget_bytes=64 << 20) + (16 << 20)
+    assert planned == resident_bytes_for(str(store.path_of(store.get("tiny-a"))), ContextConfig(
+        n_ctx_per_seq=256, n_parallel=1, kv_budget_bytes=64 << 20)) + (16 << 20)
 
 
 def test_a_pinned_model_stays_and_what_cannot_fit_beside_it_is_refused(box):

@@ -196,11 +196,11 @@ def test_a_request_opts_out_of_speculation_with_a_boolean_and_anything_else_is_a
     from host_runtime.serving.protocol import parse_chat, parse_completion
 
     messages = [{"role": "user", "content": "hi"}]
-    assert parse_chat({"model": "m", "messages": messages}, "m").engine_message["speculation"] is True
+    assert parse_chat({"model": "m", "messages": messages}, "m").request.speculation is True
     assert parse_chat({"model": "m", "messages": messages, "speculation": False}, "m") \
-        .engine_message["speculation"] is False
+        .request.speculation is False
     assert parse_completion({"model": "m", "prompt": "hi", "speculation": False}, "m") \
-        .engine_message["speculation"] is False
+        .request.speculation is False
     with pytest.raises(APIError) as exc:
         parse_chat({"model": "m", "messages": messages, "speculation": "no"}, "m")
     assert exc.value.status == 400 and exc.value.param == "speculation"

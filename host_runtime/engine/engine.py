@@ -1,15 +1,15 @@
-"""The generation loop: one thread owns the llama.cpp context and runs one decode per step.
+"""The scheduler: one loop thread decides each step (admission, the prefix cache's actions, drafts, the step's
+decode calls) and has the runner (runner.py, the only caller of llama.cpp) carry it out.
 
 Requests arrive from any thread (`submit`), wait in arrival order for free
 sequence slots, join the running batch at the next step, and leave it when they
-finish or are cancelled; their events go to the request's own sink.
+finish or are cancelled; their events (wire.py's) go to the request's own sink.
 """
 
 from __future__ import annotations
 
 import codecs
 import collections
-import ctypes
 import logging
 import os
 import threading
@@ -17,26 +17,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.capacity import sequences_allowed
 from host_runtime.engine.kv_store import KVStore, disk_budget
 from host_runtime.engine.metrics import EngineMetrics
+from host_runtime.engine.options import PrefixCacheConfig
 from host_runtime.engine.progress import DecodeProgress
 from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demote, PrefixCache, Restore, Spill,
                                               Trim)
-from host_runtime.engine.sampling import (CompiledGrammar, GrammarRejected, SamplingParams, build_sampler_chain,
-                                          token_logprobs)
+from host_runtime.engine.runner import DecodePart, LlamaRunner
+from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected, SamplingParams
 from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLength, NgramIndex, SpeculationConfig,
                                              share_drafts)
 from host_runtime.engine.step_plan import next_cut, plan_step
 from host_runtime.engine.stop_matcher import StopMatcher
 from host_runtime.engine.throttle import ThrottleReader
+from host_runtime.engine.wire import Done, Error, Finish, Token, TokenLogprob
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[dict], None]
+EventSink = Callable[[Token | Finish | Done | Error], None]  # wire events, from the loop thread
 # A test hook, named as such: seconds added to every decode call, to show readiness on a slow box.
 TEST_DECODE_DELAY_S = float(os.environ.get("EVERYCYCLE_TEST_DECODE_DELAY_S") or 0)
 
@@ -60,14 +60,6 @@ class GenerationRequest:
 
     def cancel(self) -> None:
         self.cancelled.set()
-
-
-@dataclass(frozen=True)
-class PrefixCacheConfig:
-    enabled: bool = True
-    ram_bytes: int = 1 << 30
-    disk_bytes: int = 4 << 30
-    directory: str | None = None  # None: no disk tier
 
 
 EMBED_CANCEL_POLL_S = 0.05
@@ -98,7 +90,7 @@ class Sequence:
         self.generated = 0
         self.stop = StopMatcher(request.stops)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.sampler = build_sampler_chain(engine.model.model, request.sampling, index, request.grammar)
+        self.sampler = engine.runner.sampler(request.sampling, index, request.grammar)
         self.model = engine.model
         self.last_token_at: float | None = None
         # Speculation: the n-gram index over prompt and output (prompt lookup) or the history a draft model
@@ -128,8 +120,11 @@ class Sequence:
 class Engine:
     def __init__(self, model, *, max_waiting: int = 64, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
                  governor_state: str | None = None, speculation: SpeculationConfig = SpeculationConfig(),
-                 drafter=None):
+                 drafter=None, runner=None):
+        """model: its shape (engine.model.LoadedModel: n_parallel, n_batch, n_ctx_per_seq, prefill_chunk, ...);
+        runner: what calls llama.cpp (runner.LlamaRunner on that model, unless a test gives a fake)."""
         self.model = model
+        self.runner = runner if runner is not None else LlamaRunner(model)
         self.speculation = speculation
         if speculation.enabled and speculation.kind == "draft" and drafter is None:
             raise ValueError("speculation with a draft model needs the DraftModel (drafter)")
@@ -173,9 +168,6 @@ class Engine:
         self._warm_result: float | BaseException | None = None
         self._embed_jobs: collections.deque[_EmbeddingJob] = collections.deque()  # bounded like _waiting
         self._steps_owed_s = 0.0  # generation time due before the next embedding input (see _loop)
-        from llama_cpp._internals import LlamaBatch
-
-        self._batch = LlamaBatch(n_tokens=model.n_batch, embd=0, n_seq_max=1, verbose=False)
 
     # ---- public, any thread -------------------------------------------------
 
@@ -198,31 +190,24 @@ class Engine:
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():  # an engine never started has no loop to wait for
+            self._thread.join(timeout=10)
 
     def warm_up(self, n_tokens: int = 16) -> float:
         """One decode of a short prompt chunk on a free slot, then forgotten, before the loop starts: the first
         call pays for paging weights in and setting up buffers, and its time (per token too) seeds the wedge
         bound before any request has run. Returns its seconds."""
-        import llama_cpp
-
-        n = max(1, min(n_tokens, self.model.n_batch, self.model.n_ctx_per_seq - 1))
-        token = self.model.model.token_bos()
-        batch = self._batch.batch
-        batch.n_tokens = 0
-        for i in range(n):
-            batch.token[i] = token if token >= 0 else 0
-            batch.pos[i] = i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i == n - 1
-        batch.n_tokens = n
-        self.progress.call_started(n)
-        rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
+        part = self.runner.warm_up_part(n_tokens)
+        self.progress.call_started(len(part[2]))
+        failed = None
+        try:
+            self.runner.decode([part])
+        except RuntimeError as exc:
+            failed = exc
         seconds = self.progress.call_ended()
-        llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, 0, -1, -1)
-        if rc != 0:
-            raise RuntimeError(f"the warm-up decode failed: llama_decode returned {rc}")
+        self.runner.forget(part[0])
+        if failed is not None:
+            raise RuntimeError(f"the warm-up decode failed: {failed}")
         return seconds
 
     def check_fits(self, n_prompt: int, max_tokens: int | None, prompt_param: str) -> int:
@@ -252,7 +237,7 @@ class Engine:
         if request.sampling.grammar and request.grammar is None:
             # Parsed here, on the submitting thread: the loop thread only copies it into each choice's chain.
             try:
-                request.grammar = CompiledGrammar(self.model.model, request.sampling.grammar)
+                request.grammar = self.runner.compile_grammar(request.sampling.grammar)
             except GrammarRejected as exc:
                 raise RequestRejected(400, str(exc), param="response_format") from None
         with self._cv:
@@ -301,9 +286,6 @@ class Engine:
 
     def _embed_next(self) -> None:
         """The oldest embedding request's next input (loop thread); a request is done after its last."""
-        import llama_cpp
-        from llama_cpp._internals import LlamaBatch
-
         with self._cv:
             while self._embed_jobs and self._embed_jobs[0].cancelled.is_set():
                 self._embed_jobs.popleft()
@@ -312,22 +294,12 @@ class Engine:
             job = self._embed_jobs[0]
         tokens = job.token_lists[len(job.vectors)]
         try:
-            ctx = self.model.embeddings_context()
-            ctx.kv_cache_clear()
-            batch = LlamaBatch(n_tokens=len(tokens), embd=0, n_seq_max=1, verbose=False)
-            batch.add_sequence(tokens, 0, logits_all=True)
-            rc = llama_cpp.llama_decode(ctx.ctx, batch.batch)
-            if rc != 0:
-                raise RuntimeError(f"llama_decode returned {rc}")
-            n_embd = self.model.model.n_embd()
-            vec = np.ctypeslib.as_array(ctx.get_embeddings_seq(0), shape=(n_embd,)).astype(np.float64)
-            ctx.kv_cache_clear()
+            vector = self.runner.embed(tokens)
         except Exception as exc:  # this request's failure alone: its caller answers it, the loop goes on
             log.exception("an embedding failed")
             job.error = RequestRejected(500, f"internal error while embedding: {exc}", error_type="server_error")
         else:
-            norm = np.linalg.norm(vec)
-            job.vectors.append((vec / norm if norm > 0 else vec).tolist())
+            job.vectors.append(vector)
         if job.error is not None or len(job.vectors) == len(job.token_lists):
             with self._cv:
                 self._embed_jobs.popleft()
@@ -417,32 +389,27 @@ class Engine:
                 self._active.append(Sequence(self, request, index, admission.slot_id, n_past=reuse))
         except Exception:
             # A failure here is this request's alone: free what it took, tell its client, keep the batch.
-            import llama_cpp
-
             log.exception("admitting a request failed")
             for seq in [s for s in self._active if s.request is request]:
                 self._active.remove(seq)
                 seq.sampler.close()
             for slot_id in taken:
                 self.cache.release(slot_id, [], cacheable=False)
-                llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, slot_id, -1, -1)
+                self.runner.forget(slot_id)
             request.cancel()
-            request.sink({"type": "error", "error": RequestRejected(
-                500, "internal error while starting this request", error_type="server_error").to_wire()})
+            request.sink(Error(RequestRejected(500, "internal error while starting this request",
+                                               error_type="server_error")))
         self._publish_cache()
 
     def _apply(self, admission: Admission) -> int:
         """Carry out an admission's cache actions; returns the prompt tokens actually reused."""
-        import llama_cpp
-
         reuse = admission.reuse
         for action in admission.actions:
             if isinstance(action, Restore) and not self._restore(action):
                 self.cache.restore_failed(action.tier, action.key)
                 reuse = 0
             elif isinstance(action, Trim):
-                keep = action.keep if reuse else 0
-                llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, action.slot_id, keep if keep else -1, -1)
+                self.runner.forget(action.slot_id, action.keep if reuse else 0)
             elif not isinstance(action, Restore):
                 self._store_action(action)
         if reuse:
@@ -450,15 +417,10 @@ class Engine:
         return reuse
 
     def _store_action(self, action) -> None:
-        import llama_cpp
-
         if isinstance(action, Spill):
-            ctx = self.model.ctx.ctx
-            size = llama_cpp.llama_state_seq_get_size(ctx, action.slot_id)
-            buf = (ctypes.c_uint8 * size)()
-            written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, action.slot_id)
-            self.store.put_ram(action.key, bytes(buf)[:written])
-            for follow in self.cache.stored_in_ram(action.key, written):
+            data = self.runner.save(action.slot_id)
+            self.store.put_ram(action.key, data)
+            for follow in self.cache.stored_in_ram(action.key, len(data)):
                 self._store_action(follow)
         elif isinstance(action, Demote):
             self.store.demote(action.key)
@@ -468,16 +430,11 @@ class Engine:
             self.store.drop_disk(action.key)
 
     def _restore(self, action: Restore) -> bool:
-        import llama_cpp
-
         data = self.store.ram.get(action.key) if action.tier == "ram" else self.store.read_disk(action.key)
         if data is None:
             return False
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        read = llama_cpp.llama_state_seq_set_data(self.model.ctx.ctx, buf, len(data), action.slot_id)
-        if read != len(data):
-            log.warning("llama.cpp refused a cached prefix (%d of %d bytes read); recomputing", read, len(data))
-            llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, action.slot_id, -1, -1)
+        if not self.runner.restore(action.slot_id, data):
+            log.warning("llama.cpp refused a cached prefix (%d bytes); recomputing", len(data))
             return False
         return True
 
@@ -506,8 +463,6 @@ class Engine:
         self.metrics.set_queue(running, len(self._waiting), kv_used, self.model.n_ctx_per_seq * self.model.n_parallel)
 
     def _release(self, seq: Sequence) -> None:
-        import llama_cpp
-
         if seq not in self._active:
             return
         self._active.remove(seq)
@@ -515,7 +470,7 @@ class Engine:
         prefilled = min(seq.n_past, len(request.prompt_tokens))
         trim = self.cache.release(seq.seq_id, request.prompt_tokens[:prefilled], cacheable=request.n == 1,
                                   scope=request.cache_scope)
-        llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, seq.seq_id, trim.keep if trim.keep else -1, -1)
+        self.runner.forget(seq.seq_id, trim.keep)
         seq.sampler.close()
         self._publish_cache()
 
@@ -568,27 +523,24 @@ class Engine:
             seq.draft = drafts.get(seq.seq_id, [])
 
     def _decode_call(self, call) -> None:
-        import llama_cpp
-
-        batch = self._batch.batch
-        batch.n_tokens = 0
+        parts: list[DecodePart] = []
         sample_at: list[tuple[Sequence, int, int]] = []  # (sequence, its first logits row, tokens drafted)
+        n_tokens = 0
         for part in call:
             # A decoding sequence's tokens past the first are its draft: each needs its logits to be verified.
             drafted = 0 if part.seq.is_prefilling() else len(part.tokens) - 1
-            for offset, token in enumerate(part.tokens):
-                j = batch.n_tokens
-                batch.token[j] = token
-                batch.pos[j] = part.start_pos + offset
-                batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = part.seq.seq_id
-                batch.logits[j] = part.wants_logits and (drafted > 0 or offset == len(part.tokens) - 1)
-                batch.n_tokens += 1
+            logits_from = (0 if drafted else len(part.tokens) - 1) if part.wants_logits else None
+            parts.append((part.seq.seq_id, part.start_pos, part.tokens, logits_from))
+            n_tokens += len(part.tokens)
             if part.wants_logits:
-                sample_at.append((part.seq, batch.n_tokens - 1 - drafted, drafted))
+                sample_at.append((part.seq, n_tokens - 1 - drafted, drafted))
         has_prompt = any(p.seq.is_prefilling() for p in call)
-        self.progress.call_started(batch.n_tokens)
-        rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
+        self.progress.call_started(n_tokens)
+        failed = None
+        try:
+            self.runner.decode(parts)
+        except RuntimeError as exc:
+            failed = exc
         if TEST_DECODE_DELAY_S:
             time.sleep(TEST_DECODE_DELAY_S)
         elapsed = self.progress.call_ended()
@@ -596,10 +548,9 @@ class Engine:
         self.metrics.add("n_busy_slots_total", len(call))
         self.metrics.add("prompt_seconds_total" if has_prompt else "predicted_seconds_total", elapsed)
         if self.call_cost is not None and not has_prompt:
-            self.call_cost.observe(batch.n_tokens, elapsed)
-        if rc != 0:
-            reason = "no free KV cache cells" if rc == 1 else f"llama_decode returned {rc}"
-            raise RuntimeError(reason)
+            self.call_cost.observe(n_tokens, elapsed)
+        if failed is not None:
+            raise failed
         for part in call:
             if part.start_pos < len(part.seq.request.prompt_tokens):  # a prompt chunk, not a generated token
                 self.metrics.add("prompt_tokens_total", len(part.tokens))
@@ -619,8 +570,6 @@ class Engine:
         """Sample each drafted position with the sequence's own chain, in order, while the draft agrees: the
         tokens and the chain's state (RNG, penalties, grammar) are those of decoding one token at a time. The
         KV cells past what was kept are removed."""
-        import llama_cpp
-
         draft, seq.draft = seq.draft[:drafted], []
         accepted = 0
         for i in range(drafted + 1):
@@ -633,13 +582,12 @@ class Engine:
         seq.draft_length.record(drafted, accepted)
         self.acceptance_curve.record(drafted, accepted)
         if seq in self._active:
-            llama_cpp.llama_memory_seq_rm(self.model.ctx.memory, seq.seq_id, seq.n_past, -1)
+            self.runner.forget(seq.seq_id, seq.n_past)
 
     def _sample(self, seq: Sequence, batch_index: int) -> int:
-        import llama_cpp
-
         request = seq.request
-        token = seq.sampler.sample(self.model.ctx, batch_index)
+        runner = self.runner
+        token = runner.sample(seq.sampler, batch_index)
         if seq.ngrams is not None:
             seq.ngrams.extend((token,))
         elif seq.history is not None:
@@ -654,20 +602,14 @@ class Engine:
             self.metrics.observe_token_gap(now - seq.last_token_at)
         seq.last_token_at = now
 
-        if self.model.is_end_of_generation(token) and not request.sampling.ignore_eos:
+        if runner.is_end_of_generation(token) and not request.sampling.ignore_eos:
             self._emit_text(seq, seq.decoder.decode(b"", final=True) + seq.stop.flush(), None)
             self._finish(seq, "stop")
             return token
         logprob_entry = None
         if request.sampling.top_logprobs is not None:
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.model.ctx.ctx, batch_index),
-                                           shape=(self.model.n_vocab,))
-            chosen, top = token_logprobs(logits, token, request.sampling.top_logprobs)
-            logprob_entry = {"token": self._piece_text(token), "bytes": list(self.model.token_piece(token)),
-                             "logprob": chosen,
-                             "top": [{"token": self._piece_text(t), "bytes": list(self.model.token_piece(t)),
-                                      "logprob": lp} for t, lp in top]}
-        text, hit_stop = seq.stop.feed(seq.decoder.decode(self.model.token_piece(token)))
+            logprob_entry = runner.logprobs(batch_index, token, request.sampling.top_logprobs)
+        text, hit_stop = seq.stop.feed(seq.decoder.decode(runner.piece(token)))
         self._emit_text(seq, text, logprob_entry)
         if hit_stop:
             self._finish(seq, "stop", stop_string=seq.stop.matched)
@@ -678,12 +620,9 @@ class Engine:
             seq.next_token = token
         return token
 
-    def _piece_text(self, token: int) -> str:
-        return self.model.token_piece(token).decode("utf-8", errors="replace")
-
-    def _emit_text(self, seq: Sequence, text: str, logprob_entry: dict | None) -> None:
+    def _emit_text(self, seq: Sequence, text: str, logprob_entry: TokenLogprob | None) -> None:
         if text or logprob_entry is not None:
-            seq.request.sink({"type": "token", "index": seq.index, "text": text, "logprob": logprob_entry})
+            seq.request.sink(Token(seq.index, text, logprob_entry))
 
     def _finish(self, seq: Sequence, reason: str | None, error: RequestRejected | None = None,
                 stop_string: str | None = None) -> None:
@@ -692,11 +631,9 @@ class Engine:
         if error is not None:
             if not request.cancelled.is_set():
                 request.cancel()
-                request.sink({"type": "error", "error": error.to_wire()})
+                request.sink(Error(error))
             return
-        request.sink({"type": "finish", "index": seq.index, "finish_reason": reason,
-                      "completion_tokens": seq.generated, "stop_string": stop_string})
+        request.sink(Finish(seq.index, reason, seq.generated, stop_string))
         request.open_choices -= 1
         if request.open_choices == 0:
-            request.sink({"type": "done", "prompt_tokens": len(request.prompt_tokens),
-                          "cached_tokens": request.cached_tokens})
+            request.sink(Done(len(request.prompt_tokens), request.cached_tokens))

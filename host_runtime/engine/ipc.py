@@ -1,4 +1,5 @@
-"""Framing between HTTP workers and the engine process: one JSON object per line over a Unix socket.
+"""Framing between HTTP workers and the engine process (or the engine pool): one JSON object per line over a Unix
+socket. What the lines mean is engine/wire.py's (and serving/pool_protocol.py's); engine/client.py is the typed client.
 
 One connection carries one call. For a generation the engine streams events on
 it; the worker closing the connection is how a request is cancelled.
@@ -11,7 +12,6 @@ import select
 import socket
 import time
 from collections.abc import Callable
-from typing import Iterator
 
 CLIENT_POLL_S = 0.1  # while waiting for the engine, how often to ask whether the HTTP client is still there
 # The longest line each side reads (and the worker sends): a call carries a request body of at most 1 MiB by
@@ -64,8 +64,8 @@ class LineReader:
         return json.loads(line)
 
 
-class EngineClient:
-    """Used by HTTP workers. Every call opens its own connection, so calls never share state."""
+class LineClient:
+    """One call per connection, lines as dicts (engine/client.py types them). Calls never share state."""
 
     def __init__(self, socket_path: str, timeout: float = 10.0):
         self.socket_path = socket_path
@@ -86,10 +86,10 @@ class EngineClient:
         """One request, one reply. With `client_gone`, a client that leaves first closes the call (ClientGone)."""
         timeout = self.timeout if timeout is None else timeout
         with self.stream(message, timeout, timeout, client_gone) as reply:
-            return reply.next_event()
+            return reply.next_line()
 
     def stream(self, message: dict, first_event_timeout: float, idle_timeout: float,
-               client_gone: Callable[[], bool] | None = None) -> "EventStream":
+               client_gone: Callable[[], bool] | None = None) -> "LineStream":
         line = encode_line(message, MAX_REQUEST_LINE_BYTES)  # refused before connecting: the engine never sees it
         sock = self._connect(first_event_timeout)
         try:
@@ -97,11 +97,11 @@ class EngineClient:
         except OSError as exc:
             sock.close()
             raise EngineUnavailable(f"lost the engine connection: {exc}") from None
-        return EventStream(sock, first_event_timeout, idle_timeout, client_gone)
+        return LineStream(sock, first_event_timeout, idle_timeout, client_gone)
 
 
-class EventStream:
-    """Events of one generation. `close()` (or leaving the `with`) cancels it at the engine.
+class LineStream:
+    """The lines answering one call (a generation's events). `close()` (or leaving the `with`) cancels it at the engine.
 
     Lines are buffered here rather than in a file object, so waiting can be a select() that also
     watches the HTTP client (`client_gone`) without losing a partly received line."""
@@ -145,7 +145,7 @@ class EventStream:
                 self.close()
                 raise EngineUnavailable(f"the engine sent a line of over {MAX_EVENT_LINE_BYTES} bytes")
 
-    def next_event(self) -> dict:
+    def next_line(self) -> dict:
         timeout = self._first_timeout if self._first else self._idle_timeout
         self._first = False
         try:
@@ -156,20 +156,13 @@ class EventStream:
             raise EngineUnavailable("the engine closed the connection before answering")
         return json.loads(line)
 
-    def __iter__(self) -> Iterator[dict]:
-        while True:
-            event = self.next_event()
-            yield event
-            if event.get("type") in ("done", "error"):
-                return
-
     def close(self) -> None:
         try:
             self._sock.close()
         except OSError:
             pass
 
-    def __enter__(self) -> "EventStream":
+    def __enter__(self) -> "LineStream":
         return self
 
     def __exit__(self, *exc) -> None:

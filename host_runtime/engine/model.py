@@ -82,19 +82,25 @@ class ContextConfig:
     gpu_margin_bytes: int = 512 << 20  # each GPU keeps the larger of this and 5% free
     main_gpu: int | None = None  # only this GPU (llama-server's --split-mode none --main-gpu)
 
+    def plan_request(self, **also):
+        """These settings as the planner's request (placement/planner.PlanRequest): the one mapping of the two."""
+        from host_runtime.placement.planner import PlanRequest
+
+        return PlanRequest(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel,
+                           kv_budget_bytes=self.kv_budget_bytes, max_waiting=self.max_waiting,
+                           cpu_only=self.placement == "cpu", n_gpu_layers=self.n_gpu_layers,
+                           tensor_split=self.tensor_split, margin_min_bytes=self.gpu_margin_bytes, **also)
+
 
 def place(path: str | os.PathLike, config: ContextConfig, say=lambda phase, fraction=None: None):
     """The proven placement for this model and these settings (see host_runtime/placement); say(phase) is told
     each step, as each can take a while on a slow box."""
     from host_runtime.placement.model_table import ModelTableError, read_table
-    from host_runtime.placement.planner import PlacementError, PlanRequest
+    from host_runtime.placement.planner import PlacementError
     from host_runtime.placement.proof import ProofFailed, prove
     from host_runtime.placement.session import live_devices, only_main_gpu
 
-    request = PlanRequest(n_ctx_per_seq=config.n_ctx_per_seq, n_parallel=config.n_parallel,
-                          kv_budget_bytes=config.kv_budget_bytes, max_waiting=config.max_waiting,
-                          cpu_only=config.placement == "cpu", n_gpu_layers=config.n_gpu_layers,
-                          tensor_split=config.tensor_split, margin_min_bytes=config.gpu_margin_bytes)
+    request = config.plan_request()
     try:
         say("planning: reading the GGUF's tensor table")
         table = read_table(path)

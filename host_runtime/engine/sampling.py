@@ -2,26 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    grammar: str | None = None  # GBNF, from response_format
-    top_logprobs: int | None = None  # None: no logprobs; 0..N: chosen token plus N alternatives
-    ignore_eos: bool = False
-    logit_bias: dict[str, float] | None = None  # token id (as text, from JSON) -> bias; -100 bans it
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
+from host_runtime.engine.wire import SamplingParams  # noqa: F401  (the wire's type; the chain reads it)
 
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed

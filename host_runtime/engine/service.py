@@ -12,14 +12,16 @@ import time
 from pathlib import Path
 
 from host_runtime.common.sockets import peer_closed
-from host_runtime.engine.engine import EmbeddingCancelled, Engine, GenerationRequest, PrefixCacheConfig
+from host_runtime.engine.engine import EmbeddingCancelled, Engine, GenerationRequest
 from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine import wire
 from host_runtime.engine.ipc import LineReader, MessageTooLarge, send_message
-from host_runtime.engine.model import ContextConfig, LoadedModel, ModelLoadError, model_id_for
+from host_runtime.engine.model import LoadedModel, ModelLoadError, model_id_for
+from host_runtime.engine.options import EngineOptions
 from host_runtime.engine.prompt import PromptBuilder
-from host_runtime.engine.readiness import CanaryRecord, Verdict, WedgePolicy, judge
-from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected, SamplingParams
-from host_runtime.engine.speculation import SpeculationConfig
+from host_runtime.engine.readiness import CanaryRecord, Verdict, judge
+from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected
+from host_runtime.engine.wire import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +30,15 @@ EVENT_POLL_S = 0.05  # how often a waiting handler checks whether its worker hun
 
 
 class EngineService:
-    def __init__(self, model_path: str, config: ContextConfig, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
-                 governor_state: str | None = None, wedge: WedgePolicy = WedgePolicy(),
-                 speculation: SpeculationConfig = SpeculationConfig(), draft_model: str | None = None):
-        self.model_path = model_path
-        self.speculation = speculation
-        self.draft_model_path = draft_model  # speculation.kind "draft": the drafting model's GGUF
-        self.wedge = wedge
-        self.config = config
-        self.prefix_cache = prefix_cache
-        self.governor_state = governor_state
+    def __init__(self, options: EngineOptions):
+        self.options = options
+        self.model_path = model_path = options.model
+        self.speculation = options.speculation
+        self.draft_model_path = options.draft_model  # speculation.kind "draft": the drafting model's GGUF
+        self.wedge = options.wedge
+        self.config = options.context
+        self.prefix_cache = options.prefix_cache
+        self.governor_state = options.governor_state
         self.model_id = model_id_for(model_path)
         self.state = "loading"
         self.state_reason = "loading the model"
@@ -131,31 +132,31 @@ class EngineService:
 
     # ---- ops -------------------------------------------------------------------
 
-    def info(self) -> dict:
+    def info(self, _request: wire.Info | None = None) -> wire.EngineInfo:
         m = self.model
         figures = self.engine.metrics.snapshot() if self.engine else {}
-        return {"busy": bool(figures.get("requests_processing") or figures.get("requests_deferred")),"state": self.state, "reason": self.state_reason, "load_progress": self.load_progress,
-                "model_id": self.model_id, "model_path": str(Path(self.model_path).resolve()),
-                "tool_format": self.prompts.tool_format if self.prompts else None,
-                "n_ctx": m.n_ctx_per_seq if m else None, "n_parallel": m.n_parallel if m else None,
-                "max_waiting": m.capacity.max_waiting if m else None,
-                "placement": m.placement.to_json() if m else None,
-                "pooling": m.pooling if m else None,
-                "recent": self.engine.metrics.recent() if self.engine else None,
-                "pid": os.getpid()}
+        return wire.EngineInfo(
+            state=self.state, reason=self.state_reason, model_id=self.model_id,
+            model_path=str(Path(self.model_path).resolve()), pid=os.getpid(),
+            busy=bool(figures.get("requests_processing") or figures.get("requests_deferred")),
+            load_progress=self.load_progress, tool_format=self.prompts.tool_format if self.prompts else None,
+            n_ctx=m.n_ctx_per_seq if m else None, n_parallel=m.n_parallel if m else None,
+            max_waiting=m.capacity.max_waiting if m else None, placement=m.placement.to_json() if m else None,
+            pooling=m.pooling if m else None, recent=self.engine.metrics.recent() if self.engine else None)
 
-    def metrics_text(self) -> str:
+    def metrics_text(self, _request: wire.Metrics | None = None) -> wire.MetricsText:
         if self.engine is None:
             from host_runtime.engine.metrics import model_info_text
 
-            return model_info_text(self.model_id, self.state)
-        return self.engine.metrics.render(self.model_id, self.state)
+            return wire.MetricsText(model_info_text(self.model_id, self.state))
+        return wire.MetricsText(self.engine.metrics.render(self.model_id, self.state))
 
-    def readiness(self, max_age: float, wait: float) -> dict:
+    def readiness(self, request: wire.Ready) -> Verdict:
         """The verdict (engine/readiness.py). Starts a canary when the last passed more than max_age ago and none
         runs; waits up to `wait` for the one running, never cancels it, and otherwise answers from progress."""
+        max_age, wait = float(request.max_age), float(request.wait)
         if self.state != "ready":
-            return self.verdict().to_wire()
+            return self.verdict()
         with self._canary_lock:
             now = time.monotonic()
             stale = self._canary_passed_at is None or now - self._canary_passed_at >= max_age
@@ -166,23 +167,23 @@ class EngineService:
         note = self._submit_canary(done) if start else None
         if running and note is None:
             done.wait(max(0.0, wait))
-        return self.verdict(note).to_wire()
+        return self.verdict(note)
 
     def _submit_canary(self, done: threading.Event) -> str | None:
         """Submit the claimed canary; its events settle the record from the loop thread. A note when refused."""
         started = self._canary_started
 
-        def sink(event: dict) -> None:
-            if event["type"] not in ("done", "error"):
+        def sink(event) -> None:
+            if not isinstance(event, wire.FINAL):
                 return
             with self._canary_lock:
                 finished = time.monotonic()
                 self._canary_started = None
                 self._canary_seconds = finished - started
-                if event["type"] == "done":
+                if isinstance(event, wire.Done):
                     self._canary_passed_at, self._canary_failure = finished, None
                 else:
-                    self._canary_failure = event["error"]["message"]
+                    self._canary_failure = event.error.message
             self.engine.metrics.canary(finished - started)
             done.set()
 
@@ -211,87 +212,86 @@ class EngineService:
         return judge(self.state, self.state_reason, self.engine.progress.snapshot(), record, self.wedge,
                      self.load_progress)
 
-    def build_request(self, message: dict, sink) -> GenerationRequest:
+    def _check_ready(self) -> None:
         if self.state != "ready":
             raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
                                   code="model_not_ready", retry_after=5)
+
+    def _chat_tokens(self, prompt: wire.ChatPrompt) -> tuple[list[int], list[str]]:
+        return self.prompts.chat_tokens(prompt.messages, prompt.tools, bool(prompt.parallel_tool_calls))
+
+    def build_request(self, request: wire.Generate, sink) -> GenerationRequest:
+        self._check_ready()
         if self.model.pooling:
             raise RequestRejected(400, f"'{self.model_id}' is an embedding model (its GGUF declares "
                                   f"{self.model.pooling} pooling): it answers /v1/embeddings only",
                                   param="model", code="model_not_generative")
-        prompt = message["prompt"]
-        stops = list(message.get("stop") or [])
-        if "messages" in prompt:
-            tokens, template_stops = self.prompts.chat_tokens(prompt["messages"], prompt.get("tools"),
-                                                              bool(prompt.get("parallel_tool_calls", True)))
+        prompt = request.prompt
+        stops = list(request.stop)
+        if isinstance(prompt, wire.ChatPrompt):
+            tokens, template_stops = self._chat_tokens(prompt)
             stops += [s for s in template_stops if s not in stops]
             param = "messages"
         else:
-            tokens = self.prompts.completion_tokens(prompt["text"])
+            tokens = self.prompts.completion_tokens(prompt.text)
             param = "prompt"
-        max_tokens = self.engine.check_fits(len(tokens), message.get("max_tokens"), param)
-        bias = message.get("sampling", {}).get("logit_bias") or {}
-        if any(int(t) >= self.model.n_vocab for t in bias):
+        max_tokens = self.engine.check_fits(len(tokens), request.max_tokens, param)
+        sampling = request.sampling
+        if any(int(t) >= self.model.n_vocab for t in sampling.logit_bias or {}):
             raise RequestRejected(400, f"'logit_bias' names a token id past this model's vocabulary of "
                                   f"{self.model.n_vocab}", param="logit_bias")
-        grammar = message.get("sampling", {}).get("grammar")
         compiled = None
-        if grammar:
+        if sampling.grammar:
             try:  # parsed once, on this handler's thread (sampling.CompiledGrammar)
-                compiled = CompiledGrammar(self.model.model, grammar)
+                compiled = CompiledGrammar(self.model.model, sampling.grammar)
             except GrammarRejected as exc:
                 raise RequestRejected(400, f"'response_format': {exc}", param="response_format") from None
-        return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink,
-                                 sampling=SamplingParams(**message.get("sampling", {})), stops=stops,
-                                 n=int(message.get("n", 1)), speculation=bool(message.get("speculation", True)),
-                                 grammar=compiled, cache_scope=_cache_scope(message.get("cache_scope")))
+        return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink, sampling=sampling,
+                                 stops=stops, n=int(request.n), speculation=bool(request.speculation),
+                                 grammar=compiled, cache_scope=_cache_scope(request.cache_scope))
 
-    def count_tokens(self, message: dict) -> dict:
+    def count_tokens(self, request: wire.CountTokens) -> wire.TokenCount:
         """The prompt's length as the model sees it: the template rendered, then tokenized."""
-        if self.state != "ready":
-            raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
-                                  code="model_not_ready", retry_after=5)
-        prompt = message["prompt"]
-        tokens, _ = self.prompts.chat_tokens(prompt["messages"], prompt.get("tools"),
-                                             bool(prompt.get("parallel_tool_calls", True)))
-        return {"type": "result", "prompt_tokens": len(tokens)}
+        self._check_ready()
+        tokens, _ = self._chat_tokens(request.prompt)
+        return wire.TokenCount(len(tokens))
 
-    def tokens(self, message: dict) -> dict:
-        """llama-server's /tokenize (special markup parsed) and /detokenize."""
-        if self.state != "ready":
-            raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
-                                  code="model_not_ready", retry_after=5)
+    def tokenize(self, request: wire.Tokenize) -> wire.Tokenized:
+        """llama-server's /tokenize (special markup parsed)."""
+        self._check_ready()
         m = self.model
-        if message["op"] == "tokenize":
-            ids = m.tokenize(message["content"], add_bos=bool(message.get("add_special")) and m.add_bos(),
-                             special=True) if message["content"] else []
-            if not message.get("with_pieces"):
-                return {"type": "result", "result": {"tokens": ids}}
-            pieces = []
-            for t in ids:
-                raw = m.token_piece(t)
-                try:
-                    piece = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    piece = list(raw)  # part of a character: its bytes, as llama-server gives them
-                pieces.append({"id": t, "piece": piece})
-            return {"type": "result", "result": {"tokens": pieces}}
-        bad = [t for t in message["tokens"] if t >= m.n_vocab]
+        ids = m.tokenize(request.content, add_bos=bool(request.add_special) and m.add_bos(),
+                         special=True) if request.content else []
+        if not request.with_pieces:
+            return wire.Tokenized(ids)
+        pieces = []
+        for t in ids:
+            raw = m.token_piece(t)
+            try:
+                piece = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)  # part of a character: its bytes, as llama-server gives them
+            pieces.append({"id": t, "piece": piece})
+        return wire.Tokenized(pieces)
+
+    def detokenize(self, request: wire.Detokenize) -> wire.Detokenized:
+        """llama-server's /detokenize."""
+        self._check_ready()
+        m = self.model
+        bad = [t for t in request.tokens if t >= m.n_vocab]
         if bad:
             raise RequestRejected(400, f"'tokens' has ids past this model's vocabulary of {m.n_vocab}: {bad[:5]}",
                                   param="tokens")
-        text = b"".join(m.token_piece(t) for t in message["tokens"]).decode("utf-8", errors="replace")
-        return {"type": "result", "result": {"content": text}}
+        return wire.Detokenized(b"".join(m.token_piece(t) for t in request.tokens).decode("utf-8",
+                                                                                         errors="replace"))
 
-    def embed(self, message: dict, cancelled=lambda: False) -> dict:
-        if self.state != "ready":
-            raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
-                                  code="model_not_ready", retry_after=5)
+    def embed(self, request: wire.Embed, cancelled=lambda: False) -> wire.Embeddings:
+        self._check_ready()
         if self.model.pooling == "rank":
             raise RequestRejected(400, f"'{self.model_id}' is a reranking model: its pooling gives scores, not "
                                   "embeddings", param="model", code="model_not_embedding")
-        vectors, n_tokens = self.engine.embed(list(message["inputs"]), cancelled)
-        return {"type": "result", "data": vectors, "prompt_tokens": n_tokens}
+        vectors, n_tokens = self.engine.embed(list(request.inputs), cancelled)
+        return wire.Embeddings(vectors, n_tokens)
 
 
 def _cache_scope(name) -> int | None:
@@ -304,64 +304,61 @@ def _cache_scope(name) -> int | None:
 class _Handler(socketserver.BaseRequestHandler):
     service: EngineService
 
+    def _answer_once(self, sock: socket.socket, request) -> None:
+        """The ops answered by one reply, from the table below; a refusal is the reply's Error."""
+        service = self.service
+        answer = {wire.Info: service.info, wire.Metrics: service.metrics_text, wire.Ready: service.readiness,
+                  wire.CountTokens: service.count_tokens, wire.Tokenize: service.tokenize,
+                  wire.Detokenize: service.detokenize,
+                  wire.Embed: lambda r: service.embed(r, lambda: peer_closed(sock))}[type(request)]
+        try:
+            reply = answer(request)
+        except RequestRejected as exc:
+            reply = wire.Error(exc)
+        send_message(sock, wire.event_to_wire(reply))
+
     def handle(self) -> None:
         sock: socket.socket = self.request
         try:
-            message = LineReader(sock).read()
+            line = LineReader(sock).read()
+            if not line:
+                return
+            request = wire.request_from_wire(line)
         except MessageTooLarge as exc:
-            try:
-                send_message(sock, {"type": "error", "error": RequestRejected(413, str(exc),
-                                                                              code="request_too_large").to_wire()})
-            except OSError:
-                pass
+            self._refuse(sock, RequestRejected(413, str(exc), code="request_too_large"))
+            return
+        except wire.WireError as exc:
+            self._refuse(sock, RequestRejected(400, f"a malformed engine call: {exc}", code="bad_engine_call"))
             return
         except (OSError, ValueError):
             return
-        if not message:
-            return
-        op = message.get("op")
         try:
-            if op == "info":
-                send_message(sock, self.service.info())
-            elif op == "metrics":
-                send_message(sock, {"text": self.service.metrics_text()})
-            elif op == "ready":
-                send_message(sock, self.service.readiness(float(message.get("max_age", 5)),
-                                                          float(message.get("wait", 2))))
-            elif op == "embed":
-                try:
-                    send_message(sock, self.service.embed(message, lambda: peer_closed(sock)))
-                except EmbeddingCancelled:
-                    return
-                except RequestRejected as exc:
-                    send_message(sock, {"type": "error", "error": exc.to_wire()})
-            elif op == "count_tokens":
-                try:
-                    send_message(sock, self.service.count_tokens(message))
-                except RequestRejected as exc:
-                    send_message(sock, {"type": "error", "error": exc.to_wire()})
-            elif op in ("tokenize", "detokenize"):
-                try:
-                    send_message(sock, self.service.tokens(message))
-                except RequestRejected as exc:
-                    send_message(sock, {"type": "error", "error": exc.to_wire()})
-            elif op == "generate":
-                self._generate(sock, message)
+            if isinstance(request, wire.Generate):
+                self._generate(sock, request)
             else:
-                send_message(sock, {"type": "error", "error": RequestRejected(500, f"unknown engine op {op!r}").to_wire()})
+                self._answer_once(sock, request)
+        except EmbeddingCancelled:
+            return  # its client left: nobody reads an answer
         except (BrokenPipeError, ConnectionResetError):
             pass
 
-    def _generate(self, sock: socket.socket, message: dict) -> None:
+    @staticmethod
+    def _refuse(sock: socket.socket, rejected: RequestRejected) -> None:
+        try:
+            send_message(sock, wire.event_to_wire(wire.Error(rejected)))
+        except OSError:
+            pass
+
+    def _generate(self, sock: socket.socket, message: wire.Generate) -> None:
         events: queue.Queue = queue.Queue()
         try:
             request = self.service.build_request(message, events.put)
             self.service.engine.submit(request)
         except RequestRejected as exc:
-            send_message(sock, {"type": "error", "error": exc.to_wire()})
+            send_message(sock, wire.event_to_wire(wire.Error(exc)))
             return
         try:
-            send_message(sock, {"type": "accepted", "prompt_tokens": len(request.prompt_tokens)})
+            send_message(sock, wire.event_to_wire(wire.Accepted(len(request.prompt_tokens))))
             while True:
                 try:
                     event = events.get(timeout=EVENT_POLL_S)
@@ -370,8 +367,8 @@ class _Handler(socketserver.BaseRequestHandler):
                         request.cancel()
                         return
                     continue
-                send_message(sock, event)
-                if event["type"] in ("done", "error"):
+                send_message(sock, wire.event_to_wire(event))
+                if isinstance(event, wire.FINAL):
                     return
         except OSError:
             request.cancel()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from host_runtime.placement.model_table import ModelTableError, read_table
-from host_runtime.placement.planner import Device, Host, Placement, PlacementError, PlanRequest, plan
+from host_runtime.placement.planner import Device, Host, Placement, PlacementError, plan
 
 
 class PlanInputsError(Exception):
@@ -57,16 +57,14 @@ def live_devices() -> tuple[list[Device], Host]:
              for d in list_devices()], Host(vm.available, vm.total))
 
 
-def plan_for_cli(model_path: str, *, ctx_size: int, parallel: int | None, kv_budget_bytes: int, n_batch: int,
-                 placement: str, n_gpu_layers: int | None, tensor_split: tuple[float, ...] | None,
-                 topology: str | None, gpu_margin_bytes: int = 512 << 20, main_gpu: int | None = None) -> Outcome:
+def plan_for_cli(model_path: str, context, *, n_batch: int, topology: str | None) -> Outcome:
+    """`everycycle plan`: context is the engine's settings (engine.model.ContextConfig), n_batch llama.cpp's."""
     try:
         table = read_table(model_path)
     except ModelTableError as exc:
         raise PlanInputsError(f"--model: {exc}") from None
-    request = PlanRequest(n_ctx_per_seq=ctx_size, n_parallel=parallel, kv_budget_bytes=kv_budget_bytes,
-                          n_ubatch=n_batch, cpu_only=placement == "cpu", n_gpu_layers=n_gpu_layers,
-                          tensor_split=tensor_split, margin_min_bytes=gpu_margin_bytes)
+    request = context.plan_request(n_ubatch=n_batch)
+    main_gpu = context.main_gpu
     if topology:
         try:
             doc = json.loads(Path(topology).read_text())
@@ -92,12 +90,15 @@ def plan_for_cli(model_path: str, *, ctx_size: int, parallel: int | None, kv_bud
     return Outcome(placement_, None, True, f"compute buffers from {len(runs)} llama.cpp dry run(s) (no_alloc)")
 
 
-def resident_bytes_for(model_path: str, *, ctx_size: int, parallel: int | None, kv_budget_bytes: int) -> int:
+def resident_bytes_for(model_path: str, context) -> int:
     """What a model holds once loaded, by the planner's accounting with all of it on the CPU: the weights from its
     tensor table, the KV cache of the sequences these settings give it, and the compute buffers (estimated). The
-    engine pool counts models against its memory budget with it. Raises ModelTableError for an unreadable file."""
+    engine pool counts models against its memory budget with it. context: the engine's settings
+    (engine.model.ContextConfig). Raises ModelTableError for an unreadable file."""
+    from dataclasses import replace
+
     table = read_table(model_path)
     unlimited = Host(1 << 62, 1 << 62)  # the figure, not a fit: the pool decides what fits its budget
-    placement_ = plan(table, [], unlimited, PlanRequest(n_ctx_per_seq=ctx_size, n_parallel=parallel,
-                                                          kv_budget_bytes=kv_budget_bytes, cpu_only=True))
+    request = replace(context.plan_request(), cpu_only=True, n_gpu_layers=None, tensor_split=None)
+    placement_ = plan(table, [], unlimited, request)
     return sum(s.used_bytes for s in placement_.shares)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from typing import Iterator
 
-from host_runtime.engine.ipc import ClientGone, EngineUnavailable, EventStream
+from host_runtime.engine import wire as engine_wire
+from host_runtime.engine.client import GenerationStream
+from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.serving import anthropic_protocol as wire
-from host_runtime.serving.errors import APIError
-from host_runtime.serving.handlers import ServingLogic, call_engine, client_left, engine_down
+from host_runtime.serving.handlers import Choices, ServingLogic, call_engine, engine_down
 from host_runtime.serving.protocol import GenerationCall
 from host_runtime.serving.tool_calls import ToolCallStream, parse_output
 
@@ -18,32 +19,16 @@ class MessagesLogic:
     def __init__(self, logic: ServingLogic):
         self.logic = logic
 
-    def count_tokens(self, message: dict) -> dict:
-        return {"input_tokens": call_engine(self.logic.client, message, 30.0)["prompt_tokens"]}
+    def count_tokens(self, request: engine_wire.CountTokens) -> dict:
+        return {"input_tokens": call_engine(self.logic.client, request, 30.0).prompt_tokens}
 
     def complete(self, call: GenerationCall, model_id: str, client_gone=None) -> dict:
-        stream, prompt_tokens = self.logic._open(call, client_gone)
-        text, finish, stop_string, output_tokens, cached = "", None, None, 0, 0
-        with stream:
-            try:
-                for event in stream:
-                    kind = event["type"]
-                    if kind == "token":
-                        text += event["text"]
-                    elif kind == "finish":
-                        finish, stop_string = event["finish_reason"], event.get("stop_string")
-                        output_tokens = event["completion_tokens"]
-                    elif kind == "done":
-                        cached = int(event.get("cached_tokens", 0))
-                    elif kind == "error":
-                        raise APIError.from_engine(event["error"])
-            except ClientGone:
-                raise client_left() from None
-            except EngineUnavailable as exc:
-                raise engine_down(exc) from None
-        tools = call.extra.get("tools")
+        stream = self.logic._open(call, client_gone)
+        choices = Choices(1, stream.prompt_tokens).gather(stream)
+        text, finish, stop_string = choices.text[0], choices.finish[0], choices.stop_string[0]
+        tools = call.tools
         content, calls = parse_output(text, tools, truncated=finish == "length") if tools else (text, [])
-        if not call.extra["tool_choice"].parallel:
+        if not call.tool_choice.parallel:
             calls = calls[:1]
         if not calls:
             content = text
@@ -52,16 +37,15 @@ class MessagesLogic:
         stop_reason, stop_sequence = wire.stop_of(finish, stop_string, call, bool(calls))
         return {"id": wire.message_id(), "type": "message", "role": "assistant", "model": model_id,
                 "content": blocks, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-                "usage": wire.usage(prompt_tokens, output_tokens, cached)}
+                "usage": wire.usage(choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens)}
 
     def stream(self, call: GenerationCall, model_id: str) -> Iterator[bytes]:
         """Open the generation now (so refusals are real HTTP errors), then stream the events."""
-        stream, prompt_tokens = self.logic._open(call)
-        return self._events(stream, prompt_tokens, call, model_id)
+        return self._events(self.logic._open(call), call, model_id)
 
-    def _events(self, stream: EventStream, prompt_tokens: int, call: GenerationCall,
-                model_id: str) -> Iterator[bytes]:
-        tools = call.extra.get("tools")
+    def _events(self, stream: GenerationStream, call: GenerationCall, model_id: str) -> Iterator[bytes]:
+        prompt_tokens = stream.prompt_tokens
+        tools = call.tools
         splitter = ToolCallStream(tools) if tools else None
         index = 0
         text_open = False
@@ -84,19 +68,17 @@ class MessagesLogic:
             yield wire.sse("ping", {"type": "ping"})
             finish, stop_string, output_tokens, calls = None, None, 0, []
             for event in stream:
-                kind = event["type"]
-                if kind == "token":
-                    yield from text_delta(splitter.feed(event["text"]) if splitter else event["text"])
-                elif kind == "finish":
-                    finish, stop_string = event["finish_reason"], event.get("stop_string")
-                    output_tokens = event["completion_tokens"]
+                if isinstance(event, engine_wire.Token):
+                    yield from text_delta(splitter.feed(event.text) if splitter else event.text)
+                elif isinstance(event, engine_wire.Finish):
+                    finish, stop_string = event.finish_reason, event.stop_string
+                    output_tokens = event.completion_tokens
                     if splitter:
                         rest, calls = splitter.finish(truncated=finish == "length")
-                        calls = calls if call.extra["tool_choice"].parallel else calls[:1]
+                        calls = calls if call.tool_choice.parallel else calls[:1]
                         yield from text_delta(rest)
-                elif kind == "error":
-                    err = APIError.from_engine(event["error"])
-                    yield wire.sse("error", wire.error_body(err))
+                elif isinstance(event, engine_wire.Error):
+                    yield wire.sse("error", wire.error_body(event.error))
                     return
             if not text_open and not calls:  # a Message has at least one block, if only an empty one
                 text_open = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 
+from host_runtime.engine import wire as engine_wire
 from host_runtime.serving import protocol
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import GenerationCall, bad, check_model, field_of, int_in, number_in
@@ -159,27 +160,25 @@ def parse_messages(body: dict, served_model: str, tool_format: str = "generic") 
             raise bad("'output_config.format' and a forced tool use cannot both constrain the answer",
                       "output_config.format")
         grammar = structured
-    message = {"op": "generate", "max_tokens": max_tokens, "n": 1, "stop": list(stops or []),
-               "sampling": {"temperature": number_in(body, "temperature", 0.0, 1.0, 1.0),
-                            "top_p": number_in(body, "top_p", 0.0, 1.0, 1.0), "presence_penalty": 0.0,
-                            "frequency_penalty": 0.0, "seed": None, "grammar": grammar, "logit_bias": None,
-                            "top_logprobs": None},
-               "prompt": {"messages": messages, "tools": [t.wire() for t in tools] if choice.mode != "none" else None,
-                          "parallel_tool_calls": choice.parallel}}
-    if message["sampling"]["top_p"] == 0.0:
+    sampling = engine_wire.SamplingParams(temperature=number_in(body, "temperature", 0.0, 1.0, 1.0),
+                                          top_p=number_in(body, "top_p", 0.0, 1.0, 1.0), grammar=grammar)
+    if sampling.top_p == 0.0:
         raise bad("'top_p' must be greater than 0", "top_p")
     stream = field_of(body, "stream", bool, False)
-    return GenerationCall(message, stream, False, 1, False,
-                          extra={"tools": tools if choice.mode != "none" else [], "tool_choice": choice,
-                                 "stop_sequences": list(stops or [])})
+    offered = tools if choice.mode != "none" else []
+    request = engine_wire.Generate(_prompt(messages, offered, choice), max_tokens, 1, list(stops or []), sampling)
+    return GenerationCall(request, stream, False, False, tools=offered, tool_choice=choice,
+                          stop_sequences=list(stops or []))
 
 
-def parse_count_tokens(body: dict, served_model: str) -> dict:
+def _prompt(messages: list[dict], offered: list, choice) -> engine_wire.ChatPrompt:
+    return engine_wire.ChatPrompt(messages, [t.wire() for t in offered] or None, choice.parallel)
+
+
+def parse_count_tokens(body: dict, served_model: str) -> engine_wire.CountTokens:
     check_model(body, served_model)
     tools, choice = _tools(body)
-    return {"op": "count_tokens", "prompt": {"messages": _messages(body),
-                                             "tools": [t.wire() for t in tools] if choice.mode != "none" else None,
-                                             "parallel_tool_calls": choice.parallel}}
+    return engine_wire.CountTokens(_prompt(_messages(body), tools if choice.mode != "none" else [], choice))
 
 
 # ---- answers ---------------------------------------------------------------------------------------------------
@@ -197,7 +196,7 @@ def stop_of(finish: str | None, stop_string: str | None, call: GenerationCall, h
     """(stop_reason, stop_sequence): only the caller's own stop_sequences are reported as such."""
     if has_calls and finish == "stop":
         return "tool_use", None
-    if finish == "stop" and stop_string is not None and stop_string in call.extra.get("stop_sequences", []):
+    if finish == "stop" and stop_string is not None and stop_string in call.stop_sequences:
         return "stop_sequence", stop_string
     return STOP_REASONS.get(finish or "stop", "end_turn"), None
 

@@ -13,7 +13,10 @@ import falcon
 
 from host_runtime.auth.keystore import KeyVerifier
 from host_runtime.common.sockets import peer_closed
-from host_runtime.engine.ipc import EngineClient, EngineUnavailable
+from host_runtime.engine import wire
+from host_runtime.engine.client import EngineClient
+from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.engine.readiness import Verdict, WedgePolicy, unanswered
 from host_runtime.serving import anthropic_protocol, protocol
 from host_runtime.serving.anthropic_logic import MessagesLogic
@@ -194,8 +197,8 @@ class Health:
 
     def on_get(self, req, resp):
         try:
-            info = self._client.call({"op": "info"}, timeout=1.0)
-            engine, detail = info["state"], info.get("reason")
+            info = self._client.info(timeout=1.0)
+            engine, detail = info.state, info.reason
         except EngineUnavailable as exc:
             engine, detail = "unreachable", str(exc)
         from host_runtime.update.system import status
@@ -219,9 +222,7 @@ class Ready:
     def on_get(self, req, resp):
         wait = self._config.ready_wait_s
         try:
-            doc = self._client.call({"op": "ready", "max_age": self._config.ready_max_age_s, "wait": wait},
-                                    timeout=wait + 3.0)
-            verdict = Verdict.from_wire(doc)
+            verdict = self._client.call(wire.Ready(self._config.ready_max_age_s, wait), timeout=wait + 3.0)
             with self._lock:
                 self._last, self._answered_at = verdict, time.monotonic()
         except EngineUnavailable as exc:
@@ -250,13 +251,13 @@ class Metrics:
 
         resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
         try:
-            texts = [self._router.default.call({"op": "metrics"}, timeout=5.0)["text"]]
+            texts = [self._router.default.call(wire.Metrics(), timeout=5.0).text]
         except EngineUnavailable:
             resp.text = up_text(False) + self._governor_text()
             return
         for client in self._router.loaded_clients()[1:]:  # engines loaded on demand: the model label tells apart
             try:
-                texts.append(client.call({"op": "metrics"}, timeout=5.0)["text"])
+                texts.append(client.call(wire.Metrics(), timeout=5.0).text)
             except EngineUnavailable:
                 continue
         resp.text = (up_text(True) + (texts[0] if len(texts) == 1 else merge(texts)) + self._router.pool_metrics()
@@ -325,9 +326,9 @@ class Tokens:
 
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
-        message = (protocol.parse_tokenize(body) if self._op == "tokenize" else protocol.parse_detokenize(body))
+        request = (protocol.parse_tokenize(body) if self._op == "tokenize" else protocol.parse_detokenize(body))
         client, _ = self._router.engine_for(body.get("model"))  # llama-server's shape has no model: the default
-        _json(resp, call_engine(client, message, 30.0)["result"])
+        _json(resp, asdict(call_engine(client, request, 30.0)))
 
 
 class Generation:
@@ -339,12 +340,12 @@ class Generation:
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
-        model_id = info["model_id"]
+        model_id = info.model_id
         if self._kind == "chat":
-            call = protocol.parse_chat(body, model_id, info.get("tool_format") or "generic")
+            call = protocol.parse_chat(body, model_id, info.tool_format or "generic")
         else:
             call = protocol.parse_completion(body, model_id)
-        call.engine_message["cache_scope"] = cache_scope(req, self._config)
+        call = call.scoped(cache_scope(req, self._config))
         logic = ServingLogic(client)
         if call.stream:
             event_stream(resp, logic.stream(call, self._kind, model_id))
@@ -363,18 +364,18 @@ class Messages:
         body = read_json(req, self._config.max_body_bytes)
         client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
         logic = MessagesLogic(ServingLogic(client))
-        call = anthropic_protocol.parse_messages(body, info["model_id"], info.get("tool_format") or "generic")
-        call.engine_message["cache_scope"] = cache_scope(req, self._config)
+        call = anthropic_protocol.parse_messages(body, info.model_id, info.tool_format or "generic")
+        call = call.scoped(cache_scope(req, self._config))
         if call.stream:
-            event_stream(resp, logic.stream(call, info["model_id"]))
+            event_stream(resp, logic.stream(call, info.model_id))
         else:
-            _json(resp, logic.complete(call, info["model_id"], client_watch(req)))
+            _json(resp, logic.complete(call, info.model_id, client_watch(req)))
 
     def on_post_count(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         client, info = self._router.engine_for(body.get("model"))
         logic = MessagesLogic(ServingLogic(client))
-        _json(resp, logic.count_tokens(anthropic_protocol.parse_count_tokens(body, info["model_id"])))
+        _json(resp, logic.count_tokens(anthropic_protocol.parse_count_tokens(body, info.model_id)))
 
 
 class Embeddings:
@@ -385,7 +386,7 @@ class Embeddings:
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
-        model_id = info["model_id"]
+        model_id = info.model_id
         _json(resp, ServingLogic(client).embed(protocol.parse_embeddings(body, model_id), model_id,
                                                client_watch(req)))
 
@@ -426,5 +427,5 @@ def create_app(config: AppConfig) -> falcon.App:
     # Most specific last: falcon picks the handler registered for the closest class.
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPError, handle_falcon_error)
-    app.add_error_handler(APIError, handle_api_error)
+    app.add_error_handler(RequestRejected, handle_api_error)
     return app

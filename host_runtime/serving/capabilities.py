@@ -8,28 +8,30 @@ import socket
 import time
 from pathlib import Path
 
-from host_runtime.engine.ipc import EngineClient, EngineUnavailable
+from host_runtime.engine.client import EngineClient
+from host_runtime.engine.ipc import EngineUnavailable
+from host_runtime.engine.wire import EngineInfo
 from host_runtime.fleet.capabilities import (Capabilities, ModelCapability, draining_from_update, governor_view)
 
 
-def _model(row, info: dict | None) -> ModelCapability:
+def _model(row, info: EngineInfo | None) -> ModelCapability:
     """row: the pool's PoolModel; info: its engine's answer to `info`, when it has a ready one."""
-    if not info or info.get("state") != "ready":
+    if info is None or not info.ready:
         return ModelCapability(row.id, row.state, row.context_length, row.pinned)
-    recent = info.get("recent") or {}
-    placement = {d["device"]: d["n_layers"] for d in (info.get("placement") or {}).get("devices", [])}
-    total = info.get("n_parallel") or 0
+    recent = info.recent or {}
+    placement = {d["device"]: d["n_layers"] for d in (info.placement or {}).get("devices", [])}
+    total = info.n_parallel or 0
     allowed = recent.get("sequences_allowed") or total  # the governor's hint, once the engine has read it
     running = int(recent.get("running") or 0)
     return ModelCapability(
-        row.id, "loaded", row.context_length or info.get("n_ctx"), row.pinned, placement,
+        row.id, "loaded", row.context_length or info.n_ctx, row.pinned, placement,
         slots_total=total, slots_free=max(0, min(total, allowed) - running),
         queue_depth=int(recent.get("waiting") or 0), tokens_per_s=recent.get("tokens_per_s"),
         ttft_p50_s=recent.get("ttft_p50_s"), prefix_cache_bytes=dict(recent.get("prefix_cache_bytes") or {}),
-        kv_bytes_per_token=(info.get("placement") or {}).get("kv_bytes_per_token"))
+        kv_bytes_per_token=(info.placement or {}).get("kv_bytes_per_token"))
 
 
-def hardware(infos: list[dict]) -> dict:
+def hardware(infos: list[EngineInfo]) -> dict:
     """This machine's memory and threads, and the devices the loaded models' placements use (each once)."""
     import os
 
@@ -37,7 +39,7 @@ def hardware(infos: list[dict]) -> dict:
 
     accelerators = {}
     for info in infos:
-        for d in (info.get("placement") or {}).get("devices", []):
+        for d in (info.placement or {}).get("devices", []):
             accelerators.setdefault(d["device"], {"device": d["device"], "description": d.get("description", ""),
                                                   "memory_bytes": d.get("capacity_bytes")})
     return {"host_memory_bytes": psutil.virtual_memory().total, "cpu_count": os.cpu_count(),
@@ -49,18 +51,18 @@ def gather(router, governor_state: str | None) -> Capabilities:
     from host_runtime.update.system import status
 
     rows = router.models()
-    default_id = router.default_info().get("model_id")
+    default_id = router.default_info().model_id
     models, infos = [], []
     for row in rows:
         client = router.default if row.id == default_id else (EngineClient(row.socket) if row.socket else None)
         info = None
         if client is not None:
             try:
-                info = client.call({"op": "info"}, timeout=2.0)
+                info = client.info(timeout=2.0)
             except EngineUnavailable:
                 info = None
         models.append(_model(row, info))
-        infos += [info] if info and info.get("state") == "ready" else []
+        infos += [info] if info is not None and info.ready else []
     state, fresh, missing = None, False, "no governor state configured (--governor-state)"
     if governor_state:
         try:

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from host_runtime.engine.errors import RequestRejected
-from host_runtime.engine.ipc import EngineClient, EngineUnavailable, LineReader, MessageTooLarge, send_message
+from host_runtime.engine.client import EngineClient
+from host_runtime.engine.ipc import EngineUnavailable, LineReader, MessageTooLarge, send_message
 from host_runtime.models.residency import Resident, expired, plan_load
 from host_runtime.models.store import Store
 from host_runtime.serving.pool_protocol import (DEFAULT_KEEP_ALIVE, Acquire, Acquired, Download, ListModels, PoolModel,
@@ -43,8 +44,8 @@ class Loaded:
 
 class EnginePool:
     def __init__(self, *, run_dir: Path, default_name: str, default_path: str, default_socket: str, default_child,
-                 engine_argv, store: Store | None, budget_bytes: int, need_for, keep_alive_s: float | None):
-        """engine_argv(socket, model_path) -> the command line of an engine for that model; need_for(model_path)
+                 engine_options, store: Store | None, budget_bytes: int, need_for, keep_alive_s: float | None):
+        """engine_options(model_path) -> the settings of an engine for that model; need_for(model_path)
         -> the bytes it holds once loaded, by the placement planner's accounting (weights, KV, compute)."""
         self.run_dir = run_dir
         self.control_socket = str(run_dir / "models.sock")
@@ -53,7 +54,7 @@ class EnginePool:
         self._need_for = need_for
         self._needs: dict[tuple[str, float], int] = {}
         self.keep_alive_s = keep_alive_s
-        self.engine_argv = engine_argv
+        self.engine_options = engine_options
         self.default_name = default_name
         self._lock = threading.Lock()
         self._loaded: dict[str, Loaded] = {default_name: Loaded(
@@ -165,7 +166,7 @@ class EnginePool:
             socket_path = str(self.run_dir / f"engine-{name}.sock")
             from host_runtime.serving.gunicorn_runner import EngineChild
 
-            child = EngineChild(self.engine_argv(socket_path, info["path"]))
+            child = EngineChild(socket_path, self.engine_options(info["path"]))
             # Listed from now on (a second acquire of it waits for this load); started once the victims are gone.
             self._loaded[name] = Loaded(name, info["path"], socket_path, child, bool(info["pinned"]), keep)
             self.loads[name] += 1
@@ -329,7 +330,7 @@ def _refusal(status: int, message: str, **kw) -> RequestRejected:
 def _engine_state(socket_path: str) -> str:
     """loaded, loading, or failed, as the engine says."""
     try:
-        state = EngineClient(socket_path).call({"op": "info"}, timeout=1.0).get("state")
+        state = EngineClient(socket_path).info(timeout=1.0).state
     except EngineUnavailable:
         return "loading"
     return {"ready": "loaded", "loading": "loading"}.get(state, state or "loading")
@@ -347,6 +348,6 @@ def _rss(proc) -> int | None:
 
 def _engine_busy(socket_path: str) -> bool:
     try:
-        return bool(EngineClient(socket_path).call({"op": "info"}, timeout=1.0).get("busy"))
+        return EngineClient(socket_path).info(timeout=1.0).busy
     except EngineUnavailable:
         return True  # starting or stuck: not a candidate to unload now

@@ -7,45 +7,26 @@ import logging
 
 import falcon
 
+from host_runtime.engine.errors import RequestRejected
+
 log = logging.getLogger(__name__)
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 error_type: str | None = None, retry_after: int | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.error_type = error_type or _default_type(status)
-        self.retry_after = retry_after
+class APIError(RequestRejected):
+    """A refusal made by the API's own checks; the engine's and the pool's (RequestRejected) are answered alike."""
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
-
-    @classmethod
-    def from_engine(cls, wire: dict) -> "APIError":
-        return cls(int(wire.get("status", 500)), str(wire.get("message", "engine error")), param=wire.get("param"),
-                   code=wire.get("code"), error_type=wire.get("type"), retry_after=wire.get("retry_after"))
+        return body_of(self)
 
 
-def _default_type(status: int) -> str:
-    if status == 401:
-        return "authentication_error"
-    if status == 404:
-        return "not_found_error"
-    if status == 429:
-        return "rate_limit_error"
-    if status >= 500:
-        return "server_error"
-    return "invalid_request_error"
+def body_of(err: RequestRejected) -> dict:
+    return {"error": {"message": err.message, "type": err.error_type, "param": err.param, "code": err.code}}
 
 
 ANTHROPIC_PATHS = ("/v1/messages",)  # answered in the Messages API's error shape
 
 
-def _write(resp: falcon.Response, err: APIError, req=None) -> None:
+def _write(resp: falcon.Response, err: RequestRejected, req=None) -> None:
     resp.status = falcon.code_to_http_status(err.status)
     resp.content_type = falcon.MEDIA_JSON
     if req is not None and req.path.startswith(ANTHROPIC_PATHS):
@@ -53,14 +34,15 @@ def _write(resp: falcon.Response, err: APIError, req=None) -> None:
 
         resp.text = json.dumps(error_body(err))
     else:
-        resp.text = json.dumps(err.body())
+        resp.text = json.dumps(body_of(err))
     if err.retry_after is not None:
         resp.set_header("Retry-After", str(err.retry_after))
     if err.status == 401:
         resp.set_header("WWW-Authenticate", "Bearer")
 
 
-def handle_api_error(req, resp, err: APIError, params) -> None:
+def handle_api_error(req, resp, err: RequestRejected, params) -> None:
+    """APIError and the engine's or pool's RequestRejected alike."""
     _write(resp, err, req)
 
 

@@ -31,14 +31,24 @@ def _die_with_parent() -> None:
 
 
 class EngineChild:
-    def __init__(self, argv: list[str]):
-        self.argv = argv
+    """An engine process (`everycycle engine`) for one model, its settings (engine/options.EngineOptions) given
+    to it as themselves on its stdin."""
+
+    def __init__(self, socket_path: str, options):
+        self.socket_path = socket_path
+        self.options = options
+        self.argv = [sys.executable, "-m", "host_runtime.cli", "engine", "--socket", socket_path, "--options-stdin"]
         self.proc: subprocess.Popen | None = None
         self.stopping = False
 
     def start(self, on_unexpected_exit) -> None:
-        self.proc = subprocess.Popen(self.argv, preexec_fn=_die_with_parent)
-        log.info("engine started (pid %d)", self.proc.pid)
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, preexec_fn=_die_with_parent)
+        try:
+            self.proc.stdin.write(self.options.to_json().encode())
+            self.proc.stdin.close()
+        except OSError as exc:  # it died before reading: its exit code says why, the watcher reports it
+            log.error("the engine (pid %d) did not take its settings: %s", self.proc.pid, exc)
+        log.info("engine started (pid %d) for %s", self.proc.pid, self.options.model)
 
         def watch():
             code = self.proc.wait()
@@ -103,21 +113,3 @@ class ServingApplication(BaseApplication):
 
     def load(self):
         return create_app(self.app_config)
-
-
-ENGINE_OPTIONS = ("threads", "decode_threads", "ctx_size", "parallel", "kv_budget_mib", "max_queue", "placement", "gpu_layers",
-                  "tensor_split", "main_gpu", "gpu_margin_mib", "prefix_cache_ram_mib", "prefix_cache_disk_mib", "prefix_cache_dir", "no_prefix_cache",
-                  "mixed_batches", "speculation", "draft_max", "draft_always", "draft_p_min", "draft_model", "governor_state", "wedge_floor")
-
-
-def engine_argv(socket_path: str, model: str, args) -> list[str]:
-    """The engine's command line: the serve options that belong to the engine, passed through."""
-    argv = [sys.executable, "-m", "host_runtime.cli", "engine", "--socket", socket_path, "--model", model]
-    for name in ENGINE_OPTIONS:
-        value = getattr(args, name)
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is not None and value is not False:
-            argv += [flag, str(value)]
-    return argv

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from host_runtime.engine.errors import RequestRejected
-from host_runtime.engine.ipc import EngineClient
+from host_runtime.engine.ipc import LineClient
 
 DEFAULT_KEEP_ALIVE = "default"  # the request said nothing: the pool's --keep-alive applies
 
@@ -98,10 +98,7 @@ def refusal_to_wire(rejected: RequestRejected) -> dict:
 
 def _raise_refusal(reply: dict) -> dict:
     if "error" in reply:
-        e = reply["error"]
-        raise RequestRejected(int(e.get("status", 500)), str(e.get("message", "engine pool error")),
-                              param=e.get("param"), code=e.get("code"),
-                              error_type=e.get("type") or "server_error", retry_after=e.get("retry_after"))
+        raise RequestRejected.from_wire(reply["error"])
     return reply
 
 
@@ -109,7 +106,7 @@ class PoolClient:
     """Calls to the pool. EngineUnavailable when it does not answer; RequestRejected when it refuses."""
 
     def __init__(self, socket_path: str):
-        self._client = EngineClient(socket_path)
+        self._client = LineClient(socket_path)
 
     def _call(self, request, timeout: float) -> dict:
         return _raise_refusal(self._client.call(request_to_wire(request), timeout=timeout))

@@ -6,8 +6,9 @@ Every refusal names the field (`param`) and what was expected.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from host_runtime.engine import wire
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
 
@@ -114,13 +115,22 @@ def check_model(body: dict, served: str) -> str:
 
 @dataclass
 class GenerationCall:
-    """What the serving logic needs: the engine message plus how to shape the answer."""
-    engine_message: dict
+    """What the serving logic needs: the engine's request plus how to shape the answer."""
+    request: wire.Generate
     stream: bool
     include_usage: bool
-    n: int
     logprobs: bool
-    extra: dict = field(default_factory=dict)
+    tools: list = field(default_factory=list)  # tool_calls.Tool offered to the model (read back from its answer)
+    tool_choice: object = None                 # tool_calls.ToolChoice, where tools may be offered
+    stop_sequences: list[str] = field(default_factory=list)  # the caller's own (Anthropic reports them)
+
+    @property
+    def n(self) -> int:
+        return self.request.n
+
+    def scoped(self, cache_scope: str | None) -> "GenerationCall":
+        """The same call, its prefix-cache scope set (the serving API's, from the request's key)."""
+        return replace(self, request=replace(self.request, cache_scope=cache_scope))
 
 
 def _stop_strings(body: dict) -> list[str]:
@@ -184,7 +194,19 @@ def _response_format_grammar(body: dict) -> str | None:
               "response_format.type")
 
 
-def _sampling_and_common(body: dict, default_max_tokens: int | None) -> tuple[dict, int, bool, bool]:
+@dataclass(frozen=True)
+class _Common:
+    """The fields chat and completions share, checked."""
+    max_tokens: int | None
+    n: int
+    stream: bool
+    include_usage: bool
+    stop: list[str]
+    speculation: bool
+    sampling: dict  # wire.SamplingParams' fields, completed per API
+
+
+def _sampling_and_common(body: dict, default_max_tokens: int | None) -> _Common:
     max_tokens = int_in(body, "max_completion_tokens", 1, None, None)
     if max_tokens is None:
         max_tokens = int_in(body, "max_tokens", 1, None, default_max_tokens)
@@ -208,11 +230,15 @@ def _sampling_and_common(body: dict, default_max_tokens: int | None) -> tuple[di
     }
     if sampling["top_p"] == 0.0:
         raise bad("'top_p' must be greater than 0", "top_p")
-    message = {"op": "generate", "max_tokens": max_tokens, "n": n, "stop": _stop_strings(body), "sampling": sampling,
-               # EveryCycle's own field: false opts this request out of speculative decoding (the output is the
-               # same either way; a client measuring the model's own speed may want it off).
-               "speculation": field_of(body, "speculation", bool, True)}
-    return message, n, stream, include_usage
+    # EveryCycle's own field `speculation`: false opts this request out of speculative decoding (the output is
+    # the same either way; a client measuring the model's own speed may want it off).
+    return _Common(max_tokens, n, stream, include_usage, _stop_strings(body),
+                   field_of(body, "speculation", bool, True), sampling)
+
+
+def _generate(common: _Common, prompt, **sampling) -> wire.Generate:
+    return wire.Generate(prompt, common.max_tokens, common.n, common.stop,
+                         wire.SamplingParams(**{**common.sampling, **sampling}), common.speculation)
 
 
 def joined_text(content, where: str, part: str = "part") -> str:
@@ -302,20 +328,20 @@ def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> G
     rendered = chat_messages(body.get("messages"))
     tools = parse_tools(body)
     choice = parse_tool_choice(body, tools)
-    message, n, stream, include_usage = _sampling_and_common(body, None)
+    common = _sampling_and_common(body, None)
+    grammar = common.sampling["grammar"]
     if choice.constrained:
-        if message["sampling"]["grammar"] is not None:
+        if grammar is not None:
             raise bad("'response_format' and a required tool call cannot both constrain the answer", "tool_choice")
-        message["sampling"]["grammar"] = grammar_for(tool_format, tools, choice)
+        grammar = grammar_for(tool_format, tools, choice)
     logprobs = field_of(body, "logprobs", bool, False)
     top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
     if top_logprobs is not None and not logprobs:
         raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
-    message["sampling"]["top_logprobs"] = (top_logprobs or 0) if logprobs else None
     offered = tools if choice.mode != "none" else []
-    message["prompt"] = {"messages": rendered, "tools": [t.wire() for t in offered] or None,
-                         "parallel_tool_calls": choice.parallel}
-    return GenerationCall(message, stream, include_usage, n, logprobs, extra={"tools": offered, "tool_choice": choice})
+    prompt = wire.ChatPrompt(rendered, [t.wire() for t in offered] or None, choice.parallel)
+    request = _generate(common, prompt, grammar=grammar, top_logprobs=(top_logprobs or 0) if logprobs else None)
+    return GenerationCall(request, common.stream, common.include_usage, logprobs, tools=offered, tool_choice=choice)
 
 
 def parse_completion(body: dict, served_model: str) -> GenerationCall:
@@ -337,11 +363,10 @@ def parse_completion(body: dict, served_model: str) -> GenerationCall:
         raise bad("'suffix' is not supported by this server", "suffix", "unsupported_parameter")
     if int_in(body, "best_of", 1, None, 1) > 1:
         raise bad("'best_of' greater than 1 is not supported; use 'n'", "best_of", "unsupported_parameter")
-    message, n, stream, include_usage = _sampling_and_common(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    common = _sampling_and_common(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
     top_logprobs = int_in(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
-    message["sampling"]["top_logprobs"] = top_logprobs
-    message["prompt"] = {"text": prompt}
-    return GenerationCall(message, stream, include_usage, n, top_logprobs is not None)
+    request = _generate(common, wire.TextPrompt(prompt), top_logprobs=top_logprobs)
+    return GenerationCall(request, common.stream, common.include_usage, top_logprobs is not None)
 
 
 @dataclass
@@ -374,16 +399,16 @@ def parse_embeddings(body: dict, served_model: str) -> EmbeddingCall:
 MAX_DETOKENIZE = 1 << 16
 
 
-def parse_tokenize(body: dict) -> dict:
+def parse_tokenize(body: dict) -> wire.Tokenize:
     """llama-server's /tokenize: {"content": str, "add_special": bool, "with_pieces": bool}."""
     content = field_of(body, "content", str)
     if content is None:
         raise bad("'content' is required", "content", "missing_required_parameter")
-    return {"op": "tokenize", "content": content, "add_special": field_of(body, "add_special", bool, False),
-            "with_pieces": field_of(body, "with_pieces", bool, False)}
+    return wire.Tokenize(content, field_of(body, "add_special", bool, False),
+                         field_of(body, "with_pieces", bool, False))
 
 
-def parse_detokenize(body: dict) -> dict:
+def parse_detokenize(body: dict) -> wire.Detokenize:
     tokens = field_of(body, "tokens", list)
     if tokens is None:
         raise bad("'tokens' is required", "tokens", "missing_required_parameter")
@@ -391,4 +416,4 @@ def parse_detokenize(body: dict) -> dict:
         raise bad(f"'tokens' has {len(tokens)} ids; at most {MAX_DETOKENIZE} are allowed", "tokens")
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
         raise bad("'tokens' must be an array of token ids (non-negative integers)", "tokens", "invalid_type")
-    return {"op": "detokenize", "tokens": tokens}
+    return wire.Detokenize(tokens)

@@ -9,8 +9,10 @@ import time
 
 from dataclasses import replace
 
+from host_runtime.engine.client import EngineClient
 from host_runtime.engine.errors import RequestRejected
-from host_runtime.engine.ipc import EngineClient, EngineUnavailable
+from host_runtime.engine.ipc import EngineUnavailable
+from host_runtime.engine.wire import EngineInfo
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.handlers import engine_down
 from host_runtime.serving.pool_protocol import PoolClient, PoolModel
@@ -23,43 +25,41 @@ class Router:
     def __init__(self, default: EngineClient, pool_socket: str | None = None):
         self.default = default
         self.pool = PoolClient(pool_socket) if pool_socket else None
-        self._default_info: dict | None = None
+        self._default_info: EngineInfo | None = None
         self._lock = threading.Lock()
 
-    def default_info(self) -> dict:
+    def default_info(self) -> EngineInfo:
         """The default engine's info (model id, context, tool format), kept once it is ready."""
         if self._default_info is None:
             try:
-                info = self.default.call({"op": "info"}, timeout=5.0)
+                info = self.default.info(timeout=5.0)
             except EngineUnavailable as exc:
                 raise engine_down(exc) from None
-            if info.get("state") != "ready":
+            if not info.ready:
                 return info
             with self._lock:
                 self._default_info = info
         return self._default_info
 
-    def engine_for(self, model, keep_alive="default") -> tuple[EngineClient, dict]:
+    def engine_for(self, model, keep_alive="default") -> tuple[EngineClient, EngineInfo]:
         """(the engine's client, its info) for the model a request names (None or not a string: the default's,
         so that the wire schema names the field)."""
         info = self.default_info()
-        if not isinstance(model, str) or model == info.get("model_id") or self.pool is None:
+        if not isinstance(model, str) or model == info.model_id or self.pool is None:
             return self.default, info
         try:
-            acquired = self.pool.acquire(model, keep_alive)
+            acquired = self.pool.acquire(model, keep_alive)  # its refusal (RequestRejected) is the API's answer
         except EngineUnavailable as exc:
             raise engine_down(exc) from None
-        except RequestRejected as exc:
-            raise APIError.from_engine(exc.to_wire()) from None
         client = EngineClient(acquired.socket)
         deadline = time.monotonic() + LOAD_WAIT_S
         while True:
             try:
-                info = client.call({"op": "info"}, timeout=5.0)
-                if info.get("state") == "ready":
+                info = client.info(timeout=5.0)
+                if info.ready:
                     return client, info
-                if info.get("state") == "failed":
-                    raise APIError(500, f"the model '{model}' failed to load: {info.get('reason')}",
+                if info.state == "failed":
+                    raise APIError(500, f"the model '{model}' failed to load: {info.reason}",
                                    error_type="server_error", code="model_load_failed", param="model")
             except EngineUnavailable:
                 pass  # its engine is starting: the socket comes first
@@ -72,14 +72,13 @@ class Router:
         """Every model with its state (loaded, loading, available, downloading) and context length."""
         info = self.default_info()
         if self.pool is None:
-            return [PoolModel(info["model_id"], "loaded" if info.get("state") == "ready" else "loading", True,
-                              info.get("n_ctx"))]
+            return [PoolModel(info.model_id, "loaded" if info.ready else "loading", True, info.n_ctx)]
         try:
             rows = self.pool.models()
         except EngineUnavailable as exc:
             raise engine_down(exc) from None
         # The default engine's context is what it runs with, not what the file was trained for.
-        return [replace(r, context_length=info.get("n_ctx")) if r.id == info.get("model_id") else r for r in rows]
+        return [replace(r, context_length=info.n_ctx) if r.id == info.model_id else r for r in rows]
 
     def loaded_clients(self) -> list[EngineClient]:
         """Clients of every loaded engine (for /metrics)."""
@@ -89,7 +88,7 @@ class Router:
                 rows = self.pool.models(timeout=5.0)
             except EngineUnavailable:
                 return clients
-            default_id = self.default_info().get("model_id")
+            default_id = self.default_info().model_id
             clients += [EngineClient(r.socket) for r in rows if r.socket and r.id != default_id]
         return clients
 

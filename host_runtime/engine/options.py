@@ -1,0 +1,67 @@
+"""An engine process's settings, as one typed object: built once (from `serve`'s or `engine`'s command line),
+handed to the engine process as itself (its JSON on the child's stdin: EngineChild), never turned back into argv.
+An engine for a model loaded on demand gets a copy changed where that model needs it (`for_on_demand`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+
+from host_runtime.engine.model import ContextConfig
+from host_runtime.engine.readiness import WedgePolicy
+from host_runtime.engine.speculation import SpeculationConfig
+
+
+@dataclass(frozen=True)
+class PrefixCacheConfig:
+    enabled: bool = True
+    ram_bytes: int = 1 << 30
+    disk_bytes: int = 4 << 30
+    directory: str | None = None  # None: no disk tier
+
+
+class OptionsError(ValueError):
+    """An options document that is not one this version writes (a field missing, unknown or of a wrong type)."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    model: str                  # the GGUF's path, resolved
+    context: ContextConfig = field(default_factory=ContextConfig)
+    prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    draft_model: str | None = None  # speculation.kind "draft": the drafting model's GGUF
+    governor_state: str | None = None
+    wedge: WedgePolicy = field(default_factory=WedgePolicy)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "EngineOptions":
+        try:
+            doc = json.loads(text)
+            context = doc["context"]
+            split = context.get("tensor_split")
+            return cls(model=doc["model"],
+                       context=ContextConfig(**{**context, "tensor_split": tuple(split) if split else None}),
+                       prefix_cache=PrefixCacheConfig(**doc["prefix_cache"]),
+                       speculation=SpeculationConfig(**doc["speculation"]), draft_model=doc["draft_model"],
+                       governor_state=doc["governor_state"], wedge=WedgePolicy(**doc["wedge"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise OptionsError(f"not an engine options document: {type(exc).__name__}: {exc}") from None
+
+    def for_on_demand(self, model: str) -> "EngineOptions":
+        """These settings for another model of the store, loaded on demand beside this one: its own prefix cache
+        (entries are valid only for their weights) and no draft model (it drafts for this model, not that)."""
+        from host_runtime.engine.model import model_id_for
+
+        options = replace(self, model=model)
+        if self.prefix_cache.directory:
+            options = replace(options, prefix_cache=replace(
+                self.prefix_cache, directory=f"{self.prefix_cache.directory}-models/{model_id_for(model)}"))
+        if self.speculation.enabled and self.speculation.kind == "draft":
+            options = replace(options, draft_model=None,
+                              speculation=replace(self.speculation, enabled=False, kind="ngram", p_min=0.0),
+                              context=replace(options.context, speculation=False))
+        return options

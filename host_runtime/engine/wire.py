@@ -1,0 +1,326 @@
+"""The engine's wire (pure): every call an HTTP worker makes to an engine process and every reply and event it gets
+back, as typed structures both sides import. One JSON object per line (engine/ipc.py frames them); a request
+carries its op, a reply or event its type; nothing else in the tree reads those keys.
+
+A generation is `Generate` -> `Accepted` (or `Error`), then `Token`s and one `Finish` per choice, then `Done`
+(or `Error`). Every other op is answered by one reply: `Info` -> `EngineInfo`, `Ready` -> readiness.Verdict, and so
+on (REPLY_OF). A refusal is an `Error` carrying the engine's RequestRejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine.readiness import Verdict
+
+
+class WireError(ValueError):
+    """A line that is not a well-formed engine message: the op or type unknown, a field missing or of a wrong type."""
+
+
+def _build(cls, doc: dict, what: str, **overrides):
+    """cls from the fields of `doc` it declares (WireError on a missing or unknown field)."""
+    if not isinstance(doc, dict):
+        raise WireError(f"{what} must be an object, got {type(doc).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = set(doc) - names - {"op", "type"}
+    if unknown:
+        raise WireError(f"{what}: unknown fields {sorted(unknown)}")
+    try:
+        return cls(**{**{k: v for k, v in doc.items() if k in names}, **overrides})
+    except TypeError as exc:
+        raise WireError(f"{what}: {exc}") from None
+
+
+# ---- what a generation asks for -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    grammar: str | None = None  # GBNF, from response_format or a required tool call
+    top_logprobs: int | None = None  # None: no logprobs; 0..N: chosen token plus N alternatives
+    ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None  # token id (as text, from JSON) -> bias; -100 bans it
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A conversation the engine renders with the model's chat template (messages in the template's shape)."""
+    messages: list[dict]
+    tools: list[dict] | None = None  # OpenAI-shaped tool definitions offered to the model
+    parallel_tool_calls: bool = True
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """Plain text, tokenized as it is (/v1/completions)."""
+    text: str
+
+
+def _prompt_from_wire(doc) -> ChatPrompt | TextPrompt:
+    if isinstance(doc, dict) and "messages" in doc:
+        return _build(ChatPrompt, doc, "prompt")
+    if isinstance(doc, dict) and "text" in doc:
+        return _build(TextPrompt, doc, "prompt")
+    raise WireError("prompt must have 'messages' or 'text'")
+
+
+# ---- requests ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Generate:
+    op: ClassVar[str] = "generate"
+    prompt: ChatPrompt | TextPrompt
+    max_tokens: int | None = None  # None: as many as the context leaves
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    speculation: bool = True  # False: this request opts out of speculative decoding (same output either way)
+    cache_scope: str | None = None  # whose cached prefixes it may reuse (the API key's name; None: shared)
+
+    @classmethod
+    def from_wire(cls, doc: dict) -> "Generate":
+        return _build(cls, doc, "generate", prompt=_prompt_from_wire(doc.get("prompt")),
+                      sampling=_build(SamplingParams, doc.get("sampling") or {}, "sampling"))
+
+
+@dataclass(frozen=True)
+class CountTokens:
+    """How many tokens a conversation is once its template is rendered (Anthropic's count_tokens)."""
+    op: ClassVar[str] = "count_tokens"
+    prompt: ChatPrompt
+
+    @classmethod
+    def from_wire(cls, doc: dict) -> "CountTokens":
+        prompt = _prompt_from_wire(doc.get("prompt"))
+        if not isinstance(prompt, ChatPrompt):
+            raise WireError("count_tokens: prompt must have 'messages'")
+        return cls(prompt)
+
+
+@dataclass(frozen=True)
+class Tokenize:
+    """llama-server's /tokenize (special markup parsed)."""
+    op: ClassVar[str] = "tokenize"
+    content: str
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+@dataclass(frozen=True)
+class Detokenize:
+    op: ClassVar[str] = "detokenize"
+    tokens: list[int]
+
+
+@dataclass(frozen=True)
+class Embed:
+    op: ClassVar[str] = "embed"
+    inputs: list[str]
+
+
+@dataclass(frozen=True)
+class Info:
+    op: ClassVar[str] = "info"
+
+
+@dataclass(frozen=True)
+class Metrics:
+    op: ClassVar[str] = "metrics"
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The readiness verdict; a canary runs when the last passed over max_age s ago; waits up to `wait` s for it."""
+    op: ClassVar[str] = "ready"
+    max_age: float = 5.0
+    wait: float = 2.0
+
+
+REQUESTS = {cls.op: cls for cls in (Generate, CountTokens, Tokenize, Detokenize, Embed, Info, Metrics, Ready)}
+
+
+def request_to_wire(request) -> dict:
+    return {"op": request.op, **asdict(request)}
+
+
+def request_from_wire(doc) -> Any:
+    """The typed request; WireError naming what is wrong."""
+    op = doc.get("op") if isinstance(doc, dict) else None
+    cls = REQUESTS.get(op)
+    if cls is None:
+        raise WireError(f"unknown engine op {op!r}")
+    from_wire = getattr(cls, "from_wire", None)
+    return from_wire(doc) if from_wire else _build(cls, doc, op)
+
+
+# ---- replies and events ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    bytes: list[int]
+    logprob: float
+    top: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    type: ClassVar[str] = "accepted"
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Token:
+    """Text of one choice (may be empty when only a logprob comes with it)."""
+    type: ClassVar[str] = "token"
+    index: int
+    text: str
+    logprob: TokenLogprob | None = None
+
+    @classmethod
+    def from_wire(cls, doc: dict) -> "Token":
+        lp = doc.get("logprob")
+        logprob = None if lp is None else _build(
+            TokenLogprob, lp, "logprob", top=[_build(TopLogprob, t, "logprob.top") for t in lp.get("top", [])])
+        return _build(cls, doc, "token", logprob=logprob)
+
+
+@dataclass(frozen=True)
+class Finish:
+    """One choice ended: stop (end of generation or a stop string, `stop_string` saying which) or length."""
+    type: ClassVar[str] = "finish"
+    index: int
+    finish_reason: str
+    completion_tokens: int
+    stop_string: str | None = None
+
+
+@dataclass(frozen=True)
+class Done:
+    """Every choice ended."""
+    type: ClassVar[str] = "done"
+    prompt_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Error:
+    """A refusal, or a generation that failed part way."""
+    type: ClassVar[str] = "error"
+    error: RequestRejected
+
+    def to_wire(self) -> dict:
+        return {"error": self.error.to_wire()}
+
+    @classmethod
+    def from_wire(cls, doc: dict) -> "Error":
+        e = doc.get("error")
+        if not isinstance(e, dict):
+            raise WireError("error: 'error' must be an object")
+        return cls(RequestRejected.from_wire(e))
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    type: ClassVar[str] = "token_count"
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """Token ids, or with_pieces: {"id", "piece"} objects as llama-server gives them."""
+    type: ClassVar[str] = "tokenized"
+    tokens: list
+
+
+@dataclass(frozen=True)
+class Detokenized:
+    type: ClassVar[str] = "detokenized"
+    content: str
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    type: ClassVar[str] = "embeddings"
+    data: list[list[float]]
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class MetricsText:
+    type: ClassVar[str] = "metrics"
+    text: str
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine says about itself: its state, model and shape. `placement` is the planner's own document
+    (placement.plan.Placement.to_json); `recent` the engine's recent figures (metrics.EngineMetrics.recent)."""
+    type: ClassVar[str] = "info"
+    state: str                      # loading, ready, failed
+    reason: str
+    model_id: str
+    model_path: str
+    pid: int
+    busy: bool = False              # requests running or deferred
+    load_progress: float | None = None
+    tool_format: str | None = None
+    n_ctx: int | None = None        # the context each sequence gets
+    n_parallel: int | None = None
+    max_waiting: int | None = None
+    pooling: str | None = None      # an embedding or reranking model's pooling
+    placement: dict | None = None
+    recent: dict | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+
+class _VerdictReply:
+    """readiness.Verdict on the wire (it is readiness's own type; the tag is added here)."""
+    type = "verdict"
+
+
+EVENTS = {cls.type: cls for cls in (Accepted, Token, Finish, Done, Error, TokenCount, Tokenized, Detokenized,
+                                     Embeddings, MetricsText, EngineInfo)}
+REPLY_OF = {Generate: Accepted, CountTokens: TokenCount, Tokenize: Tokenized, Detokenize: Detokenized,
+            Embed: Embeddings, Info: EngineInfo, Metrics: MetricsText, Ready: Verdict}
+FINAL = (Done, Error)  # the events that end a generation's stream
+
+
+def event_to_wire(event) -> dict:
+    if isinstance(event, Verdict):
+        return {"type": _VerdictReply.type, **event.to_wire()}
+    to_wire = getattr(event, "to_wire", None)
+    return {"type": event.type, **(to_wire() if to_wire else asdict(event))}
+
+
+def event_from_wire(doc) -> Any:
+    """The typed reply or event; WireError naming what is wrong."""
+    kind = doc.get("type") if isinstance(doc, dict) else None
+    if kind == _VerdictReply.type:
+        return Verdict.from_wire(doc)
+    cls = EVENTS.get(kind)
+    if cls is None:
+        raise WireError(f"unknown engine event type {kind!r}")
+    from_wire = getattr(cls, "from_wire", None)
+    return from_wire(doc) if from_wire else _build(cls, doc, kind)

@@ -1,0 +1,355 @@
+"""The scheduler (engine/engine.py) against a fake runner (tests/fake_runner.py): admission and order, the queue's
+bound, cancellation, chunked prefill beside running streams, finishing (end of generation, stop strings,
+max_tokens, the context's end), several choices, the prefix cache's actions, speculation, and failures that must
+stay one request's. No llama.cpp, no model: each runs in milliseconds (tests/test_scheduler.py keeps the real
+runner honest)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from host_runtime.engine import wire
+from host_runtime.engine.engine import Engine, GenerationRequest
+from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine.sampling import SamplingParams
+from host_runtime.engine.speculation import SpeculationConfig
+from tests.fake_runner import EOG, FakeModel, FakeRunner
+
+WAIT_S = 10
+
+
+class Events:
+    """Every request's events, in the global order the loop produced them."""
+
+    def __init__(self):
+        self.log: list[tuple[str, object]] = []
+        self.lock = threading.Lock()
+        self.finished: dict[str, threading.Event] = {}
+
+    def sink(self, name: str):
+        self.finished[name] = threading.Event()
+
+        def put(event):
+            with self.lock:
+                self.log.append((name, event))
+            if isinstance(event, wire.FINAL):
+                self.finished[name].set()
+        return put
+
+    def of(self, name: str) -> list:
+        with self.lock:
+            return [e for n, e in self.log if n == name]
+
+    def text(self, name: str, index: int = 0) -> str:
+        return "".join(e.text for e in self.of(name) if isinstance(e, wire.Token) and e.index == index)
+
+    def wait(self, *names: str) -> None:
+        for name in names:
+            assert self.finished[name].wait(WAIT_S), f"{name} never finished"
+
+
+@pytest.fixture
+def make():
+    engines = []
+
+    def build(model: FakeModel | None = None, runner_kw: dict | None = None, **engine_kw):
+        model = model or FakeModel()
+        runner = FakeRunner(model, **(runner_kw or {}))
+        engine = Engine(model, runner=runner, **engine_kw)
+        engines.append(engine)
+        return engine, runner
+    yield build
+    for engine in engines:
+        engine.stop()
+
+
+def ask(engine: Engine, events: Events, name: str, prompt: str, max_tokens: int = 8, **kw) -> GenerationRequest:
+    sampling = kw.pop("sampling", SamplingParams(temperature=0.0))
+    request = GenerationRequest(prompt_tokens=list(prompt.encode()), max_tokens=max_tokens, sink=events.sink(name),
+                                sampling=sampling, **kw)
+    engine.submit(request)
+    return request
+
+
+def test_a_generation_streams_tokens_then_finishes_with_its_counts(make):
+    engine, runner = make()
+    events = Events()
+    engine.start()
+    ask(engine, events, "a", "abc", max_tokens=5)
+    events.wait("a")
+    got = events.of("a")
+    assert events.text("a") == "defgh"
+    assert got[-2] == wire.Finish(0, "length", 5, None) and got[-1] == wire.Done(3, 0)
+    assert runner.threads == {"engine-loop"}  # every llama.cpp call from the loop thread
+
+
+def test_waiting_requests_are_served_in_arrival_order(make):
+    engine, _ = make(FakeModel(n_parallel=2))
+    events = Events()
+    names = [f"r{i}" for i in range(5)]
+    for name in names:  # all waiting before the loop starts
+        ask(engine, events, name, "xyz", max_tokens=4)
+    engine.start()
+    events.wait(*names)
+    finished = [n for n, e in events.log if isinstance(e, wire.Done)]
+    # Two slots: r0 and r1 run together, then r2 and r3, then r4.
+    assert sorted(finished[:2]) == ["r0", "r1"] and sorted(finished[2:4]) == ["r2", "r3"] and finished[4] == "r4"
+    assert all(events.text(n) == "abcd" for n in names)  # after a non-letter the model says 'a'
+
+
+def test_a_full_queue_refuses_at_once_with_retry_after(make):
+    engine, _ = make(FakeModel(n_parallel=1), max_waiting=1)
+    events = Events()
+    ask(engine, events, "waits", "abc")
+    with pytest.raises(RequestRejected) as err:
+        ask(engine, events, "refused", "abc")
+    assert (err.value.status, err.value.code, err.value.retry_after) == (503, "queue_full", 2)
+    assert err.value.error_type == "server_busy"
+    assert engine.metrics.snapshot()["requests_rejected_total"] == 1
+
+
+def test_more_choices_than_sequences_is_a_400_naming_n(make):
+    engine, _ = make(FakeModel(n_parallel=2))
+    with pytest.raises(RequestRejected) as err:
+        ask(engine, Events(), "many", "abc", n=3)
+    assert err.value.status == 400 and err.value.param == "n"
+
+
+def test_a_cancelled_request_frees_its_sequence_and_its_cells(make):
+    import time
+
+    def slow(history):  # a token a millisecond: the cancel lands mid-generation
+        time.sleep(0.001)
+        return ord("a")
+    engine, runner = make(FakeModel(n_parallel=1, n_ctx_per_seq=8192), runner_kw={"next_token": slow})
+    events = Events()
+    engine.start()
+    running = ask(engine, events, "long", "abc", max_tokens=5000)
+    waiting = ask(engine, events, "next", "xyz", max_tokens=3)
+    while len(events.of("long")) < 3:
+        assert not events.finished["next"].is_set()
+        threading.Event().wait(0.001)
+    decodes_at_cancel = engine.metrics.snapshot()["n_decode_total"]
+    running.cancel()
+    events.wait("next")  # it got the only sequence
+    assert engine.metrics.snapshot()["requests_cancelled_total"] == 1
+    # Freed within a step: at most the call in flight, then only the next request's (3 prompt tokens, 3 tokens).
+    assert engine.metrics.snapshot()["n_decode_total"] - decodes_at_cancel <= 1 + 3
+    assert not any(isinstance(e, wire.FINAL) for e in events.of("long"))  # a cancelled request is not answered
+    assert engine.cache.free_slots() == 1 and waiting.cached_tokens == 0
+    assert all(c.closed for c in runner.chains)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_a_stream_keeps_moving(make):
+    engine, runner = make(FakeModel(n_parallel=2, prefill_budget=16, prefill_chunk=16, n_ctx_per_seq=512))
+    events = Events()
+    engine.start()
+    ask(engine, events, "stream", "a", max_tokens=60)
+    while len(events.of("stream")) < 2:
+        threading.Event().wait(0.001)
+    ask(engine, events, "long", "q" * 200, max_tokens=2)
+    events.wait("long", "stream")
+    order = [n for n, e in events.log if isinstance(e, wire.Token)]
+    first_long = order.index("long")
+    # 200 prompt tokens at 16 a step: 13 steps before its first token, each of which moved the stream
+    assert order[:first_long].count("stream") >= 13
+    chunks = [p for call in runner.calls for p in call if len(p[2]) > 1]
+    assert all(len(tokens) <= 16 and start % 16 == 0 for _, start, tokens, _ in chunks)
+
+
+def test_end_of_generation_stops_unless_ignored(make):
+    def stops_after_c(history):
+        return EOG if history[-1] == ord("c") else (history[-1] + 1)
+
+    engine, _ = make(runner_kw={"next_token": stops_after_c})
+    events = Events()
+    engine.start()
+    ask(engine, events, "eog", "a", max_tokens=10)
+    ask(engine, events, "ignored", "a", max_tokens=4, sampling=SamplingParams(temperature=0.0, ignore_eos=True))
+    events.wait("eog", "ignored")
+    assert events.text("eog") == "bc" and events.of("eog")[-2] == wire.Finish(0, "stop", 3, None)
+    assert events.of("ignored")[-2].finish_reason == "length" and events.of("ignored")[-2].completion_tokens == 4
+
+
+def test_a_stop_string_ends_the_choice_and_is_not_sent(make):
+    engine, _ = make()
+    events = Events()
+    engine.start()
+    ask(engine, events, "s", "a", max_tokens=20, stops=["efg"])
+    events.wait("s")
+    finish = events.of("s")[-2]
+    assert events.text("s") == "bcd" and finish.finish_reason == "stop" and finish.stop_string == "efg"
+
+
+def test_the_context_end_finishes_with_length(make):
+    engine, _ = make(FakeModel(n_ctx_per_seq=32))
+    events = Events()
+    engine.start()
+    assert engine.check_fits(20, None, "prompt") == 12  # no max_tokens: what the context leaves
+    with pytest.raises(RequestRejected) as err:
+        engine.check_fits(20, 13, "prompt")
+    assert err.value.code == "context_length_exceeded" and err.value.param == "max_tokens"
+    ask(engine, events, "c", "a" * 20, max_tokens=100)
+    events.wait("c")
+    assert events.of("c")[-2].finish_reason == "length" and len(events.text("c")) == 12  # 20 + 12 = the context
+
+
+def test_several_choices_each_finish_then_one_done(make):
+    engine, runner = make(FakeModel(n_parallel=2))
+    events = Events()
+    engine.start()
+    ask(engine, events, "n2", "abc", max_tokens=3, n=2)
+    events.wait("n2")
+    got = events.of("n2")
+    assert events.text("n2", 0) == events.text("n2", 1) == "def"
+    assert sorted(e.index for e in got if isinstance(e, wire.Finish)) == [0, 1]
+    assert isinstance(got[-1], wire.Done) and sum(isinstance(e, wire.Done) for e in got) == 1
+    assert len(runner.chains) == 2  # a chain of its own per choice
+
+
+def test_a_repeated_prompt_reuses_the_cached_prefix_and_answers_the_same(make):
+    engine, runner = make(FakeModel(n_parallel=1, prefill_chunk=16))
+    events = Events()
+    engine.start()
+    prompt = "m" * 40 + "abc"
+    ask(engine, events, "cold", prompt, max_tokens=4)
+    events.wait("cold")
+    ask(engine, events, "other", "z" * 40, max_tokens=2)  # takes the only slot: the first prefix spills to RAM
+    events.wait("other")
+    ask(engine, events, "warm", prompt, max_tokens=4)
+    events.wait("warm")
+    assert events.text("warm") == events.text("cold") == "defg"
+    assert events.of("cold")[-1].cached_tokens == 0
+    assert events.of("warm")[-1].cached_tokens == 32  # whole chunks of the shared prefix
+    assert engine.cache.hits["ram"] == 1
+
+
+def test_a_prefix_the_runner_cannot_restore_is_recomputed(make):
+    engine, runner = make(FakeModel(n_parallel=1, prefill_chunk=16))
+    runner.restore = lambda seq_id, data: (runner.forget(seq_id), False)[1]
+    events = Events()
+    engine.start()
+    prompt = "m" * 40 + "abc"
+    for name in ("cold", "other", "again"):
+        ask(engine, events, name, prompt if name != "other" else "z" * 40, max_tokens=4)
+        events.wait(name)
+    assert events.text("again") == events.text("cold") and events.of("again")[-1].cached_tokens == 0
+
+
+def test_prefixes_are_reused_only_within_their_scope(make):
+    from host_runtime.engine.prefix_cache import scope_marker
+
+    engine, _ = make(FakeModel(n_parallel=2, prefill_chunk=16))
+    events = Events()
+    engine.start()
+    prompt = "m" * 40 + "abc"
+    ask(engine, events, "team-a", prompt, max_tokens=2, cache_scope=scope_marker("a"))
+    events.wait("team-a")
+    ask(engine, events, "team-b", prompt, max_tokens=2, cache_scope=scope_marker("b"))
+    events.wait("team-b")
+    ask(engine, events, "team-a-again", prompt, max_tokens=2, cache_scope=scope_marker("a"))
+    events.wait("team-a-again")
+    assert events.of("team-b")[-1].cached_tokens == 0 and events.of("team-a-again")[-1].cached_tokens == 32
+
+
+def test_prompt_lookup_drafts_are_verified_and_the_output_is_the_same(make):
+    spec = SpeculationConfig(enabled=True, kind="ngram", cost_aware=False)
+    prompt = "abcdefghijklmnopqrstuvwxyz" * 2
+    plain, _ = make(FakeModel(n_ctx_per_seq=512))
+    drafted, runner = make(FakeModel(n_ctx_per_seq=512), speculation=spec)
+    events = Events()
+    for engine, name in ((plain, "plain"), (drafted, "drafted")):
+        engine.start()
+        ask(engine, events, name, prompt, max_tokens=40)
+        events.wait(name)
+    assert events.text("drafted") == events.text("plain") == ("abcdefghijklmnopqrstuvwxyz" * 2)[:40]
+    spec_calls = [p for call in runner.calls for p in call if p[3] == 0 and len(p[2]) > 1]
+    assert spec_calls, "no draft went out"
+    assert len(runner.calls) < 40  # accepted drafts: fewer calls than tokens
+
+
+def test_a_rejected_draft_leaves_no_cells_behind(make):
+    spec = SpeculationConfig(enabled=True, kind="ngram", cost_aware=False)
+
+    def diverges(history):  # the prompt says 'x' follows 'abc'; the model says 'd'
+        return history[-1] + 1 if history[-1] < ord("z") else ord("a")
+    engine, runner = make(FakeModel(n_ctx_per_seq=512), runner_kw={"next_token": diverges}, speculation=spec)
+    events = Events()
+    engine.start()
+    ask(engine, events, "s", "abcxyzabcxyzabcxyz" + "abc", max_tokens=6)
+    events.wait("s")
+    assert events.text("s") == "defghi"  # the fake asserts every call continues the cells exactly
+
+
+def test_a_failed_admission_errors_that_request_only(make):
+    engine, runner = make(FakeModel(n_parallel=2), runner_kw={"fail_sampler": lambda s: s.seed == 13})
+    events = Events()
+    engine.start()
+    ask(engine, events, "ok", "abc", max_tokens=30)
+    while not events.of("ok"):
+        threading.Event().wait(0.001)
+    ask(engine, events, "bad", "abc", sampling=SamplingParams(temperature=0.0, seed=13))
+    events.wait("bad", "ok")
+    assert isinstance(events.of("bad")[-1], wire.Error) and events.of("bad")[-1].error.status == 500
+    assert isinstance(events.of("ok")[-1], wire.Done) and len(events.text("ok")) == 30
+    assert engine.cache.free_slots() == 2
+
+
+def test_a_failed_decode_fails_that_batch_and_the_engine_serves_on(make):
+    failures = []
+
+    def once(parts):
+        if not failures and any(len(t) == 1 for _, _, t, _ in parts):
+            failures.append(parts)
+            return True
+        return False
+    engine, runner = make(runner_kw={"fail_decode": once})
+    events = Events()
+    engine.start()
+    ask(engine, events, "unlucky", "abc", max_tokens=5)
+    events.wait("unlucky")
+    assert isinstance(events.of("unlucky")[-1], wire.Error) and events.of("unlucky")[-1].error.status == 500
+    ask(engine, events, "later", "abc", max_tokens=3)
+    events.wait("later")
+    assert events.text("later") == "def" and engine.cache.free_slots() == 2
+
+
+def test_a_grammar_the_runner_refuses_is_a_400_at_submit(make):
+    engine, runner = make()
+    with pytest.raises(RequestRejected) as err:
+        ask(engine, Events(), "g", "abc", sampling=SamplingParams(grammar="refused"))
+    assert err.value.status == 400 and err.value.param == "response_format"
+    assert not runner.chains
+
+
+def test_logprobs_come_with_their_tokens(make):
+    engine, _ = make()
+    events = Events()
+    engine.start()
+    ask(engine, events, "lp", "abc", max_tokens=2, sampling=SamplingParams(temperature=0.0, top_logprobs=0))
+    events.wait("lp")
+    tokens = [e for e in events.of("lp") if isinstance(e, wire.Token)]
+    assert [t.logprob.token for t in tokens] == ["d", "e"] and all(t.logprob.logprob == -0.5 for t in tokens)
+
+
+def test_embeddings_run_on_the_loop_thread_between_steps(make):
+    engine, runner = make()
+    events = Events()
+    engine.start()
+    ask(engine, events, "gen", "abc", max_tokens=20)
+    vectors, n_tokens = engine.embed(["hello", "hi"])
+    events.wait("gen")
+    assert vectors == [[1.0, 0.0], [1.0, 0.0]] and n_tokens == 7
+    assert runner.threads == {"engine-loop"}
+    with pytest.raises(RequestRejected) as err:
+        engine.embed([""])
+    assert err.value.param == "input"
+
+
+def test_the_warm_up_decodes_once_and_forgets_its_cells(make):
+    engine, runner = make()
+    seconds = engine.start(warm_up=True)
+    assert seconds is not None and seconds >= 0
+    assert len(runner.calls) == 1 and runner.cells.get(0) == []
