@@ -114,3 +114,24 @@ def test_every_inlet_from_20_to_35_c_settles_without_overshoot_or_hunting():
         assert row["overshoot_c"] <= 2.0, row
         assert row["settling_s"] is not None and row["settling_s"] <= 300, row
         assert row["limit_swing_last_5_min_w"] < 2.0, row  # whole-degree readings must not make it hunt
+
+
+def test_every_reader_judges_the_governors_state_by_one_rule(tmp_path):
+    import json
+    import time
+
+    from host_runtime.engine.throttle import ThrottleReader
+    from host_runtime.governor.state_file import STATE_FRESH_S, read_state
+
+    path = tmp_path / "governor.json"
+    assert read_state(None).reason == "no governor state configured (--governor-state)"
+    assert not read_state(path).fresh and "cannot be read" in read_state(path).reason
+    path.write_text("{not json")
+    assert read_state(path).doc is None and "cannot be read" in read_state(path).reason
+    path.write_text(json.dumps({"throttle_level": 2, "updated_unix": time.time()}))
+    assert read_state(path).fresh and read_state(path).get("throttle_level") == 2
+    assert ThrottleReader(str(path)).level() == 2
+    path.write_text(json.dumps({"throttle_level": 2, "updated_unix": time.time() - STATE_FRESH_S - 5}))
+    stale = read_state(path)
+    assert not stale.fresh and stale.doc is not None and stale.reason.endswith("s old")
+    assert ThrottleReader(str(path)).level() == 0  # the same rule: a stale hint throttles nothing

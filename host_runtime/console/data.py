@@ -302,18 +302,15 @@ class StatusReader:
         return urls or [f"{self.config.api_scheme}://127.0.0.1:{port}/v1"]
 
     def governor(self) -> tuple[Source, list[dict], int | None, list[dict]]:
-        path = self.config.run_dir / "governor.json"
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            return Source(False, f"no state at {path}: {exc.__class__.__name__}"), [], None, []
-        age = time.time() - float(doc.get("updated_unix", 0))
-        from host_runtime.governor.service import STATE_FRESH_S
+        from host_runtime.governor.state_file import read_state
 
-        if age > STATE_FRESH_S:
-            return Source(False, f"state is {age:.0f} s old"), doc.get("gpus", []), None, doc.get("events", [])
-        return Source(True, f"{doc.get('backend')} backend, {doc.get('mode')} mode"), doc.get("gpus", []), \
-            doc.get("throttle_level"), doc.get("events", [])
+        state = read_state(self.config.run_dir / "governor.json")
+        if state.doc is None:
+            return Source(False, state.reason), [], None, []
+        if not state.fresh:
+            return Source(False, state.reason), state.get("gpus", []), None, state.get("events", [])
+        return Source(True, f"{state.get('backend')} backend, {state.get('mode')} mode"), state.get("gpus", []), \
+            state.get("throttle_level"), state.get("events", [])
 
     def bmc(self) -> tuple[Source, list[dict], list[dict]]:
         if not self.config.bmc_url:

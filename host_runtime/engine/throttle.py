@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from pathlib import Path
 
-from host_runtime.governor.service import STATE_FRESH_S
+from host_runtime.governor.state_file import is_fresh
 
 log = logging.getLogger(__name__)
 
@@ -35,4 +34,4 @@ class ThrottleReader:
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("ignoring the governor state %s: %s", self.path, exc)
                 self._level = 0
-        return self._level if time.time() - self._updated <= STATE_FRESH_S else 0
+        return self._level if is_fresh(self._updated) else 0

@@ -22,9 +22,6 @@ from host_runtime.governor.control import GpuController, PowerPolicy, Reading, t
 
 log = logging.getLogger(__name__)
 STATES = ("idle", "controlling", "emergency", "recovering", "failsafe")
-# Readers (the scheduler, the console) ignore a state older than this: a governor that stopped
-# publishing must not throttle the box, or show as alive, forever.
-STATE_FRESH_S = 30.0
 MIN_CHANGE_W = 1.0  # smaller moves are not worth a driver call
 
 

@@ -264,16 +264,13 @@ class Metrics:
                      + self._governor_text())
 
     def _governor_text(self) -> str:
-        """The governor's Prometheus file (written beside its state file), while it is fresh."""
-        from host_runtime.governor.service import STATE_FRESH_S
+        """The governor's Prometheus file (written beside its state file, with it), while that state is fresh."""
+        from host_runtime.governor.state_file import read_state
 
-        if not self._config.governor_state:
+        if not read_state(self._config.governor_state).fresh:
             return ""
-        path = Path(self._config.governor_state).with_suffix(".prom")
         try:
-            if time.time() - path.stat().st_mtime > STATE_FRESH_S:
-                return ""
-            return path.read_text()
+            return Path(self._config.governor_state).with_suffix(".prom").read_text()
         except OSError:
             return ""
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from pathlib import Path
 
 from host_runtime.engine.client import EngineClient
 from host_runtime.engine.ipc import EngineUnavailable
@@ -47,7 +46,7 @@ def hardware(infos: list[EngineInfo]) -> dict:
 
 
 def gather(router, governor_state: str | None) -> Capabilities:
-    from host_runtime.governor.service import STATE_FRESH_S
+    from host_runtime.governor.state_file import read_state
     from host_runtime.update.system import status
 
     rows = router.models()
@@ -63,19 +62,11 @@ def gather(router, governor_state: str | None) -> Capabilities:
                 info = None
         models.append(_model(row, info))
         infos += [info] if info is not None and info.ready else []
-    state, fresh, missing = None, False, "no governor state configured (--governor-state)"
-    if governor_state:
-        try:
-            path = Path(governor_state)
-            state = json.loads(path.read_text())
-            fresh = time.time() - path.stat().st_mtime <= STATE_FRESH_S
-            missing = f"the governor's state is {time.time() - path.stat().st_mtime:.0f} s old"
-        except (OSError, ValueError) as exc:
-            missing = f"the governor's state cannot be read: {exc}"
+    governor = read_state(governor_state)
     system = status(with_entries=False)
     draining, why = draining_from_update(system.get("last_update"))
     return Capabilities(box=socket.gethostname(), version=system["version"],
-                        governor=governor_view(state, fresh, missing), models=tuple(models),
+                        governor=governor_view(governor.doc, governor.fresh, governor.reason), models=tuple(models),
                         draining=draining, draining_reason=why, at_unix=time.time(), hardware=hardware(infos))
 
 
