@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLength, NgramIndex, Vocabulary,
-                                             accept_greedy, accept_sampled, catch_up_shares, common_prefix_len,
-                                             draft_choice, lookup_draft, share_drafts, vocabulary_difference)
+                                             catch_up_shares, common_prefix_len, draft_choice, share_drafts,
+                                             vocabulary_difference)
+from tests.speculation_reference import accept_greedy, accept_sampled, lookup_draft
 
 
 def test_a_lookup_draft_continues_the_latest_earlier_occurrence_longest_match_first():
