@@ -110,11 +110,12 @@ def end_of_generation_ids(model_path: str) -> list[int]:
 
 
 class Server:
-    def __init__(self, name: str, argv: list[str], port: int, ready_path: str, env: dict | None = None):
+    def __init__(self, name: str, argv: list[str], port: int, ready_path: str, env: dict | None = None,
+                 cwd: Path = REPO):
         self.name, self.argv, self.port, self.ready_path = name, argv, port, ready_path
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     cwd=REPO, env=env)
+                                     cwd=cwd, env=env)
 
     def wait_ready(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -231,6 +232,17 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
     # far as the measured cost of calls says pays; everycycle-spec-always: drafting whatever it costs;
     # everycycle-draft: with a draft model (--draft-model, by default the target itself: the mechanism's cost).
     draft = args.draft_model or model
+    if args.baseline_checkout:
+        # everycycle-baseline: the default mode, from another checkout of this repository (an earlier commit: `git
+        # worktree add DIR REV`), with this venv: the change's cost measured in the same run, turn about.
+        port = free_port()
+        base = Path(args.baseline_checkout).resolve()
+        servers.append(Server("everycycle-baseline", [py, "-m", "host_runtime.cli", "serve", "--port", str(port),
+                                                      "--model", model, "--threads", str(args.threads),
+                                                      "--parallel", str(args.parallel), "--ctx-size",
+                                                      str(args.ctx_size), "--run-dir", str(workdir / "baseline"),
+                                                      *gpu["everycycle"]], port, "/ready",
+                              env={**os.environ, "PYTHONPATH": str(base)}, cwd=base))
     for name, mode in (("everycycle", []), ("everycycle-mixed", ["--mixed-batches"]),
                        ("everycycle-spec", ["--speculation", "ngram", "--draft-max", str(args.draft_max)]),
                        ("everycycle-spec-always", ["--speculation", "ngram", "--draft-max", str(args.draft_max),
@@ -327,6 +339,11 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
             if not ec:
                 continue
             r = {}
+            base = by.get("everycycle-baseline")
+            if base and base["tok_s"]:  # this checkout against --baseline-checkout's, same run, turn about
+                r["tok_s_vs_baseline"] = ec["tok_s"] / base["tok_s"]
+                if ec["ttft_p50_s"] and base["ttft_p50_s"]:
+                    r["ttft_p50_vs_baseline"] = ec["ttft_p50_s"] / base["ttft_p50_s"]
             mixed = by.get("everycycle-mixed")
             if mixed and mixed["tok_s"]:
                 # what the invariance guarantee costs: below 1, the invariant default is the faster mode
@@ -462,6 +479,9 @@ def main() -> int:
                         "which measures the mechanism's cost, not a speed-up)")
     p.add_argument("--workload", choices=["chat", "code-edit"], default="chat",
                    help="chat: a short paragraph and its answer; code-edit: a file and the whole edited file back")
+    p.add_argument("--baseline-checkout", metavar="DIR",
+                   help="also run everycycle (default mode) from this checkout (e.g. `git worktree add DIR HEAD~3`), "
+                        "reported as everycycle-baseline with the ratio everycycle/everycycle-baseline")
     p.add_argument("--levels", default="1,4,8,16")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--requests-per-client", type=int, default=2)
