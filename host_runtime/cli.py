@@ -50,7 +50,7 @@ _non_negative = _int_at_least(0)
 
 
 def _keep_alive(text: str) -> float | None:
-    from host_runtime.models.residency import parse_keep_alive
+    from host_runtime.pool.residency import parse_keep_alive
 
     try:
         return parse_keep_alive(text)
@@ -479,7 +479,8 @@ def cmd_serve(parser, args) -> int:
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.common.settings_file import load as load_settings
     from host_runtime.serving.app import AppConfig
-    from host_runtime.serving.gunicorn_runner import EngineChild, ServingApplication
+    from host_runtime.pool.engine_child import EngineChild
+    from host_runtime.serving.gunicorn_runner import ServingApplication
     from host_runtime.serving.settings import ServingSettings
 
     try:
@@ -571,7 +572,7 @@ def _engine_pool(run_dir: Path, socket_path: str, options, engine, args):
     import psutil
 
     from host_runtime.engine.model import model_id_for
-    from host_runtime.serving.engine_pool import EnginePool
+    from host_runtime.pool.pool import EnginePool
 
     budget = (args.models_memory_mib << 20) if args.models_memory_mib else int(psutil.virtual_memory().available * 0.9)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from host_runtime.engine.errors import RequestRejected
-from host_runtime.serving.pool_protocol import (Acquire, Download, ListModels, PoolMetrics, PoolModel, Unload,
+from host_runtime.pool.protocol import (Acquire, Download, ListModels, PoolMetrics, PoolModel, Unload,
                                                _raise_refusal, refusal_to_wire, request_from_wire, request_to_wire)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from host_runtime.models.residency import LoadPlan, Resident, expired, parse_keep_alive, plan_load
+from host_runtime.pool.residency import LoadPlan, Resident, expired, parse_keep_alive, plan_load
 
 GIB = 1 << 30
 
@@ -57,7 +57,7 @@ def test_bad_keep_alive_is_refused(value):
 def test_the_pools_metrics_and_the_consoles_lines_from_them():
     from host_runtime.console.data import Serving, Source, model_lines, models_from_metrics
     from host_runtime.models.provisioned import PullStatus
-    from host_runtime.serving.pool_metrics import pool_text
+    from host_runtime.pool.metrics import pool_text
 
     pull = PullStatus("big", "http://nas/big.gguf", "ab" * 32, state="pulling", done_bytes=3 << 30,
                       total_bytes=12 << 30, rate_bytes_s=100 << 20)

@@ -1,5 +1,5 @@
 """Framing between HTTP workers and the engine process (or the engine pool): one JSON object per line over a Unix
-socket. What the lines mean is engine/wire.py's (and serving/pool_protocol.py's); engine/client.py is the typed client.
+socket. What the lines mean is engine/wire.py's (and pool/protocol.py's); engine/client.py is the typed client.
 
 One connection carries one call. For a generation the engine streams events on
 it; the worker closing the connection is how a request is cancelled.

@@ -107,7 +107,7 @@ def _pool():
     """The serving service's engine pool (its control socket), which knows what is loaded."""
     import os
 
-    from host_runtime.serving.pool_protocol import PoolClient
+    from host_runtime.pool.protocol import PoolClient
 
     run_dir = Path(os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
     return PoolClient(str(run_dir / "serving" / "models.sock"))

@@ -127,7 +127,7 @@ class AuthMiddleware:
 
 def keep_alive_of(body: dict):
     """A request's own keep_alive (Ollama's), checked; "default" when it has none."""
-    from host_runtime.models.residency import parse_keep_alive
+    from host_runtime.pool.residency import parse_keep_alive
 
     if body.get("keep_alive") is None:
         return "default"
@@ -294,7 +294,7 @@ class Models:
 
     @staticmethod
     def _entry(row) -> dict:
-        """A pool_protocol.PoolModel as the API lists it."""
+        """A pool.protocol.PoolModel as the API lists it."""
         entry = {"id": row.id, "object": "model", "created": 0, "owned_by": "everycycle",
                  "context_length": row.context_length, "state": row.state, "pinned": row.pinned}
         if row.download is not None:  # the bundle's model, being pulled: how far, or why it failed

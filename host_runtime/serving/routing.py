@@ -1,5 +1,5 @@
 """Which engine answers a request: the one serving the model it names. The model `serve` started with answers
-directly; any other model of the store is asked of the engine pool in the gunicorn master (engine_pool.py),
+directly; any other model of the store is asked of the engine pool in the gunicorn master (pool/pool.py),
 which loads it on demand; the request waits (bounded) while it loads."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.engine.wire import EngineInfo
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.handlers import engine_down
-from host_runtime.serving.pool_protocol import PoolClient, PoolModel
+from host_runtime.pool.protocol import PoolClient, PoolModel
 
 LOAD_WAIT_S = 300.0  # a request for a model that is loading waits this long at most
 POLL_S = 0.25

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from host_runtime.serving.engine_pool import EnginePool, Loaded
+from host_runtime.pool.pool import EnginePool, Loaded
 
 
 class SlowChild:

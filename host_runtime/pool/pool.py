@@ -22,9 +22,9 @@ from pathlib import Path
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.client import EngineClient
 from host_runtime.engine.ipc import EngineUnavailable, LineReader, MessageTooLarge, send_message
-from host_runtime.models.residency import Resident, expired, plan_load
+from host_runtime.pool.residency import Resident, expired, plan_load
 from host_runtime.models.store import Store
-from host_runtime.serving.pool_protocol import (DEFAULT_KEEP_ALIVE, Acquire, Acquired, Download, ListModels, PoolModel,
+from host_runtime.pool.protocol import (DEFAULT_KEEP_ALIVE, Acquire, Acquired, Download, ListModels, PoolModel,
                                                Unload, refusal_to_wire, request_from_wire)
 
 log = logging.getLogger("everycycle.serve")
@@ -36,7 +36,7 @@ class Loaded:
     name: str
     path: str
     socket: str
-    child: object              # gunicorn_runner.EngineChild
+    child: object              # engine_child.EngineChild
     pinned: bool
     keep_alive_s: float | None
     last_used: float = field(default_factory=time.monotonic)
@@ -164,7 +164,7 @@ class EnginePool:
                                 code="models_busy", error_type="server_busy", retry_after=5)
             victims = [self._take_out_locked(victim, f"to make room for {name}", "room") for victim in plan.evict]
             socket_path = str(self.run_dir / f"engine-{name}.sock")
-            from host_runtime.serving.gunicorn_runner import EngineChild
+            from host_runtime.pool.engine_child import EngineChild
 
             child = EngineChild(socket_path, self.engine_options(info["path"]))
             # Listed from now on (a second acquire of it waits for this load); started once the victims are gone.
@@ -268,7 +268,7 @@ class EnginePool:
                     elif isinstance(request, Unload):
                         reply = {"unloaded": pool.unload(request.model)}
                     else:
-                        from host_runtime.serving.pool_metrics import pool_text
+                        from host_runtime.pool.metrics import pool_text
 
                         reply = {"text": pool_text(pool.snapshot())}
                 except ValueError as exc:

@@ -1,5 +1,5 @@
 """The engine pool's control socket (RUN_DIR/models.sock): its requests and replies as typed structures, and the
-client the HTTP workers and `everycycle models` use. The pool (engine_pool.py) answers with the same types.
+client the HTTP workers and `everycycle models` use. The pool (pool.py) answers with the same types.
 
 A refusal is the engine's own RequestRejected on the wire ({"error": ...}), so that the workers turn it into the
 API's error the way they turn an engine's."""
