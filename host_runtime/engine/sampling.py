@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from host_runtime.engine.wire import SamplingParams  # noqa: F401  (the wire's type; the chain reads it)
+from host_runtime.engine.wire import MAX_GRAMMAR_BYTES, SamplingParams  # noqa: F401  (the wire's; read here)
 
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 
 
-# The largest grammar the engine compiles, whoever sends it (the serving API's caps are at or below it).
-MAX_GRAMMAR_BYTES = 256 * 1024
 
 
 class GrammarRejected(ValueError):

@@ -16,6 +16,11 @@ from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.readiness import Verdict
 
 
+# The largest grammar a Generate may carry: the engine compiles no larger (sampling.CompiledGrammar), and the
+# serving API's caps (serving/grammar_budget.py) are at or below it.
+MAX_GRAMMAR_BYTES = 256 * 1024
+
+
 class WireError(ValueError):
     """A line that is not a well-formed engine message: the op or type unknown, a field missing or of a wrong type."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from host_runtime.engine.wire import MAX_GRAMMAR_BYTES
 from host_runtime.serving.errors import APIError
 
 MAX_SCHEMA_DEPTH = 16
@@ -25,7 +26,7 @@ REPETITION_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minPro
 MAX_REQUEST_WEIGHT = 1 << 20
 # The grammar made, measured: response_format's (one schema) and the tools' (all tools in one grammar).
 MAX_SCHEMA_GRAMMAR_BYTES = 64 * 1024
-MAX_TOOLS_GRAMMAR_BYTES = 256 * 1024
+MAX_TOOLS_GRAMMAR_BYTES = MAX_GRAMMAR_BYTES  # all a grammar may be: the engine's own ceiling (engine/wire.py)
 # A rule name the converter writes where a repetition refers to an item, beyond the property path it is named
 # after; a repetition's item costs at least this.
 RULE_NAME_BYTES = 8

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from host_runtime.engine import wire
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
+from host_runtime.serving.tool_calls import grammar_for, parse_tool_choice, parse_tools
 
 MAX_N = 4
 MAX_TOP_LOGPROBS = 20
@@ -319,8 +320,6 @@ def chat_messages(messages) -> list[dict]:
 
 
 def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> GenerationCall:
-    from host_runtime.serving.tool_calls import grammar_for, parse_tool_choice, parse_tools
-
     check_model(body, served_model)
     if body.get("functions") is not None or body.get("function_call") is not None:
         raise bad("'functions' is the legacy function-calling API; send 'tools' instead", "functions",
