@@ -70,10 +70,11 @@ def test_every_metric_the_dashboard_queries_is_exported(server, tmp_path):
 @pytest.mark.system
 def test_serving_metrics_join_the_governors_and_say_up_0_with_a_200(tmp_path):
     """No engine answers here: everycycle_up 0 comes with a 200 (Prometheus drops a 503's samples), and the
-    governor's fresh file is in the same answer."""
+    governor's Prometheus file is in the same answer while its state (written with it) is fresh."""
     state = tmp_path / "governor.json"
     _governor_text(tmp_path)
     (tmp_path / "g.prom").rename(state.with_suffix(".prom"))
+    (tmp_path / "g.json").rename(state)
     port = free_port()
     proc = Proc(everycycle("serve", "--port", str(port), "--engine-socket", str(tmp_path / "none.sock"),
                            "--governor-state", str(state), "--metrics-access", "open", "--workers", "1"),
