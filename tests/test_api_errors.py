@@ -50,7 +50,6 @@ BAD_CHAT = [
     ("max_tokens negative", {"model": MODEL_ID, "messages": MSGS, "max_tokens": -5}, "max_tokens"),
     ("max_tokens string", {"model": MODEL_ID, "messages": MSGS, "max_tokens": "10"}, "max_tokens"),
     ("max_tokens bool", {"model": MODEL_ID, "messages": MSGS, "max_tokens": True}, "max_tokens"),
-    ("max_tokens past context", {"model": MODEL_ID, "messages": MSGS, "max_tokens": 100000}, "max_tokens"),
     ("temperature too high", {"model": MODEL_ID, "messages": MSGS, "temperature": 7}, "temperature"),
     ("temperature string", {"model": MODEL_ID, "messages": MSGS, "temperature": "hot"}, "temperature"),
     ("top_p out of range", {"model": MODEL_ID, "messages": MSGS, "top_p": 1.5}, "top_p"),
@@ -190,12 +189,21 @@ def test_prompt_longer_than_context_states_both_counts(server, api_key):
     assert "2048" in doc["error"]["message"] and "300" in doc["error"]["message"]
 
 
-def test_prompt_plus_max_tokens_past_context(server, api_key):
-    body = {"model": MODEL_ID, "prompt": "word " * 1500, "max_tokens": 1000}
+def test_max_tokens_past_the_context_is_served_until_the_context_ends(server, api_key):
+    # An agent's max_tokens of 32000 is a ceiling (Claude Code sends it on every request): the answer ends where
+    # the context does, with finish_reason "length", as llama-server's and Ollama's do. End-of-generation tokens
+    # are banned so that it runs to the end.
+    no_end = {str(t): -100 for t in (0, 2, 4)}  # SmolLM2's end-of-generation tokens
+    body = {"model": MODEL_ID, "prompt": "word " * 2000, "max_tokens": 32000, "logit_bias": no_end,
+            "temperature": 0}
     status, doc, _ = post_raw(server, COMPLETIONS, json.dumps(body).encode(), api_key[1])
-    assert status == 400
-    assert_openai_error(doc, "max_tokens")
-    assert "2048" in doc["error"]["message"]
+    assert status == 200, doc
+    assert doc["choices"][0]["finish_reason"] == "length"
+    assert doc["usage"]["total_tokens"] == 2048 and doc["usage"]["completion_tokens"] < 100
+    # Claude Code's request: a short prompt, max_tokens 32000, over the Messages API (a 400 before).
+    body = {"model": MODEL_ID, "max_tokens": 32000, "messages": [{"role": "user", "content": "Say hi."}]}
+    status, doc, _ = post_raw(server, "/v1/messages", json.dumps(body).encode(), api_key[1])
+    assert status == 200 and doc["stop_reason"] in ("end_turn", "max_tokens"), doc
 
 
 def test_streamed_request_refused_before_the_stream_starts(server, api_key):

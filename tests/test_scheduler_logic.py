@@ -188,9 +188,12 @@ def test_the_context_end_finishes_with_length(make):
     events = Events()
     engine.start()
     assert engine.check_fits(20, None, "prompt") == 12  # no max_tokens: what the context leaves
-    with pytest.raises(RequestRejected) as err:
-        engine.check_fits(20, 13, "prompt")
-    assert err.value.code == "context_length_exceeded" and err.value.param == "max_tokens"
+    assert engine.check_fits(20, 32000, "prompt") == 12 and engine.check_fits(20, 5, "prompt") == 5  # a ceiling
+    for n_prompt in (32, 40):
+        with pytest.raises(RequestRejected) as err:
+            engine.check_fits(n_prompt, 1, "messages")
+        assert err.value.code == "context_length_exceeded" and err.value.param == "messages"
+        assert f"the prompt is {n_prompt} tokens" in err.value.message and "holds 32 tokens" in err.value.message
     ask(engine, events, "c", "a" * 20, max_tokens=100)
     events.wait("c")
     assert events.of("c")[-2].finish_reason == "length" and len(events.text("c")) == 12  # 20 + 12 = the context

@@ -211,7 +211,9 @@ class Engine:
         return seconds
 
     def check_fits(self, n_prompt: int, max_tokens: int | None, prompt_param: str) -> int:
-        """Validate lengths against the per-sequence context; return the effective max_tokens."""
+        """The tokens this request may generate: its max_tokens, cut to what the context leaves after the prompt
+        (an agent's max_tokens of 32000 is a ceiling, not a promise: generation ends where the context does, with
+        finish_reason "length", as llama-server and Ollama do). A prompt that alone does not fit is a 400."""
         n_ctx = self.model.n_ctx_per_seq
         if n_prompt == 0:
             raise RequestRejected(400, "the prompt is empty", param=prompt_param)
@@ -220,15 +222,8 @@ class Engine:
                 400,
                 f"the prompt is {n_prompt} tokens but this model's context holds {n_ctx} tokens; shorten it",
                 param=prompt_param, code="context_length_exceeded")
-        if max_tokens is None:
-            return n_ctx - n_prompt
-        if n_prompt + max_tokens > n_ctx:
-            raise RequestRejected(
-                400,
-                f"this model's context holds {n_ctx} tokens; you asked for {n_prompt + max_tokens} "
-                f"({n_prompt} in the prompt, {max_tokens} to generate); lower max_tokens to at most {n_ctx - n_prompt}",
-                param="max_tokens", code="context_length_exceeded")
-        return max_tokens
+        left = n_ctx - n_prompt
+        return left if max_tokens is None else min(max_tokens, left)
 
     def submit(self, request: GenerationRequest) -> None:
         if request.n > self.model.n_parallel:
