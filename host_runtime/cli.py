@@ -91,7 +91,10 @@ def _run_dir(explicit: str | None = None) -> Path:
     return Path(explicit or os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
 
 
-DEFAULT_CTX = 4096
+# A cap, not a size: a model is served at the context it was trained for (its GGUF's context_length), up to this,
+# as agents' 10,000-25,000-token prompts need; the planner lowers the sequences, then the context, where memory is
+# short, and says so. --ctx-size (serving.toml's context_length) sets another cap.
+DEFAULT_CTX = 32768
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -99,7 +102,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_non_negative, default=0, metavar="N", help="CPU threads for llama.cpp (0: all cores)")
     p.add_argument("--decode-threads", type=_non_negative, default=0, metavar="N",
                    help="CPU threads for a decode call of one token, a lone stream's step (0: as --threads)")
-    p.add_argument("--ctx-size", type=_positive, metavar="N", help="context tokens per sequence (default 4096)")
+    p.add_argument("--ctx-size", type=_positive, metavar="N",
+                   help="context tokens per sequence, at most the model's trained context (default: the trained "
+                        f"context, up to {DEFAULT_CTX})")
     p.add_argument("--parallel", type=_positive, metavar="N",
                    help="sequences decoded together (default: as many as --kv-budget-mib holds at full context, up to 16)")
     p.add_argument("--kv-budget-mib", type=_positive, default=1024, metavar="MIB",
@@ -240,7 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Plan a model's placement (layers per device, weights, KV, compute, margin), "
                                       "proven with llama.cpp's own dry run. Exit 0 when it fits, 1 when it does not.")
     plan.add_argument("--model", metavar="PATH", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
-    plan.add_argument("--ctx-size", type=_positive, default=4096, metavar="N", help="context tokens per sequence (default 4096)")
+    plan.add_argument("--ctx-size", type=_positive, default=DEFAULT_CTX, metavar="N",
+                      help=f"context tokens per sequence, at most the model's trained context (default: the trained "
+                           f"context, up to {DEFAULT_CTX})")
     plan.add_argument("--parallel", type=_positive, metavar="N",
                       help="sequences decoded together (default: as many as --kv-budget-mib holds, up to 16)")
     plan.add_argument("--kv-budget-mib", type=_positive, default=1024, metavar="MIB",

@@ -140,7 +140,8 @@ class EngineService:
             model_path=str(Path(self.model_path).resolve()), pid=os.getpid(),
             busy=bool(figures.get("requests_processing") or figures.get("requests_deferred")),
             load_progress=self.load_progress, tool_format=self.prompts.tool_format if self.prompts else None,
-            n_ctx=m.n_ctx_per_seq if m else None, n_parallel=m.n_parallel if m else None,
+            n_ctx=m.n_ctx_per_seq if m else None, n_ctx_train=m.model.n_ctx_train() if m else None,
+            n_parallel=m.n_parallel if m else None,
             max_waiting=m.capacity.max_waiting if m else None, placement=m.placement.to_json() if m else None,
             pooling=m.pooling if m else None, recent=self.engine.metrics.recent() if self.engine else None)
 

@@ -288,7 +288,8 @@ class EngineInfo:
     busy: bool = False              # requests running or deferred
     load_progress: float | None = None
     tool_format: str | None = None
-    n_ctx: int | None = None        # the context each sequence gets
+    n_ctx: int | None = None        # the context each sequence gets (what it is served at)
+    n_ctx_train: int | None = None  # what the model was trained for (its GGUF's context_length)
     n_parallel: int | None = None
     max_waiting: int | None = None
     pooling: str | None = None      # an embedding or reranking model's pooling

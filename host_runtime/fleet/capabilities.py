@@ -26,6 +26,7 @@ class ModelCapability:
     ttft_p50_s: float | None = None     # median of the last 64 requests' time to first token
     prefix_cache_bytes: dict[str, int] = field(default_factory=dict)  # tier -> bytes held
     kv_bytes_per_token: int | None = None   # one token's K and V over all layers (the planner's figure)
+    trained_context_length: int | None = None  # what it was trained for; context_length is what it is served at
 
 
 @dataclass(frozen=True)

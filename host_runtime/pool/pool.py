@@ -71,6 +71,13 @@ class EnginePool:
 
     # ---- what exists -----------------------------------------------------------------------------------------
 
+    def _served_context(self, path: str, trained: int) -> int | None:
+        """The context a model not loaded would be served at: its trained one, capped by the engines' setting
+        (the planner may lower it further where memory is short; its engine's own figure replaces this)."""
+        options = self.engine_options(path)
+        cap = options.context.n_ctx_per_seq if options is not None else None
+        return min(cap, trained) if cap else trained
+
     def _need(self, path: str) -> int:
         """Room a model takes, as the planner counts it (kept per file version: asked on every acquire and sweep)."""
         try:
@@ -100,11 +107,14 @@ class EnginePool:
             loaded = dict(self._loaded)
         rows = []
         for name, info in self.available().items():
-            state = "available"
+            state, served, trained = "available", None, info["context_length"]
             if name in loaded:
-                state = _engine_state(loaded[name].socket)
-            rows.append(PoolModel(name, state, bool(info["pinned"]) or name == self.default_name, info["context_length"],
-                                  loaded[name].socket if name in loaded else None))
+                state, served, n_ctx_train = _engine_state(loaded[name].socket)
+                trained = trained or n_ctx_train
+            if served is None and trained and name != self.default_name:
+                served = self._served_context(info["path"], trained)
+            rows.append(PoolModel(name, state, bool(info["pinned"]) or name == self.default_name, served,
+                                  loaded[name].socket if name in loaded else None, trained_context_length=trained))
         pulling = self.provisioned.status if self.provisioned is not None else None
         if pulling is not None and pulling.state != "pulled" and all(r.id != pulling.name for r in rows):
             rows.append(PoolModel(pulling.name, "downloading" if pulling.state != "failed" else "failed",
@@ -134,7 +144,7 @@ class EnginePool:
                 entry.last_used = time.monotonic()
                 if keep_alive_s != DEFAULT_KEEP_ALIVE and not entry.pinned:
                     entry.keep_alive_s = keep
-                return Acquired(entry.socket, _engine_state(entry.socket))
+                return Acquired(entry.socket, _engine_state(entry.socket)[0])
             info = self.available().get(name)
             if info is None and self.provisioned is not None and self.provisioned.status.name == name \
                     and self.provisioned.status.state != "failed":
@@ -327,13 +337,14 @@ def _refusal(status: int, message: str, **kw) -> RequestRejected:
     return RequestRejected(status, message, **kw)
 
 
-def _engine_state(socket_path: str) -> str:
-    """loaded, loading, or failed, as the engine says."""
+def _engine_state(socket_path: str) -> tuple[str, int | None, int | None]:
+    """(loaded, loading or failed, as the engine says; the context it serves at; the one it was trained for)."""
     try:
-        state = EngineClient(socket_path).info(timeout=1.0).state
+        info = EngineClient(socket_path).info(timeout=1.0)
     except EngineUnavailable:
-        return "loading"
-    return {"ready": "loaded", "loading": "loading"}.get(state, state or "loading")
+        return "loading", None, None
+    return {"ready": "loaded", "loading": "loading"}.get(info.state, info.state or "loading"), info.n_ctx, \
+        info.n_ctx_train
 
 
 def _rss(proc) -> int | None:

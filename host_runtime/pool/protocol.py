@@ -27,9 +27,10 @@ class PoolModel:
     id: str
     state: str                  # loaded, loading, available, downloading, failed
     pinned: bool = False
-    context_length: int | None = None
+    context_length: int | None = None  # the context it is served at (its engine's; else what its engine would get)
     socket: str | None = None   # its engine's socket, while it has one
     download: Download | None = None
+    trained_context_length: int | None = None  # what it was trained for (its GGUF's context_length)
 
     def to_wire(self) -> dict:
         return asdict(self)
@@ -38,7 +39,7 @@ class PoolModel:
     def from_wire(cls, doc: dict) -> "PoolModel":
         download = doc.get("download")
         return cls(str(doc["id"]), str(doc["state"]), bool(doc.get("pinned")), doc.get("context_length"),
-                   doc.get("socket"), Download(**download) if download else None)
+                   doc.get("socket"), Download(**download) if download else None, doc.get("trained_context_length"))
 
 
 # ---- requests ----------------------------------------------------------------------------------------------

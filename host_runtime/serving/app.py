@@ -296,7 +296,8 @@ class Models:
     def _entry(row) -> dict:
         """A pool.protocol.PoolModel as the API lists it."""
         entry = {"id": row.id, "object": "model", "created": 0, "owned_by": "everycycle",
-                 "context_length": row.context_length, "state": row.state, "pinned": row.pinned}
+                 "context_length": row.context_length, "trained_context_length": row.trained_context_length,
+                 "state": row.state, "pinned": row.pinned}
         if row.download is not None:  # the bundle's model, being pulled: how far, or why it failed
             entry["download"] = asdict(row.download)
         return entry

@@ -16,18 +16,20 @@ from host_runtime.fleet.capabilities import (Capabilities, ModelCapability, drai
 def _model(row, info: EngineInfo | None) -> ModelCapability:
     """row: the pool's PoolModel; info: its engine's answer to `info`, when it has a ready one."""
     if info is None or not info.ready:
-        return ModelCapability(row.id, row.state, row.context_length, row.pinned)
+        return ModelCapability(row.id, row.state, row.context_length, row.pinned,
+                               trained_context_length=row.trained_context_length)
     recent = info.recent or {}
     placement = {d["device"]: d["n_layers"] for d in (info.placement or {}).get("devices", [])}
     total = info.n_parallel or 0
     allowed = recent.get("sequences_allowed") or total  # the governor's hint, once the engine has read it
     running = int(recent.get("running") or 0)
     return ModelCapability(
-        row.id, "loaded", row.context_length or info.n_ctx, row.pinned, placement,
+        row.id, "loaded", info.n_ctx or row.context_length, row.pinned, placement,
         slots_total=total, slots_free=max(0, min(total, allowed) - running),
         queue_depth=int(recent.get("waiting") or 0), tokens_per_s=recent.get("tokens_per_s"),
         ttft_p50_s=recent.get("ttft_p50_s"), prefix_cache_bytes=dict(recent.get("prefix_cache_bytes") or {}),
-        kv_bytes_per_token=(info.placement or {}).get("kv_bytes_per_token"))
+        kv_bytes_per_token=(info.placement or {}).get("kv_bytes_per_token"),
+        trained_context_length=row.trained_context_length or info.n_ctx_train)
 
 
 def hardware(infos: list[EngineInfo]) -> dict:

@@ -72,13 +72,15 @@ class Router:
         """Every model with its state (loaded, loading, available, downloading) and context length."""
         info = self.default_info()
         if self.pool is None:
-            return [PoolModel(info.model_id, "loaded" if info.ready else "loading", True, info.n_ctx)]
+            return [PoolModel(info.model_id, "loaded" if info.ready else "loading", True, info.n_ctx,
+                              trained_context_length=info.n_ctx_train)]
         try:
             rows = self.pool.models()
         except EngineUnavailable as exc:
             raise engine_down(exc) from None
         # The default engine's context is what it runs with, not what the file was trained for.
-        return [replace(r, context_length=info.n_ctx) if r.id == info.model_id else r for r in rows]
+        return [replace(r, context_length=info.n_ctx, trained_context_length=info.n_ctx_train)
+                if r.id == info.model_id else r for r in rows]
 
     def loaded_clients(self) -> list[EngineClient]:
         """Clients of every loaded engine (for /metrics)."""
