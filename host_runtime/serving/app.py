@@ -18,14 +18,15 @@ from host_runtime.engine.client import EngineClient
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.engine.readiness import Verdict, WedgePolicy, unanswered
-from host_runtime.serving import anthropic_protocol, protocol
+from host_runtime.serving import anthropic_protocol, ollama_protocol, protocol
 from host_runtime.serving.anthropic_logic import MessagesLogic
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
 from host_runtime.serving.fleet_unroutable import FleetUnroutable
 from host_runtime.serving.handlers import ServingLogic, call_engine
+from host_runtime.serving.ollama_logic import OllamaLogic
 from host_runtime.serving.routing import Router
 
-OPEN_PATHS = {"/health", "/ready", "/openapi.json"}  # probes and the API's description carry no key;
+OPEN_PATHS = {"/health", "/ready", "/openapi.json", "/api/version"}  # probes and the API's description carry no key;
 # /metrics follows AppConfig.metrics_access
 
 
@@ -376,6 +377,97 @@ class Messages:
         _json(resp, logic.count_tokens(anthropic_protocol.parse_count_tokens(body, info.model_id)))
 
 
+def ndjson_stream(resp: falcon.Response, lines) -> None:
+    """Ollama's streamed answers: one JSON object per line, each passed on at once by the front."""
+    resp.content_type = "application/x-ndjson"
+    resp.set_header("Cache-Control", "no-cache")
+    resp.set_header("X-Accel-Buffering", "no")
+    resp.stream = lines
+
+
+class Ollama:
+    """Ollama's API beside ours (/api/*; serving/ollama_protocol.py says what is mapped and what is ignored)."""
+
+    def __init__(self, router: Router, config: AppConfig):
+        self._router = router
+        self._config = config
+
+    def on_get_version(self, req, resp):
+        _json(resp, {"version": ollama_protocol.VERSION})
+
+    def _listed(self, loaded_only: bool) -> list[dict]:
+        default = self._router.default_info()
+        out = []
+        for row in self._router.models():
+            if loaded_only and row.state != "loaded":
+                continue
+            size = 0
+            if row.id == default.model_id:
+                try:
+                    size = Path(default.model_path).stat().st_size
+                except OSError:
+                    pass
+            entry = {"name": ollama_protocol.listed_name(row.id), "model": ollama_protocol.listed_name(row.id),
+                     "modified_at": ollama_protocol.now_iso(), "size": size, "digest": "",
+                     "details": ollama_protocol.details(None)}
+            if loaded_only:
+                entry |= {"expires_at": ollama_protocol.now_iso(), "size_vram": 0}
+            out.append(entry)
+        return out
+
+    def on_get_tags(self, req, resp):
+        _json(resp, {"models": self._listed(loaded_only=False)})
+
+    def on_get_ps(self, req, resp):
+        _json(resp, {"models": self._listed(loaded_only=True)})
+
+    def on_post_show(self, req, resp):
+        body = read_json(req, self._config.max_body_bytes)
+        name = ollama_protocol.model_name(body, "")
+        row = next((r for r in self._router.models() if r.id == name), None)
+        if row is None:
+            raise APIError(404, f"model '{name}' not found", param="model", code="model_not_found")
+        info = self._router.default_info() if row.id == self._router.default_info().model_id else None
+        _json(resp, {"modelfile": "", "parameters": "", "template": "", "details": ollama_protocol.details(None),
+                     "model_info": {
+                                    "context_length": row.context_length,
+                                    "trained_context_length": row.trained_context_length},
+                     "capabilities": ["embedding"] if info is not None and info.pooling else ["completion", "tools"],
+                     "modified_at": ollama_protocol.now_iso()})
+
+    def _generation(self, req, resp, kind: str):
+        body = read_json(req, self._config.max_body_bytes)
+        client, info = self._router.engine_for(ollama_protocol.model_name(body, ""), keep_alive_of(body))
+        parse = ollama_protocol.parse_chat if kind == "chat" else ollama_protocol.parse_generate
+        call = parse(body, info.model_id, info.tool_format or "generic").scoped(cache_scope(req, self._config))
+        logic = OllamaLogic(ServingLogic(client))
+        name = ollama_protocol.listed_name(info.model_id)
+        if call.stream:
+            ndjson_stream(resp, logic.stream(call, kind, name))
+        else:
+            _json(resp, logic.complete(call, kind, name, client_watch(req)))
+
+    def on_post_chat(self, req, resp):
+        self._generation(req, resp, "chat")
+
+    def on_post_generate(self, req, resp):
+        self._generation(req, resp, "generate")
+
+    def on_post_embed(self, req, resp):
+        body = read_json(req, self._config.max_body_bytes)
+        client, info = self._router.engine_for(ollama_protocol.model_name(body, ""), keep_alive_of(body))
+        started = time.monotonic_ns()
+        doc = ServingLogic(client).embed(ollama_protocol.parse_embed(body, info.model_id), info.model_id,
+                                         client_watch(req))
+        vectors = [d["embedding"] for d in doc["data"]]
+        if req.path == "/api/embeddings":  # the legacy endpoint: one prompt, one vector
+            _json(resp, {"embedding": vectors[0]})
+            return
+        _json(resp, {"model": ollama_protocol.listed_name(info.model_id), "embeddings": vectors,
+                     "total_duration": time.monotonic_ns() - started, "load_duration": 0,
+                     "prompt_eval_count": doc["usage"]["prompt_tokens"]})
+
+
 class Embeddings:
     def __init__(self, router: Router, config: AppConfig):
         self._router = router
@@ -416,6 +508,10 @@ def create_app(config: AppConfig) -> falcon.App:
     messages = Messages(router, config)
     app.add_route("/v1/messages", messages)
     app.add_route("/v1/messages/count_tokens", messages, suffix="count")
+    ollama = Ollama(router, config)
+    for path, suffix in (("version", "version"), ("tags", "tags"), ("ps", "ps"), ("show", "show"), ("chat", "chat"),
+                         ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed")):
+        app.add_route(f"/api/{path}", ollama, suffix=suffix)
     from host_runtime.serving.capabilities import CapabilitiesResource
 
     app.add_route("/v1/everycycle/capabilities", CapabilitiesResource(router, config))

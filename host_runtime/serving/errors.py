@@ -24,6 +24,7 @@ def body_of(err: RequestRejected) -> dict:
 
 
 ANTHROPIC_PATHS = ("/v1/messages",)  # answered in the Messages API's error shape
+OLLAMA_PATHS = ("/api/",)            # answered in Ollama's: {"error": "message"}
 
 
 def _write(resp: falcon.Response, err: RequestRejected, req=None) -> None:
@@ -31,6 +32,10 @@ def _write(resp: falcon.Response, err: RequestRejected, req=None) -> None:
     resp.content_type = falcon.MEDIA_JSON
     if req is not None and req.path.startswith(ANTHROPIC_PATHS):
         from host_runtime.serving.anthropic_protocol import error_body
+
+        resp.text = json.dumps(error_body(err))
+    elif req is not None and req.path.startswith(OLLAMA_PATHS):
+        from host_runtime.serving.ollama_protocol import error_body
 
         resp.text = json.dumps(error_body(err))
     else:

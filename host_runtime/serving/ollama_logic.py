@@ -1,0 +1,82 @@
+"""Serving logic of Ollama's API: one engine generation (the chat API's) shaped into Ollama's answer, whole or as
+NDJSON lines (a line per piece of text, then a last line with `done: true` and the counts)."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from host_runtime.engine import wire
+from host_runtime.engine.client import GenerationStream
+from host_runtime.engine.ipc import EngineUnavailable
+from host_runtime.serving import ollama_protocol as ollama
+from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
+from host_runtime.serving.protocol import GenerationCall
+from host_runtime.serving.tool_calls import ToolCallStream, parse_output
+
+
+class OllamaLogic:
+    def __init__(self, logic: ServingLogic):
+        self.logic = logic
+
+    @staticmethod
+    def _calls(call: GenerationCall, text: str, finish: str | None) -> tuple[str, list]:
+        if not call.tools:
+            return text, []
+        content, calls = parse_output(text, call.tools, truncated=finish == "length")
+        calls = calls if call.tool_choice.parallel else calls[:1]
+        return (content, calls) if calls else (text, [])
+
+    def complete(self, call: GenerationCall, kind: str, model: str, client_gone=None) -> dict:
+        """kind: "chat" (a message) or "generate" (a response string)."""
+        started = time.monotonic_ns()
+        stream = self.logic._open(call, client_gone)
+        choices = Choices(1, stream.prompt_tokens).gather(stream)
+        content, calls = self._calls(call, choices.text[0], choices.finish[0])
+        answer = {"message": {"role": "assistant", "content": content,
+                              **({"tool_calls": ollama.tool_calls(calls)} if calls else {})}} \
+            if kind == "chat" else {"response": content}
+        return ollama.final_line(model, started, choices.prompt_tokens, choices.completion_tokens,
+                                 ollama.done_reason(choices.finish[0]), **answer)
+
+    def stream(self, call: GenerationCall, kind: str, model: str) -> Iterator[bytes]:
+        """Open the generation now (so refusals are real HTTP errors), then stream the lines."""
+        return self._lines(self.logic._open(call), call, kind, model, time.monotonic_ns())
+
+    def _lines(self, stream: GenerationStream, call: GenerationCall, kind: str, model: str,
+               started: int) -> Iterator[bytes]:
+        splitter = ToolCallStream(call.tools) if call.tools and kind == "chat" else None
+
+        def piece(text: str = "", calls=()) -> bytes:
+            if kind == "chat":
+                message = {"role": "assistant", "content": text}
+                if calls:
+                    message["tool_calls"] = ollama.tool_calls(calls)
+                return ollama.ndjson({"model": model, "created_at": ollama.now_iso(), "message": message,
+                                      "done": False})
+            return ollama.ndjson({"model": model, "created_at": ollama.now_iso(), "response": text, "done": False})
+
+        finish, completion_tokens = None, 0
+        try:
+            for event in stream:
+                if isinstance(event, wire.Token):
+                    text = splitter.feed(event.text) if splitter else event.text
+                    if text:
+                        yield piece(text)
+                elif isinstance(event, wire.Finish):
+                    finish, completion_tokens = event.finish_reason, event.completion_tokens
+                    if splitter:
+                        rest, calls = splitter.finish(truncated=finish == "length")
+                        calls = calls if call.tool_choice.parallel else calls[:1]
+                        if rest or calls:
+                            yield piece(rest, calls)
+                elif isinstance(event, wire.Error):
+                    yield ollama.ndjson(ollama.error_body(event.error))
+                    return
+            last = {"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""}
+            yield ollama.ndjson(ollama.final_line(model, started, stream.prompt_tokens, completion_tokens,
+                                                  ollama.done_reason(finish), **last))
+        except EngineUnavailable as exc:
+            yield ollama.ndjson(ollama.error_body(engine_down(exc)))
+        finally:
+            stream.close()

@@ -1,0 +1,217 @@
+"""Ollama's API (pure): /api/chat, /api/generate and /api/embed bodies checked into the same engine calls the
+OpenAI API makes, and the shapes of Ollama's answers (NDJSON lines, model listings), for the tools that speak only
+Ollama (Open WebUI's model manager, Continue's `ollama` provider, Home Assistant's Ollama integration).
+
+A body is mapped onto the chat/completions schema and checked by its rules (protocol.py), so the limits are the
+same; a refusal names Ollama's field (`options.num_predict`, not `max_tokens`). Accepted and ignored, as they have
+no meaning here: `options` other than those in OPTIONS (top_k, min_p, repeat_penalty, num_ctx, num_gpu, mirostat,
+...), `think`, `raw`, `template`, `context`, `truncate`, `images` (refused when not empty: text only).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from host_runtime.serving import protocol
+from host_runtime.serving.errors import APIError
+from host_runtime.serving.protocol import GenerationCall, bad, field_of
+
+VERSION = "0.6.3"  # what /api/version says: the Ollama API this follows (clients check for features by it)
+TAG = ":latest"    # Ollama names carry a tag; ours have none: listed with ":latest", accepted with or without
+NO_LIMIT = 1 << 30  # max_tokens for "no limit": the engine ends the answer where the context does
+# Ollama's option -> the OpenAI field it becomes; every other option is ignored.
+OPTIONS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "num_predict": "max_tokens",
+           "stop": "stop", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+# The OpenAI field a refusal names -> the Ollama field the client sent.
+_PARAM_OF = {v: f"options.{k}" for k, v in OPTIONS.items()} | {"response_format": "format",
+                                                                 "response_format.json_schema.schema": "format"}
+
+
+def error_body(err) -> dict:
+    """Ollama's error shape: {"error": "message"} (its client raises ResponseError with it and the status)."""
+    return {"error": err.message}
+
+
+def model_name(body: dict, served: str) -> str:
+    """The model a body names, its tag dropped; the served one when it names none (Ollama requires a name: so do we
+    where a client sends an empty one)."""
+    name = field_of(body, "model", str)
+    if not name:
+        raise bad("'model' is required", "model", "missing_required_parameter")
+    return name[:-len(TAG)] if name.endswith(TAG) else name
+
+
+def _renamed(err: APIError) -> APIError:
+    param = _PARAM_OF.get(err.param or "", err.param)
+    message = err.message
+    if err.param in _PARAM_OF:
+        message = message.replace(f"'{err.param}'", f"'{param}'")
+    return APIError(err.status, message, param=param, code=err.code)
+
+
+def _options(body: dict) -> dict:
+    options = field_of(body, "options", dict, {})
+    out = {}
+    for name, target in OPTIONS.items():
+        value = options.get(name)
+        if value is None:
+            continue
+        if name == "num_predict":
+            if isinstance(value, bool) or not isinstance(value, int) or value < -2 or value == 0:
+                raise bad("'options.num_predict' must be a positive integer, -1 (no limit) or -2 (fill the "
+                          "context)", "options.num_predict")
+            if value < 0:
+                continue  # no limit: as long as the context lasts
+        out[target] = value
+    return out
+
+
+def _format(body: dict) -> dict | None:
+    fmt = body.get("format")
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return {"type": "json_object"}
+    if isinstance(fmt, dict):
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    raise bad("'format' must be \"json\" or a JSON Schema object", "format", "invalid_type")
+
+
+def _no_images(message: dict, where: str) -> None:
+    if message.get("images"):
+        raise bad(f"'{where}.images': this model reads text only", f"{where}.images", "unsupported_value")
+
+
+def _messages(body: dict) -> list[dict]:
+    """Ollama's messages in the chat API's shape: tool calls' arguments are objects there, strings here."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("'messages' must be a non-empty array of messages", "messages",
+                  "missing_required_parameter" if messages is None else "invalid_type")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad(f"'messages[{i}]' must be an object with 'role' and 'content'", f"messages[{i}]",
+                      "invalid_type")
+        _no_images(m, f"messages[{i}]")
+        entry = {"role": m.get("role"), "content": m.get("content") if m.get("content") is not None else ""}
+        calls = m.get("tool_calls")
+        if calls:
+            if not isinstance(calls, list):
+                raise bad(f"'messages[{i}].tool_calls' must be an array", f"messages[{i}].tool_calls", "invalid_type")
+            entry["tool_calls"] = []
+            for j, call in enumerate(calls):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise bad(f"'messages[{i}].tool_calls[{j}]' must be {{\"function\": {{\"name\", \"arguments\"}}}}",
+                              f"messages[{i}].tool_calls[{j}]", "invalid_type")
+                args = fn.get("arguments", {})
+                entry["tool_calls"].append({"id": f"call_{i}_{j}", "type": "function", "function": {
+                    "name": fn["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        if m.get("role") == "tool":
+            # Ollama names the tool (tool_name) rather than the call; the template needs an id: the latest call's.
+            entry["tool_call_id"] = _latest_call_id(out, m.get("tool_name"))
+        out.append(entry)
+    return out
+
+
+def _latest_call_id(previous: list[dict], tool_name) -> str:
+    for entry in reversed(previous):
+        for call in reversed(entry.get("tool_calls") or []):
+            if tool_name is None or call["function"]["name"] == tool_name:
+                return call["id"]
+    return "call_0"
+
+
+def _common(body: dict) -> dict:
+    """The OpenAI body's sampling fields, from Ollama's options and format."""
+    openai = {"stream": field_of(body, "stream", bool, True), **_options(body)}  # Ollama streams by default
+    fmt = _format(body)
+    if fmt is not None:
+        openai["response_format"] = fmt
+    return openai
+
+
+def parse_chat(body: dict, served: str, tool_format: str) -> GenerationCall:
+    model_name(body, served)
+    openai = {"model": served, "messages": _messages(body), **_common(body)}
+    if body.get("tools"):
+        openai["tools"] = body["tools"]
+        # EveryCycle's own field (Ollama has none): the chat API's tool_choice, to require a call.
+        if body.get("tool_choice") is not None:
+            openai["tool_choice"] = body["tool_choice"]
+    try:
+        return protocol.parse_chat(openai, served, tool_format)
+    except APIError as err:
+        raise _renamed(err) from None
+
+
+def parse_generate(body: dict, served: str, tool_format: str) -> GenerationCall:
+    """/api/generate: a prompt with an optional system prompt, rendered by the chat template (Ollama's default);
+    `raw: true` sends the prompt as it is."""
+    model_name(body, served)
+    prompt = field_of(body, "prompt", str)
+    if prompt is None or prompt == "":
+        raise bad("'prompt' is required", "prompt", "missing_required_parameter")
+    _no_images(body, "body")
+    if body.get("suffix"):
+        raise bad("'suffix' (fill-in-the-middle) is not supported by this server", "suffix", "unsupported_parameter")
+    common = _common(body)
+    try:
+        if field_of(body, "raw", bool, False):
+            # No num_predict: no limit (Ollama's default), which the engine ends where the context does.
+            return protocol.parse_completion({"model": served, "prompt": prompt, "max_tokens": NO_LIMIT, **common},
+                                             served)
+        system = field_of(body, "system", str)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        return protocol.parse_chat({"model": served, "messages": messages, **common}, served, tool_format)
+    except APIError as err:
+        raise _renamed(err) from None
+
+
+def parse_embed(body: dict, served: str) -> protocol.EmbeddingCall:
+    model_name(body, served)
+    data = body.get("input") if "input" in body else body.get("prompt")  # /api/embeddings (legacy) sends prompt
+    return protocol.parse_embeddings({"model": served, "input": data}, served)
+
+
+# ---- answers ---------------------------------------------------------------------------------------------------
+
+def now_iso() -> str:
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+
+
+def listed_name(model_id: str) -> str:
+    return model_id + TAG
+
+
+def details(info: dict | None) -> dict:
+    """A model's `details` as Ollama lists them (from the store's manifest, where it has one)."""
+    info = info or {}
+    arch = info.get("architecture") or ""
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
+            "parameter_size": info.get("parameter_size") or "", "quantization_level": info.get("quantization") or ""}
+
+
+def final_line(model: str, started_ns: int, prompt_tokens: int, completion_tokens: int, done_reason: str,
+               **extra) -> dict:
+    total = time.monotonic_ns() - started_ns
+    return {"model": model, "created_at": now_iso(), **extra, "done": True, "done_reason": done_reason,
+            "total_duration": total, "load_duration": 0, "prompt_eval_count": prompt_tokens,
+            "prompt_eval_duration": 0, "eval_count": completion_tokens, "eval_duration": total}
+
+
+def done_reason(finish: str | None) -> str:
+    return {"length": "length", "tool_calls": "stop"}.get(finish or "stop", "stop")
+
+
+def tool_calls(calls) -> list[dict]:
+    """Our tool calls as Ollama gives them: arguments as an object, no ids needed."""
+    return [{"function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
+def ndjson(doc: dict) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+

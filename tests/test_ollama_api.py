@@ -1,0 +1,106 @@
+"""Ollama's API, driven by the official `ollama` Python client against the real server (the session's: default
+model, a key required, sent as Ollama clients send it: Authorization: Bearer)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import ollama
+import pytest
+
+from tests.conftest import MODEL_ID
+
+pytestmark = pytest.mark.system
+
+NAME = MODEL_ID + ":latest"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+GREEDY = {"temperature": 0, "num_predict": 12}
+
+
+@pytest.fixture(scope="module")
+def client(server, api_key):
+    return ollama.Client(host=server, headers={"Authorization": f"Bearer {api_key[1]}"}, timeout=120)
+
+
+def test_the_model_is_listed_and_shown_with_the_context_it_is_served_at(client):
+    listed = client.list()
+    assert [m.model for m in listed.models] == [NAME] and listed.models[0].size > 50 << 20
+    assert [m.model for m in client.ps().models] == [NAME]
+    shown = client.show(NAME)
+    assert shown.modelinfo["context_length"] == 2048 and shown.modelinfo["trained_context_length"] == 8192
+    assert "completion" in shown.capabilities
+
+
+def test_a_chat_whole_and_streamed_gives_the_same_greedy_answer(client):
+    ask = [{"role": "user", "content": "Name a colour."}]
+    whole = client.chat(model=NAME, messages=ask, options=GREEDY)
+    assert whole.done and whole.message.role == "assistant" and whole.message.content
+    assert whole.done_reason in ("stop", "length") and 1 <= whole.eval_count <= 12 and whole.prompt_eval_count > 5
+    parts = list(client.chat(model=MODEL_ID, messages=ask, options=GREEDY, stream=True))  # the name without its tag
+    assert parts[-1].done and not any(p.done for p in parts[:-1]) and parts[-1].eval_count == whole.eval_count
+    assert "".join(p.message.content for p in parts) == whole.message.content
+
+
+def test_generate_whole_and_streamed(client):
+    whole = client.generate(model=NAME, prompt="The capital of France is", options=GREEDY)
+    assert whole.done and whole.response
+    raw = client.generate(model=NAME, prompt="The capital of France is", raw=True, options=GREEDY, stream=True)
+    parts = list(raw)
+    assert parts[-1].done and "".join(p.response for p in parts)
+
+
+def test_format_constrains_the_answer_to_the_schema(client):
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"]}
+    answer = client.chat(model=NAME, messages=[{"role": "user", "content": "Name a colour as JSON."}], format=schema,
+                         options={"temperature": 0, "num_predict": 40})
+    assert isinstance(json.loads(answer.message.content)["colour"], str)
+
+
+def _post(server: str, key: str, path: str, body: dict) -> list[dict]:
+    req = urllib.request.Request(server + path, json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return [json.loads(line) for line in r.read().splitlines() if line.strip()]
+
+
+def test_a_tool_call_comes_back_as_ollama_gives_it(client, server, api_key):
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    # Ollama has no tool_choice; EveryCycle's own field requires the call, so that the small model makes one. Its
+    # answer, whole and streamed, read by the client's own response type.
+    body = {"model": NAME, "messages": ask, "tools": [WEATHER], "tool_choice": "required",
+            "options": {"temperature": 0, "num_predict": 60}}
+    (whole,) = _post(server, api_key[1], "/api/chat", {**body, "stream": False})
+    lines = [ollama.ChatResponse.model_validate(doc) for doc in _post(server, api_key[1], "/api/chat", body)]
+    streamed = [c for line in lines for c in line.message.tool_calls or []]
+    answer = ollama.ChatResponse.model_validate(whole)
+    calls = answer.message.tool_calls or []
+    assert calls and calls[0].function.name == "get_weather" and isinstance(calls[0].function.arguments, dict)
+    assert [c.function for c in streamed] == [c.function for c in calls] and lines[-1].done
+    # The call and its result go back as Ollama's clients send them (arguments as an object, tool_name).
+    follow = ask + [{"role": "assistant", "content": "", "tool_calls": [{"function": {
+        "name": "get_weather", "arguments": calls[0].function.arguments}}]},
+        {"role": "tool", "tool_name": "get_weather", "content": "Sunny, 21 C"}]
+    assert client.chat(model=NAME, messages=follow, options=GREEDY).done
+
+
+def test_embed(client):
+    got = client.embed(model=NAME, input=["hello", "world"])
+    assert len(got.embeddings) == 2 and len(got.embeddings[0]) == 576
+    assert abs(sum(x * x for x in got.embeddings[0]) - 1) < 1e-3
+
+
+def test_refusals_are_ollamas_error_shape_naming_the_field(client, server, api_key):
+    with pytest.raises(ollama.ResponseError) as err:
+        client.chat(model=NAME, messages=[{"role": "user", "content": "hi"}], options={"temperature": 9})
+    assert err.value.status_code == 400 and "'options.temperature'" in err.value.error
+    with pytest.raises(ollama.ResponseError) as err:
+        client.chat(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as err:
+        ollama.Client(host=server).list()  # no key
+    assert err.value.status_code == 401
+    with urllib.request.urlopen(f"{server}/api/version", timeout=10) as r:  # open, as Ollama's: tools probe it
+        assert json.loads(r.read())["version"]
