@@ -66,7 +66,7 @@ def test_schemathesis_finds_no_server_error_and_the_engine_survives(tmp_path, ap
         doc["components"]["schemas"]["Sampling"]["properties"]["model"] = pinned
         doc["components"]["schemas"]["EmbeddingRequest"]["properties"]["model"] = pinned
         doc["components"]["schemas"]["MessagesRequest"]["properties"]["model"] = pinned
-        for name in ("OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest", "OllamaEmbeddingsRequest",
+        for name in ("ResponsesRequest", "OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest", "OllamaEmbeddingsRequest",
                      "OllamaShowRequest"):
             doc["components"]["schemas"][name]["properties"]["model"] = pinned
         (tmp_path / "openapi.json").write_text(json.dumps(doc))

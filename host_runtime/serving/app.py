@@ -18,12 +18,13 @@ from host_runtime.engine.client import EngineClient
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.engine.readiness import Verdict, WedgePolicy, unanswered
-from host_runtime.serving import anthropic_protocol, ollama_protocol, protocol
+from host_runtime.serving import anthropic_protocol, ollama_protocol, protocol, responses_protocol
 from host_runtime.serving.anthropic_logic import MessagesLogic
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
 from host_runtime.serving.fleet_unroutable import FleetUnroutable
 from host_runtime.serving.handlers import ServingLogic, call_engine
 from host_runtime.serving.ollama_logic import OllamaLogic
+from host_runtime.serving.responses_logic import ResponsesLogic
 from host_runtime.serving.routing import Router
 
 OPEN_PATHS = {"/health", "/ready", "/openapi.json", "/api/version"}  # probes and the API's description carry no key;
@@ -377,6 +378,25 @@ class Messages:
         _json(resp, logic.count_tokens(anthropic_protocol.parse_count_tokens(body, info.model_id)))
 
 
+class Responses:
+    """OpenAI's Responses API (POST /v1/responses), stateless: what Codex CLI and the Agents SDK speak."""
+
+    def __init__(self, router: Router, config: AppConfig):
+        self._router = router
+        self._config = config
+
+    def on_post(self, req, resp):
+        body = read_json(req, self._config.max_body_bytes)
+        client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
+        call = responses_protocol.parse_responses(body, info.model_id, info.tool_format or "generic")
+        call = call.scoped(cache_scope(req, self._config))
+        logic = ResponsesLogic(ServingLogic(client))
+        if call.stream:
+            event_stream(resp, logic.stream(call, body, info.model_id))
+        else:
+            _json(resp, logic.complete(call, body, info.model_id, client_watch(req)))
+
+
 def ndjson_stream(resp: falcon.Response, lines) -> None:
     """Ollama's streamed answers: one JSON object per line, each passed on at once by the front."""
     resp.content_type = "application/x-ndjson"
@@ -508,6 +528,7 @@ def create_app(config: AppConfig) -> falcon.App:
     messages = Messages(router, config)
     app.add_route("/v1/messages", messages)
     app.add_route("/v1/messages/count_tokens", messages, suffix="count")
+    app.add_route("/v1/responses", Responses(router, config))
     ollama = Ollama(router, config)
     for path, suffix in (("version", "version"), ("tags", "tags"), ("ps", "ps"), ("show", "show"), ("chat", "chat"),
                          ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed")):

@@ -1,0 +1,204 @@
+"""OpenAI's Responses API (pure), stateless (`store: false` semantics): a /v1/responses body checked into the same
+engine call chat completions make, and the Response object and output items the answer is shaped into. Codex CLI
+and the OpenAI Agents SDK speak only this API.
+
+Input: a string, or items: messages (roles system, developer, user, assistant; content as a string or
+input_text/output_text parts), `function_call` and `function_call_output` (the agent loop's own items), reasoning
+items (dropped: the model did not write them here). `instructions` is the system message. Function tools only;
+`text.format` (json_object, json_schema) is response_format's grammar; `max_output_tokens` is a ceiling, as
+max_tokens. `previous_response_id` is refused (nothing is stored); `reasoning`, `store`, `metadata`, `user`,
+`truncation`, `include`, `service_tier`, `prompt_cache_key` and `safety_identifier` are accepted and change nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from host_runtime.serving import protocol
+from host_runtime.serving.errors import APIError
+from host_runtime.serving.protocol import GenerationCall, bad, field_of
+
+# The chat field a refusal names -> the Responses field the client sent.
+_PARAM_OF = {"max_tokens": "max_output_tokens", "response_format": "text.format",
+             "response_format.json_schema.schema": "text.format.schema", "messages": "input"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def _renamed(err: APIError) -> APIError:
+    param = err.param or ""
+    for chat, ours in _PARAM_OF.items():
+        if param == chat or param.startswith(chat + "[") or param.startswith(chat + "."):
+            new = ours + param[len(chat):]
+            return APIError(err.status, err.message.replace(f"'{param}", f"'{new}"), param=new, code=err.code)
+    return err
+
+
+def _text(content, where: str) -> str:
+    """A message's content: a string, or text parts (input_text, output_text, text)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad(f"'{where}' must be a string or an array of content parts", where, "invalid_type")
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+            out.append(part["text"])
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise bad(f"'{where}[{j}]' is an {kind} part: this model reads text only", f"{where}[{j}]",
+                      "unsupported_value")
+        else:
+            raise bad(f"'{where}[{j}]' must be an input_text or output_text part", f"{where}[{j}]", "invalid_type")
+    return "".join(out)
+
+
+def _messages(body: dict) -> list[dict]:
+    out: list[dict] = []
+    instructions = field_of(body, "instructions", str)
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    items = body.get("input")
+    if items is None:
+        raise bad("'input' is required", "input", "missing_required_parameter")
+    if isinstance(items, str):
+        return out + [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise bad("'input' must be a string or a non-empty array of items", "input", "invalid_type")
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad(f"'{where}' must be an object", where, "invalid_type")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("system", "developer", "user", "assistant"):
+                raise bad(f"'{where}.role' must be system, developer, user or assistant, got {role!r}",
+                          f"{where}.role")
+            out.append({"role": "system" if role == "developer" else role,
+                        "content": _text(item.get("content"), f"{where}.content")})
+        elif kind == "function_call":
+            if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
+                raise bad(f"'{where}' must have string 'call_id', 'name' and 'arguments'", where, "invalid_type")
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)  # parallel calls: one assistant turn
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if not isinstance(item.get("call_id"), str) or output is None:
+                raise bad(f"'{where}' must have a string 'call_id' and an 'output'", where, "invalid_type")
+            out.append({"role": "tool", "tool_call_id": item["call_id"],
+                        "content": _text(output, f"{where}.output")})
+        elif kind == "reasoning":
+            continue  # another model's thinking: not this one's to read
+        else:
+            raise bad(f"'{where}.type' {kind!r} is not supported (message, function_call, function_call_output)",
+                      f"{where}.type", "unsupported_value")
+    return out
+
+
+def _tools(body: dict) -> dict:
+    tools = body.get("tools")
+    out: dict = {}
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise bad("'tools' must be an array of tools", "tools", "invalid_type")
+        chat_tools = []
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict) or tool.get("type") != "function":
+                kind = tool.get("type") if isinstance(tool, dict) else None
+                raise bad(f"'tools[{i}].type' {kind!r}: only function tools are supported here", f"tools[{i}].type",
+                          "unsupported_value")
+            chat_tools.append({"type": "function", "function": {
+                k: tool[k] for k in ("name", "description", "parameters") if k in tool}})
+        out["tools"] = chat_tools
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    if choice is not None:
+        out["tool_choice"] = choice
+    if body.get("parallel_tool_calls") is not None:
+        out["parallel_tool_calls"] = body["parallel_tool_calls"]
+    return out
+
+
+def _format(body: dict) -> dict:
+    text = field_of(body, "text", dict)
+    fmt = text.get("format") if text else None
+    if fmt is None:
+        return {}
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad("'text.format.type' must be 'text', 'json_object' or 'json_schema'", "text.format.type")
+    if fmt["type"] == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": fmt.get("name", "format"),
+                                                                           "schema": fmt.get("schema")}}}
+    return {"response_format": {"type": fmt["type"]}}
+
+
+def parse_responses(body: dict, served: str, tool_format: str) -> GenerationCall:
+    protocol.check_model(body, served)
+    if body.get("previous_response_id") is not None:
+        raise bad("'previous_response_id': this server stores no responses; send the whole conversation in 'input'",
+                  "previous_response_id", "unsupported_parameter")
+    chat = {"model": served, "messages": _messages(body), "stream": field_of(body, "stream", bool, False),
+            **_tools(body), **_format(body)}
+    for name in ("temperature", "top_p"):
+        if body.get(name) is not None:
+            chat[name] = body[name]
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    try:
+        return protocol.parse_chat(chat, served, tool_format)
+    except APIError as err:
+        raise _renamed(err) from None
+
+
+# ---- answers ---------------------------------------------------------------------------------------------------
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": [output_text(text)] if status == "completed" else []}
+
+
+def output_text(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def function_call_item(call, item_id: str | None = None, status: str = "completed", arguments: str | None = None) -> dict:
+    """A tool_calls.ToolCall as a function_call output item."""
+    args = call.wire()["function"]["arguments"] if arguments is None else arguments
+    return {"type": "function_call", "id": item_id or new_id("fc"), "call_id": call.id, "name": call.name,
+            "arguments": args, "status": status}
+
+
+def response(body: dict, model: str, response_id: str, created: int, output: list[dict], status: str,
+             usage: dict | None, incomplete: str | None = None) -> dict:
+    """The Response object (status in_progress while streaming, then completed or incomplete)."""
+    text = body.get("text") if isinstance(body.get("text"), dict) else {"format": {"type": "text"}}
+    return {"id": response_id, "object": "response", "created_at": created, "status": status, "model": model,
+            "output": output, "usage": usage, "error": None,
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
+            "instructions": body.get("instructions"), "tools": body.get("tools") or [],
+            "tool_choice": body.get("tool_choice") or "auto",
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
+            "max_output_tokens": body.get("max_output_tokens"), "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None}, "store": False, "text": text,
+            "truncation": "disabled", "metadata": body.get("metadata") or {}}
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
+            "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def now() -> int:
+    return int(time.time())
