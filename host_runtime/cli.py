@@ -367,6 +367,13 @@ def build_parser() -> argparse.ArgumentParser:
     create = keys_sub.add_parser("create", help="create a key, print it once, store only its hash")
     create.add_argument("--keys", required=True, metavar="FILE", help="key file (created 0600 if missing)")
     create.add_argument("name", metavar="NAME", help="a label for the key, e.g. the client that will use it")
+    create.add_argument("--priority", default="default", choices=["interactive", "default", "batch"],
+                        help="its requests' class in the engine's queue: interactive ones may park batch ones' "
+                             "sequences when every slot is busy (default: default)")
+    prio = keys_sub.add_parser("set-priority", help="change a key's priority class (its clients keep their key)")
+    prio.add_argument("--keys", required=True, metavar="FILE", help="key file")
+    prio.add_argument("name", metavar="NAME", help="the key's name")
+    prio.add_argument("priority", choices=["interactive", "default", "batch"], help="the class")
     revoke = keys_sub.add_parser("revoke", help="remove a key; clients using it get 401 from then on")
     revoke.add_argument("--keys", required=True, metavar="FILE", help="key file")
     revoke.add_argument("--missing-ok", action="store_true", help="succeed even if no key has that name")
@@ -952,10 +959,15 @@ def cmd_keys(parser, args) -> int:
 
     try:
         if args.keys_command == "create":
-            key = create_key(args.keys, args.name)
+            key = create_key(args.keys, args.name, args.priority)
             print(key)
             print(f"stored the hash of key {args.name!r} in {args.keys}; this is the only time the key is shown",
                   file=sys.stderr)
+        elif args.keys_command == "set-priority":
+            from host_runtime.auth.keystore import set_priority
+
+            set_priority(args.keys, args.name, args.priority)
+            print(f"key {args.name!r} is now of class {args.priority}", file=sys.stderr)
         elif args.keys_command == "revoke":
             if not revoke_key(args.keys, args.name) and not args.missing_ok:
                 print(f"everycycle keys: no key named {args.name!r} in {args.keys}", file=sys.stderr)
@@ -974,7 +986,7 @@ def cmd_keys(parser, args) -> int:
             print(f"stored the hash of key {args.name!r} in {args.keys}", file=sys.stderr)
         else:
             for k in load_keys(args.keys):
-                print(f"{k.name}\t{k.hint}")
+                print(f"{k.name}\t{k.hint}\t{k.priority}")
     except KeyStoreError as exc:
         print(f"everycycle keys: {exc}", file=sys.stderr)
         return 2

@@ -113,3 +113,32 @@ def test_atomic_write_replaces_whole_and_sets_mode_first(tmp_path):
     assert target.read_bytes() == b"two"
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
     assert [p.name for p in target.parent.iterdir()] == ["secret"]  # no temp files left behind
+
+
+def test_a_key_carries_a_priority_class_that_a_request_may_lower_but_never_raise(tmp_path):
+    from types import SimpleNamespace
+
+    from host_runtime.serving.app import priority_for
+    from host_runtime.serving.errors import APIError
+
+    keys = tmp_path / "keys.json"
+    chat = run("keys", "create", "--keys", str(keys), "--priority", "interactive", "alice").stdout.strip()
+    nightly = create_key(keys, "nightly", "batch")
+    assert run("keys", "create", "--keys", str(keys), "--priority", "urgent", "x").returncode == 2
+    verifier = KeyVerifier(keys)
+    assert verifier.verify(chat) == "alice" and verifier.priority_of("alice") == "interactive"
+    assert verifier.verify(nightly) == "nightly" and verifier.priority_of("nightly") == "batch"
+    assert run("keys", "set-priority", "--keys", str(keys), "alice", "default").returncode == 0
+    assert verifier.verify(chat) == "alice" and verifier.priority_of("alice") == "default"  # re-read on change
+    assert "alice\tec-" in run("keys", "list", "--keys", str(keys)).stdout
+    assert run("keys", "set-priority", "--keys", str(keys), "bob", "batch").returncode == 2
+
+    def req(priority):
+        return SimpleNamespace(context={"key_priority": priority} if priority else {})
+    assert priority_for(req("interactive"), {}) == "interactive"
+    assert priority_for(req("interactive"), {"priority": "batch"}) == "batch"       # lowered by the job itself
+    assert priority_for(req("batch"), {"priority": "interactive"}) == "batch"       # never raised
+    assert priority_for(req(None), {}) == "default"                                  # no keys: everyone equal
+    with pytest.raises(APIError) as err:
+        priority_for(req(None), {"priority": "urgent"})
+    assert err.value.status == 400 and err.value.param == "priority"

@@ -445,3 +445,68 @@ def test_a_grammar_is_parsed_once_on_the_submitting_thread_and_copied_for_each_c
     assert sorted(texts) == [0, 1] and all(t in ("yes.", "no.") for t in texts.values()), texts
     with pytest.raises(GrammarRejected):
         CompiledGrammar(model.model, 'root ::= "' + "a" * MAX_GRAMMAR_BYTES + '"')
+
+
+def test_a_parked_batch_request_resumes_with_the_output_it_would_have_had(model):
+    """Preemption with the real runner: the batch request's KV cells saved by llama.cpp and restored into another
+    slot, its sampler chain (and RNG) kept; its text is the same as alone, greedy and sampled with a seed."""
+    def run(preempt: bool) -> dict[str, str]:
+        engine = Engine(model, max_waiting=8)
+        log = Log()
+        engine.start()
+        texts = {}
+        for name, sampling in (("greedy", SamplingParams(temperature=0.0, ignore_eos=True)),
+                               ("seeded", SamplingParams(temperature=0.8, seed=7, ignore_eos=True))):
+            req = GenerationRequest(prompt_tokens=model.tokenize("Once upon a time", add_bos=False, special=False),
+                                    max_tokens=40, sink=log.sink(name), sampling=sampling, priority="batch")
+            engine.submit(req)
+        if preempt:
+            wait_for(lambda: sum(1 for n, e in log.events if e.type == "token") >= 10, 60, "both to be generating")
+            engine.submit(request(model, log, "chat", "Hi", 8))  # the default class: above batch
+        for name in ("greedy", "seeded") + (("chat",) if preempt else ()):
+            assert log.done[name].wait(120)
+        figures = engine.metrics.snapshot()
+        engine.stop()
+        for name in ("greedy", "seeded"):
+            texts[name] = "".join(e.text for n, e in log.events if n == name and e.type == "token")
+        if preempt:
+            assert figures["requests_preempted_total"] == 1 and figures["requests_resumed_total"] == 1
+            assert [n for n, e in log.events if e.type == "done"][0] == "chat"
+        return texts
+
+    assert run(preempt=True) == run(preempt=False)
+
+
+def test_an_interactive_keys_request_overtakes_a_batch_keys_stream_over_http(tmp_path):
+    """One sequence; the nightly job's key is batch, alice's interactive: alice's request is answered while the
+    job's stream is parked, and the job's stream then goes on to its end."""
+    from host_runtime.auth.keystore import create_key
+
+    keys = tmp_path / "keys.json"
+    nightly, alice = create_key(keys, "nightly", "batch"), create_key(keys, "alice", "interactive")
+    port = free_port()
+    proc = Proc(everycycle("serve", "--port", str(port), "--parallel", "1", "--threads", "2", "--workers", "1",
+                           "--ctx-size", "2048", "--keys", str(keys), "--metrics-access", "open",
+                           "--run-dir", str(tmp_path)), tmp_path / "s.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(base), 60, "server", proc)
+
+        def post(body: dict, key: str):
+            req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(), headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+            return urllib.request.urlopen(req, timeout=120)
+
+        job = post({"model": MODEL_ID, "prompt": "1, 2, 3,", "max_tokens": 120, "stream": True,
+                    "logit_bias": {"0": -100, "2": -100}, "temperature": 0}, nightly)
+        job.readline()
+        answer = json.loads(post({"model": MODEL_ID, "prompt": "Hello", "max_tokens": 3}, alice).read())
+        assert answer["choices"][0]["finish_reason"] == "length"
+        text = http_get(base + "/metrics")[1].decode()
+        assert metric_value(text, "everycycle_requests_preempted_total") == 1
+        chunks = [json.loads(line[6:]) for line in job.read().decode().splitlines()
+                  if line.startswith("data: {")]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"  # the job went on to its end
+        assert metric_value(http_get(base + "/metrics")[1].decode(), "everycycle_requests_resumed_total") == 1
+    finally:
+        proc.stop()

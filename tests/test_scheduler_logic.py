@@ -356,3 +356,83 @@ def test_the_warm_up_decodes_once_and_forgets_its_cells(make):
     seconds = engine.start(warm_up=True)
     assert seconds is not None and seconds >= 0
     assert len(runner.calls) == 1 and runner.cells.get(0) == []
+
+
+# ---- priority classes and preemption ------------------------------------------------------------------------
+
+def _slow(history):  # a token a millisecond: the other requests arrive mid-generation
+    import time
+
+    time.sleep(0.001)
+    last = history[-1]
+    return ord("a") + (last - ord("a") + 1) % 26 if ord("a") <= last <= ord("z") else ord("a")
+
+
+def test_the_queue_serves_by_class_then_arrival(make):
+    engine, _ = make(FakeModel(n_parallel=1))
+    events = Events()
+    for name, priority in (("b1", "batch"), ("d1", "default"), ("i1", "interactive"), ("b2", "batch"),
+                           ("i2", "interactive")):
+        ask(engine, events, name, "abc", max_tokens=2, priority=priority)
+    engine.start()
+    events.wait("b1", "d1", "i1", "b2", "i2")
+    assert [n for n, e in events.log if isinstance(e, wire.Done)] == ["i1", "i2", "d1", "b1", "b2"]
+    with pytest.raises(RequestRejected) as err:
+        ask(engine, events, "bad", "abc", priority="urgent")
+    assert err.value.status == 400 and err.value.param == "priority"
+
+
+def test_an_interactive_request_parks_a_batch_one_and_each_answers_as_if_alone(make):
+    alone, _ = make(FakeModel(n_parallel=1, n_ctx_per_seq=512))
+    events = Events()
+    alone.start()
+    ask(alone, events, "reference", "m" * 20 + "abc", max_tokens=60)
+    events.wait("reference")
+    engine, runner = make(FakeModel(n_parallel=1, n_ctx_per_seq=512), runner_kw={"next_token": _slow})
+    engine.start()
+    ask(engine, events, "batch", "m" * 20 + "abc", max_tokens=60, priority="batch")
+    while len(events.of("batch")) < 10:
+        threading.Event().wait(0.001)
+    ask(engine, events, "chat", "xyz", max_tokens=5, priority="interactive")
+    events.wait("chat", "batch")
+    done = [n for n, e in events.log if isinstance(e, wire.Done) and n in ("chat", "batch")]
+    assert done == ["chat", "batch"]  # the chat did not wait for the batch's 60 tokens
+    assert events.text("batch") == events.text("reference") and events.of("batch")[-2].completion_tokens == 60
+    assert events.text("chat") == "abcde"
+    figures = engine.metrics.snapshot()
+    assert figures["requests_preempted_total"] == 1 and figures["requests_resumed_total"] == 1
+    assert engine.cache.free_slots() == 1 and not engine._parked
+
+
+def test_no_class_parks_its_own_nor_a_request_aged_past_it(make):
+    engine, _ = make(FakeModel(n_parallel=1, n_ctx_per_seq=512), runner_kw={"next_token": _slow})
+    events = Events()
+    engine.start()
+    old = ask(engine, events, "old-batch", "abc", max_tokens=40, priority="batch")
+    old.arrived -= 2 * 60.0 + 1  # waited past two classes' worth: it ranks as interactive now
+    while len(events.of("old-batch")) < 3:
+        threading.Event().wait(0.001)
+    ask(engine, events, "chat", "xyz", max_tokens=3, priority="interactive")
+    events.wait("old-batch", "chat")
+    assert [n for n, e in events.log if isinstance(e, wire.Done)] == ["old-batch", "chat"]
+    assert engine.metrics.snapshot()["requests_preempted_total"] == 0
+    request = GenerationRequest(prompt_tokens=[1], max_tokens=1, sink=lambda e: None, priority="batch")
+    assert request.rank(request.arrived) == 2 and request.rank(request.arrived + 61) == 1
+    assert request.rank(request.arrived + 1000) == 0
+
+
+def test_a_parked_request_cancelled_is_dropped(make):
+    engine, runner = make(FakeModel(n_parallel=1, n_ctx_per_seq=4096), runner_kw={"next_token": _slow})
+    events = Events()
+    engine.start()
+    batch = ask(engine, events, "batch", "abc", max_tokens=3000, priority="batch")
+    while len(events.of("batch")) < 3:
+        threading.Event().wait(0.001)
+    ask(engine, events, "chat", "xyz", max_tokens=400, priority="interactive")
+    while not engine._parked:
+        threading.Event().wait(0.001)
+    batch.cancel()
+    events.wait("chat")
+    threading.Event().wait(0.05)
+    assert not engine._parked and engine.metrics.snapshot()["requests_resumed_total"] == 0
+    assert not any(isinstance(e, wire.FINAL) for e in events.of("batch"))

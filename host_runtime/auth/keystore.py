@@ -26,12 +26,18 @@ class KeyStoreError(Exception):
     """The key file is missing, unreadable, malformed or unsafe."""
 
 
+# A key's priority class (engine/wire.PRIORITIES): its requests' place in the engine's queue. A request may ask for
+# a lower class than its key's (a batch job says "batch"), never a higher one.
+PRIORITIES = ("interactive", "default", "batch")
+
+
 @dataclass(frozen=True)
 class StoredKey:
     name: str
     sha256: str
     hint: str
     created: float
+    priority: str = "default"
 
 
 def hash_key(key: str) -> str:
@@ -55,10 +61,12 @@ def load_keys(path: str | os.PathLike) -> list[StoredKey]:
         doc = json.loads(raw)
         if doc.get("version") != FILE_VERSION or not isinstance(doc.get("keys"), list):
             raise ValueError("expected {'version': 1, 'keys': [...]}")
-        return [
-            StoredKey(str(k["name"]), str(k["sha256"]), str(k.get("hint", "")), float(k.get("created", 0)))
-            for k in doc["keys"]
-        ]
+        keys = [StoredKey(str(k["name"]), str(k["sha256"]), str(k.get("hint", "")), float(k.get("created", 0)),
+                          str(k.get("priority", "default"))) for k in doc["keys"]]
+        for k in keys:
+            if k.priority not in PRIORITIES:
+                raise ValueError(f"key {k.name!r}: priority must be one of {', '.join(PRIORITIES)}")
+        return keys
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise KeyStoreError(f"key file {p} is malformed: {exc}") from exc
 
@@ -94,19 +102,39 @@ def _key_name(name: str) -> str:
     return name
 
 
-def _put(path: str | os.PathLike, keys: list[StoredKey], name: str, key: str) -> None:
-    """Save `keys` with `key`'s hash under `name`, in place of any key of that name."""
-    _save(path, [k for k in keys if k.name != name] + [StoredKey(name, hash_key(key), key_hint(key), time.time())])
+def _put(path: str | os.PathLike, keys: list[StoredKey], name: str, key: str, priority: str | None = None) -> None:
+    """Save `keys` with `key`'s hash under `name`, in place of any key of that name (keeping its priority unless
+    one is given)."""
+    old = next((k for k in keys if k.name == name), None)
+    priority = priority or (old.priority if old else "default")
+    _save(path, [k for k in keys if k.name != name] + [StoredKey(name, hash_key(key), key_hint(key), time.time(),
+                                                                  priority)])
 
 
-def create_key(path: str | os.PathLike, name: str) -> str:
+def _priority(priority: str) -> str:
+    if priority not in PRIORITIES:
+        raise KeyStoreError(f"--priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
+    return priority
+
+
+def set_priority(path: str | os.PathLike, name: str, priority: str) -> None:
+    """Change the priority class of the key named `name` (KeyStoreError if there is none)."""
+    priority = _priority(priority)
+    keys = load_keys(path)
+    if not any(k.name == name for k in keys):
+        raise KeyStoreError(f"no key named {name!r} in {path}")
+    _save(path, [StoredKey(k.name, k.sha256, k.hint, k.created, priority) if k.name == name else k for k in keys])
+
+
+def create_key(path: str | os.PathLike, name: str, priority: str = "default") -> str:
     """Add a new key named `name` to the file at `path` and return it (the only time it exists in clear)."""
     name = _key_name(name)
+    priority = _priority(priority)
     keys = load_keys(path)
     if any(k.name == name for k in keys):
         raise KeyStoreError(f"a key named {name!r} already exists in {path}")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    _put(path, keys, name, key)
+    _put(path, keys, name, key, priority)
     return key
 
 
@@ -122,18 +150,21 @@ class KeyVerifier:
         self._path = Path(path)
         self._stamp: tuple[int, int] | None = None
         self._hashes: dict[str, str] = {}
+        self._priorities: dict[str, str] = {}
         self._reload_if_changed()
 
     def _reload_if_changed(self) -> None:
         try:
             st = self._path.stat()
         except FileNotFoundError:
-            self._stamp, self._hashes = None, {}
+            self._stamp, self._hashes, self._priorities = None, {}, {}
             return
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp != self._stamp:
             check_permissions(self._path)
-            self._hashes = {k.sha256: k.name for k in load_keys(self._path)}
+            keys = load_keys(self._path)
+            self._hashes = {k.sha256: k.name for k in keys}
+            self._priorities = {k.name: k.priority for k in keys}
             self._stamp = stamp
 
     def verify(self, token: str) -> str | None:
@@ -148,3 +179,7 @@ class KeyVerifier:
             if hmac.compare_digest(stored, digest):
                 return name
         return None
+
+    def priority_of(self, name: str) -> str:
+        """The priority class of the key named `name` (as of the last verify)."""
+        return self._priorities.get(name, "default")

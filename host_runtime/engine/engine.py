@@ -32,13 +32,16 @@ from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLen
 from host_runtime.engine.step_plan import next_cut, plan_step
 from host_runtime.engine.stop_matcher import StopMatcher
 from host_runtime.engine.throttle import ThrottleReader
-from host_runtime.engine.wire import Done, Error, Finish, Token, TokenLogprob
+from host_runtime.engine.wire import PRIORITIES, Done, Error, Finish, Token, TokenLogprob
 
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[Token | Finish | Done | Error], None]  # wire events, from the loop thread
 # A test hook, named as such: seconds added to every decode call, to show readiness on a slow box.
 TEST_DECODE_DELAY_S = float(os.environ.get("EVERYCYCLE_TEST_DECODE_DELAY_S") or 0)
+# A request waiting or parked rises one class per AGING_S: a batch request is never passed over for longer than
+# two of them (it then ranks as interactive, and nothing may park it).
+AGING_S = 60.0
 
 
 @dataclass
@@ -52,6 +55,7 @@ class GenerationRequest:
     speculation: bool = True  # False: this request opts out of speculative decoding
     grammar: CompiledGrammar | None = None  # sampling.grammar parsed, by submit() on the caller's thread
     cache_scope: int | None = None  # prefix_cache.scope_marker of whose prefixes it may reuse (None: shared)
+    priority: str = "default"  # wire.PRIORITIES: the queue's order, and whom it may park when every slot is busy
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token_seen: bool = False
@@ -60,6 +64,10 @@ class GenerationRequest:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def rank(self, now: float) -> int:
+        """Its class as the queue sees it now (0 first), raised one class per AGING_S of waiting."""
+        return max(0, PRIORITIES.index(self.priority) - int((now - self.arrived) // AGING_S))
 
 
 EMBED_CANCEL_POLL_S = 0.05
@@ -76,6 +84,19 @@ class _EmbeddingJob:
     error: RequestRejected | None = None
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Parked:
+    """A sequence taken off its slot for a higher class: its KV cells as llama.cpp saved them, and everything else
+    (sampler chain and its RNG, stop matcher, decoder, drafts' state) in the Sequence itself, so that it resumes
+    where it stopped and its output is what it would have been."""
+    seq: "Sequence"
+    state: bytes
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.seq.request
 
 
 class Sequence:
@@ -145,6 +166,7 @@ class Engine:
         self._cv = threading.Condition()  # guards _waiting; everything below it is the loop thread's alone
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._active: list[Sequence] = []
+        self._parked: list[_Parked] = []  # the loop thread's, like _active
         self.store = KVStore(prefix_cache.directory if prefix_cache.enabled else None, model.cache_fingerprint)
         found = self.store.scan()
         disk = 0
@@ -235,6 +257,9 @@ class Engine:
                 request.grammar = self.runner.compile_grammar(request.sampling.grammar)
             except GrammarRejected as exc:
                 raise RequestRejected(400, str(exc), param="response_format") from None
+        if request.priority not in PRIORITIES:
+            raise RequestRejected(400, f"priority must be one of {', '.join(PRIORITIES)}, got {request.priority!r}",
+                                  param="priority")
         with self._cv:
             if len(self._waiting) >= self.max_waiting:
                 self.metrics.add("requests_rejected_total")
@@ -317,7 +342,8 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stopping and not self._active and not self._waiting and not self._embed_jobs:
+                while (not self._stopping and not self._active and not self._waiting and not self._embed_jobs
+                       and not self._parked):
                     self._cv.wait(timeout=1.0)
                 if self._stopping:
                     for job in self._embed_jobs:
@@ -326,10 +352,16 @@ class Engine:
                     return
                 self._drop_cancelled_locked()
                 admitted = self._pop_admissible_locked()
+                waiting_rank = min((r.rank(time.monotonic()) for r in self._waiting), default=None)
                 self._publish_queue_locked()
             try:
-                for request in admitted:
-                    self._admit(request)
+                for entry in admitted:
+                    if isinstance(entry, _Parked):
+                        self._resume(entry)
+                    else:
+                        self._admit(entry)
+                if waiting_rank is not None:
+                    self._park_one_below(waiting_rank)
                 # Embeddings and generation share the loop's time equally while both wait: an input is embedded
                 # only when the steps since the last one took at least as long as it did.
                 if self._embed_jobs and (not self._active or self._steps_owed_s <= 0):
@@ -350,9 +382,9 @@ class Engine:
                 self._publish_queue_locked()
                 self.progress.pending(bool(self._active or self._waiting))
 
-    def _pop_admissible_locked(self) -> list[GenerationRequest]:
-        """Requests that get their slots now, strictly in arrival order."""
-        if not self._waiting:
+    def _pop_admissible_locked(self) -> list:
+        """Requests (and parked sequences) that get their slots now, strictly in order of class, then arrival."""
+        if not self._waiting and not self._parked:
             return []  # the common case mid-generation: no need to stat the governor's file every step
         admitted = []
         level = self.throttle.level()
@@ -360,15 +392,68 @@ class Engine:
         busy = self.model.n_parallel - self.cache.free_slots()
         free = min(self.cache.free_slots(), max(0, allowed - busy))
         self.metrics.set_throttle(level, allowed)
-        while self._waiting:
-            n = self._waiting[0].n
+        now = time.monotonic()
+
+        def order(entry) -> tuple[int, float]:
+            request = entry.request if isinstance(entry, _Parked) else entry
+            return request.rank(now), request.arrived
+        for entry in sorted([*self._waiting, *self._parked], key=order):
+            n = 1 if isinstance(entry, _Parked) else entry.n
             # A request wanting more choices than the hint allows still runs, alone, when nothing else does.
             alone = busy == 0 and not admitted and n > allowed and self.cache.free_slots() >= n
             if free < n and not alone:
                 break
             free = max(0, free - n)
-            admitted.append(self._waiting.popleft())
+            admitted.append(entry)
+            if isinstance(entry, _Parked):
+                self._parked.remove(entry)
+            else:
+                self._waiting.remove(entry)
         return admitted
+
+    def _park_one_below(self, rank: int) -> None:
+        """A request of class `rank` waits and every slot is busy: park the running single-choice sequence of the
+        lowest class below it (the latest to arrive among those), freeing its slot for the next step."""
+        if self.cache.free_slots() > 0:
+            return
+        now = time.monotonic()
+        candidates = [s for s in self._active if s.request.n == 1 and not s.request.cancelled.is_set()
+                      and s.request.rank(now) > rank]
+        if not candidates:
+            return
+        seq = max(candidates, key=lambda s: (s.request.rank(now), s.request.arrived))
+        state = self.runner.save(seq.seq_id)
+        self._active.remove(seq)
+        self.cache.release(seq.seq_id, [], cacheable=False)
+        self.runner.forget(seq.seq_id)
+        self._parked.append(_Parked(seq, state))
+        self.metrics.add("requests_preempted_total")
+        self._publish_cache()
+
+    def _resume(self, parked: _Parked) -> None:
+        """A parked sequence back on a free slot, its cells restored: it goes on from where it stopped."""
+        seq, request = parked.seq, parked.request
+        slot_id = None
+        try:
+            admission = self.cache.admit(None, request.cache_scope)
+            slot_id = admission.slot_id
+            self._apply(admission)
+            if not self.runner.restore(slot_id, parked.state):
+                raise RuntimeError("llama.cpp refused the parked sequence's state")
+        except Exception:  # this request's alone: it cannot go on, the others do
+            log.exception("resuming a parked request failed")
+            if slot_id is not None:
+                self.cache.release(slot_id, [], cacheable=False)
+                self.runner.forget(slot_id)
+            seq.sampler.close()
+            request.cancel()
+            request.sink(Error(RequestRejected(500, "internal error while resuming this request",
+                                               error_type="server_error")))
+            return
+        seq.seq_id = slot_id
+        self._active.append(seq)
+        self.metrics.add("requests_resumed_total")
+        self._publish_cache()
 
     def _admit(self, request: GenerationRequest) -> None:
         # Only single-choice requests use the cache: n choices would each want the same slot content.
@@ -445,6 +530,10 @@ class Engine:
     def _drop_cancelled_locked(self) -> None:
         for request in [r for r in self._waiting if r.cancelled.is_set()]:
             self._waiting.remove(request)
+            self.metrics.add("requests_cancelled_total")
+        for parked in [p for p in self._parked if p.request.cancelled.is_set()]:
+            self._parked.remove(parked)
+            parked.seq.sampler.close()
             self.metrics.add("requests_cancelled_total")
         cancelled = {id(s.request) for s in self._active if s.request.cancelled.is_set()}
         for seq in [s for s in self._active if id(s.request) in cancelled]:

@@ -60,6 +60,8 @@ class EngineMetrics:
         "prompt_seconds_total": "Time spent in decode calls that carried prompt tokens.",
         "predicted_seconds_total": "Time spent in decode calls that carried only generated tokens.",
         "canaries_total": "Readiness canary generations finished (each is also in requests_total).",
+        "requests_preempted_total": "Sequences parked (their KV saved) to free a slot for a higher priority class.",
+        "requests_resumed_total": "Parked sequences restored to a slot, going on where they stopped.",
     }
 
     def __init__(self):

@@ -249,7 +249,8 @@ class EngineService:
                 raise RequestRejected(400, f"'response_format': {exc}", param="response_format") from None
         return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink, sampling=sampling,
                                  stops=stops, n=int(request.n), speculation=bool(request.speculation),
-                                 grammar=compiled, cache_scope=_cache_scope(request.cache_scope))
+                                 grammar=compiled, cache_scope=_cache_scope(request.cache_scope),
+                                 priority=request.priority)
 
     def count_tokens(self, request: wire.CountTokens) -> wire.TokenCount:
         """The prompt's length as the model sees it: the template rendered, then tokenized."""

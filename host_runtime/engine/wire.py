@@ -21,6 +21,11 @@ from host_runtime.engine.readiness import Verdict
 MAX_GRAMMAR_BYTES = 256 * 1024
 
 
+# Priority classes, first served first: the queue orders by class, then arrival, and an interactive request that
+# finds every sequence busy parks a lower class's (engine.py).
+PRIORITIES = ("interactive", "default", "batch")
+
+
 class WireError(ValueError):
     """A line that is not a well-formed engine message: the op or type unknown, a field missing or of a wrong type."""
 
@@ -92,6 +97,7 @@ class Generate:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     speculation: bool = True  # False: this request opts out of speculative decoding (same output either way)
     cache_scope: str | None = None  # whose cached prefixes it may reuse (the API key's name; None: shared)
+    priority: str = "default"       # one of PRIORITIES
 
     @classmethod
     def from_wire(cls, doc: dict) -> "Generate":

@@ -125,6 +125,7 @@ class AuthMiddleware:
         if name is None:
             raise APIError(401, "the API key is not valid for this box", code="invalid_api_key")
         req.context.key_name = name  # the prefix cache's scope (cache_scope)
+        req.context.key_priority = self._verifier.priority_of(name)  # its requests' class at most (priority_for)
 
 
 def keep_alive_of(body: dict):
@@ -163,6 +164,21 @@ def cache_scope(req: falcon.Request, config: "AppConfig") -> str | None:
     if config.prefix_cache_shared:
         return None
     return req.context.get("key_name") or None
+
+
+def priority_for(req: falcon.Request, body: dict) -> str:
+    """A request's priority class: its key's (keys create --priority), or a lower one the body asks for with
+    EveryCycle's own `priority` field (a batch job says "batch"); never higher than its key's."""
+    from host_runtime.engine.wire import PRIORITIES
+
+    key_class = req.context.get("key_priority") or "default"
+    asked = body.get("priority")
+    if asked is None:
+        return key_class
+    if asked not in PRIORITIES:
+        raise APIError(400, f"'priority' must be one of {', '.join(PRIORITIES)}, got {asked!r}", param="priority",
+                       code="invalid_value")
+    return max(asked, key_class, key=PRIORITIES.index)
 
 
 def is_local_reader(req: falcon.Request) -> bool:
@@ -345,7 +361,7 @@ class Generation:
             call = protocol.parse_chat(body, model_id, info.tool_format or "generic")
         else:
             call = protocol.parse_completion(body, model_id)
-        call = call.scoped(cache_scope(req, self._config))
+        call = call.scoped(cache_scope(req, self._config), priority_for(req, body))
         logic = ServingLogic(client)
         if call.stream:
             event_stream(resp, logic.stream(call, self._kind, model_id))
@@ -365,7 +381,7 @@ class Messages:
         client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
         logic = MessagesLogic(ServingLogic(client))
         call = anthropic_protocol.parse_messages(body, info.model_id, info.tool_format or "generic")
-        call = call.scoped(cache_scope(req, self._config))
+        call = call.scoped(cache_scope(req, self._config), priority_for(req, body))
         if call.stream:
             event_stream(resp, logic.stream(call, info.model_id))
         else:
@@ -389,7 +405,7 @@ class Responses:
         body = read_json(req, self._config.max_body_bytes)
         client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
         call = responses_protocol.parse_responses(body, info.model_id, info.tool_format or "generic")
-        call = call.scoped(cache_scope(req, self._config))
+        call = call.scoped(cache_scope(req, self._config), priority_for(req, body))
         logic = ResponsesLogic(ServingLogic(client))
         if call.stream:
             event_stream(resp, logic.stream(call, body, info.model_id))
@@ -459,7 +475,8 @@ class Ollama:
         body = read_json(req, self._config.max_body_bytes)
         client, info = self._router.engine_for(ollama_protocol.model_name(body, ""), keep_alive_of(body))
         parse = ollama_protocol.parse_chat if kind == "chat" else ollama_protocol.parse_generate
-        call = parse(body, info.model_id, info.tool_format or "generic").scoped(cache_scope(req, self._config))
+        call = parse(body, info.model_id, info.tool_format or "generic").scoped(cache_scope(req, self._config),
+                                                                                 priority_for(req, body))
         logic = OllamaLogic(ServingLogic(client))
         name = ollama_protocol.listed_name(info.model_id)
         if call.stream:

@@ -129,9 +129,10 @@ class GenerationCall:
     def n(self) -> int:
         return self.request.n
 
-    def scoped(self, cache_scope: str | None) -> "GenerationCall":
-        """The same call, its prefix-cache scope set (the serving API's, from the request's key)."""
-        return replace(self, request=replace(self.request, cache_scope=cache_scope))
+    def scoped(self, cache_scope: str | None, priority: str = "default") -> "GenerationCall":
+        """The same call with what the serving API sets from the request's key: its prefix-cache scope and its
+        priority class."""
+        return replace(self, request=replace(self.request, cache_scope=cache_scope, priority=priority))
 
 
 def _stop_strings(body: dict) -> list[str]:
