@@ -49,11 +49,12 @@ def test_the_server_serves_its_document_without_a_key(server):
 
 @pytest.mark.system
 def test_schemathesis_finds_no_server_error_and_the_engine_survives(tmp_path, api_key):
-    """Bounded: a small context (every generation ends within 256 tokens) and a fixed number of examples."""
+    """Bounded: a small context (every generation ends within 128 tokens: max_tokens is a ceiling, so a fuzzed
+    max_tokens of millions runs to the context's end) and a fixed number of examples."""
     pytest.importorskip("schemathesis", reason="schemathesis is in the project's test extra")
     keys_file, key = api_key
     port = free_port()
-    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--threads", "2", "--ctx-size", "256",
+    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--threads", "2", "--ctx-size", "128",
                            "--parallel", "2", "--run-dir", str(tmp_path)), tmp_path / "serve.log")
     base = f"http://127.0.0.1:{port}"
     try:

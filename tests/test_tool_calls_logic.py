@@ -45,6 +45,8 @@ def test_tool_choice():
     assert named == ToolChoice("named", "get_time") and named.constrained
     for body, param in [({"tool_choice": "always"}, "tool_choice"),
                         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+                        # an object as the name: a 500 before (schemathesis through /v1/responses found it)
+                        ({"tool_choice": {"type": "function", "function": {"name": {}}}}, "tool_choice.function.name"),
                         ({"tool_choice": "auto", "parallel_tool_calls": "yes"}, "parallel_tool_calls")]:
         with pytest.raises(APIError) as err:
             parse_tool_choice(body, TOOLS)

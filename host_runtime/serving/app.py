@@ -354,19 +354,30 @@ class Generation:
         self._kind = kind
 
     def on_post(self, req, resp):
-        body = read_json(req, self._config.max_body_bytes)
-        client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
-        model_id = info.model_id
-        if self._kind == "chat":
-            call = protocol.parse_chat(body, model_id, info.tool_format or "generic")
-        else:
-            call = protocol.parse_completion(body, model_id)
-        call = call.scoped(cache_scope(req, self._config), priority_for(req, body))
+        parse = protocol.parse_chat if self._kind == "chat" else \
+            (lambda body, model_id, _tool_format: protocol.parse_completion(body, model_id))
+        body, client, info, call = generation_call(req, self._router, self._config, parse)
         logic = ServingLogic(client)
-        if call.stream:
-            event_stream(resp, logic.stream(call, self._kind, model_id))
-        else:
-            _json(resp, logic.complete(call, self._kind, model_id, client_watch(req)))
+        answer(req, resp, call, lambda: logic.stream(call, self._kind, info.model_id),
+               lambda gone: logic.complete(call, self._kind, info.model_id, gone))
+
+
+def generation_call(req, router: Router, config: AppConfig, parse, model_of=lambda body: body.get("model")):
+    """A generation's common path for every API: its body read, its model's engine found (loaded first if it must
+    be), the body parsed by parse(body, model_id, tool_format), and the key's prefix scope and class set."""
+    body = read_json(req, config.max_body_bytes)
+    client, info = router.engine_for(model_of(body), keep_alive_of(body))
+    call = parse(body, info.model_id, info.tool_format or "generic")
+    return body, client, info, call.scoped(cache_scope(req, config), priority_for(req, body))
+
+
+def answer(req, resp, call, stream, complete, streamed=None) -> None:
+    """The answer streamed (`stream()`'s chunks; SSE unless `streamed` says otherwise) or whole (`complete(gone)`,
+    gone telling whether the client left)."""
+    if call.stream:
+        (streamed or event_stream)(resp, stream())
+    else:
+        _json(resp, complete(client_watch(req)))
 
 
 class Messages:
@@ -377,15 +388,10 @@ class Messages:
         self._config = config
 
     def on_post(self, req, resp):
-        body = read_json(req, self._config.max_body_bytes)
-        client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
+        _, client, info, call = generation_call(req, self._router, self._config, anthropic_protocol.parse_messages)
         logic = MessagesLogic(ServingLogic(client))
-        call = anthropic_protocol.parse_messages(body, info.model_id, info.tool_format or "generic")
-        call = call.scoped(cache_scope(req, self._config), priority_for(req, body))
-        if call.stream:
-            event_stream(resp, logic.stream(call, info.model_id))
-        else:
-            _json(resp, logic.complete(call, info.model_id, client_watch(req)))
+        answer(req, resp, call, lambda: logic.stream(call, info.model_id),
+               lambda gone: logic.complete(call, info.model_id, gone))
 
     def on_post_count(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
@@ -402,15 +408,11 @@ class Responses:
         self._config = config
 
     def on_post(self, req, resp):
-        body = read_json(req, self._config.max_body_bytes)
-        client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
-        call = responses_protocol.parse_responses(body, info.model_id, info.tool_format or "generic")
-        call = call.scoped(cache_scope(req, self._config), priority_for(req, body))
+        body, client, info, call = generation_call(req, self._router, self._config,
+                                                   responses_protocol.parse_responses)
         logic = ResponsesLogic(ServingLogic(client))
-        if call.stream:
-            event_stream(resp, logic.stream(call, body, info.model_id))
-        else:
-            _json(resp, logic.complete(call, body, info.model_id, client_watch(req)))
+        answer(req, resp, call, lambda: logic.stream(call, body, info.model_id),
+               lambda gone: logic.complete(call, body, info.model_id, gone))
 
 
 def ndjson_stream(resp: falcon.Response, lines) -> None:
@@ -472,17 +474,13 @@ class Ollama:
                      "modified_at": ollama_protocol.now_iso()})
 
     def _generation(self, req, resp, kind: str):
-        body = read_json(req, self._config.max_body_bytes)
-        client, info = self._router.engine_for(ollama_protocol.model_name(body, ""), keep_alive_of(body))
         parse = ollama_protocol.parse_chat if kind == "chat" else ollama_protocol.parse_generate
-        call = parse(body, info.model_id, info.tool_format or "generic").scoped(cache_scope(req, self._config),
-                                                                                 priority_for(req, body))
+        _, client, info, call = generation_call(req, self._router, self._config, parse,
+                                                lambda body: ollama_protocol.model_name(body, ""))
         logic = OllamaLogic(ServingLogic(client))
         name = ollama_protocol.listed_name(info.model_id)
-        if call.stream:
-            ndjson_stream(resp, logic.stream(call, kind, name))
-        else:
-            _json(resp, logic.complete(call, kind, name, client_watch(req)))
+        answer(req, resp, call, lambda: logic.stream(call, kind, name),
+               lambda gone: logic.complete(call, kind, name, gone), ndjson_stream)
 
     def on_post_chat(self, req, resp):
         self._generation(req, resp, "chat")

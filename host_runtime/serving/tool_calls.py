@@ -127,6 +127,8 @@ def parse_tool_choice(body: dict, tools: list[Tool]) -> ToolChoice:
         return ToolChoice(choice, parallel=parallel)
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
+        if not isinstance(name, str):  # an object here was a TypeError (a 500) building the set lookup
+            raise _bad("'tool_choice.function.name' must be a string", "tool_choice.function.name", "invalid_type")
         if name not in {t.name for t in tools}:
             raise _bad(f"'tool_choice' names the function {name!r}, which is not among 'tools'",
                        "tool_choice.function.name")
