@@ -370,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--priority", default="default", choices=["interactive", "default", "batch"],
                         help="its requests' class in the engine's queue: interactive ones may park batch ones' "
                              "sequences when every slot is busy (default: default)")
+    create.add_argument("--max-concurrent", type=int, default=0, metavar="N",
+                        help="its requests running or waiting at once, at most; past it a 429 (default 0: no limit)")
+    limit = keys_sub.add_parser("set-limit", help="change how many requests a key may have at once")
+    limit.add_argument("--keys", required=True, metavar="FILE", help="key file")
+    limit.add_argument("--max-concurrent", type=int, required=True, metavar="N", help="0: no limit")
+    limit.add_argument("name", metavar="NAME", help="the key's name")
     prio = keys_sub.add_parser("set-priority", help="change a key's priority class (its clients keep their key)")
     prio.add_argument("--keys", required=True, metavar="FILE", help="key file")
     prio.add_argument("name", metavar="NAME", help="the key's name")
@@ -960,8 +966,18 @@ def cmd_keys(parser, args) -> int:
     try:
         if args.keys_command == "create":
             key = create_key(args.keys, args.name, args.priority)
+            if args.max_concurrent:
+                from host_runtime.auth.keystore import set_limit
+
+                set_limit(args.keys, args.name, args.max_concurrent)
             print(key)
             print(f"stored the hash of key {args.name!r} in {args.keys}; this is the only time the key is shown",
+                  file=sys.stderr)
+        elif args.keys_command == "set-limit":
+            from host_runtime.auth.keystore import set_limit
+
+            set_limit(args.keys, args.name, args.max_concurrent)
+            print(f"key {args.name!r} may now have {args.max_concurrent or 'any number of'} requests at once",
                   file=sys.stderr)
         elif args.keys_command == "set-priority":
             from host_runtime.auth.keystore import set_priority
@@ -986,7 +1002,7 @@ def cmd_keys(parser, args) -> int:
             print(f"stored the hash of key {args.name!r} in {args.keys}", file=sys.stderr)
         else:
             for k in load_keys(args.keys):
-                print(f"{k.name}\t{k.hint}\t{k.priority}")
+                print(f"{k.name}\t{k.hint}\t{k.priority}\t{k.max_concurrent or 'no limit'}")
     except KeyStoreError as exc:
         print(f"everycycle keys: {exc}", file=sys.stderr)
         return 2

@@ -132,6 +132,10 @@ def test_a_key_carries_a_priority_class_that_a_request_may_lower_but_never_raise
     assert verifier.verify(chat) == "alice" and verifier.priority_of("alice") == "default"  # re-read on change
     assert "alice\tec-" in run("keys", "list", "--keys", str(keys)).stdout
     assert run("keys", "set-priority", "--keys", str(keys), "bob", "batch").returncode == 2
+    assert run("keys", "set-limit", "--keys", str(keys), "--max-concurrent", "2", "nightly").returncode == 0
+    assert verifier.verify(nightly) == "nightly" and verifier.max_concurrent_of("nightly") == 2
+    assert verifier.max_concurrent_of("alice") == 0 and "nightly\tec-" in run("keys", "list", "--keys", str(keys)).stdout
+    assert run("keys", "set-limit", "--keys", str(keys), "--max-concurrent", "-1", "nightly").returncode == 2
 
     def req(priority):
         return SimpleNamespace(context={"key_priority": priority} if priority else {})

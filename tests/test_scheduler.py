@@ -478,12 +478,16 @@ def test_a_parked_batch_request_resumes_with_the_output_it_would_have_had(model)
 
 
 def test_an_interactive_keys_request_overtakes_a_batch_keys_stream_over_http(tmp_path):
-    """One sequence; the nightly job's key is batch, alice's interactive: alice's request is answered while the
-    job's stream is parked, and the job's stream then goes on to its end."""
+    """One sequence; the nightly job's key is batch and holds one request at a time, alice's is interactive: a
+    second request of the job's key is a 429, alice's request is answered while the job's stream is parked, and
+    the job's stream then goes on to its end."""
     from host_runtime.auth.keystore import create_key
 
     keys = tmp_path / "keys.json"
+    from host_runtime.auth.keystore import set_limit
+
     nightly, alice = create_key(keys, "nightly", "batch"), create_key(keys, "alice", "interactive")
+    set_limit(keys, "nightly", 1)
     port = free_port()
     proc = Proc(everycycle("serve", "--port", str(port), "--parallel", "1", "--threads", "2", "--workers", "1",
                            "--ctx-size", "2048", "--keys", str(keys), "--metrics-access", "open",
@@ -500,6 +504,10 @@ def test_an_interactive_keys_request_overtakes_a_batch_keys_stream_over_http(tmp
         job = post({"model": MODEL_ID, "prompt": "1, 2, 3,", "max_tokens": 120, "stream": True,
                     "logit_bias": {"0": -100, "2": -100}, "temperature": 0}, nightly)
         job.readline()
+        with pytest.raises(urllib.error.HTTPError) as exc:  # the job's key holds one request at a time
+            post({"model": MODEL_ID, "prompt": "Hello", "max_tokens": 3}, nightly)
+        assert exc.value.code == 429 and int(exc.value.headers["Retry-After"]) >= 1
+        assert json.loads(exc.value.read())["error"]["code"] == "concurrency_limit_exceeded"
         answer = json.loads(post({"model": MODEL_ID, "prompt": "Hello", "max_tokens": 3}, alice).read())
         assert answer["choices"][0]["finish_reason"] == "length"
         text = http_get(base + "/metrics")[1].decode()

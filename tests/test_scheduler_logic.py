@@ -436,3 +436,24 @@ def test_a_parked_request_cancelled_is_dropped(make):
     threading.Event().wait(0.05)
     assert not engine._parked and engine.metrics.snapshot()["requests_resumed_total"] == 0
     assert not any(isinstance(e, wire.FINAL) for e in events.of("batch"))
+
+
+def test_a_key_past_its_concurrency_limit_gets_a_429_and_other_keys_do_not(make):
+    engine, _ = make(FakeModel(n_parallel=1, n_ctx_per_seq=4096), runner_kw={"next_token": _slow})
+    events = Events()
+    engine.start()
+    first = ask(engine, events, "job-1", "abc", max_tokens=3000, key="nightly", key_max_concurrent=2)
+    ask(engine, events, "job-2", "abc", max_tokens=3, key="nightly", key_max_concurrent=2)  # waits: one slot
+    with pytest.raises(RequestRejected) as err:
+        ask(engine, events, "job-3", "abc", max_tokens=3, key="nightly", key_max_concurrent=2)
+    assert (err.value.status, err.value.code, err.value.retry_after) == (429, "concurrency_limit_exceeded", 1)
+    assert err.value.error_type == "rate_limit_error" and "'nightly'" in err.value.message
+    ask(engine, events, "alice", "xyz", max_tokens=3, key="alice", key_max_concurrent=1)  # another key: queued
+    ask(engine, events, "nobody", "xyz", max_tokens=3)  # no key, no limit
+    first.cancel()
+    events.wait("job-2", "alice", "nobody")
+    # Answered and cancelled requests no longer count: the key has room again.
+    ask(engine, events, "job-4", "abc", max_tokens=3, key="nightly", key_max_concurrent=2)
+    ask(engine, events, "job-5", "abc", max_tokens=3, key="nightly", key_max_concurrent=2)
+    events.wait("job-4", "job-5")
+    assert not engine._live_per_key

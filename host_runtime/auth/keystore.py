@@ -13,7 +13,7 @@ import os
 import secrets
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
@@ -38,6 +38,7 @@ class StoredKey:
     hint: str
     created: float
     priority: str = "default"
+    max_concurrent: int = 0  # its requests running or waiting at once, at most (0: no limit); the engine counts
 
 
 def hash_key(key: str) -> str:
@@ -62,10 +63,12 @@ def load_keys(path: str | os.PathLike) -> list[StoredKey]:
         if doc.get("version") != FILE_VERSION or not isinstance(doc.get("keys"), list):
             raise ValueError("expected {'version': 1, 'keys': [...]}")
         keys = [StoredKey(str(k["name"]), str(k["sha256"]), str(k.get("hint", "")), float(k.get("created", 0)),
-                          str(k.get("priority", "default"))) for k in doc["keys"]]
+                          str(k.get("priority", "default")), int(k.get("max_concurrent", 0))) for k in doc["keys"]]
         for k in keys:
             if k.priority not in PRIORITIES:
                 raise ValueError(f"key {k.name!r}: priority must be one of {', '.join(PRIORITIES)}")
+            if k.max_concurrent < 0:
+                raise ValueError(f"key {k.name!r}: max_concurrent must be 0 (no limit) or more")
         return keys
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise KeyStoreError(f"key file {p} is malformed: {exc}") from exc
@@ -108,7 +111,7 @@ def _put(path: str | os.PathLike, keys: list[StoredKey], name: str, key: str, pr
     old = next((k for k in keys if k.name == name), None)
     priority = priority or (old.priority if old else "default")
     _save(path, [k for k in keys if k.name != name] + [StoredKey(name, hash_key(key), key_hint(key), time.time(),
-                                                                  priority)])
+                                                                  priority, old.max_concurrent if old else 0)])
 
 
 def _priority(priority: str) -> str:
@@ -117,13 +120,23 @@ def _priority(priority: str) -> str:
     return priority
 
 
-def set_priority(path: str | os.PathLike, name: str, priority: str) -> None:
-    """Change the priority class of the key named `name` (KeyStoreError if there is none)."""
-    priority = _priority(priority)
+def _change(path: str | os.PathLike, name: str, **changes) -> None:
     keys = load_keys(path)
     if not any(k.name == name for k in keys):
         raise KeyStoreError(f"no key named {name!r} in {path}")
-    _save(path, [StoredKey(k.name, k.sha256, k.hint, k.created, priority) if k.name == name else k for k in keys])
+    _save(path, [replace(k, **changes) if k.name == name else k for k in keys])
+
+
+def set_priority(path: str | os.PathLike, name: str, priority: str) -> None:
+    """Change the priority class of the key named `name` (KeyStoreError if there is none)."""
+    _change(path, name, priority=_priority(priority))
+
+
+def set_limit(path: str | os.PathLike, name: str, max_concurrent: int) -> None:
+    """Change how many requests the key named `name` may have running or waiting at once (0: no limit)."""
+    if max_concurrent < 0:
+        raise KeyStoreError(f"--max-concurrent must be 0 (no limit) or more, got {max_concurrent}")
+    _change(path, name, max_concurrent=max_concurrent)
 
 
 def create_key(path: str | os.PathLike, name: str, priority: str = "default") -> str:
@@ -150,21 +163,21 @@ class KeyVerifier:
         self._path = Path(path)
         self._stamp: tuple[int, int] | None = None
         self._hashes: dict[str, str] = {}
-        self._priorities: dict[str, str] = {}
+        self._policies: dict[str, StoredKey] = {}
         self._reload_if_changed()
 
     def _reload_if_changed(self) -> None:
         try:
             st = self._path.stat()
         except FileNotFoundError:
-            self._stamp, self._hashes, self._priorities = None, {}, {}
+            self._stamp, self._hashes, self._policies = None, {}, {}
             return
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp != self._stamp:
             check_permissions(self._path)
             keys = load_keys(self._path)
             self._hashes = {k.sha256: k.name for k in keys}
-            self._priorities = {k.name: k.priority for k in keys}
+            self._policies = {k.name: k for k in keys}
             self._stamp = stamp
 
     def verify(self, token: str) -> str | None:
@@ -182,4 +195,10 @@ class KeyVerifier:
 
     def priority_of(self, name: str) -> str:
         """The priority class of the key named `name` (as of the last verify)."""
-        return self._priorities.get(name, "default")
+        policy = self._policies.get(name)
+        return policy.priority if policy else "default"
+
+    def max_concurrent_of(self, name: str) -> int:
+        """How many requests the key named `name` may have at once (0: no limit; as of the last verify)."""
+        policy = self._policies.get(name)
+        return policy.max_concurrent if policy else 0

@@ -56,6 +56,9 @@ class GenerationRequest:
     grammar: CompiledGrammar | None = None  # sampling.grammar parsed, by submit() on the caller's thread
     cache_scope: int | None = None  # prefix_cache.scope_marker of whose prefixes it may reuse (None: shared)
     priority: str = "default"  # wire.PRIORITIES: the queue's order, and whom it may park when every slot is busy
+    key: str | None = None  # the API key's name: its requests share key_max_concurrent (0: no limit)
+    key_max_concurrent: int = 0
+    settled: bool = False  # answered or dropped: no longer counted against its key
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token_seen: bool = False
@@ -167,6 +170,7 @@ class Engine:
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._active: list[Sequence] = []
         self._parked: list[_Parked] = []  # the loop thread's, like _active
+        self._live_per_key: collections.Counter[str] = collections.Counter()  # under _cv (an RLock)
         self.store = KVStore(prefix_cache.directory if prefix_cache.enabled else None, model.cache_fingerprint)
         found = self.store.scan()
         disk = 0
@@ -261,11 +265,18 @@ class Engine:
             raise RequestRejected(400, f"priority must be one of {', '.join(PRIORITIES)}, got {request.priority!r}",
                                   param="priority")
         with self._cv:
+            live = self._live_per_key[request.key] if request.key else 0
+            if request.key and request.key_max_concurrent and live >= request.key_max_concurrent:
+                raise RequestRejected(429, f"the key {request.key!r} has {live} requests running or waiting; its "
+                                      f"limit is {request.key_max_concurrent} at once (keys set-limit)",
+                                      code="concurrency_limit_exceeded", retry_after=1)
             if len(self._waiting) >= self.max_waiting:
                 self.metrics.add("requests_rejected_total")
                 raise RequestRejected(503, f"the server is at capacity ({len(self._waiting)} requests waiting); "
                                       "retry shortly", error_type="server_busy", code="queue_full", retry_after=2)
             request.open_choices = request.n
+            if request.key:
+                self._live_per_key[request.key] += 1
             self._waiting.append(request)
             self.progress.pending(True)
             self.metrics.add("requests_total")
@@ -447,6 +458,7 @@ class Engine:
                 self.runner.forget(slot_id)
             seq.sampler.close()
             request.cancel()
+            self._settle(request)
             request.sink(Error(RequestRejected(500, "internal error while resuming this request",
                                                error_type="server_error")))
             return
@@ -477,6 +489,7 @@ class Engine:
                 self.cache.release(slot_id, [], cacheable=False)
                 self.runner.forget(slot_id)
             request.cancel()
+            self._settle(request)
             request.sink(Error(RequestRejected(500, "internal error while starting this request",
                                                error_type="server_error")))
         self._publish_cache()
@@ -527,16 +540,28 @@ class Engine:
                         "disk": len(c.disk)},
             "corrupt_files": self.store.corrupt_files})
 
+    def _settle(self, request: GenerationRequest) -> None:
+        """The request is answered or dropped: its key's count goes down (once)."""
+        with self._cv:
+            if request.key and not request.settled:
+                self._live_per_key[request.key] -= 1
+                if self._live_per_key[request.key] <= 0:
+                    del self._live_per_key[request.key]
+            request.settled = True
+
     def _drop_cancelled_locked(self) -> None:
         for request in [r for r in self._waiting if r.cancelled.is_set()]:
             self._waiting.remove(request)
+            self._settle(request)
             self.metrics.add("requests_cancelled_total")
         for parked in [p for p in self._parked if p.request.cancelled.is_set()]:
             self._parked.remove(parked)
             parked.seq.sampler.close()
+            self._settle(parked.request)
             self.metrics.add("requests_cancelled_total")
         cancelled = {id(s.request) for s in self._active if s.request.cancelled.is_set()}
         for seq in [s for s in self._active if id(s.request) in cancelled]:
+            self._settle(seq.request)
             self._release(seq)
         for _ in cancelled:
             self.metrics.add("requests_cancelled_total")
@@ -713,6 +738,7 @@ class Engine:
         request = seq.request
         self._release(seq)
         if error is not None:
+            self._settle(request)
             if not request.cancelled.is_set():
                 request.cancel()
                 request.sink(Error(error))
@@ -720,4 +746,5 @@ class Engine:
         request.sink(Finish(seq.index, reason, seq.generated, stop_string))
         request.open_choices -= 1
         if request.open_choices == 0:
+            self._settle(request)
             request.sink(Done(len(request.prompt_tokens), request.cached_tokens))

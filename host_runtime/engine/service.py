@@ -250,7 +250,8 @@ class EngineService:
         return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink, sampling=sampling,
                                  stops=stops, n=int(request.n), speculation=bool(request.speculation),
                                  grammar=compiled, cache_scope=_cache_scope(request.cache_scope),
-                                 priority=request.priority)
+                                 priority=request.priority, key=request.key,
+                                 key_max_concurrent=int(request.key_max_concurrent or 0))
 
     def count_tokens(self, request: wire.CountTokens) -> wire.TokenCount:
         """The prompt's length as the model sees it: the template rendered, then tokenized."""

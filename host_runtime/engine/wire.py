@@ -98,6 +98,8 @@ class Generate:
     speculation: bool = True  # False: this request opts out of speculative decoding (same output either way)
     cache_scope: str | None = None  # whose cached prefixes it may reuse (the API key's name; None: shared)
     priority: str = "default"       # one of PRIORITIES
+    key: str | None = None          # the API key's name, for its limits (None: no key, no limits)
+    key_max_concurrent: int = 0     # its requests running, parked or waiting at once, at most (0: no limit)
 
     @classmethod
     def from_wire(cls, doc: dict) -> "Generate":

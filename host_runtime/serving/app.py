@@ -126,6 +126,7 @@ class AuthMiddleware:
             raise APIError(401, "the API key is not valid for this box", code="invalid_api_key")
         req.context.key_name = name  # the prefix cache's scope (cache_scope)
         req.context.key_priority = self._verifier.priority_of(name)  # its requests' class at most (priority_for)
+        req.context.key_max_concurrent = self._verifier.max_concurrent_of(name)
 
 
 def keep_alive_of(body: dict):
@@ -368,7 +369,8 @@ def generation_call(req, router: Router, config: AppConfig, parse, model_of=lamb
     body = read_json(req, config.max_body_bytes)
     client, info = router.engine_for(model_of(body), keep_alive_of(body))
     call = parse(body, info.model_id, info.tool_format or "generic")
-    return body, client, info, call.scoped(cache_scope(req, config), priority_for(req, body))
+    return body, client, info, call.scoped(cache_scope(req, config), priority_for(req, body),
+                                           req.context.get("key_name"), req.context.get("key_max_concurrent") or 0)
 
 
 def answer(req, resp, call, stream, complete, streamed=None) -> None:

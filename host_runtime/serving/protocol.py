@@ -129,10 +129,12 @@ class GenerationCall:
     def n(self) -> int:
         return self.request.n
 
-    def scoped(self, cache_scope: str | None, priority: str = "default") -> "GenerationCall":
-        """The same call with what the serving API sets from the request's key: its prefix-cache scope and its
-        priority class."""
-        return replace(self, request=replace(self.request, cache_scope=cache_scope, priority=priority))
+    def scoped(self, cache_scope: str | None, priority: str = "default", key: str | None = None,
+               key_max_concurrent: int = 0) -> "GenerationCall":
+        """The same call with what the serving API sets from the request's key: its prefix-cache scope, its
+        priority class, and its name and limit (the engine counts the key's requests)."""
+        return replace(self, request=replace(self.request, cache_scope=cache_scope, priority=priority, key=key,
+                                             key_max_concurrent=key_max_concurrent))
 
 
 def _stop_strings(body: dict) -> list[str]:
