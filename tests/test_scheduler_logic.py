@@ -457,3 +457,31 @@ def test_a_key_past_its_concurrency_limit_gets_a_429_and_other_keys_do_not(make)
     ask(engine, events, "job-5", "abc", max_tokens=3, key="nightly", key_max_concurrent=2)
     events.wait("job-4", "job-5")
     assert not engine._live_per_key
+
+
+def test_each_keys_usage_is_counted_by_its_name(make):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    engine, _ = make(FakeModel(n_parallel=2, prefill_chunk=16))
+    events = Events()
+    engine.start()
+    prompt = "m" * 40 + "abc"
+    for name in ("a1", "a2"):  # the second reuses the first's cached prefix
+        ask(engine, events, name, prompt, max_tokens=4, key="alice")
+        events.wait(name)
+    ask(engine, events, "n1", "xyz", max_tokens=3, key="nightly")
+    ask(engine, events, "anon", "xyz", max_tokens=3)  # no key: not in the per-key figures
+    gone = ask(engine, events, "n2", "xyz", max_tokens=3000, key="nightly", sampling=SamplingParams(ignore_eos=True))
+    gone.cancel()
+    events.wait("n1", "anon")
+    threading.Event().wait(0.05)
+    samples = {(s.name, s.labels.get("key")): s.value for f in text_string_to_metric_families(
+        engine.metrics.render("m", "ready")) for s in f.samples if s.name.startswith("everycycle_key_")}
+    assert samples[("everycycle_key_requests_total", "alice")] == 2
+    assert samples[("everycycle_key_prompt_tokens_total", "alice")] == 86
+    assert samples[("everycycle_key_cached_prompt_tokens_total", "alice")] == 32
+    assert samples[("everycycle_key_generated_tokens_total", "alice")] == 8
+    assert samples[("everycycle_key_requests_total", "nightly")] == 2
+    assert samples[("everycycle_key_errors_total", "nightly")] == 1  # the cancelled one
+    assert samples[("everycycle_key_errors_total", "alice")] == 0
+    assert {k for _, k in samples} == {"alice", "nightly"}

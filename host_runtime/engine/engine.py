@@ -59,6 +59,7 @@ class GenerationRequest:
     key: str | None = None  # the API key's name: its requests share key_max_concurrent (0: no limit)
     key_max_concurrent: int = 0
     settled: bool = False  # answered or dropped: no longer counted against its key
+    generated: int = 0  # tokens generated over its choices (its key's usage)
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token_seen: bool = False
@@ -540,13 +541,16 @@ class Engine:
                         "disk": len(c.disk)},
             "corrupt_files": self.store.corrupt_files})
 
-    def _settle(self, request: GenerationRequest) -> None:
-        """The request is answered or dropped: its key's count goes down (once)."""
+    def _settle(self, request: GenerationRequest, failed: bool = True) -> None:
+        """The request is answered (failed False) or failed or dropped: its key's count goes down and its usage is
+        counted, once."""
         with self._cv:
             if request.key and not request.settled:
                 self._live_per_key[request.key] -= 1
                 if self._live_per_key[request.key] <= 0:
                     del self._live_per_key[request.key]
+                self.metrics.key_used(request.key, prompt=len(request.prompt_tokens), cached=request.cached_tokens,
+                                      generated=request.generated, failed=failed)
             request.settled = True
 
     def _drop_cancelled_locked(self) -> None:
@@ -703,6 +707,7 @@ class Engine:
             seq.history.append(token)
         now = time.monotonic()
         seq.generated += 1
+        request.generated += 1
         self.metrics.add("tokens_predicted_total")
         if not request.first_token_seen:
             request.first_token_seen = True
@@ -746,5 +751,5 @@ class Engine:
         request.sink(Finish(seq.index, reason, seq.generated, stop_string))
         request.open_choices -= 1
         if request.open_choices == 0:
-            self._settle(request)
+            self._settle(request, failed=False)
             request.sink(Done(len(request.prompt_tokens), request.cached_tokens))

@@ -67,6 +67,8 @@ class EngineMetrics:
     def __init__(self):
         self._lock = threading.Lock()
         self.counters = {name: 0.0 for name in self.COUNTERS}
+        # Per API key name (never the key): requests, prompt tokens, of them cached, generated, errors.
+        self.key_usage: dict[str, dict[str, float]] = {}
         self.requests_processing = 0
         self.requests_deferred = 0
         self.kv_cells_used = 0
@@ -83,6 +85,23 @@ class EngineMetrics:
         self._recent_ttft: deque[float] = deque(maxlen=64)
         self.spec: dict[str, list[int]] = {}  # drafting kind -> [drafted, accepted]
         self._token_samples: deque[tuple[float, float]] = deque(maxlen=RECENT_S + 2)
+
+    KEY_USAGE = {
+        "key_requests_total": "Generation requests answered or ended, per API key name.",
+        "key_prompt_tokens_total": "Prompt tokens of those requests, per API key name.",
+        "key_cached_prompt_tokens_total": "Of those, supplied by the prefix cache, per API key name.",
+        "key_generated_tokens_total": "Tokens generated for them, per API key name.",
+        "key_errors_total": "Of those requests, the ones that failed or were cancelled, per API key name.",
+    }
+
+    def key_used(self, key: str, *, prompt: int, cached: int, generated: int, failed: bool) -> None:
+        with self._lock:
+            usage = self.key_usage.setdefault(key, {name: 0.0 for name in self.KEY_USAGE})
+            usage["key_requests_total"] += 1
+            usage["key_prompt_tokens_total"] += prompt
+            usage["key_cached_prompt_tokens_total"] += cached
+            usage["key_generated_tokens_total"] += generated
+            usage["key_errors_total"] += 1 if failed else 0
 
     def add(self, name: str, value: float = 1.0) -> None:
         with self._lock:
@@ -189,6 +208,11 @@ class EngineMetrics:
             }
             out += [gauge(name, help_text, value) for name, (value, help_text) in gauges.items()]
             out.append(_model_info(model_id, state))
+            for name, help_text in self.KEY_USAGE.items():
+                family = CounterMetricFamily(p + name, help_text, labels=["model", "key"])
+                for key, usage in sorted(self.key_usage.items()):
+                    family.add_metric([model_id, key], usage[name])
+                out.append(family)
             out += self._cache_families(p, model_id)
             out += self._spec_families(p, model_id)
             out.append(self.ttft.family(f"{p}time_to_first_token_seconds", "Time from arrival to first generated token.",
