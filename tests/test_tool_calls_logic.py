@@ -85,6 +85,9 @@ def test_parallel_calls_and_text_around_them():
     assert len({c.id for c in calls}) == 2
     _, calls = parse_output('{"name": "get_time", "parameters": {}}; {"name": "get_time", "parameters": {}}', TOOLS)
     assert len(calls) == 2
+    one = ToolCallStream(TOOLS, parallel=False)  # parallel_tool_calls false: the first call alone
+    one.feed(text)
+    assert [c.name for c in one.finish()[1]] == ["get_time"]
 
 
 @pytest.mark.parametrize("text", [

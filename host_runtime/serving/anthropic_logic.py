@@ -12,7 +12,6 @@ from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.serving import anthropic_protocol as wire
 from host_runtime.serving.handlers import Choices, ServingLogic, call_engine, engine_down
 from host_runtime.serving.protocol import GenerationCall
-from host_runtime.serving.tool_calls import ToolCallStream, parse_output
 
 
 class MessagesLogic:
@@ -26,12 +25,7 @@ class MessagesLogic:
         stream = self.logic._open(call, client_gone)
         choices = Choices(1, stream.prompt_tokens).gather(stream)
         text, finish, stop_string = choices.text[0], choices.finish[0], choices.stop_string[0]
-        tools = call.tools
-        content, calls = parse_output(text, tools, truncated=finish == "length") if tools else (text, [])
-        if not call.tool_choice.parallel:
-            calls = calls[:1]
-        if not calls:
-            content = text
+        content, calls = call.answer_calls(text, finish)
         blocks = ([{"type": "text", "text": content}] if content or not calls else []) + \
             [wire.tool_use_block(c) for c in calls]
         stop_reason, stop_sequence = wire.stop_of(finish, stop_string, call, bool(calls))
@@ -45,8 +39,7 @@ class MessagesLogic:
 
     def _events(self, stream: GenerationStream, call: GenerationCall, model_id: str) -> Iterator[bytes]:
         prompt_tokens = stream.prompt_tokens
-        tools = call.tools
-        splitter = ToolCallStream(tools) if tools else None
+        splitter = call.call_stream()
         index = 0
         text_open = False
 
@@ -75,7 +68,6 @@ class MessagesLogic:
                     output_tokens = event.completion_tokens
                     if splitter:
                         rest, calls = splitter.finish(truncated=finish == "length")
-                        calls = calls if call.tool_choice.parallel else calls[:1]
                         yield from text_delta(rest)
                 elif isinstance(event, engine_wire.Error):
                     yield wire.sse("error", wire.error_body(event.error))

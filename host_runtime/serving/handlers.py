@@ -14,7 +14,6 @@ from host_runtime.engine.client import EngineClient, GenerationStream
 from host_runtime.engine.ipc import ClientGone, EngineUnavailable, MessageTooLarge
 from host_runtime.serving.errors import APIError, body_of
 from host_runtime.serving.protocol import EmbeddingCall, GenerationCall
-from host_runtime.serving.tool_calls import ToolCallStream, parse_output
 
 FIRST_EVENT_TIMEOUT_S = 15.0
 # Between two events of one generation; long, because a queued request sees none until it gets a slot.
@@ -108,12 +107,7 @@ def completion_logprobs(entries: list[wire.TokenLogprob], offset: int = 0) -> di
 
 def chat_message(text: str, finish: str | None, call: GenerationCall) -> dict:
     """One choice's message and finish reason; with tools offered, the calls the answer makes."""
-    tools = call.tools
-    if not tools:
-        return {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
-    content, calls = parse_output(text, tools, truncated=finish == "length")
-    if not call.tool_choice.parallel:
-        calls = calls[:1]
+    content, calls = call.answer_calls(text, finish)
     if not calls:
         return {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
     return {"message": {"role": "assistant", "content": content, "tool_calls": [c.wire() for c in calls]},
@@ -176,8 +170,7 @@ class ServingLogic:
             doc = {"id": chunk_id, "object": obj, "created": created, "model": model_id, "choices": choice_list, **extra}
             return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
-        tools = call.tools if is_chat else None
-        splitters = [ToolCallStream(tools) for _ in range(call.n)] if tools else None
+        splitters = [call.call_stream() for _ in range(call.n)] if is_chat and call.tools else None
         try:
             if is_chat:
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -203,7 +196,6 @@ class ServingLogic:
                     reason = event.finish_reason
                     if splitters:
                         rest, calls = splitters[i].finish(truncated=reason == "length")
-                        calls = calls if call.tool_choice.parallel else calls[:1]
                         if rest:
                             yield chunk([{"index": i, "delta": {"content": rest}, "logprobs": None,
                                           "finish_reason": None}])

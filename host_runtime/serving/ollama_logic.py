@@ -12,27 +12,18 @@ from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.serving import ollama_protocol as ollama
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
-from host_runtime.serving.tool_calls import ToolCallStream, parse_output
 
 
 class OllamaLogic:
     def __init__(self, logic: ServingLogic):
         self.logic = logic
 
-    @staticmethod
-    def _calls(call: GenerationCall, text: str, finish: str | None) -> tuple[str, list]:
-        if not call.tools:
-            return text, []
-        content, calls = parse_output(text, call.tools, truncated=finish == "length")
-        calls = calls if call.tool_choice.parallel else calls[:1]
-        return (content, calls) if calls else (text, [])
-
     def complete(self, call: GenerationCall, kind: str, model: str, client_gone=None) -> dict:
         """kind: "chat" (a message) or "generate" (a response string)."""
         started = time.monotonic_ns()
         stream = self.logic._open(call, client_gone)
         choices = Choices(1, stream.prompt_tokens).gather(stream)
-        content, calls = self._calls(call, choices.text[0], choices.finish[0])
+        content, calls = call.answer_calls(choices.text[0], choices.finish[0])
         answer = {"message": {"role": "assistant", "content": content,
                               **({"tool_calls": ollama.tool_calls(calls)} if calls else {})}} \
             if kind == "chat" else {"response": content}
@@ -45,7 +36,7 @@ class OllamaLogic:
 
     def _lines(self, stream: GenerationStream, call: GenerationCall, kind: str, model: str,
                started: int) -> Iterator[bytes]:
-        splitter = ToolCallStream(call.tools) if call.tools and kind == "chat" else None
+        splitter = call.call_stream() if kind == "chat" else None
 
         def piece(text: str = "", calls=()) -> bytes:
             if kind == "chat":
@@ -67,7 +58,6 @@ class OllamaLogic:
                     finish, completion_tokens = event.finish_reason, event.completion_tokens
                     if splitter:
                         rest, calls = splitter.finish(truncated=finish == "length")
-                        calls = calls if call.tool_choice.parallel else calls[:1]
                         if rest or calls:
                             yield piece(rest, calls)
                 elif isinstance(event, wire.Error):

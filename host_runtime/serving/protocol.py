@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from host_runtime.engine import wire
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
-from host_runtime.serving.tool_calls import grammar_for, parse_tool_choice, parse_tools
+from host_runtime.serving.tool_calls import ToolCallStream, grammar_for, parse_output, parse_tool_choice, parse_tools
 
 MAX_N = 4
 MAX_TOP_LOGPROBS = 20
@@ -128,6 +128,20 @@ class GenerationCall:
     @property
     def n(self) -> int:
         return self.request.n
+
+    def answer_calls(self, text: str, finish: str | None) -> tuple[str | None, list]:
+        """A whole answer's (content, tool calls): none without tools offered, the first alone unless parallel calls
+        are allowed, and the whole text as content when no call parses (every API shapes these its own way)."""
+        if not self.tools:
+            return text, []
+        content, calls = parse_output(text, self.tools, truncated=finish == "length")
+        calls = calls if self.tool_choice.parallel else calls[:1]
+        return (content, calls) if calls else (text, [])
+
+    def call_stream(self) -> ToolCallStream | None:
+        """What holds back a streamed answer's possible calls, with tools offered (its finish() applies the same
+        rules as answer_calls)."""
+        return ToolCallStream(self.tools, self.tool_choice.parallel) if self.tools else None
 
     def scoped(self, cache_scope: str | None, priority: str = "default", key: str | None = None,
                key_max_concurrent: int = 0) -> "GenerationCall":

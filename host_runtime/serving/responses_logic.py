@@ -14,7 +14,6 @@ from host_runtime.serving import responses_protocol as shape
 from host_runtime.serving.errors import body_of
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
-from host_runtime.serving.tool_calls import ToolCallStream, parse_output
 
 
 def _status(finish: str | None) -> tuple[str, str | None]:
@@ -28,12 +27,9 @@ class ResponsesLogic:
     def complete(self, call: GenerationCall, body: dict, model: str, client_gone=None) -> dict:
         stream = self.logic._open(call, client_gone)
         choices = Choices(1, stream.prompt_tokens).gather(stream)
-        text, finish = choices.text[0], choices.finish[0]
-        calls = []
-        if call.tools:
-            content, calls = parse_output(text, call.tools, truncated=finish == "length")
-            calls = calls if call.tool_choice.parallel else calls[:1]
-            text = content if calls else text
+        finish = choices.finish[0]
+        text, calls = call.answer_calls(choices.text[0], finish)
+        text = text or ""
         output = ([shape.message_item(shape.new_id("msg"), text)] if text or not calls else []) + \
             [shape.function_call_item(c) for c in calls]
         status, incomplete = _status(finish)
@@ -84,7 +80,7 @@ class ResponsesLogic:
             output.append(item)
             text_item = None
 
-        splitter = ToolCallStream(call.tools) if call.tools else None
+        splitter = call.call_stream()
         try:
             start = shape.response(body, model, response_id, created, [], "in_progress", None)
             yield event("response.created", response=start)
@@ -97,7 +93,6 @@ class ResponsesLogic:
                     finish, completion_tokens = ev.finish_reason, ev.completion_tokens
                     if splitter:
                         rest, calls = splitter.finish(truncated=finish == "length")
-                        calls = calls if call.tool_choice.parallel else calls[:1]
                         yield from text_delta(rest)
                 elif isinstance(ev, wire.Done):
                     usage = shape.usage(ev.prompt_tokens, completion_tokens, ev.cached_tokens)

@@ -322,8 +322,9 @@ class ToolCallStream:
 
     OPENERS = (HERMES_OPEN, MISTRAL_OPEN, PYTHON_TAG)
 
-    def __init__(self, tools: list[Tool]):
+    def __init__(self, tools: list[Tool], parallel: bool = True):
         self.tools = tools
+        self.parallel = parallel  # False: the answer's first call alone (parallel_tool_calls false)
         self._sent_any = False    # content already sent: JSON from here on is text, not a call
         self._pending = ""        # not yet sent: a possible marker's beginning, or leading whitespace
         self._held: str | None = None  # from a call's first sign on
@@ -360,4 +361,4 @@ class ToolCallStream:
         content, calls = parse_output(self._held, self.tools, truncated)
         if not calls:
             return self._pending + self._held, []
-        return content or "", calls
+        return content or "", calls if self.parallel else calls[:1]
