@@ -232,18 +232,12 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
     # far as the measured cost of calls says pays; everycycle-spec-always: drafting whatever it costs;
     # everycycle-draft: with a draft model (--draft-model, by default the target itself: the mechanism's cost).
     draft = args.draft_model or model
-    if args.baseline_checkout:
-        # everycycle-baseline: the default mode, from another checkout of this repository (an earlier commit: `git
-        # worktree add DIR REV`), with this venv: the change's cost measured in the same run, turn about.
-        port = free_port()
-        base = Path(args.baseline_checkout).resolve()
-        servers.append(Server("everycycle-baseline", [py, "-m", "host_runtime.cli", "serve", "--port", str(port),
-                                                      "--model", model, "--threads", str(args.threads),
-                                                      "--parallel", str(args.parallel), "--ctx-size",
-                                                      str(args.ctx_size), "--run-dir", str(workdir / "baseline"),
-                                                      *gpu["everycycle"]], port, "/ready",
-                              env={**os.environ, "PYTHONPATH": str(base)}, cwd=base))
-    for name, mode in (("everycycle", []), ("everycycle-mixed", ["--mixed-batches"]),
+    # everycycle-baseline: the default mode, from another checkout of this repository (an earlier commit: `git
+    # worktree add DIR REV`), with this venv: the change's cost measured in the same run, turn about.
+    base = Path(args.baseline_checkout).resolve() if args.baseline_checkout else None
+    if base is not None:
+        wanted = [*wanted, "everycycle-baseline"]
+    for name, mode in (("everycycle-baseline", []), ("everycycle", []), ("everycycle-mixed", ["--mixed-batches"]),
                        ("everycycle-spec", ["--speculation", "ngram", "--draft-max", str(args.draft_max)]),
                        ("everycycle-spec-always", ["--speculation", "ngram", "--draft-max", str(args.draft_max),
                                                    "--draft-always"]),
@@ -257,7 +251,8 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
                                      *(["--decode-threads", str(args.decode_threads)] if args.decode_threads else []),
                                      "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size),
                                      "--run-dir", str(workdir / name), *mode, *gpu["everycycle"]], port,
-                              "/ready"))
+                              "/ready", **({"env": {**os.environ, "PYTHONPATH": str(base)}, "cwd": base}
+                                           if name == "everycycle-baseline" else {})))
     # llama-server-spec: llama-server with its own prompt-lookup speculation (no draft model);
     # llama-server-draft: with the same draft model as everycycle-draft, its draft-simple type (--model-draft
     # alone loads the draft and drafts nothing). Where the CPU has AMX, every llama-server runs without

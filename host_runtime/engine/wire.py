@@ -309,9 +309,7 @@ class EngineInfo:
         return self.state == "ready"
 
 
-class _VerdictReply:
-    """readiness.Verdict on the wire (it is readiness's own type; the tag is added here)."""
-    type = "verdict"
+VERDICT = "verdict"  # readiness.Verdict's tag on the wire (it is readiness's own type)
 
 
 EVENTS = {cls.type: cls for cls in (Accepted, Token, Finish, Done, Error, TokenCount, Tokenized, Detokenized,
@@ -323,7 +321,7 @@ FINAL = (Done, Error)  # the events that end a generation's stream
 
 def event_to_wire(event) -> dict:
     if isinstance(event, Verdict):
-        return {"type": _VerdictReply.type, **event.to_wire()}
+        return {"type": VERDICT, **event.to_wire()}
     to_wire = getattr(event, "to_wire", None)
     return {"type": event.type, **(to_wire() if to_wire else asdict(event))}
 
@@ -331,7 +329,7 @@ def event_to_wire(event) -> dict:
 def event_from_wire(doc) -> Any:
     """The typed reply or event; WireError naming what is wrong."""
     kind = doc.get("type") if isinstance(doc, dict) else None
-    if kind == _VerdictReply.type:
+    if kind == VERDICT:
         return Verdict.from_wire(doc)
     cls = EVENTS.get(kind)
     if cls is None:

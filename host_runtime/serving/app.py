@@ -467,7 +467,8 @@ class Ollama:
         row = next((r for r in self._router.models() if r.id == name), None)
         if row is None:
             raise APIError(404, f"model '{name}' not found", param="model", code="model_not_found")
-        info = self._router.default_info() if row.id == self._router.default_info().model_id else None
+        default = self._router.default_info()
+        info = default if row.id == default.model_id else None
         _json(resp, {"modelfile": "", "parameters": "", "template": "", "details": ollama_protocol.details(None),
                      "model_info": {
                                     "context_length": row.context_length,
