@@ -151,11 +151,15 @@ image-test-full: $(STAMP)
 # (what CI runs).
 UPDATE_TEST := build/image/update-test
 UPDATE_STEPS ?= tamper,update,power-cut,rollback
+# A pass is recorded in .ci/update-test-passed.json with the test's inputs (.ci/update_test_gate.py): CI runs the
+# test again only when one of them has changed since.
 image-update-test: $(STAMP)
 	@bash image/host-tools.sh --boot
-	@NVIDIA=$(if $(filter command line,$(origin NVIDIA)),$(NVIDIA),0) bash image/update-test-build.sh $(UPDATE_TEST) \
-	  $(if $(findstring power-cut,$(UPDATE_STEPS))$(findstring rollback,$(UPDATE_STEPS)),v2 v3,v2)
-	@$(PY) image/update_check.py $(UPDATE_TEST) --only $(UPDATE_STEPS)
+	@start=$$(date +%s); \
+	NVIDIA=$(if $(filter command line,$(origin NVIDIA)),$(NVIDIA),0) bash image/update-test-build.sh $(UPDATE_TEST) \
+	  $(if $(findstring power-cut,$(UPDATE_STEPS))$(findstring rollback,$(UPDATE_STEPS)),v2 v3,v2) && \
+	$(PY) image/update_check.py $(UPDATE_TEST) --only $(UPDATE_STEPS) && \
+	$(PY) .ci/update_test_gate.py record $(UPDATE_STEPS) $$(( $$(date +%s) - start ))
 
 # ---- benchmark references (built outside the repo; nothing built is committed) ----
 BENCH_CACHE ?= $(HOME)/.cache/everycycle/bench-ref

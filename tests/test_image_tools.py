@@ -5,6 +5,7 @@ The image itself is built and booted by `make image-dir-test` (CI) and `make ima
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -159,3 +160,48 @@ def test_a_disk_is_not_signed_with_the_development_key_unless_asked_for_by_name(
                          timeout=30)
     assert out.returncode == 2 and "needs UPDATE_KEY=FILE" in out.stderr and "DEV_UPDATE_KEY=1" in out.stderr
     assert out.stdout == ""  # refused before anything was built
+
+
+def _gate():
+    spec = importlib.util.spec_from_file_location("update_test_gate", REPO / ".ci" / "update_test_gate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_update_tests_inputs_follow_the_update_codes_imports_and_no_further():
+    inputs = _gate().input_files()
+    assert "host_runtime/update/gate.py" in inputs and "image/update_check.py" in inputs
+    assert "rootfs_overlay/etc/everycycle/defaults.env" in inputs and "mkosi.conf" in inputs
+    # imported by the update code, at any depth (the signature check, the health gate's readiness reading)
+    assert "host_runtime/common/ed25519.py" in inputs and "host_runtime/engine/readiness.py" in inputs
+    # not reached from it: serving's and the scheduler's changes leave the recorded pass standing
+    assert "host_runtime/serving/app.py" not in inputs and "host_runtime/engine/scheduler.py" not in inputs
+    assert all(len(blob) == 40 for blob in inputs.values())
+
+
+def test_ci_leans_on_a_recorded_pass_only_while_every_input_is_unchanged(tmp_path, monkeypatch, capsys):
+    gate = _gate()
+    monkeypatch.setattr(gate, "RECORD", tmp_path / "passed.json")
+    assert gate.check() == 1 and "no passing run is recorded" in capsys.readouterr().out
+    now = gate.input_files()
+    record = {"commit": "abc", "date": "2026-12-03", "steps": ["tamper", "update"], "how": "a test", "inputs": now}
+    gate.RECORD.write_text(json.dumps(record))
+    assert gate.check() == 0 and "unchanged since it passed on abc" in capsys.readouterr().out
+    changed = dict(now, **{"image/build.sh": "0" * 40})
+    gate.RECORD.write_text(json.dumps(dict(record, inputs=changed)))
+    assert gate.check() == 1 and "1 of its inputs changed" in capsys.readouterr().out
+    fewer = {k: v for k, v in now.items() if k != "host_runtime/update/gate.py"}
+    gate.RECORD.write_text(json.dumps(dict(record, inputs=fewer)))
+    assert gate.check() == 1 and "host_runtime/update/gate.py" in capsys.readouterr().out
+    gate.RECORD.write_text(json.dumps(dict(record, steps=["tamper"])))
+    assert gate.check() == 1 and "lacks steps ['update']" in capsys.readouterr().out
+
+
+def test_the_committed_record_matches_this_trees_update_inputs_or_ci_runs_the_test():
+    # Not an assertion that it matches (a change to the update path is meant to make CI run the test): the check
+    # must answer without error either way, and its record must name the steps CI needs.
+    gate = _gate()
+    record = json.loads(gate.RECORD.read_text())
+    assert set(gate.CI_STEPS) <= set(record["steps"]) and record["inputs"]
+    assert gate.check() in (0, 1)
