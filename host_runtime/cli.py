@@ -95,6 +95,9 @@ def _run_dir(explicit: str | None = None) -> Path:
 # as agents' 10,000-25,000-token prompts need; the planner lowers the sequences, then the context, where memory is
 # short, and says so. --ctx-size (serving.toml's context_length) sets another cap.
 DEFAULT_CTX = 32768
+DEFAULT_KV_BUDGET_MIB = 1024
+DEFAULT_KEEP_ALIVE_S = 300.0
+_UNSET = object()  # an option's default where None is a value (--keep-alive -1: forever)
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -107,8 +110,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         f"context, up to {DEFAULT_CTX})")
     p.add_argument("--parallel", type=_positive, metavar="N",
                    help="sequences decoded together (default: as many as --kv-budget-mib holds at full context, up to 16)")
-    p.add_argument("--kv-budget-mib", type=_positive, default=1024, metavar="MIB",
-                   help="memory for the KV cache of running sequences (default 1024)")
+    p.add_argument("--kv-budget-mib", type=_positive, metavar="MIB",
+                   help=f"memory for the KV cache of running sequences (default {DEFAULT_KV_BUDGET_MIB})")
     p.add_argument("--max-queue", type=_non_negative, metavar="N",
                    help="requests allowed to wait for a sequence before new ones get 503 (default 4 per sequence)")
     p.add_argument("--prefix-cache-ram-mib", type=_non_negative, default=1024, metavar="MIB",
@@ -122,7 +125,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="prompt chunks and decode tokens in one llama_decode call over one shared KV buffer, as "
                         "llama-server batches; a request's output then depends on what else is batched (default: "
                         "batch-invariant, the faster of the two on CPU as measured by bench/serving.py)")
-    p.add_argument("--speculation", choices=["ngram", "draft", "off"], default="off",
+    p.add_argument("--speculation", choices=["ngram", "draft", "off"],
                    help="ngram: each decoding sequence drafts the tokens that followed the latest earlier occurrence "
                         "of its last few tokens (prompt lookup) and the model verifies them in the same call, so "
                         "edits and quotes come several tokens a step; drafts stop when a step holds 16 tokens or the "
@@ -218,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-store", metavar="DIR",
                        help="models a request may name, loaded on demand (default: $EVERYCYCLE_MODEL_STORE, else "
                             "/var/lib/everycycle/models)")
-    serve.add_argument("--keep-alive", type=_keep_alive, default=300.0, metavar="DURATION",
+    serve.add_argument("--keep-alive", type=_keep_alive, default=_UNSET, metavar="DURATION",
                        help="how long a model loaded on demand stays after its last request (default 5m; -1: "
                             "forever; a request's keep_alive wins)")
     serve.add_argument("--models-memory-mib", type=_positive, metavar="MIB",
@@ -507,8 +510,8 @@ def cmd_serve(parser, args) -> int:
         settings = load_settings(ServingSettings, args.settings)
     except SettingsError as exc:
         parser.error(f"--settings: {exc}")
+    args = serve_arguments(args, settings)
     model_arg = args.model or settings.model or _pulled_model(args, settings) or None
-    ctx_size = args.ctx_size or settings.context_length or DEFAULT_CTX
 
     if args.engine_socket is None:
         _refuse_an_unsupported_cpu(parser)
@@ -525,8 +528,7 @@ def cmd_serve(parser, args) -> int:
     if socket_path is None:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="everycycle-"))
         options = engine_options(parser, argparse.Namespace(**{
-            **vars(args), "ctx_size": ctx_size,
-            "prefix_cache_dir": args.prefix_cache_dir or str(run_dir / "prefix-cache")}), model_arg)
+            **vars(args), "prefix_cache_dir": args.prefix_cache_dir or str(run_dir / "prefix-cache")}), model_arg)
         run_dir.mkdir(parents=True, exist_ok=True)
         socket_path = str(run_dir / "engine.sock")
         engine = EngineChild(socket_path, options)
@@ -550,7 +552,8 @@ def cmd_serve(parser, args) -> int:
                        ready_wait_s=args.ready_wait, wedge_floor_s=args.wedge_floor, metrics_access=metrics_access,
                        governor_state=args.governor_state, pool_socket=pool.control_socket if pool else None,
                        fleet_router=args.fleet_router or settings.fleet_router or None,
-                       prefix_cache_shared=args.prefix_cache_shared or settings.prefix_cache_shared)
+                       prefix_cache_shared=args.prefix_cache_shared or settings.prefix_cache_shared,
+                       aliases=tuple(sorted(settings.aliases.items())))
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = [f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"]
@@ -568,6 +571,22 @@ def cmd_serve(parser, args) -> int:
         threads = http_threads(args.parallel, args.max_queue)
     ServingApplication(config, bind=bind, workers=args.workers, threads=threads, engine=engine, pool=pool).run()
     return 0
+
+
+def serve_arguments(args, settings):
+    """serve's options with serving.toml's settings where the command line gave none (explicit options win), then
+    the defaults: what the serve process runs with, from box.toml's [model] and [serving] without an argv."""
+    resolved = argparse.Namespace(**vars(args))
+    for name, value, default in (("ctx_size", settings.context_length, DEFAULT_CTX),
+                                 ("parallel", settings.parallel, None),
+                                 ("kv_budget_mib", settings.kv_budget_mib, DEFAULT_KV_BUDGET_MIB),
+                                 ("models_memory_mib", settings.models_memory_mib, None),
+                                 ("speculation", settings.speculation, "off")):
+        if getattr(args, name) is None:
+            setattr(resolved, name, value or default)
+    if args.keep_alive is _UNSET:  # None is forever
+        resolved.keep_alive = settings.keep_alive_s if settings.keep_alive else DEFAULT_KEEP_ALIVE_S
+    return resolved
 
 
 def _model_store(args):
@@ -662,10 +681,11 @@ def engine_options(parser, args, model: str | None):
     from host_runtime.engine.speculation import SpeculationConfig
 
     _check_offload_flags(parser, args)
-    speculating = args.speculation != "off"
+    speculating = args.speculation not in (None, "off")
     context = ContextConfig(n_ctx_per_seq=args.ctx_size or DEFAULT_CTX, n_parallel=args.parallel,
                             n_threads=args.threads, n_threads_decode=args.decode_threads,
-                            kv_budget_bytes=args.kv_budget_mib << 20, max_waiting=args.max_queue,
+                            kv_budget_bytes=(args.kv_budget_mib or DEFAULT_KV_BUDGET_MIB) << 20,
+                            max_waiting=args.max_queue,
                             placement=args.placement, n_gpu_layers=args.gpu_layers,
                             tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,
                             main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches, speculation=speculating)

@@ -86,12 +86,30 @@ def service_settings(box: dict) -> dict:
                                   prefix_cache_shared=box.get("api", {}).get("prefix_cache") == "shared", **pull)
     except SettingsError as exc:
         raise SettingsError(f"model.{exc.field}", exc.message) from None
+    serving = _serving_table(box.get("serving", {}), serving, model)
     fleet = fleet_from_box(box)
     if fleet.role == "gateway":
         serving = dataclasses.replace(serving, fleet_listen=OWN_API, fleet_router=f"127.0.0.1:{fleet.router_port}")
     return {"etc/everycycle/front.toml": front_from_box(box), "etc/everycycle/governor.toml": governor_from_box(box),
             "etc/everycycle/serving.toml": serving, "etc/everycycle/bmc.toml": bmc_from_box(box),
             "etc/everycycle/fleet.toml": fleet}
+
+
+def _serving_table(table: dict, serving, model: dict):
+    """box.toml's [serving] onto the settings [model] gave; errors name the box.toml field."""
+    if "context_length" in table and "context_length" in model:
+        raise SettingsError("serving.context_length", "is also given as model.context_length: give it once")
+    keep_alive = table.get("keep_alive", "")
+    values = {"context_length": table.get("context_length", serving.context_length),
+              "parallel": table.get("parallel", 0), "kv_budget_mib": table.get("kv_budget_mib", 0),
+              "speculation": table.get("speculation", "off"), "models_memory_mib": table.get("models_memory_mib", 0),
+              # a number of seconds is kept as the string the serve process parses, as it would a duration
+              "keep_alive": str(keep_alive) if not isinstance(keep_alive, bool) else keep_alive,
+              "aliases": dict(table.get("aliases", {}))}
+    try:
+        return dataclasses.replace(serving, **values)
+    except SettingsError as exc:
+        raise SettingsError(f"serving.{exc.field}", exc.message) from None
 
 
 def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[dict] = ()) -> dict[str, tuple[bytes, int]]:

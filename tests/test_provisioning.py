@@ -624,13 +624,15 @@ def test_every_box_toml_field_has_an_owner():
         "fleet.role": "fleet.toml", "fleet.key_file": "fleet.key + api_keys.json", "fleet.peers": "fleet.toml",
         "fleet.peer_certificates": "fleet.toml + fleet-peers/", "fleet.policy": "fleet.toml",
         "fleet.gateway_address": "front.toml", "fleet.mdns": "fleet.toml",
+        **{f"serving.{k}": "serving.toml" for k in ("context_length", "parallel", "kv_budget_mib", "speculation",
+                                                     "keep_alive", "models_memory_mib", "aliases")},
         # read from box.toml itself by `everycycle measure` (no service runs on it)
         **{f"requirement.{k}": "box.toml" for k in ("ttft_p50_s", "time_per_token_s", "concurrent_users",
                                                      "prompt_tokens", "answer_tokens")},
     }
     fields = set()
     for top, node in schema["properties"].items():
-        if top in ("api", "ssh", "model", "bmc", "power", "fleet", "requirement"):
+        if top in ("api", "ssh", "model", "serving", "bmc", "power", "fleet", "requirement"):
             fields |= {f"{top}.{k}" for k in node["properties"]}
         else:
             fields.add(top)

@@ -46,6 +46,8 @@ class AppConfig:
     fleet_router: str | None = None  # on the fleet's gateway: the router's loopback HOST:PORT
     # The prefix cache is scoped by API key unless the owner shares it between keys (one team, the fleet key).
     prefix_cache_shared: bool = False
+    # [serving] aliases: (name a client may ask for, the store model that answers it)
+    aliases: tuple[tuple[str, str], ...] = ()
 
 
 FLEET_PREFIX = "/fleet/"
@@ -530,7 +532,7 @@ def create_app(config: AppConfig) -> falcon.App:
     if config.keys_file:
         middleware.append(AuthMiddleware(KeyVerifier(config.keys_file), config.metrics_access))
     app = falcon.App(middleware=middleware)
-    router = Router(client, config.pool_socket)
+    router = Router(client, config.pool_socket, dict(config.aliases))
     app.add_route("/health", Health(client))
     app.add_route("/ready", Ready(client, config))
     app.add_route("/metrics", Metrics(router, config))

@@ -22,9 +22,10 @@ POLL_S = 0.25
 
 
 class Router:
-    def __init__(self, default: EngineClient, pool_socket: str | None = None):
+    def __init__(self, default: EngineClient, pool_socket: str | None = None, aliases: dict[str, str] | None = None):
         self.default = default
         self.pool = PoolClient(pool_socket) if pool_socket else None
+        self.aliases = aliases or {}  # box.toml's [serving] aliases: another name -> the model that answers
         self._default_info: EngineInfo | None = None
         self._lock = threading.Lock()
 
@@ -44,6 +45,11 @@ class Router:
     def engine_for(self, model, keep_alive="default") -> tuple[EngineClient, EngineInfo]:
         """(the engine's client, its info) for the model a request names (None or not a string: the default's,
         so that the wire schema names the field)."""
+        if isinstance(model, str) and model in self.aliases:
+            # Answered under the name asked for (as Ollama answers for a copied model), so that the APIs' own
+            # check of the body's model holds and the client sees the name it uses.
+            client, info = self.engine_for(self.aliases[model], keep_alive)
+            return client, replace(info, model_id=model)
         info = self.default_info()
         if not isinstance(model, str) or model == info.model_id or self.pool is None:
             return self.default, info
@@ -72,15 +78,21 @@ class Router:
         """Every model with its state (loaded, loading, available, downloading) and context length."""
         info = self.default_info()
         if self.pool is None:
-            return [PoolModel(info.model_id, "loaded" if info.ready else "loading", True, info.n_ctx,
+            rows = [PoolModel(info.model_id, "loaded" if info.ready else "loading", True, info.n_ctx,
                               trained_context_length=info.n_ctx_train)]
-        try:
-            rows = self.pool.models()
-        except EngineUnavailable as exc:
-            raise engine_down(exc) from None
-        # The default engine's context is what it runs with, not what the file was trained for.
-        return [replace(r, context_length=info.n_ctx, trained_context_length=info.n_ctx_train)
-                if r.id == info.model_id else r for r in rows]
+        else:
+            try:
+                rows = self.pool.models()
+            except EngineUnavailable as exc:
+                raise engine_down(exc) from None
+            # The default engine's context is what it runs with, not what the file was trained for.
+            rows = [replace(r, context_length=info.n_ctx, trained_context_length=info.n_ctx_train)
+                    if r.id == info.model_id else r for r in rows]
+        # Each alias is listed as the model it names (clients pick from the list); an alias of a model the box
+        # lacks is not listed, and a request for it gets the model's own 404.
+        by_id = {r.id: r for r in rows}
+        return rows + [replace(by_id[target], id=alias, socket=None)
+                       for alias, target in sorted(self.aliases.items()) if target in by_id]
 
     def loaded_clients(self) -> list[EngineClient]:
         """Clients of every loaded engine (for /metrics)."""

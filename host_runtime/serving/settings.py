@@ -1,13 +1,15 @@
-"""The serving API's settings (serving.toml): written by provisioning from box.toml's [model], read by
-`everycycle serve --settings`. Command-line options given explicitly win (make run, tests)."""
+"""The serving API's settings (serving.toml): written by provisioning from box.toml's [model] and [serving], read
+by `everycycle serve --settings`. Command-line options given explicitly win (make run, tests)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from host_runtime.common.settings_file import SettingsError
 
 MAX_CONTEXT = 1 << 20
+MAX_PARALLEL = 256
+SPECULATION = ("off", "ngram")  # a draft model is a file of its own: `serve --speculation draft --draft-model`
 
 
 @dataclass(frozen=True)
@@ -29,12 +31,35 @@ class ServingSettings:
     # box.toml's [api] prefix_cache = "shared": requests of every API key may reuse each other's cached prefixes
     # (by default each key finds only its own: serving/app.py cache_scope).
     prefix_cache_shared: bool = False
+    # box.toml's [serving]: what a GPU owner tunes. 0 or empty: serve's own default (the planner's choice of
+    # sequences, a 1 GiB KV budget, 5 minutes, 90% of the memory available at start).
+    parallel: int = 0          # sequences served at once
+    kv_budget_mib: int = 0     # the KV cache's memory when the planner chooses the sequences
+    speculation: str = "off"   # off or ngram (drafts from the prompt's own text)
+    keep_alive: str = ""       # how long a model loaded on demand stays after its last request ('10m', '-1')
+    models_memory_mib: int = 0  # memory for loaded models, the one served at start included
+    aliases: dict = field(default_factory=dict)  # another name a client may ask for -> a model of the store
 
     def __post_init__(self) -> None:
         if self.model and not self.model.startswith("/"):
             raise SettingsError("model", f"must be an absolute path, got {self.model!r}")
         if not 0 <= self.context_length <= MAX_CONTEXT:
             raise SettingsError("context_length", f"must be between 1 and {MAX_CONTEXT} (0: the default)")
+        if not 0 <= self.parallel <= MAX_PARALLEL:
+            raise SettingsError("parallel", f"must be between 1 and {MAX_PARALLEL} (0: the planner's choice)")
+        for name in ("kv_budget_mib", "models_memory_mib"):
+            if not 0 <= getattr(self, name) <= 1 << 24:
+                raise SettingsError(name, f"must be between 1 and {1 << 24} MiB (0: the default)")
+        if self.speculation not in SPECULATION:
+            raise SettingsError("speculation", f"must be one of {', '.join(SPECULATION)}, got {self.speculation!r}")
+        if self.keep_alive:
+            from host_runtime.pool.residency import parse_keep_alive
+
+            try:
+                parse_keep_alive(self.keep_alive)
+            except ValueError as exc:
+                raise SettingsError("keep_alive", str(exc).removeprefix("keep_alive ")) from None
+        self._check_aliases()
         for name in ("fleet_listen", "fleet_router"):
             if getattr(self, name):
                 self._check_loopback(name)
@@ -42,6 +67,30 @@ class ServingSettings:
             self._check_pull()
         elif self.pull_sha256 or self.pull_name:
             raise SettingsError("url", "is required when a model is to be pulled")
+
+    def _check_aliases(self) -> None:
+        from host_runtime.models.errors import StoreError
+        from host_runtime.models.manifest import check_name
+
+        if not isinstance(self.aliases, dict):
+            raise SettingsError("aliases", "must be a table of NAME = MODEL")
+        for alias, target in self.aliases.items():
+            if not isinstance(target, str):
+                raise SettingsError(f"aliases.{alias}", "must be a model's name (a string)")
+            try:
+                check_name(alias, f"aliases.{alias}")
+                check_name(target, f"aliases.{alias}")
+            except StoreError as exc:
+                raise SettingsError(f"aliases.{alias}", str(exc).split(": ", 1)[1]) from None
+            if target in self.aliases:
+                raise SettingsError(f"aliases.{alias}", f"names another alias ({target!r}); name a model")
+
+    @property
+    def keep_alive_s(self) -> float | None | str:
+        """keep_alive in seconds (None: forever), or "" where unset."""
+        from host_runtime.pool.residency import parse_keep_alive
+
+        return parse_keep_alive(self.keep_alive) if self.keep_alive else ""
 
     def _check_loopback(self, name: str) -> None:
         from host_runtime.common.host_port import split_host_port

@@ -1,0 +1,133 @@
+"""box.toml's [serving] table: validated like every table, written into serving.toml by provisioning, and read by
+the serve process (explicit options still win) without an argv round trip; then, against a real server started
+from that file alone, the engine's context and sequences, the keep-alive and an alias."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import openai
+import pytest
+
+from host_runtime.cli import (DEFAULT_CTX, DEFAULT_KEEP_ALIVE_S, DEFAULT_KV_BUDGET_MIB, build_parser, engine_options,
+                              serve_arguments)
+from host_runtime.common.settings_file import load
+from host_runtime.engine.client import EngineClient
+from host_runtime.models.store import Store
+from host_runtime.serving.settings import ServingSettings
+from provisioning.apply import apply
+from provisioning.bundle import open_bundle
+from provisioning.validate import validate
+from tests.conftest import MODEL_ID
+from tests.servers import Proc, everycycle, free_port, http_get, ready, wait_for
+from tests.test_provisioning import _with, make_bundle
+from tests.tiny_gguf import write_tiny_llama
+
+SERVING = {"context_length": 512, "parallel": 2, "kv_budget_mib": 96, "speculation": "ngram", "keep_alive": "2s",
+           "models_memory_mib": 4096, "aliases": {"agent": "tiny", "gpt-4o-mini": MODEL_ID}}
+
+
+def _provisioned(tmp_path, serving: dict) -> tuple[list, ServingSettings | None]:
+    box = _with("serving", serving)
+    bundle = open_bundle(make_bundle(tmp_path / "bundle", box))
+    errors = validate(bundle)
+    if errors:
+        return errors, None
+    root = tmp_path / "root"
+    apply(bundle, root)
+    return [], load(ServingSettings, root / "etc/everycycle/serving.toml")
+
+
+def _as_serve_reads_it(settings_path, *extra: str):
+    args = build_parser().parse_args(["serve", "--settings", str(settings_path), *extra])
+    return serve_arguments(args, load(ServingSettings, args.settings))
+
+
+def test_a_bundles_serving_table_reaches_serving_toml_and_the_serve_process(tmp_path):
+    errors, settings = _provisioned(tmp_path, SERVING)
+    assert errors == [] and settings.parallel == 2 and settings.aliases == SERVING["aliases"]
+    args = _as_serve_reads_it(tmp_path / "root/etc/everycycle/serving.toml")
+    assert (args.ctx_size, args.parallel, args.kv_budget_mib, args.speculation, args.keep_alive,
+            args.models_memory_mib) == (512, 2, 96, "ngram", 2.0, 4096)
+    options = engine_options(build_parser(), args, None)  # what the engine child is given on its stdin
+    assert (options.context.n_ctx_per_seq, options.context.n_parallel, options.context.kv_budget_bytes) == \
+        (512, 2, 96 << 20)
+    assert options.speculation.enabled and options.speculation.kind == "ngram"
+    # Options given on the command line win; what neither gives is serve's default.
+    args = _as_serve_reads_it(tmp_path / "root/etc/everycycle/serving.toml", "--parallel", "3", "--keep-alive", "-1",
+                              "--speculation", "off")
+    assert (args.parallel, args.keep_alive, args.speculation, args.ctx_size) == (3, None, "off", 512)
+    args = _as_serve_reads_it(tmp_path / "nothing.toml")
+    assert (args.ctx_size, args.parallel, args.kv_budget_mib, args.speculation, args.keep_alive,
+            args.models_memory_mib) == (DEFAULT_CTX, None, DEFAULT_KV_BUDGET_MIB, "off", DEFAULT_KEEP_ALIVE_S, None)
+
+
+def test_a_keep_alive_in_seconds_or_forever_is_kept_as_serve_parses_it(tmp_path):
+    for given, seconds in ((90, 90.0), (-1, None), ("1h", 3600.0)):
+        _, settings = _provisioned(tmp_path / str(given), {"keep_alive": given})
+        path = tmp_path / f"{given}.toml"
+        from host_runtime.common.settings_file import save
+
+        save(settings, path)
+        assert _as_serve_reads_it(path).keep_alive == seconds
+
+
+@pytest.mark.parametrize("serving,field", [
+    ({"parallel": 0}, "serving.parallel"),
+    ({"speculation": "draft"}, "serving.speculation"),
+    ({"keep_alive": "tomorrow"}, "serving.keep_alive"),
+    ({"kv_budget_mib": "lots"}, "serving.kv_budget_mib"),
+    ({"aliases": {"bad name": "tiny"}}, "serving.aliases.bad name"),
+    ({"aliases": {"a": "b", "b": "tiny"}}, "serving.aliases.a"),
+    ({"threads": 4}, "serving"),  # unknown: the message names it
+])
+def test_serving_settings_a_box_cannot_use_are_refused_naming_the_field(tmp_path, serving, field):
+    errors, settings = _provisioned(tmp_path, serving)
+    assert settings is None and any(e.field.startswith(field) for e in errors), [str(e) for e in errors]
+
+
+def test_the_context_is_given_once(tmp_path):
+    box = _with("serving", {"context_length": 1024})
+    box["model"]["context_length"] = 2048
+    errors = validate(open_bundle(make_bundle(tmp_path / "bundle", box)))
+    assert [e.field for e in errors] == ["serving.context_length"], [str(e) for e in errors]
+
+
+@pytest.mark.system
+def test_a_server_started_from_the_serving_table_alone_serves_as_it_says(tmp_path):
+    _, settings = _provisioned(tmp_path, SERVING)
+    settings_path = tmp_path / "root/etc/everycycle/serving.toml"
+    store = Store(tmp_path / "store")
+    store.root.mkdir(parents=True)
+    tiny = write_tiny_llama(tmp_path / "tiny.gguf", n_ctx=512, n_embd=256, n_layer=4, n_ff=512)
+    store.admit(tiny, "tiny", "0" * 64, str(tiny), move=True)
+    port = free_port()
+    run = tmp_path / "run"
+    # Only what is not a serving setting on the command line: the port, the threads, where things live.
+    proc = Proc(everycycle("serve", "--port", str(port), "--threads", "2", "--settings", str(settings_path),
+                           "--model-store", str(store.root), "--run-dir", str(run)), tmp_path / "serve.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(base), 120, "the server", proc)
+        info = EngineClient(str(run / "engine.sock")).info(timeout=5.0)
+        assert (info.n_ctx, info.n_parallel) == (512, 2)
+        rows = {m["id"]: m for m in json.loads(http_get(base + "/v1/models")[1])["data"]}
+        assert {"agent", "gpt-4o-mini", "tiny", MODEL_ID} <= set(rows), rows
+        assert rows["gpt-4o-mini"]["context_length"] == 512
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        # An alias of the default model is answered by it; one of a store model loads that model. Each answers
+        # under the name asked for.
+        assert client.completions.create(model="gpt-4o-mini", prompt="Hi", max_tokens=2).model == "gpt-4o-mini"
+        assert json.loads(http_get(base + "/v1/models/tiny")[1])["state"] == "available"
+        asked_at = time.monotonic()  # the pool counts idle time from a request's start
+        assert client.chat.completions.create(model="agent", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=2).model == "agent"
+        assert json.loads(http_get(base + "/v1/models/tiny")[1])["state"] == "loaded"
+        # keep_alive "2s" (serve's default is 5 minutes): the store model goes once idle that long.
+        wait_for(lambda: 'everycycle_model_unloads_total{model="tiny",reason="keep_alive"} 1.0'
+                 in http_get(base + "/metrics")[1].decode(), 60, "the keep-alive unload", proc)
+        assert time.monotonic() - asked_at >= 2.0
+        assert json.loads(http_get(base + "/v1/models/tiny")[1])["state"] == "available"
+    finally:
+        proc.stop()
