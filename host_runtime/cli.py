@@ -510,8 +510,8 @@ def cmd_serve(parser, args) -> int:
         settings = load_settings(ServingSettings, args.settings)
     except SettingsError as exc:
         parser.error(f"--settings: {exc}")
-    args = serve_arguments(args, settings)
     model_arg = args.model or settings.model or _pulled_model(args, settings) or None
+    args = serve_arguments(args, settings, _own_settings(parser, args, model_arg))
 
     if args.engine_socket is None:
         _refuse_an_unsupported_cpu(parser)
@@ -573,20 +573,36 @@ def cmd_serve(parser, args) -> int:
     return 0
 
 
-def serve_arguments(args, settings):
-    """serve's options with serving.toml's settings where the command line gave none (explicit options win), then
-    the defaults: what the serve process runs with, from box.toml's [model] and [serving] without an argv."""
+def serve_arguments(args, settings, own: dict | None = None):
+    """serve's options with, where the command line gave none (explicit options win), the served model's own
+    settings (`own`: models/model_settings.py), then serving.toml's, then the defaults: what the serve process
+    runs with, from box.toml's [model] and [serving] without an argv. `explicit` names the options given."""
     resolved = argparse.Namespace(**vars(args))
+    resolved.explicit = frozenset(name for name in ("ctx_size", "parallel", "kv_budget_mib", "speculation")
+                                  if getattr(args, name) is not None)
+    own = own or {}
     for name, value, default in (("ctx_size", settings.context_length, DEFAULT_CTX),
                                  ("parallel", settings.parallel, None),
                                  ("kv_budget_mib", settings.kv_budget_mib, DEFAULT_KV_BUDGET_MIB),
                                  ("models_memory_mib", settings.models_memory_mib, None),
                                  ("speculation", settings.speculation, "off")):
         if getattr(args, name) is None:
-            setattr(resolved, name, value or default)
+            setattr(resolved, name, own.get(name) or value or default)
     if args.keep_alive is _UNSET:  # None is forever
         resolved.keep_alive = settings.keep_alive_s if settings.keep_alive else DEFAULT_KEEP_ALIVE_S
     return resolved
+
+
+def _own_settings(parser, args, model: str | None) -> dict:
+    """The settings a store model keeps for itself (models set), by serve option; none for a file outside it."""
+    from host_runtime.models.errors import StoreError
+
+    store = _model_store(args)
+    name = store.name_of_path(model) if model else None
+    try:
+        return store.settings_of(name).serve_options() if name else {}
+    except StoreError as exc:
+        parser.error(f"the model's own settings: {exc}")
 
 
 def _model_store(args):
@@ -620,13 +636,30 @@ def _engine_pool(run_dir: Path, socket_path: str, options, engine, args):
     cache = options.prefix_cache
     cache_ram = cache.ram_bytes if cache.enabled else 0
 
+    store = _model_store(args)
+
+    def options_for(path: str):
+        """`options` for another model: changed where it needs (for_on_demand), then by its own settings (models
+        set), save those the command line gave."""
+        from host_runtime.models.errors import StoreError
+
+        on_demand = options.for_on_demand(path)
+        name = store.name_of_path(path)
+        try:
+            own = store.settings_of(name).serve_options() if name else {}
+        except StoreError as exc:
+            logging.getLogger("everycycle.serve").warning("%s: loaded with box.toml's settings", exc)
+            own = {}
+        own = {option: value for option, value in own.items() if option not in getattr(args, "explicit", ())}
+        return on_demand.with_serving(**own) if own else on_demand
+
     def need_for(path: str) -> int:
         from host_runtime.placement.session import resident_bytes_for
 
-        return resident_bytes_for(path, options.context) + cache_ram
+        return resident_bytes_for(path, options_for(path).context) + cache_ram
     return EnginePool(run_dir=run_dir, default_name=model_id_for(options.model), default_path=options.model,
-                      default_socket=socket_path, default_child=engine, engine_options=options.for_on_demand,
-                      store=_model_store(args), budget_bytes=budget, need_for=need_for, keep_alive_s=args.keep_alive)
+                      default_socket=socket_path, default_child=engine, engine_options=options_for,
+                      store=store, budget_bytes=budget, need_for=need_for, keep_alive_s=args.keep_alive)
 
 
 def cmd_front(parser, args) -> int:

@@ -14,6 +14,7 @@ from host_runtime.cli import (DEFAULT_CTX, DEFAULT_KEEP_ALIVE_S, DEFAULT_KV_BUDG
                               serve_arguments)
 from host_runtime.common.settings_file import load
 from host_runtime.engine.client import EngineClient
+from host_runtime.models.model_settings import ModelSettings
 from host_runtime.models.store import Store
 from host_runtime.serving.settings import ServingSettings
 from provisioning.apply import apply
@@ -102,6 +103,7 @@ def test_a_server_started_from_the_serving_table_alone_serves_as_it_says(tmp_pat
     store.root.mkdir(parents=True)
     tiny = write_tiny_llama(tmp_path / "tiny.gguf", n_ctx=512, n_embd=256, n_layer=4, n_ff=512)
     store.admit(tiny, "tiny", "0" * 64, str(tiny), move=True)
+    store.set_settings("tiny", ModelSettings(context_length=256, parallel=1))  # its own, over [serving]'s
     port = free_port()
     run = tmp_path / "run"
     # Only what is not a serving setting on the command line: the port, the threads, where things live.
@@ -115,6 +117,7 @@ def test_a_server_started_from_the_serving_table_alone_serves_as_it_says(tmp_pat
         rows = {m["id"]: m for m in json.loads(http_get(base + "/v1/models")[1])["data"]}
         assert {"agent", "gpt-4o-mini", "tiny", MODEL_ID} <= set(rows), rows
         assert rows["gpt-4o-mini"]["context_length"] == 512
+        assert rows["tiny"]["context_length"] == rows["agent"]["context_length"] == 256  # what it will be served at
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
         # An alias of the default model is answered by it; one of a store model loads that model. Each answers
         # under the name asked for.
@@ -124,6 +127,8 @@ def test_a_server_started_from_the_serving_table_alone_serves_as_it_says(tmp_pat
         assert client.chat.completions.create(model="agent", messages=[{"role": "user", "content": "Hi"}],
                                               max_tokens=2).model == "agent"
         assert json.loads(http_get(base + "/v1/models/tiny")[1])["state"] == "loaded"
+        own = EngineClient(str(run / "engine-tiny.sock")).info(timeout=5.0)
+        assert (own.n_ctx, own.n_parallel) == (256, 1)
         # keep_alive "2s" (serve's default is 5 minutes): the store model goes once idle that long.
         wait_for(lambda: 'everycycle_model_unloads_total{model="tiny",reason="keep_alive"} 1.0'
                  in http_get(base + "/metrics")[1].decode(), 60, "the keep-alive unload", proc)
@@ -131,3 +136,89 @@ def test_a_server_started_from_the_serving_table_alone_serves_as_it_says(tmp_pat
         assert json.loads(http_get(base + "/v1/models/tiny")[1])["state"] == "available"
     finally:
         proc.stop()
+
+
+def test_a_models_own_settings_win_over_the_box_s_and_an_explicit_option_over_both(tmp_path):
+    settings = ServingSettings(context_length=4096, parallel=4, speculation="ngram")
+    own = ModelSettings(context_length=1024, speculation="off").serve_options()
+    args = serve_arguments(build_parser().parse_args(["serve"]), settings, own)
+    assert (args.ctx_size, args.parallel, args.speculation) == (1024, 4, "off")
+    args = serve_arguments(build_parser().parse_args(["serve", "--ctx-size", "2048"]), settings, own)
+    assert (args.ctx_size, args.parallel, args.explicit) == (2048, 4, {"ctx_size"})
+    options = engine_options(build_parser(), args, None).with_serving(**own)
+    assert (options.context.n_ctx_per_seq, options.speculation.enabled, options.context.speculation) == \
+        (1024, False, False)
+
+
+def _models(tmp_path, *argv: str, env: dict | None = None):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "host_runtime.cli", "models", "--store", str(tmp_path / "store"),
+                           *argv], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "EVERYCYCLE_RUN_DIR": str(tmp_path / "run"), **(env or {})})
+
+
+def _store_with(tmp_path, *names: str) -> Store:
+    store = Store(tmp_path / "store")
+    store.root.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        f = write_tiny_llama(tmp_path / f"{name}.gguf", n_ctx=256)
+        store.admit(f, name, "0" * 64, str(f), move=True)
+    return store
+
+
+def test_models_set_keeps_a_models_own_settings_in_the_store(tmp_path):
+    store = _store_with(tmp_path, "tiny")
+    done = _models(tmp_path, "set", "tiny", "--ctx-size", "128", "--speculation", "ngram")
+    assert done.returncode == 0 and "context_length 128, speculation ngram" in done.stdout, done.stderr
+    assert store.settings_of("tiny") == ModelSettings(context_length=128, speculation="ngram")
+    shown = json.loads(_models(tmp_path, "show", "tiny", "--json").stdout)
+    assert shown["settings"] == {"context_length": 128, "speculation": "ngram"}
+    bad = _models(tmp_path, "set", "tiny", "--parallel", "-2")
+    assert bad.returncode == 1 and "--parallel: must be between" in bad.stderr and "Traceback" not in bad.stderr
+    assert store.settings_of("tiny").parallel == 0  # nothing half-applied
+    assert _models(tmp_path, "set", "tiny", "--clear").returncode == 0
+    assert not (store.root / "tiny" / "settings.toml").exists()
+    missing = _models(tmp_path, "set", "nope", "--parallel", "2")
+    assert missing.returncode == 1 and "no model named 'nope'" in missing.stderr
+
+
+def test_models_default_changes_the_served_model_in_serving_toml_and_keeps_the_rest(tmp_path):
+    from host_runtime.common.settings_file import save
+
+    store = _store_with(tmp_path, "tiny")
+    path = tmp_path / "etc" / "serving.toml"
+    path.parent.mkdir()
+    save(ServingSettings(parallel=3, aliases={"agent": "tiny"}, pull_url="http://10.0.0.2/tiny.gguf",
+                         pull_sha256="a" * 64, pull_name="tiny"), path)
+    done = _models(tmp_path, "default", "tiny", env={"EVERYCYCLE_STATE_DIR": str(tmp_path / "etc")})
+    assert done.returncode == 0, done.stderr
+    assert "served from the serving service's next start" in done.stdout  # no supervisord here to restart it
+    settings = load(ServingSettings, path)
+    assert settings.model == str(store.path_of(store.get("tiny")).resolve())
+    assert (settings.parallel, settings.aliases, settings.pull_url) == (3, {"agent": "tiny"}, "")
+    # What the serve process then starts with: the store's model, by its own parser.
+    assert _as_serve_reads_it(path).model is None and settings.model.endswith("tiny.gguf")
+    assert _models(tmp_path, "default", "--built-in", "--settings", str(path)).returncode == 0
+    assert load(ServingSettings, path).model == ""
+    again = _models(tmp_path, "default", "--built-in", "--settings", str(path))
+    assert "already the default" in again.stdout
+    for argv, said in ((["default", "nope", "--settings", str(path)], "no model named 'nope'"),
+                       (["default", "--settings", str(path)], "give a model's NAME or --built-in")):
+        refused = _models(tmp_path, *argv)
+        assert refused.returncode != 0 and said in refused.stderr and "Traceback" not in refused.stderr
+    assert load(ServingSettings, path).model == ""
+
+
+def test_models_default_waits_for_the_bundles_pull(tmp_path):
+    from host_runtime.common.settings_file import save
+
+    _store_with(tmp_path, "tiny")
+    path = tmp_path / "serving.toml"
+    pulling = ServingSettings(pull_url="http://10.0.0.2/big.gguf", pull_sha256="b" * 64, pull_name="big")
+    save(pulling, path)
+    refused = _models(tmp_path, "default", "tiny", "--settings", str(path))
+    assert refused.returncode == 1 and "big is still being pulled" in refused.stderr
+    assert load(ServingSettings, path) == pulling

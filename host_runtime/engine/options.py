@@ -51,6 +51,23 @@ class EngineOptions:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise OptionsError(f"not an engine options document: {type(exc).__name__}: {exc}") from None
 
+    def with_serving(self, ctx_size: int = 0, parallel: int = 0, kv_budget_mib: int = 0,
+                     speculation: str = "") -> "EngineOptions":
+        """These settings with a model's own (models/model_settings.py) where it gives them, by the name of the
+        serve option each stands for."""
+        context, drafting = self.context, self.speculation
+        if ctx_size:
+            context = replace(context, n_ctx_per_seq=ctx_size)
+        if parallel:
+            context = replace(context, n_parallel=parallel)
+        if kv_budget_mib:
+            context = replace(context, kv_budget_bytes=kv_budget_mib << 20)
+        if speculation:
+            on = speculation != "off"
+            drafting = replace(drafting, enabled=on, kind="ngram")
+            context = replace(context, speculation=on)
+        return replace(self, context=context, speculation=drafting)
+
     def for_on_demand(self, model: str) -> "EngineOptions":
         """These settings for another model of the store, loaded on demand beside this one: its own prefix cache
         (entries are valid only for their weights) and no draft model (it drafts for this model, not that)."""

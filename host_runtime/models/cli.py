@@ -1,4 +1,4 @@
-"""`everycycle models list | show | add | pull | rm | pin`: the command line over the store."""
+"""`everycycle models list | show | add | pull | rm | pin | set | default`: the command line over the store."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from host_runtime.models.store import Store
 
 
 def add_parser(sub) -> None:
-    models = sub.add_parser("models", help="the model store: list, add, pull, remove and pin models",
+    models = sub.add_parser("models", help="the model store: list, add, pull, remove, pin and set models, and choose "
+                                           "the one served",
                             description="Models kept on the box's data partition ($EVERYCYCLE_MODEL_STORE, else "
                                         "/var/lib/everycycle/models).")
     models.add_argument("--store", type=Path, metavar="DIR", help="the store's directory (default: as above)")
@@ -35,7 +36,24 @@ def add_parser(sub) -> None:
     pin = m_sub.add_parser("pin", help="keep a model loaded and protected from rm (--off to undo)")
     pin.add_argument("name", metavar="NAME")
     pin.add_argument("--off", action="store_true", help="unpin")
-    for p in (listing, show, add, pull, pin):
+    own = m_sub.add_parser("set", help="a model's own serving settings, which win over box.toml's [serving] wherever "
+                                       "it is loaded (from its next load)")
+    own.add_argument("name", metavar="NAME")
+    own.add_argument("--ctx-size", type=int, metavar="N", help="context tokens per sequence (0: box.toml's)")
+    own.add_argument("--parallel", type=int, metavar="N", help="sequences at once (0: box.toml's)")
+    own.add_argument("--kv-budget-mib", type=int, metavar="MIB", help="the KV cache's memory (0: box.toml's)")
+    own.add_argument("--speculation", choices=["off", "ngram", ""], help="drafting ('': box.toml's)")
+    own.add_argument("--clear", action="store_true", help="drop every setting of its own first")
+    default = m_sub.add_parser("default", help="the model the serving service starts with (and answers a request "
+                                               "naming none), from the store or the built-in one; restarts it")
+    default.add_argument("name", nargs="?", metavar="NAME", help="a model of the store")
+    default.add_argument("--built-in", action="store_true", help="the image's built-in model")
+    default.add_argument("--settings", type=Path, metavar="FILE",
+                         help="the serving settings to change (default: $EVERYCYCLE_STATE_DIR/serving.toml, else "
+                              "/etc/everycycle/serving.toml)")
+    default.add_argument("--no-restart", action="store_true", help="only write the setting: it applies at the "
+                                                                   "serving service's next start")
+    for p in (listing, show, add, pull, pin, own):
         p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -45,6 +63,8 @@ def _say(line: str) -> None:
 
 def run(parser: argparse.ArgumentParser, args) -> int:
     store = Store(args.store)
+    if args.models_command == "default" and bool(args.name) == args.built_in:
+        parser.error("models default: give a model's NAME or --built-in")
     try:
         return _run(args, store)
     except StoreError as exc:
@@ -75,8 +95,9 @@ def _run(args, store: Store) -> int:
         return 0
     if command == "show":
         manifest = store.get(args.name)
-        print(json.dumps({**asdict(manifest), "path": str(store.path_of(manifest))}, indent=2) if args.json
-              else "\n".join(f"{k:15} {v}" for k, v in {**asdict(manifest), "path": store.path_of(manifest)}.items()))
+        own = {k: v for k, v in asdict(store.settings_of(args.name)).items() if v}
+        shown = {**asdict(manifest), "path": str(store.path_of(manifest)), "settings": own}
+        print(json.dumps(shown, indent=2) if args.json else "\n".join(f"{k:15} {v}" for k, v in shown.items()))
         return 0
     if command == "add":
         _print(pulling.add(store, args.file, args.name, args.sha256, _say), args.json)
@@ -100,7 +121,88 @@ def _run(args, store: Store) -> int:
     if command == "pin":
         _print(store.set_pinned(args.name, not args.off), args.json)
         return 0
+    if command == "set":
+        return _set_own(args, store)
+    if command == "default":
+        return _set_default(args, store)
     raise AssertionError(command)
+
+
+def _set_own(args, store: Store) -> int:
+    from dataclasses import replace
+
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.models.model_settings import ModelSettings
+
+    current = ModelSettings() if args.clear else store.settings_of(args.name)
+    given = {"context_length": args.ctx_size, "parallel": args.parallel, "kv_budget_mib": args.kv_budget_mib,
+             "speculation": args.speculation}
+    try:
+        updated = replace(current, **{k: v for k, v in given.items() if v is not None})
+    except SettingsError as exc:
+        option = {"context_length": "ctx-size", "kv_budget_mib": "kv-budget-mib"}.get(exc.field, exc.field)
+        raise StoreError(f"--{option}: {exc.message}") from None
+    store.set_settings(args.name, updated)
+    own = {k: v for k, v in asdict(updated).items() if v}
+    if args.json:
+        print(json.dumps(own))
+    else:
+        print(f"{args.name}: " + (", ".join(f"{k} {v}" for k, v in own.items()) or "box.toml's settings") +
+              (" (from its next load)" if args.name in _loaded_models() else ""))
+    return 0
+
+
+def _serving_settings_path(args) -> Path:
+    import os
+
+    return args.settings or Path(os.environ.get("EVERYCYCLE_STATE_DIR", "/etc/everycycle")) / "serving.toml"
+
+
+def _set_default(args, store: Store) -> int:
+    """serving.toml's model, changed in place (atomically; every other setting kept), then the service restarted."""
+    import os
+
+    from host_runtime.common import settings_file
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.serving.settings import ServingSettings
+
+    path = _serving_settings_path(args)
+    try:
+        settings = settings_file.load(ServingSettings, path)
+    except SettingsError as exc:
+        raise StoreError(f"{path}: {exc}") from None
+    if settings.pull_url and not args.built_in and args.name != settings.pulled_name and \
+            settings.pulled_name not in {m.name for m in store.list()}:
+        raise StoreError(f"the bundle's model {settings.pulled_name} is still being pulled (it would be served "
+                         f"once it is): wait for it, or pull it again later with everycycle models pull")
+    if args.built_in:
+        model, what = "", "the built-in model"
+    else:
+        manifest = store.get(args.name)
+        if manifest.pooling:
+            raise StoreError(f"{args.name} is an embedding model ({manifest.pooling} pooling): it cannot answer chat "
+                             "requests; it is loaded when a request names it")
+        model, what = str(store.path_of(manifest).resolve()), args.name
+    if settings.serving(model) == settings:
+        print(f"{what} is already the default ({path})")
+        return 0
+    settings_file.save(settings.serving(model), path)
+    print(f"default model: {what} (written to {path})")
+    run_dir = Path(os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
+    socket = run_dir / "supervisor.sock"
+    if args.no_restart or not socket.exists():
+        print("it is served from the serving service's next start" +
+              ("" if args.no_restart else f" (no supervisord at {socket} to restart it now)"))
+        return 0
+    from host_runtime.console.data import restart_service
+
+    _say("restarting the serving service…")
+    try:
+        print(restart_service(socket, "serving"))
+    except Exception as exc:  # supervisord's faults and the socket's errors, said as they are
+        raise StoreError(f"the setting is written, but restarting serving failed: {exc} (supervisorctl restart "
+                         "serving)") from None
+    return 0
 
 
 def _pool():

@@ -119,6 +119,37 @@ class Store:
         shutil.rmtree(directory, ignore_errors=True)
         return manifest
 
+    def settings_of(self, name: str):
+        """The model's own serving settings (model_settings.py); the empty ones where it has none."""
+        from host_runtime.common import settings_file
+        from host_runtime.common.settings_file import SettingsError
+        from host_runtime.models.model_settings import FILE, ModelSettings
+
+        path = self.root / check_name(name, "NAME") / FILE
+        try:
+            return settings_file.load(ModelSettings, path)
+        except SettingsError as exc:
+            raise StoreError(f"{path}: {exc}") from None
+
+    def set_settings(self, name: str, settings) -> None:
+        """Writes the model's own settings (atomically), or removes them when all are empty."""
+        from host_runtime.common import settings_file
+        from host_runtime.models.model_settings import FILE, ModelSettings
+
+        self.get(name)
+        path = self.root / name / FILE
+        if settings == ModelSettings():
+            path.unlink(missing_ok=True)
+        else:
+            settings_file.save(settings, path)
+
+    def name_of_path(self, path: str | Path) -> str | None:
+        """The name of the store model whose file `path` is, or None (a file outside the store)."""
+        path = Path(path)
+        if path.parent.parent != self.root or not (path.parent / MANIFEST).is_file():
+            return None
+        return path.parent.name
+
     def set_pinned(self, name: str, pinned: bool) -> Manifest:
         manifest = self.get(name)
         updated = Manifest(**{**json.loads(manifest.to_json()), "pinned": pinned})

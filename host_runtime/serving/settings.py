@@ -3,7 +3,7 @@ by `everycycle serve --settings`. Command-line options given explicitly win (mak
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from host_runtime.common.settings_file import SettingsError
 
@@ -84,6 +84,11 @@ class ServingSettings:
                 raise SettingsError(f"aliases.{alias}", str(exc).split(": ", 1)[1]) from None
             if target in self.aliases:
                 raise SettingsError(f"aliases.{alias}", f"names another alias ({target!r}); name a model")
+
+    def serving(self, model: str) -> "ServingSettings":
+        """These settings with `model` (a store model's file; "": the image's built-in one) served from the next
+        start. A bundle's pull is left behind: the model it named is in the store by then, or the caller refused."""
+        return replace(self, model=model, pull_url="", pull_sha256="", pull_name="")
 
     @property
     def keep_alive_s(self) -> float | None | str:
