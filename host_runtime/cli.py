@@ -96,8 +96,18 @@ def _run_dir(explicit: str | None = None) -> Path:
 # short, and says so. --ctx-size (serving.toml's context_length) sets another cap.
 DEFAULT_CTX = 32768
 DEFAULT_KV_BUDGET_MIB = 1024
+DEFAULT_CACHE_TYPE = "f16"
 DEFAULT_KEEP_ALIVE_S = 300.0
 _UNSET = object()  # an option's default where None is a value (--keep-alive -1: forever)
+
+
+def _add_cache_types(p: argparse.ArgumentParser) -> None:
+    from host_runtime.placement.kv_types import KV_TYPES
+
+    for which in ("k", "v"):
+        p.add_argument(f"--cache-type-{which}", choices=list(KV_TYPES), metavar="TYPE",
+                       help=f"the KV cache's {which.upper()} type, as llama-server names them ({', '.join(KV_TYPES)}; "
+                            f"default {DEFAULT_CACHE_TYPE}); a quantized one turns flash attention on")
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -112,6 +122,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="sequences decoded together (default: as many as --kv-budget-mib holds at full context, up to 16)")
     p.add_argument("--kv-budget-mib", type=_positive, metavar="MIB",
                    help=f"memory for the KV cache of running sequences (default {DEFAULT_KV_BUDGET_MIB})")
+    _add_cache_types(p)
     p.add_argument("--max-queue", type=_non_negative, metavar="N",
                    help="requests allowed to wait for a sequence before new ones get 503 (default 4 per sequence)")
     p.add_argument("--prefix-cache-ram-mib", type=_non_negative, default=1024, metavar="MIB",
@@ -256,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--kv-budget-mib", type=_positive, default=1024, metavar="MIB",
                       help="memory for the KV cache of running sequences (default 1024)")
     plan.add_argument("--batch", type=_positive, default=512, metavar="N", help="prompt tokens per step (default 512)")
+    _add_cache_types(plan)
     plan.add_argument("--topology", metavar="FILE",
                       help="plan for the devices in this topology file (from 'everycycle discover') instead of the "
                            "live ones; such a plan is not proven, as llama.cpp can only size devices it has")
@@ -578,14 +590,16 @@ def serve_arguments(args, settings, own: dict | None = None):
     settings (`own`: models/model_settings.py), then serving.toml's, then the defaults: what the serve process
     runs with, from box.toml's [model] and [serving] without an argv. `explicit` names the options given."""
     resolved = argparse.Namespace(**vars(args))
-    resolved.explicit = frozenset(name for name in ("ctx_size", "parallel", "kv_budget_mib", "speculation")
-                                  if getattr(args, name) is not None)
+    resolved.explicit = frozenset(name for name in ("ctx_size", "parallel", "kv_budget_mib", "speculation",
+                                                    "cache_type_k", "cache_type_v") if getattr(args, name) is not None)
     own = own or {}
     for name, value, default in (("ctx_size", settings.context_length, DEFAULT_CTX),
                                  ("parallel", settings.parallel, None),
                                  ("kv_budget_mib", settings.kv_budget_mib, DEFAULT_KV_BUDGET_MIB),
                                  ("models_memory_mib", settings.models_memory_mib, None),
-                                 ("speculation", settings.speculation, "off")):
+                                 ("speculation", settings.speculation, "off"),
+                                 ("cache_type_k", settings.cache_type_k, DEFAULT_CACHE_TYPE),
+                                 ("cache_type_v", settings.cache_type_v, DEFAULT_CACHE_TYPE)):
         if getattr(args, name) is None:
             setattr(resolved, name, own.get(name) or value or default)
     if args.keep_alive is _UNSET:  # None is forever
@@ -721,7 +735,9 @@ def engine_options(parser, args, model: str | None):
                             max_waiting=args.max_queue,
                             placement=args.placement, n_gpu_layers=args.gpu_layers,
                             tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,
-                            main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches, speculation=speculating)
+                            main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches, speculation=speculating,
+                            cache_type_k=args.cache_type_k or DEFAULT_CACHE_TYPE,
+                            cache_type_v=args.cache_type_v or DEFAULT_CACHE_TYPE)
     cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
                               disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
     speculation = SpeculationConfig(enabled=speculating, kind="ngram" if not speculating else args.speculation,
@@ -766,7 +782,9 @@ def cmd_plan(parser, args) -> int:
         outcome = plan_for_cli(model, ContextConfig(
             n_ctx_per_seq=args.ctx_size, n_parallel=args.parallel, kv_budget_bytes=args.kv_budget_mib << 20,
             placement=args.placement, n_gpu_layers=args.gpu_layers, tensor_split=_split_values(args.tensor_split),
-            gpu_margin_bytes=args.gpu_margin_mib << 20, main_gpu=args.main_gpu), n_batch=args.batch,
+            gpu_margin_bytes=args.gpu_margin_mib << 20, main_gpu=args.main_gpu,
+            cache_type_k=args.cache_type_k or DEFAULT_CACHE_TYPE, cache_type_v=args.cache_type_v or DEFAULT_CACHE_TYPE),
+            n_batch=args.batch,
             topology=args.topology)
     except PlanInputsError as exc:
         print(f"everycycle plan: {exc}", file=sys.stderr)

@@ -105,7 +105,8 @@ def _serving_table(table: dict, serving, model: dict):
               "speculation": table.get("speculation", "off"), "models_memory_mib": table.get("models_memory_mib", 0),
               # a number of seconds is kept as the string the serve process parses, as it would a duration
               "keep_alive": str(keep_alive) if not isinstance(keep_alive, bool) else keep_alive,
-              "aliases": dict(table.get("aliases", {}))}
+              "aliases": dict(table.get("aliases", {})), "cache_type_k": table.get("cache_type_k", ""),
+              "cache_type_v": table.get("cache_type_v", "")}
     try:
         return dataclasses.replace(serving, **values)
     except SettingsError as exc:

@@ -19,9 +19,11 @@ QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Explain gr
              "Write a haiku about rain. " * 12]  # longer than the 96-token step budget: several chunks, several steps
 
 
-@pytest.fixture(scope="module")
-def small_steps():
-    config = ContextConfig(n_ctx_per_seq=1024, n_parallel=4, n_batch=96, prefill_chunk=32, n_threads=2)
+# f16: plain attention; q8_0: flash attention's per-row kernel (a quantized K), which the invariant mode relies on
+@pytest.fixture(scope="module", params=["f16", "q8_0"])
+def small_steps(request):
+    config = ContextConfig(n_ctx_per_seq=1024, n_parallel=4, n_batch=96, prefill_chunk=32, n_threads=2,
+                           cache_type_k=request.param, cache_type_v=request.param)
     model = LoadedModel(default_model_path(), config)
     return model, PromptBuilder(model)
 

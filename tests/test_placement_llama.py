@@ -217,3 +217,26 @@ def test_a_table_built_from_smollm2s_hyperparameters_equals_its_gguf():
     assert built.output_weight_bytes() == real.output_weight_bytes()  # the tied head: a copy of the embedding
     assert built.input_weight_bytes() == real.input_weight_bytes()
     assert built.kv_bytes_per_token() == real.kv_bytes_per_token()
+
+
+def test_a_q8_0_kv_cache_takes_about_half_of_f16s_as_planned_and_as_allocated():
+    """--cache-type-k/-v q8_0: 34 bytes per 32 values against 64, in the plan and in what llama.cpp allocates; and
+    `everycycle plan` shows the types it planned for."""
+    from host_runtime.engine.model import ContextConfig, LoadedModel
+
+    kv = {}
+    for kind in ("f16", "q8_0"):
+        model = LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=2048, n_parallel=2, n_threads=2,
+                                                                cache_type_k=kind, cache_type_v=kind))
+        assert model.placement.kv_types == (kind, kind)
+        kv[kind] = (model.placement.cpu_share.kv_bytes, model.allocation.get("CPU", "kv"))
+        del model
+    for planned, allocated in kv.values():
+        assert abs(planned - allocated) <= 1 << 20  # llama.cpp reports MiB with two decimals
+    assert kv["q8_0"][0] == kv["f16"][0] * 34 // 64
+    assert 0.52 < kv["q8_0"][1] / kv["f16"][1] < 0.54
+    shown = subprocess.run(everycycle("plan", "--ctx-size", "2048", "--parallel", "2", "--cache-type-k", "q8_0",
+                                      "--cache-type-v", "q8_0", "--json"), capture_output=True, text=True, timeout=120)
+    doc = json.loads(shown.stdout)
+    assert (doc["cache_type_k"], doc["cache_type_v"]) == ("q8_0", "q8_0")
+    assert doc["kv_bytes_per_token"] == 23040 * 34 // 64

@@ -127,6 +127,35 @@ def test_disk_entries_survive_a_restart(model, miss_answer, tmp_path):
         engine.stop()
 
 
+@pytest.fixture(scope="module")
+def q8_model():
+    return LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_parallel=1, n_batch=32,
+                                                           prefill_chunk=32, n_threads=2, cache_type_k="q8_0",
+                                                           cache_type_v="q8_0"))
+
+
+def test_with_a_q8_0_cache_hits_give_its_miss_output_and_f16_entries_are_not_its(model, q8_model, tmp_path):
+    missed = make_engine(q8_model, enabled=False)
+    try:
+        miss = ask(missed, q8_model, SYSTEM + QUESTION)
+    finally:
+        missed.stop()
+    engine = spill_to_disk(q8_model, tmp_path / "q8")
+    try:
+        assert ask(engine, q8_model, SYSTEM + QUESTION) == miss and engine.cache.hits["disk"] == 1
+        ask(engine, q8_model, OTHER)
+        assert ask(engine, q8_model, SYSTEM + QUESTION) == miss
+    finally:
+        engine.stop()
+    # An F16 model's entries hold another layout: this model's cache does not take them (a miss, not garbage).
+    spill_to_disk(model, tmp_path / "f16").stop()
+    engine = make_engine(q8_model, ram_bytes=0, directory=str(tmp_path / "f16"))
+    try:
+        assert ask(engine, q8_model, SYSTEM + QUESTION) == miss and engine.cache.hits["disk"] == 0
+    finally:
+        engine.stop()
+
+
 def test_cache_figures_reach_the_metrics_text(model):
     engine = make_engine(model)
     try:

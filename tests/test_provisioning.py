@@ -625,7 +625,8 @@ def test_every_box_toml_field_has_an_owner():
         "fleet.peer_certificates": "fleet.toml + fleet-peers/", "fleet.policy": "fleet.toml",
         "fleet.gateway_address": "front.toml", "fleet.mdns": "fleet.toml",
         **{f"serving.{k}": "serving.toml" for k in ("context_length", "parallel", "kv_budget_mib", "speculation",
-                                                     "keep_alive", "models_memory_mib", "aliases")},
+                                                     "keep_alive", "models_memory_mib", "aliases", "cache_type_k",
+                                                     "cache_type_v")},
         # read from box.toml itself by `everycycle measure` (no service runs on it)
         **{f"requirement.{k}": "box.toml" for k in ("ttft_p50_s", "time_per_token_s", "concurrent_users",
                                                      "prompt_tokens", "answer_tokens")},

@@ -26,7 +26,8 @@ from tests.test_provisioning import _with, make_bundle
 from tests.tiny_gguf import write_tiny_llama
 
 SERVING = {"context_length": 512, "parallel": 2, "kv_budget_mib": 96, "speculation": "ngram", "keep_alive": "2s",
-           "models_memory_mib": 4096, "aliases": {"agent": "tiny", "gpt-4o-mini": MODEL_ID}}
+           "models_memory_mib": 4096, "aliases": {"agent": "tiny", "gpt-4o-mini": MODEL_ID}, "cache_type_k": "q8_0",
+           "cache_type_v": "q8_0"}
 
 
 def _provisioned(tmp_path, serving: dict) -> tuple[list, ServingSettings | None]:
@@ -55,6 +56,7 @@ def test_a_bundles_serving_table_reaches_serving_toml_and_the_serve_process(tmp_
     assert (options.context.n_ctx_per_seq, options.context.n_parallel, options.context.kv_budget_bytes) == \
         (512, 2, 96 << 20)
     assert options.speculation.enabled and options.speculation.kind == "ngram"
+    assert (options.context.cache_type_k, options.context.cache_type_v) == ("q8_0", "q8_0")
     # Options given on the command line win; what neither gives is serve's default.
     args = _as_serve_reads_it(tmp_path / "root/etc/everycycle/serving.toml", "--parallel", "3", "--keep-alive", "-1",
                               "--speculation", "off")
@@ -82,6 +84,7 @@ def test_a_keep_alive_in_seconds_or_forever_is_kept_as_serve_parses_it(tmp_path)
     ({"aliases": {"bad name": "tiny"}}, "serving.aliases.bad name"),
     ({"aliases": {"a": "b", "b": "tiny"}}, "serving.aliases.a"),
     ({"threads": 4}, "serving"),  # unknown: the message names it
+    ({"cache_type_k": "q2_k"}, "serving.cache_type_k"),
 ])
 def test_serving_settings_a_box_cannot_use_are_refused_naming_the_field(tmp_path, serving, field):
     errors, settings = _provisioned(tmp_path, serving)
@@ -114,6 +117,7 @@ def test_a_server_started_from_the_serving_table_alone_serves_as_it_says(tmp_pat
         wait_for(lambda: ready(base), 120, "the server", proc)
         info = EngineClient(str(run / "engine.sock")).info(timeout=5.0)
         assert (info.n_ctx, info.n_parallel) == (512, 2)
+        assert (info.placement["cache_type_k"], info.placement["cache_type_v"]) == ("q8_0", "q8_0")
         rows = {m["id"]: m for m in json.loads(http_get(base + "/v1/models")[1])["data"]}
         assert {"agent", "gpt-4o-mini", "tiny", MODEL_ID} <= set(rows), rows
         assert rows["gpt-4o-mini"]["context_length"] == 512

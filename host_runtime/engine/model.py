@@ -81,6 +81,8 @@ class ContextConfig:
     tensor_split: tuple[float, ...] | None = None
     gpu_margin_bytes: int = 512 << 20  # each GPU keeps the larger of this and 5% free
     main_gpu: int | None = None  # only this GPU (llama-server's --split-mode none --main-gpu)
+    cache_type_k: str = "f16"  # the KV cache's types, by llama-server's names (placement/kv_types.py)
+    cache_type_v: str = "f16"
 
     def plan_request(self, **also):
         """These settings as the planner's request (placement/planner.PlanRequest): the one mapping of the two."""
@@ -89,7 +91,8 @@ class ContextConfig:
         return PlanRequest(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel,
                            kv_budget_bytes=self.kv_budget_bytes, max_waiting=self.max_waiting,
                            cpu_only=self.placement == "cpu", n_gpu_layers=self.n_gpu_layers,
-                           tensor_split=self.tensor_split, margin_min_bytes=self.gpu_margin_bytes, **also)
+                           tensor_split=self.tensor_split, margin_min_bytes=self.gpu_margin_bytes,
+                           kv_types=(self.cache_type_k, self.cache_type_v), **also)
 
 
 def place(path: str | os.PathLike, config: ContextConfig, say=lambda phase, fraction=None: None):
@@ -162,11 +165,12 @@ class LoadedModel:
         self.exact_rows = exact_rows(p, config.batch_invariant, config.speculation)
         cparams = context_params(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel, n_batch=config.n_batch,
                                  n_threads=self.n_threads, n_threads_decode=config.n_threads_decode,
-                                 batch_invariant=config.batch_invariant, exact_rows=self.exact_rows)
+                                 batch_invariant=config.batch_invariant, exact_rows=self.exact_rows,
+                                 kv_types=p.kv_types)
         self.n_threads_decode = cparams.n_threads  # context_params chose it unless given
         # The KV cache's layout, for the prefix cache's fingerprint: as context_params made it.
         kv_layout = (f"{'unified' if cparams.kv_unified else 'streams'}"
-                     f":fa{int(cparams.flash_attn_type)}:v{int(cparams.type_v)}")
+                     f":fa{int(cparams.flash_attn_type)}:k{int(cparams.type_k)}:v{int(cparams.type_v)}")
         with llama_log.capture() as text:
             try:
                 self.model = LlamaModel(path_model=str(self.path), params=mp.params, verbose=False)

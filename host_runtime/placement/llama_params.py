@@ -8,10 +8,10 @@ import functools
 import os
 from dataclasses import dataclass
 
+from host_runtime.placement.kv_types import DEFAULT_KV, kv_type, needs_flash_attention, per_row_attention
 from host_runtime.placement.planner import Placement
 
 
-GGML_TYPE_BF16 = 30  # ggml.h's enum ggml_type (llama-cpp-python names only some of its members)
 
 
 class DeviceMissing(Exception):
@@ -81,10 +81,10 @@ def exact_rows(placement: Placement, batch_invariant: bool, speculation: bool) -
 
 
 def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threads: int, batch_invariant: bool,
-                   n_threads_decode: int = 0, exact_rows: bool = False):
+                   n_threads_decode: int = 0, exact_rows: bool = False, kv_types: tuple[str, str] = DEFAULT_KV):
     """The generation context: a KV stream per sequence (batch_invariant) or one shared buffer, calls of up to
     call_tokens() tokens (see engine/model.py); n_threads for calls of several tokens, n_threads_decode
-    (default: the same) for calls of one."""
+    (default: the same) for calls of one; the KV cache in kv_types (K, V)."""
     import llama_cpp
 
     cparams = llama_cpp.llama_context_default_params()
@@ -110,14 +110,20 @@ def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threa
     # 355 and 900 cells, and cost 7.3 ms against 6.6 ms a token at 355 cells and less for multi-token calls.
     cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED if batch_invariant
                                else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
+    k, v = kv_type(kv_types[0]), kv_type(kv_types[1])
+    cparams.type_k, cparams.type_v = k.ggml_type, v.ggml_type
+    if needs_flash_attention(kv_types):
+        # A quantized V needs it; with a quantized K it is also the per-row path below, in every mode.
+        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
     if exact_rows:
         # Verifying a draft puts several query rows of one sequence in a call, and plain attention computes
         # those otherwise than one row: its F16 matrix products go to llamafile's tinyBLAS from two rows and to
         # ggml's vec_dot for one (measured: logits 0.47 to 1.1 apart at 408 cells, so a verified token could
-        # differ from plain decoding's). Flash attention with K and V of different types takes its per-row
-        # reference path in every shape (the split over KV cells and the tiles both need equal types):
-        # bit-identical logits for 1 to 16 rows at 156 to 786 cells, and alone or batched. V in BF16 keeps
+        # differ from plain decoding's). Flash attention takes its per-row reference path in every shape unless
+        # K and V are the same F16 or F32 type (the split over KV cells and the tiles need that): bit-identical
+        # logits for 1 to 16 rows at 156 to 786 cells, and alone or batched. Where they are, V in BF16 keeps
         # F16's size; measured on 2 cores: decode as fast, a 7-token verify 20% and prefill 13% slower.
         cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        cparams.type_v = GGML_TYPE_BF16
+        if not per_row_attention(kv_types):
+            cparams.type_v = kv_type("bf16").ggml_type
     return cparams

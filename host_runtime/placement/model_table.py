@@ -10,12 +10,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from host_runtime.placement.kv_types import DEFAULT_KV, kv_type
+
 # The layers of the model that llama.cpp places as units: the repeating blocks, then "output".
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 # Tensors llama.cpp keeps on the CPU whatever the offload (the input layer).
 INPUT_TENSORS = frozenset({"token_embd.weight", "token_types.weight", "position_embd.weight", "token_embd_norm.weight",
                            "token_embd_norm.bias"})
-F16_BYTES = 2
 
 
 class ModelTableError(Exception):
@@ -81,13 +82,15 @@ class ModelTable:
         return per_stream * n_parallel
 
     def kv_layer_bytes(self, il: int, n_ctx_per_seq: int, n_parallel: int, n_ubatch: int = 512,
-                       bytes_per_value: int = F16_BYTES) -> int:
-        width = self.kv_k_width[il] + self.kv_v_width[il]
-        return self.kv_cells(il, n_ctx_per_seq, n_parallel, n_ubatch) * width * bytes_per_value
+                       kv_types: tuple[str, str] = DEFAULT_KV) -> int:
+        return self.kv_cells(il, n_ctx_per_seq, n_parallel, n_ubatch) * self._kv_cell_bytes(il, kv_types)
 
-    def kv_bytes_per_token(self, bytes_per_value: int = F16_BYTES) -> int:
+    def kv_bytes_per_token(self, kv_types: tuple[str, str] = DEFAULT_KV) -> int:
         """One token of context in every (full-attention) layer: what a sequence costs per token."""
-        return sum(self.kv_k_width[i] + self.kv_v_width[i] for i in range(self.n_layer)) * bytes_per_value
+        return sum(self._kv_cell_bytes(i, kv_types) for i in range(self.n_layer))
+
+    def _kv_cell_bytes(self, il: int, kv_types: tuple[str, str]) -> int:
+        return kv_type(kv_types[0]).row_bytes(self.kv_k_width[il]) + kv_type(kv_types[1]).row_bytes(self.kv_v_width[il])
 
 
 def _pad(x: int, n: int) -> int:

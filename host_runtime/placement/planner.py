@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from host_runtime.placement.kv_types import DEFAULT_KV
 from host_runtime.placement.model_table import ModelTable
 
 MIB = 1 << 20
@@ -74,6 +75,7 @@ class PlanRequest:
     tensor_split: tuple[float, ...] | None = None
     # Compute-buffer bytes llama.cpp reported for this model and settings (the proof), by device name.
     measured_compute: dict[str, int] = field(default_factory=dict)
+    kv_types: tuple[str, str] = DEFAULT_KV   # the KV cache's K and V types (placement/kv_types.py)
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class Placement:
     n_gpu_layers: int           # llama.cpp's count, the output layer included
     notes: tuple[str, ...] = ()
     explicit: bool = False
+    kv_types: tuple[str, str] = DEFAULT_KV  # the KV cache's K and V types, as llama.cpp is to be given them
 
     @property
     def gpu_shares(self) -> tuple[Share, ...]:
@@ -153,7 +156,8 @@ class Placement:
         return {
             "model": self.model, "n_layer": self.n_layer, "n_ctx_per_seq": self.n_ctx_per_seq,
             "n_parallel": self.n_parallel, "max_waiting": self.max_waiting, "n_gpu_layers": self.n_gpu_layers,
-            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes_per_token": self.kv_bytes_per_token, "cache_type_k": self.kv_types[0],
+            "cache_type_v": self.kv_types[1],
             "device_order": list(self.device_order), "tensor_split": list(self.tensor_split),
             "explicit": self.explicit, "notes": list(self.notes),
             "devices": [{"device": s.device, "description": s.description, "layers": [s.first_layer, s.last_layer],
@@ -199,7 +203,7 @@ def weights_pad(device: Device | None):
 def capacity_for(model: ModelTable, request: PlanRequest) -> tuple[int, int, int]:
     """Context per sequence (capped at the model's training length), sequences, and waiting requests."""
     n_ctx = min(request.n_ctx_per_seq, model.n_ctx_train) if model.n_ctx_train > 0 else request.n_ctx_per_seq
-    per_seq = model.kv_bytes_per_token() * n_ctx
+    per_seq = model.kv_bytes_per_token(request.kv_types) * n_ctx
     n_parallel = request.n_parallel
     if n_parallel is None:
         n_parallel = max(1, min(MAX_PARALLEL, request.kv_budget_bytes // per_seq if per_seq else MAX_PARALLEL))
@@ -246,9 +250,10 @@ def _reductions(n_ctx: int, n_parallel: int, parallel_is_auto: bool):
         yield ctx, 1, f"lowered the context to {ctx} tokens (from {n_ctx}) and to 1 sequence (from {n_parallel}) to fit"
 
 
-def _layer_costs(model: ModelTable, ctx: int, par: int, ubatch: int, dev: Device | None) -> list[int]:
+def _layer_costs(model: ModelTable, request: PlanRequest, ctx: int, par: int, dev: Device | None) -> list[int]:
     pad = weights_pad(dev)
-    return [model.layer_weight_bytes(il, pad) + model.kv_layer_bytes(il, ctx, par, ubatch) for il in range(model.n_layer)]
+    return [model.layer_weight_bytes(il, pad) + model.kv_layer_bytes(il, ctx, par, request.n_ubatch, request.kv_types)
+            for il in range(model.n_layer)]
 
 
 def _compute(model, request, dev: Device | None, holds_output: bool, ctx: int) -> tuple[int, bool]:
@@ -266,7 +271,7 @@ def _share(model, request, dev: Device | None, host: Host | None, first: int, la
         weights += model.output_weight_bytes(pad, copy_tied=dev is not None)
     if dev is None:
         weights += model.input_weight_bytes()
-    kv = sum(model.kv_layer_bytes(il, ctx, par, request.n_ubatch) for il in range(first, last))
+    kv = sum(model.kv_layer_bytes(il, ctx, par, request.n_ubatch, request.kv_types) for il in range(first, last))
     compute, measured = _compute(model, request, dev, holds_output, ctx)
     if dev is None:
         free, margin = host.available_bytes, host.reserve_bytes()
@@ -302,7 +307,7 @@ def _fill(model: ModelTable, gpus: list[Device], host: Host, request: PlanReques
     notes: list[str] = []
     for dev in order:
         holds_output = not filled
-        costs = _layer_costs(model, ctx, par, request.n_ubatch, dev)
+        costs = _layer_costs(model, request, ctx, par, dev)
         empty = _share(model, request, dev, host, top, top, holds_output, ctx, par)
         room = empty.capacity_bytes - empty.used_bytes
         if room < 0:
@@ -320,7 +325,7 @@ def _fill(model: ModelTable, gpus: list[Device], host: Host, request: PlanReques
         filled.append(_share(model, request, dev, None, top - n, top, holds_output, ctx, par))
         top -= n
     cpu = _share(model, request, None, host, 0, top, not filled, ctx, par)
-    return _placement(model, tuple(reversed(filled)) + (cpu,), ctx, par, tuple(notes), explicit=False)
+    return _placement(model, request, tuple(reversed(filled)) + (cpu,), ctx, par, tuple(notes), explicit=False)
 
 
 def _explicit(model: ModelTable, gpus: list[Device], host: Host, request: PlanRequest, ctx: int, par: int) -> Placement:
@@ -362,16 +367,16 @@ def _explicit(model: ModelTable, gpus: list[Device], host: Host, request: PlanRe
         shares.append(_share(model, request, dev, None, mine[0] if mine else n_all, mine[-1] + 1 if mine else n_all,
                              holds_output, ctx, par))
     cpu = _share(model, request, None, host, 0, start if act else n_all, owner[n_all] is None, ctx, par)
-    placement = _placement(model, tuple(shares) + (cpu,), ctx, par, (), explicit=True)
+    placement = _placement(model, request, tuple(shares) + (cpu,), ctx, par, (), explicit=True)
     _check(placement)
     return placement
 
 
-def _placement(model, shares, ctx, par, notes, explicit) -> Placement:
+def _placement(model, request, shares, ctx, par, notes, explicit) -> Placement:
     n_gpu = sum(s.n_layers + (1 if s.holds_output else 0) for s in shares if s.device != "CPU")
     return Placement(model=model.name, n_layer=model.n_layer, n_ctx_per_seq=ctx, n_parallel=par, max_waiting=0,
-                     kv_bytes_per_token=model.kv_bytes_per_token(), shares=shares, n_gpu_layers=n_gpu,
-                     notes=notes, explicit=explicit)
+                     kv_bytes_per_token=model.kv_bytes_per_token(request.kv_types), shares=shares, n_gpu_layers=n_gpu,
+                     notes=notes, explicit=explicit, kv_types=request.kv_types)
 
 
 def _check(placement: Placement) -> None:

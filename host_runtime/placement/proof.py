@@ -66,7 +66,8 @@ def dry_run(model_path: str, placement: Placement, *, n_batch: int, n_threads: i
     mp = model_params(placement, no_alloc=True)
     cparams = context_params(n_ctx_per_seq=placement.n_ctx_per_seq, n_parallel=placement.n_parallel,
                              n_batch=n_batch, n_threads=n_threads, batch_invariant=batch_invariant,
-                             exact_rows=exact_rows(placement, batch_invariant, speculation))
+                             exact_rows=exact_rows(placement, batch_invariant, speculation),
+                             kv_types=placement.kv_types)
     with llama_log.capture() as text:
         model = llama_cpp.llama_model_load_from_file(model_path.encode(), mp.params)
         if not model:

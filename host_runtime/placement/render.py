@@ -31,7 +31,8 @@ def render_table(p: Placement, *, proven: bool, proof_note: str = "") -> str:
             lines.append("  ".join("-" * w for w in widths))
     split = ",".join(f"{x:g}" for x in p.tensor_split) or "-"
     lines.append(f"llama.cpp: n_gpu_layers={p.n_gpu_layers} devices={','.join(p.device_order) or 'none (CPU)'} "
-                 f"tensor_split={split}")
+                 f"tensor_split={split} cache_type_k={p.kv_types[0]} cache_type_v={p.kv_types[1]} "
+                 f"(KV {p.kv_bytes_per_token:,} bytes a token)")
     lines.append(("proven: " if proven else "not proven: ") + (proof_note or "")
                  + ("" if all(s.compute_measured for s in p.shares) else "; ~ marks an estimate"))
     lines += [f"note: {n}" for n in p.notes]

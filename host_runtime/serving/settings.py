@@ -39,6 +39,8 @@ class ServingSettings:
     keep_alive: str = ""       # how long a model loaded on demand stays after its last request ('10m', '-1')
     models_memory_mib: int = 0  # memory for loaded models, the one served at start included
     aliases: dict = field(default_factory=dict)  # another name a client may ask for -> a model of the store
+    cache_type_k: str = ""     # the KV cache's types, by llama-server's names (placement/kv_types.py)
+    cache_type_v: str = ""
 
     def __post_init__(self) -> None:
         if self.model and not self.model.startswith("/"):
@@ -60,6 +62,11 @@ class ServingSettings:
             except ValueError as exc:
                 raise SettingsError("keep_alive", str(exc).removeprefix("keep_alive ")) from None
         self._check_aliases()
+        from host_runtime.placement.kv_types import KV_TYPES
+
+        for name in ("cache_type_k", "cache_type_v"):
+            if getattr(self, name) and getattr(self, name) not in KV_TYPES:
+                raise SettingsError(name, f"must be one of {', '.join(KV_TYPES)}, got {getattr(self, name)!r}")
         for name in ("fleet_listen", "fleet_router"):
             if getattr(self, name):
                 self._check_loopback(name)

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""What a KV cache type costs in quality, memory and time, against F16, in one run (prints JSON).
+
+Quality: a fixed English text (Python's own documentation topics, `pydoc_data.topics`, the first TOKENS tokens) is
+evaluated once per KV type with the same model and settings; for each position the next-token distribution is
+compared with F16's: top-1 agreement, the mean KL divergence from F16, and the text's perplexity under each. Memory:
+the KV bytes per token of context, by the planner's arithmetic (placement/kv_types.py), beside F16's. Time: the
+prompt's evaluation, and greedy decoding of DECODE tokens after it, per token, as ratios to F16's.
+
+Each type runs with the attention the engine gives it in its default (batch-invariant) mode: F16 without flash
+attention, a quantized type with it (placement/llama_params.context_params).
+
+  bench/kv_cache.py [--model PATH] [--tokens 2048] [--decode 64] [--types f16,q8_0,q4_0] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def fixed_text() -> str:
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def log_softmax(row):
+    import numpy as np
+
+    row = row.astype(np.float64)
+    m = row.max()
+    return row - m - math.log(np.exp(row - m).sum())
+
+
+def run_type(model_path: str, tokens: list[int], kv: str, n_decode: int, threads: int):
+    import llama_cpp
+    import numpy as np
+
+    from host_runtime.placement.kv_types import kv_type, needs_flash_attention
+
+    n_ctx = len(tokens) + n_decode + 16
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                          n_threads_batch=threads, logits_all=True, verbose=False, type_k=kv_type(kv).ggml_type,
+                          type_v=kv_type(kv).ggml_type, flash_attn=needs_flash_attention((kv, kv)))
+    started = time.perf_counter()
+    llm.eval(tokens)
+    prompt_s = time.perf_counter() - started
+    logits = np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    # Greedy decoding after the prompt: one token a call, the context full of the prompt.
+    started = time.perf_counter()
+    for _ in range(n_decode):
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        llm.eval([token])
+    decode_s = time.perf_counter() - started
+    del llm
+    return logits, prompt_s, decode_s
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--types", default="f16,q8_0,q4_0")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args(argv)
+
+    import llama_cpp
+    import numpy as np
+
+    from host_runtime.engine.model import default_model_path
+    from host_runtime.placement.model_table import read_table
+
+    model_path = args.model or str(default_model_path())
+    vocab_model = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
+    tokens = vocab_model.tokenize(fixed_text().encode(), add_bos=True)[: args.tokens]
+    del vocab_model
+    table = read_table(model_path)
+    types = [t for t in args.types.split(",") if t]
+    if types[0] != "f16":
+        types.insert(0, "f16")
+    results: dict = {}
+    reference = None
+    for kv in types:
+        logits, prompt_s, decode_s = run_type(model_path, tokens, kv, args.decode, args.threads)
+        logp = np.stack([log_softmax(row) for row in logits[:-1]])
+        targets = np.array(tokens[1:])
+        nll = -logp[np.arange(len(targets)), targets].mean()
+        entry = {"kv_bytes_per_token": table.kv_bytes_per_token((kv, kv)), "perplexity": round(float(math.exp(nll)), 4),
+                 "prompt_s": round(prompt_s, 3), "decode_ms_per_token": round(decode_s / args.decode * 1000, 3)}
+        if reference is None:
+            reference = logp
+        else:
+            top1 = float((logp.argmax(axis=1) == reference.argmax(axis=1)).mean())
+            kl = float((np.exp(reference) * (reference - logp)).sum(axis=1).mean())
+            entry |= {"top1_agreement_vs_f16": round(top1, 4), "mean_kl_vs_f16": round(kl, 6)}
+        results[kv] = entry
+    base = results["f16"]
+    ratios = {kv: {"kv_bytes_vs_f16": round(r["kv_bytes_per_token"] / base["kv_bytes_per_token"], 4),
+                   "prompt_time_vs_f16": round(r["prompt_s"] / base["prompt_s"], 3),
+                   "decode_time_vs_f16": round(r["decode_ms_per_token"] / base["decode_ms_per_token"], 3)}
+              for kv, r in results.items() if kv != "f16"}
+    print(json.dumps({"model": Path(model_path).name, "text": "pydoc_data.topics", "tokens": len(tokens),
+                      "decode_tokens": args.decode, "threads": args.threads, "types": results, "ratios": ratios},
+                     indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
