@@ -26,7 +26,8 @@ from tests.test_provisioning import _with, make_bundle
 from tests.tiny_gguf import write_tiny_llama
 
 SERVING = {"context_length": 512, "parallel": 2, "kv_budget_mib": 96, "speculation": "ngram", "keep_alive": "2s",
-           "models_memory_mib": 4096, "aliases": {"agent": "tiny", "gpt-4o-mini": MODEL_ID}, "cache_type_k": "q8_0",
+           "models_memory_mib": 4096, "aliases": {"agent": "tiny", "gpt-4o-mini": MODEL_ID, "claude-*": MODEL_ID,
+                                                     "ti*": MODEL_ID}, "cache_type_k": "q8_0",
            "cache_type_v": "q8_0"}
 
 
@@ -82,6 +83,7 @@ def test_a_keep_alive_in_seconds_or_forever_is_kept_as_serve_parses_it(tmp_path)
     ({"keep_alive": "tomorrow"}, "serving.keep_alive"),
     ({"kv_budget_mib": "lots"}, "serving.kv_budget_mib"),
     ({"aliases": {"bad name": "tiny"}}, "serving.aliases.bad name"),
+    ({"aliases": {"claude-*": "bad/name"}}, "serving.aliases.claude-*"),
     ({"aliases": {"a": "b", "b": "tiny"}}, "serving.aliases.a"),
     ({"threads": 4}, "serving"),  # unknown: the message names it
     ({"cache_type_k": "q2_k"}, "serving.cache_type_k"),
@@ -119,18 +121,26 @@ def test_a_server_started_from_the_serving_table_alone_serves_as_it_says(tmp_pat
         assert (info.n_ctx, info.n_parallel) == (512, 2)
         assert (info.placement["cache_type_k"], info.placement["cache_type_v"]) == ("q8_0", "q8_0")
         rows = {m["id"]: m for m in json.loads(http_get(base + "/v1/models")[1])["data"]}
-        assert {"agent", "gpt-4o-mini", "tiny", MODEL_ID} <= set(rows), rows
+        assert set(rows) == {"agent", "gpt-4o-mini", "tiny", MODEL_ID}, rows  # patterns are not names to list
         assert rows["gpt-4o-mini"]["context_length"] == 512
         assert rows["tiny"]["context_length"] == rows["agent"]["context_length"] == 256  # what it will be served at
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
         # An alias of the default model is answered by it; one of a store model loads that model. Each answers
         # under the name asked for.
         assert client.completions.create(model="gpt-4o-mini", prompt="Hi", max_tokens=2).model == "gpt-4o-mini"
+        # A pattern covers every name Claude Code sends; the Messages API answers under the name asked for.
+        import anthropic
+
+        said = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0).messages.create(
+            model="claude-sonnet-5", max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+        assert said.model == "claude-sonnet-5" and said.usage.output_tokens >= 1
         assert json.loads(http_get(base + "/v1/models/tiny")[1])["state"] == "available"
         asked_at = time.monotonic()  # the pool counts idle time from a request's start
         assert client.chat.completions.create(model="agent", messages=[{"role": "user", "content": "Hi"}],
                                               max_tokens=2).model == "agent"
         assert json.loads(http_get(base + "/v1/models/tiny")[1])["state"] == "loaded"
+        # "ti*" matches "tiny", but a model's own name is never taken by a pattern.
+        assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).model == "tiny"
         own = EngineClient(str(run / "engine-tiny.sock")).info(timeout=5.0)
         assert (own.n_ctx, own.n_parallel) == (256, 1)
         # keep_alive "2s" (serve's default is 5 minutes): the store model goes once idle that long.

@@ -46,7 +46,7 @@ class AppConfig:
     fleet_router: str | None = None  # on the fleet's gateway: the router's loopback HOST:PORT
     # The prefix cache is scoped by API key unless the owner shares it between keys (one team, the fleet key).
     prefix_cache_shared: bool = False
-    # [serving] aliases: (name a client may ask for, the store model that answers it)
+    # [serving] aliases: (name or pattern a client may ask for, the store model that answers it), in box.toml's order
     aliases: tuple[tuple[str, str], ...] = ()
 
 

@@ -4,6 +4,7 @@ which loads it on demand; the request waits (bounded) while it loads."""
 
 from __future__ import annotations
 
+import fnmatch
 import threading
 import time
 
@@ -45,10 +46,11 @@ class Router:
     def engine_for(self, model, keep_alive="default") -> tuple[EngineClient, EngineInfo]:
         """(the engine's client, its info) for the model a request names (None or not a string: the default's,
         so that the wire schema names the field)."""
-        if isinstance(model, str) and model in self.aliases:
+        target = self.alias_target(model) if isinstance(model, str) else None
+        if target is not None:
             # Answered under the name asked for (as Ollama answers for a copied model), so that the APIs' own
             # check of the body's model holds and the client sees the name it uses.
-            client, info = self.engine_for(self.aliases[model], keep_alive)
+            client, info = self.engine_for(target, keep_alive)
             return client, replace(info, model_id=model)
         info = self.default_info()
         if not isinstance(model, str) or model == info.model_id or self.pool is None:
@@ -74,6 +76,27 @@ class Router:
                                error_type="server_busy", code="model_loading", retry_after=10)
             time.sleep(POLL_S)
 
+    def alias_target(self, name: str) -> str | None:
+        """The model an alias names: an exact alias first, then the first pattern (in box.toml's order) that
+        matches; None for a name no alias covers (a model's own name is never an alias's)."""
+        if name in self.aliases:
+            return self.aliases[name]
+        if name in self._model_names():
+            return None
+        return next((target for pattern, target in self.aliases.items()
+                     if any(c in pattern for c in "*?") and fnmatch.fnmatchcase(name, pattern)), None)
+
+    def _model_names(self) -> set[str]:
+        if not any(any(c in pattern for c in "*?") for pattern in self.aliases):
+            return set()
+        names = {self.default_info().model_id}
+        if self.pool is not None:
+            try:
+                names |= {r.id for r in self.pool.models(timeout=5.0)}
+            except EngineUnavailable:
+                pass
+        return names
+
     def models(self) -> list[PoolModel]:
         """Every model with its state (loaded, loading, available, downloading) and context length."""
         info = self.default_info()
@@ -90,9 +113,10 @@ class Router:
                     if r.id == info.model_id else r for r in rows]
         # Each alias is listed as the model it names (clients pick from the list); an alias of a model the box
         # lacks is not listed, and a request for it gets the model's own 404.
+        # (A pattern is not a name a client could pick: not listed.)
         by_id = {r.id: r for r in rows}
-        return rows + [replace(by_id[target], id=alias, socket=None)
-                       for alias, target in sorted(self.aliases.items()) if target in by_id]
+        return rows + [replace(by_id[target], id=alias, socket=None) for alias, target in sorted(self.aliases.items())
+                       if target in by_id and not any(c in alias for c in "*?")]
 
     def loaded_clients(self) -> list[EngineClient]:
         """Clients of every loaded engine (for /metrics)."""

@@ -38,7 +38,8 @@ class ServingSettings:
     speculation: str = "off"   # off or ngram (drafts from the prompt's own text)
     keep_alive: str = ""       # how long a model loaded on demand stays after its last request ('10m', '-1')
     models_memory_mib: int = 0  # memory for loaded models, the one served at start included
-    aliases: dict = field(default_factory=dict)  # another name a client may ask for -> a model of the store
+    # another name a client may ask for, or a pattern of names (* and ?), -> a model of the store
+    aliases: dict = field(default_factory=dict)
     cache_type_k: str = ""     # the KV cache's types, by llama-server's names (placement/kv_types.py)
     cache_type_v: str = ""
 
@@ -85,7 +86,8 @@ class ServingSettings:
             if not isinstance(target, str):
                 raise SettingsError(f"aliases.{alias}", "must be a model's name (a string)")
             try:
-                check_name(alias, f"aliases.{alias}")
+                # A name, or a pattern of one with * and ? (claude-* for every name Claude Code sends)
+                check_name(alias.replace("*", "x").replace("?", "x"), f"aliases.{alias}")
                 check_name(target, f"aliases.{alias}")
             except StoreError as exc:
                 raise SettingsError(f"aliases.{alias}", str(exc).split(": ", 1)[1]) from None
