@@ -25,6 +25,7 @@ class GenerationStream:
     def __init__(self, lines: LineStream, accepted: wire.Accepted):
         self._lines = lines
         self.prompt_tokens = accepted.prompt_tokens
+        self.thinking = accepted.thinking  # how the answer starts (serving/reasoning.py MODES)
 
     def __iter__(self) -> Iterator[wire.Token | wire.Finish | wire.Done | wire.Error]:
         while True:

@@ -58,6 +58,7 @@ class GenerationRequest:
     priority: str = "default"  # wire.PRIORITIES: the queue's order, and whom it may park when every slot is busy
     key: str | None = None  # the API key's name: its requests share key_max_concurrent (0: no limit)
     key_max_concurrent: int = 0
+    thinking: str = ""  # how its answer starts, for a template that thinks (wire.Accepted.thinking)
     settled: bool = False  # answered or dropped: no longer counted against its key
     generated: int = 0  # tokens generated over its choices (its key's usage)
     arrived: float = field(default_factory=time.monotonic)

@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.tool_format import prepare, template_format
+
+# What the template is rendered with: a request's own variables may not replace these.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "eos_token", "bos_token", "raise_exception",
+                                         "add_generation_prompt", "functions", "function_call", "tool_choice",
+                                         "strftime_now"})
+
+
+@dataclass(frozen=True)
+class RenderedChat:
+    tokens: list[int]
+    stops: list[str]
+    thinking: str  # serving/reasoning.py MODES: how the answer starts
 
 
 class PromptBuilder:
@@ -22,15 +36,29 @@ class PromptBuilder:
     def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None,
                     parallel_tool_calls: bool = True) -> tuple[list[int], list[str]]:
         """Token ids for the rendered conversation, and the template's own stop strings."""
+        rendered = self.chat(messages, tools, parallel_tool_calls)
+        return rendered.tokens, rendered.stops
+
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, parallel_tool_calls: bool = True,
+             template_kwargs: dict | None = None) -> RenderedChat:
+        """The conversation rendered with the template (and the request's own template variables), tokenized."""
+        from host_runtime.serving.reasoning import prompt_thinking
+
         messages, tools = prepare(messages, self.tool_format, tools, parallel_tool_calls)
+        if template_kwargs is not None and not isinstance(template_kwargs, dict):
+            raise RequestRejected(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+        extra = dict(template_kwargs or {})
+        if clash := sorted(RESERVED_TEMPLATE_VARIABLES & set(extra)):
+            raise RequestRejected(400, f"'chat_template_kwargs' may not set {', '.join(clash)}",
+                                  param="chat_template_kwargs")
         try:
-            rendered = self._formatter(messages=messages, tools=tools)
+            rendered = self._formatter(messages=messages, tools=tools, **extra)
         except Exception as exc:  # jinja raises its own types, and templates call raise_exception()
             raise RequestRejected(400, f"the model's chat template refused these messages: {exc}",
                                   param="messages") from None
         tokens = self._model.tokenize(rendered.prompt, add_bos=self._model.add_bos(), special=True)
         stops = rendered.stop if isinstance(rendered.stop, list) else ([rendered.stop] if rendered.stop else [])
-        return tokens, stops
+        return RenderedChat(tokens, stops, prompt_thinking(self._model.chat_template, rendered.prompt))
 
     def completion_tokens(self, prompt: str) -> list[int]:
         # Prompts from /v1/completions are plain text: special-token markup is not parsed.

@@ -218,8 +218,9 @@ class EngineService:
             raise RequestRejected(503, f"the model is not ready ({self.state_reason})", error_type="server_busy",
                                   code="model_not_ready", retry_after=5)
 
-    def _chat_tokens(self, prompt: wire.ChatPrompt) -> tuple[list[int], list[str]]:
-        return self.prompts.chat_tokens(prompt.messages, prompt.tools, bool(prompt.parallel_tool_calls))
+    def _chat(self, prompt: wire.ChatPrompt):
+        return self.prompts.chat(prompt.messages, prompt.tools, bool(prompt.parallel_tool_calls),
+                                 prompt.template_kwargs)
 
     def build_request(self, request: wire.Generate, sink) -> GenerationRequest:
         self._check_ready()
@@ -229,9 +230,11 @@ class EngineService:
                                   param="model", code="model_not_generative")
         prompt = request.prompt
         stops = list(request.stop)
+        thinking = ""
         if isinstance(prompt, wire.ChatPrompt):
-            tokens, template_stops = self._chat_tokens(prompt)
-            stops += [s for s in template_stops if s not in stops]
+            rendered = self._chat(prompt)
+            tokens, thinking = rendered.tokens, rendered.thinking
+            stops += [s for s in rendered.stops if s not in stops]
             param = "messages"
         else:
             tokens = self.prompts.completion_tokens(prompt.text)
@@ -251,13 +254,12 @@ class EngineService:
                                  stops=stops, n=int(request.n), speculation=bool(request.speculation),
                                  grammar=compiled, cache_scope=_cache_scope(request.cache_scope),
                                  priority=request.priority, key=request.key,
-                                 key_max_concurrent=int(request.key_max_concurrent or 0))
+                                 key_max_concurrent=int(request.key_max_concurrent or 0), thinking=thinking)
 
     def count_tokens(self, request: wire.CountTokens) -> wire.TokenCount:
         """The prompt's length as the model sees it: the template rendered, then tokenized."""
         self._check_ready()
-        tokens, _ = self._chat_tokens(request.prompt)
-        return wire.TokenCount(len(tokens))
+        return wire.TokenCount(len(self._chat(request.prompt).tokens))
 
     def tokenize(self, request: wire.Tokenize) -> wire.Tokenized:
         """llama-server's /tokenize (special markup parsed)."""
@@ -361,7 +363,7 @@ class _Handler(socketserver.BaseRequestHandler):
             send_message(sock, wire.event_to_wire(wire.Error(exc)))
             return
         try:
-            send_message(sock, wire.event_to_wire(wire.Accepted(len(request.prompt_tokens))))
+            send_message(sock, wire.event_to_wire(wire.Accepted(len(request.prompt_tokens), request.thinking)))
             while True:
                 try:
                     event = events.get(timeout=EVENT_POLL_S)

@@ -69,6 +69,8 @@ class ChatPrompt:
     messages: list[dict]
     tools: list[dict] | None = None  # OpenAI-shaped tool definitions offered to the model
     parallel_tool_calls: bool = True
+    # Variables the template reads beside the messages (chat_template_kwargs: enable_thinking, reasoning_effort)
+    template_kwargs: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,9 @@ class TokenLogprob:
 class Accepted:
     type: ClassVar[str] = "accepted"
     prompt_tokens: int
+    # How the answer starts, for a template that thinks (serving/reasoning.py MODES): "open" inside a think block,
+    # "may-open" where the model may open one, "" where it does not think
+    thinking: str = ""
 
 
 @dataclass(frozen=True)

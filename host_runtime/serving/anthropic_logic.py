@@ -12,6 +12,12 @@ from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.serving import anthropic_protocol as wire
 from host_runtime.serving.handlers import Choices, ServingLogic, call_engine, engine_down
 from host_runtime.serving.protocol import GenerationCall
+from host_runtime.serving.reasoning import ReasoningSplit
+
+
+def thinking_block(reasoning: str) -> dict:
+    # A local model's thinking carries no signature (nothing here verifies one).
+    return {"type": "thinking", "thinking": reasoning, "signature": ""}
 
 
 class MessagesLogic:
@@ -25,8 +31,9 @@ class MessagesLogic:
         stream = self.logic._open(call, client_gone)
         choices = Choices(1, stream.prompt_tokens).gather(stream)
         text, finish, stop_string = choices.text[0], choices.finish[0], choices.stop_string[0]
-        content, calls = call.answer_calls(text, finish)
-        blocks = ([{"type": "text", "text": content}] if content or not calls else []) + \
+        reasoning, content, calls = call.answer_parts(text, finish, stream.thinking)
+        blocks = ([thinking_block(reasoning)] if reasoning is not None and call.show_reasoning else []) + \
+            ([{"type": "text", "text": content}] if content or not calls else []) + \
             [wire.tool_use_block(c) for c in calls]
         stop_reason, stop_sequence = wire.stop_of(finish, stop_string, call, bool(calls))
         return {"id": wire.message_id(), "type": "message", "role": "assistant", "model": model_id,
@@ -40,13 +47,36 @@ class MessagesLogic:
     def _events(self, stream: GenerationStream, call: GenerationCall, model_id: str) -> Iterator[bytes]:
         prompt_tokens = stream.prompt_tokens
         splitter = call.call_stream()
+        thinking = call.thinking(stream.thinking)
+        reasoner = ReasoningSplit(thinking) if thinking else None
         index = 0
         text_open = False
+        thinking_open = False
+
+        def thinking_delta(text: str) -> Iterator[bytes]:
+            nonlocal thinking_open
+            if not text or not call.show_reasoning:
+                return
+            if not thinking_open:
+                thinking_open = True
+                yield wire.sse("content_block_start", {"type": "content_block_start", "index": index,
+                                                       "content_block": {"type": "thinking", "thinking": "",
+                                                                         "signature": ""}})
+            yield wire.sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                   "delta": {"type": "thinking_delta", "thinking": text}})
+
+        def close_thinking() -> Iterator[bytes]:
+            nonlocal thinking_open, index
+            if thinking_open:
+                thinking_open = False
+                yield wire.sse("content_block_stop", {"type": "content_block_stop", "index": index})
+                index += 1
 
         def text_delta(text: str) -> Iterator[bytes]:
             nonlocal text_open
             if not text:
                 return
+            yield from close_thinking()
             if not text_open:
                 text_open = True
                 yield wire.sse("content_block_start", {"type": "content_block_start", "index": index,
@@ -62,10 +92,19 @@ class MessagesLogic:
             finish, stop_string, output_tokens, calls = None, None, 0, []
             for event in stream:
                 if isinstance(event, engine_wire.Token):
-                    yield from text_delta(splitter.feed(event.text) if splitter else event.text)
+                    text = event.text
+                    if reasoner:
+                        reasoning, text = reasoner.feed(text)
+                        yield from thinking_delta(reasoning)
+                    yield from text_delta(splitter.feed(text) if splitter else text)
                 elif isinstance(event, engine_wire.Finish):
                     finish, stop_string = event.finish_reason, event.stop_string
                     output_tokens = event.completion_tokens
+                    if reasoner:
+                        reasoning, text = reasoner.finish()
+                        yield from thinking_delta(reasoning)
+                        yield from text_delta(splitter.feed(text) if splitter else text)
+                    yield from close_thinking()
                     if splitter:
                         rest, calls = splitter.finish(truncated=finish == "length")
                         yield from text_delta(rest)

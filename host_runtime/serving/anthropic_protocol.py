@@ -150,7 +150,11 @@ def parse_messages(body: dict, served_model: str, tool_format: str = "generic") 
     if body.get("top_k") is not None:
         raise bad("'top_k' is not supported by this server; use 'temperature' or 'top_p'", "top_k",
                   "unsupported_parameter")
-    field_of(body, "thinking", dict)  # accepted: a local model answers without thinking blocks
+    thinking = field_of(body, "thinking", dict)
+    if thinking is not None and thinking.get("type") not in ("enabled", "disabled", "adaptive"):
+        raise bad("'thinking.type' must be enabled, disabled or adaptive", "thinking.type")
+    # A thinking model's reasoning comes back as thinking blocks when asked for; otherwise it is left out.
+    show_thinking = thinking is not None and thinking.get("type") != "disabled"
     messages = _messages(body)
     tools, choice = _tools(body)
     grammar = grammar_for(tool_format, tools, choice) if choice.constrained else None
@@ -168,7 +172,7 @@ def parse_messages(body: dict, served_model: str, tool_format: str = "generic") 
     offered = tools if choice.mode != "none" else []
     request = engine_wire.Generate(_prompt(messages, offered, choice), max_tokens, 1, list(stops or []), sampling)
     return GenerationCall(request, stream, False, False, tools=offered, tool_choice=choice,
-                          stop_sequences=list(stops or []))
+                          stop_sequences=list(stops or []), show_reasoning=show_thinking)
 
 
 def _prompt(messages: list[dict], offered: list, choice) -> engine_wire.ChatPrompt:

@@ -14,6 +14,7 @@ from host_runtime.engine.client import EngineClient, GenerationStream
 from host_runtime.engine.ipc import ClientGone, EngineUnavailable, MessageTooLarge
 from host_runtime.serving.errors import APIError, body_of
 from host_runtime.serving.protocol import EmbeddingCall, GenerationCall
+from host_runtime.serving.reasoning import ReasoningSplit
 
 FIRST_EVENT_TIMEOUT_S = 15.0
 # Between two events of one generation; long, because a queued request sees none until it gets a slot.
@@ -105,12 +106,16 @@ def completion_logprobs(entries: list[wire.TokenLogprob], offset: int = 0) -> di
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": text_offset}
 
 
-def chat_message(text: str, finish: str | None, call: GenerationCall) -> dict:
-    """One choice's message and finish reason; with tools offered, the calls the answer makes."""
-    content, calls = call.answer_calls(text, finish)
+def chat_message(text: str, finish: str | None, call: GenerationCall, thinking: str = "") -> dict:
+    """One choice's message and finish reason: a thinking model's reasoning apart (`reasoning_content`), and with
+    tools offered, the calls the answer makes."""
+    reasoning, content, calls = call.answer_parts(text, finish, thinking)
+    message = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     if not calls:
-        return {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
-    return {"message": {"role": "assistant", "content": content, "tool_calls": [c.wire() for c in calls]},
+        return {"message": message, "finish_reason": finish}
+    return {"message": {**message, "tool_calls": [c.wire() for c in calls]},
             "finish_reason": "tool_calls" if finish == "stop" else finish}
 
 
@@ -137,7 +142,7 @@ class ServingLogic:
             return {
                 "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": created,
                 "model": model_id,
-                "choices": [{"index": i, **chat_message(choices.text[i], choices.finish[i], call),
+                "choices": [{"index": i, **chat_message(choices.text[i], choices.finish[i], call, stream.thinking),
                              "logprobs": chat_logprobs(choices.logprobs[i]) if call.logprobs else None}
                             for i in range(call.n)],
                 "usage": choices.usage(),
@@ -171,6 +176,8 @@ class ServingLogic:
             return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
         splitters = [call.call_stream() for _ in range(call.n)] if is_chat and call.tools else None
+        thinking = call.thinking(stream.thinking) if is_chat else ""
+        reasoners = [ReasoningSplit(thinking) for _ in range(call.n)] if thinking else None
         try:
             if is_chat:
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -179,7 +186,17 @@ class ServingLogic:
                 if isinstance(event, wire.Token):
                     i = event.index
                     lp = [event.logprob] if event.logprob is not None else []
-                    text = splitters[i].feed(event.text) if splitters else event.text
+                    text = event.text
+                    if reasoners:
+                        reasoning, text = reasoners[i].feed(text)
+                        if reasoning:
+                            yield chunk([{"index": i, "delta": {"reasoning_content": reasoning},
+                                          "logprobs": chat_logprobs(lp) if call.logprobs else None,
+                                          "finish_reason": None}])
+                            lp = []
+                        if not text:
+                            continue
+                    text = splitters[i].feed(text) if splitters else text
                     if is_chat:
                         if text or not splitters:  # with tools, text that may be a call is held back
                             yield chunk([{"index": i, "delta": {"content": text},
@@ -194,6 +211,16 @@ class ServingLogic:
                     i = event.index
                     choices.completion_tokens += event.completion_tokens
                     reason = event.finish_reason
+                    if reasoners:
+                        reasoning, text = reasoners[i].finish()
+                        if reasoning:
+                            yield chunk([{"index": i, "delta": {"reasoning_content": reasoning}, "logprobs": None,
+                                          "finish_reason": None}])
+                        if text:
+                            text = splitters[i].feed(text) if splitters else text
+                            if text:
+                                yield chunk([{"index": i, "delta": {"content": text}, "logprobs": None,
+                                              "finish_reason": None}])
                     if splitters:
                         rest, calls = splitters[i].finish(truncated=reason == "length")
                         if rest:

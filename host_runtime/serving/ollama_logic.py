@@ -12,6 +12,7 @@ from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.serving import ollama_protocol as ollama
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
+from host_runtime.serving.reasoning import ReasoningSplit
 
 
 class OllamaLogic:
@@ -23,10 +24,11 @@ class OllamaLogic:
         started = time.monotonic_ns()
         stream = self.logic._open(call, client_gone)
         choices = Choices(1, stream.prompt_tokens).gather(stream)
-        content, calls = call.answer_calls(choices.text[0], choices.finish[0])
-        answer = {"message": {"role": "assistant", "content": content,
+        reasoning, content, calls = call.answer_parts(choices.text[0], choices.finish[0], stream.thinking)
+        thought = {"thinking": reasoning} if reasoning is not None and call.show_reasoning else {}
+        answer = {"message": {"role": "assistant", "content": content, **thought,
                               **({"tool_calls": ollama.tool_calls(calls)} if calls else {})}} \
-            if kind == "chat" else {"response": content}
+            if kind == "chat" else {"response": content, **thought}
         return ollama.final_line(model, started, choices.prompt_tokens, choices.completion_tokens,
                                  ollama.done_reason(choices.finish[0]), **answer)
 
@@ -37,25 +39,42 @@ class OllamaLogic:
     def _lines(self, stream: GenerationStream, call: GenerationCall, kind: str, model: str,
                started: int) -> Iterator[bytes]:
         splitter = call.call_stream() if kind == "chat" else None
+        thinking = call.thinking(stream.thinking)
+        reasoner = ReasoningSplit(thinking) if thinking else None
 
-        def piece(text: str = "", calls=()) -> bytes:
+        def piece(text: str = "", calls=(), thought: str = "") -> bytes:
+            extra = {"thinking": thought} if thought else {}
             if kind == "chat":
-                message = {"role": "assistant", "content": text}
+                message = {"role": "assistant", "content": text, **extra}
                 if calls:
                     message["tool_calls"] = ollama.tool_calls(calls)
                 return ollama.ndjson({"model": model, "created_at": ollama.now_iso(), "message": message,
                                       "done": False})
-            return ollama.ndjson({"model": model, "created_at": ollama.now_iso(), "response": text, "done": False})
+            return ollama.ndjson({"model": model, "created_at": ollama.now_iso(), "response": text, **extra,
+                                  "done": False})
+
+        def pieces(text: str) -> Iterator[bytes]:
+            thought = ""
+            if reasoner:
+                thought, text = reasoner.feed(text)
+                thought = thought if call.show_reasoning else ""
+            text = splitter.feed(text) if splitter and text else text
+            if text or thought:
+                yield piece(text, thought=thought)
 
         finish, completion_tokens = None, 0
         try:
             for event in stream:
                 if isinstance(event, wire.Token):
-                    text = splitter.feed(event.text) if splitter else event.text
-                    if text:
-                        yield piece(text)
+                    yield from pieces(event.text)
                 elif isinstance(event, wire.Finish):
                     finish, completion_tokens = event.finish_reason, event.completion_tokens
+                    if reasoner:
+                        thought, text = reasoner.finish()
+                        text = splitter.feed(text) if splitter and text else text
+                        thought = thought if call.show_reasoning else ""
+                        if text or thought:
+                            yield piece(text, thought=thought)
                     if splitter:
                         rest, calls = splitter.finish(truncated=finish == "length")
                         if rest or calls:

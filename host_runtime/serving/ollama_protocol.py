@@ -5,13 +5,16 @@ Ollama (Open WebUI's model manager, Continue's `ollama` provider, Home Assistant
 A body is mapped onto the chat/completions schema and checked by its rules (protocol.py), so the limits are the
 same; a refusal names Ollama's field (`options.num_predict`, not `max_tokens`). Accepted and ignored, as they have
 no meaning here: `options` other than those in OPTIONS (top_k, min_p, repeat_penalty, num_ctx, num_gpu, mirostat,
-...), `think`, `raw`, `template`, `context`, `truncate`, `images` (refused when not empty: text only).
+...), `template`, `context`, `truncate`, `images` (refused when not empty: text only). `think`: a thinking model's
+reasoning comes back apart as `thinking` (unless `think` is false, which also asks the template not to think;
+"low"/"medium"/"high" reach templates that read a reasoning effort).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 from host_runtime.serving import protocol
 from host_runtime.serving.errors import APIError
@@ -125,12 +128,26 @@ def _latest_call_id(previous: list[dict], tool_name) -> str:
 
 
 def _common(body: dict) -> dict:
-    """The OpenAI body's sampling fields, from Ollama's options and format."""
+    """The OpenAI body's sampling fields, from Ollama's options, format and think."""
     openai = {"stream": field_of(body, "stream", bool, True), **_options(body)}  # Ollama streams by default
     fmt = _format(body)
     if fmt is not None:
         openai["response_format"] = fmt
+    think = body.get("think")
+    if think is False:
+        openai["chat_template_kwargs"] = {"enable_thinking": False}
+    elif isinstance(think, str):
+        if think not in ("low", "medium", "high"):
+            raise bad("'think' must be true, false, or low, medium or high", "think")
+        openai["reasoning_effort"] = think
+    elif think is not None and think is not True:
+        raise bad("'think' must be true, false, or low, medium or high", "think", "invalid_type")
     return openai
+
+
+def _thinking(call: GenerationCall, body: dict) -> GenerationCall:
+    """A thinking model's reasoning shown as Ollama's `thinking`, unless `think` is false."""
+    return replace(call, show_reasoning=body.get("think") is not False)
 
 
 def parse_chat(body: dict, served: str, tool_format: str) -> GenerationCall:
@@ -142,7 +159,7 @@ def parse_chat(body: dict, served: str, tool_format: str) -> GenerationCall:
         if body.get("tool_choice") is not None:
             openai["tool_choice"] = body["tool_choice"]
     try:
-        return protocol.parse_chat(openai, served, tool_format)
+        return _thinking(protocol.parse_chat(openai, served, tool_format), body)
     except APIError as err:
         raise _renamed(err) from None
 
@@ -165,7 +182,8 @@ def parse_generate(body: dict, served: str, tool_format: str) -> GenerationCall:
                                              served)
         system = field_of(body, "system", str)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        return protocol.parse_chat({"model": served, "messages": messages, **common}, served, tool_format)
+        return _thinking(protocol.parse_chat({"model": served, "messages": messages, **common}, served, tool_format),
+                         body)
     except APIError as err:
         raise _renamed(err) from None
 

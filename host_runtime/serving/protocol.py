@@ -124,10 +124,25 @@ class GenerationCall:
     tools: list = field(default_factory=list)  # tool_calls.Tool offered to the model (read back from its answer)
     tool_choice: object = None                 # tool_calls.ToolChoice, where tools may be offered
     stop_sequences: list[str] = field(default_factory=list)  # the caller's own (Anthropic reports them)
+    reasoning: bool = True  # a thinking model's reasoning apart from its answer (reasoning_format not "none")
+    show_reasoning: bool = True  # whether the answer carries it (the Messages API: only when thinking was asked for)
 
     @property
     def n(self) -> int:
         return self.request.n
+
+    def thinking(self, mode: str) -> str:
+        """How this call's answers start (reasoning.MODES), given what the engine said of the prompt."""
+        return mode if self.reasoning else ""
+
+    def answer_parts(self, text: str, finish: str | None, mode: str) -> tuple[str | None, str | None, list]:
+        """A whole answer's (reasoning or None, content, tool calls): the reasoning apart first (the engine's
+        `mode` for the prompt), then the calls read from what follows it."""
+        from host_runtime.serving.reasoning import split
+
+        reasoning, text = split(text, self.thinking(mode))
+        content, calls = self.answer_calls(text, finish)
+        return reasoning, content, calls
 
     def answer_calls(self, text: str, finish: str | None) -> tuple[str | None, list]:
         """A whole answer's (content, tool calls): none without tools offered, the first alone unless parallel calls
@@ -327,6 +342,8 @@ def chat_messages(messages) -> list[dict]:
                  "content": "" if calls and message.get("content") is None else _message_content(message, i)}
         if calls:
             entry["tool_calls"] = calls
+        if role == "assistant" and isinstance(message.get("reasoning_content"), str):
+            entry["reasoning_content"] = message["reasoning_content"]  # thinking templates render it back
         if role == "tool":
             if not isinstance(message.get("tool_call_id"), str):
                 raise bad(f"'messages[{i}].tool_call_id' is required on a tool message", f"messages[{i}].tool_call_id",
@@ -355,9 +372,40 @@ def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> G
     if top_logprobs is not None and not logprobs:
         raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     offered = tools if choice.mode != "none" else []
-    prompt = wire.ChatPrompt(rendered, [t.wire() for t in offered] or None, choice.parallel)
+    prompt = wire.ChatPrompt(rendered, [t.wire() for t in offered] or None, choice.parallel, template_kwargs(body))
     request = _generate(common, prompt, grammar=grammar, top_logprobs=(top_logprobs or 0) if logprobs else None)
-    return GenerationCall(request, common.stream, common.include_usage, logprobs, tools=offered, tool_choice=choice)
+    return GenerationCall(request, common.stream, common.include_usage, logprobs, tools=offered, tool_choice=choice,
+                          reasoning=reasoning_format(body) != "none")
+
+
+REASONING_EFFORTS = ("minimal", "low", "medium", "high")
+MAX_TEMPLATE_KWARGS_BYTES = 4096
+
+
+def template_kwargs(body: dict, extra: dict | None = None) -> dict | None:
+    """`chat_template_kwargs` (llama-server's and vLLM's: variables the chat template reads, e.g. Qwen3's
+    enable_thinking) and `reasoning_effort` (read by templates that have one), checked and bounded."""
+    kwargs = dict(field_of(body, "chat_template_kwargs", dict) or {})
+    if len(json.dumps(kwargs)) > MAX_TEMPLATE_KWARGS_BYTES:
+        raise bad(f"'chat_template_kwargs' is over {MAX_TEMPLATE_KWARGS_BYTES} bytes", "chat_template_kwargs")
+    if not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise bad("'chat_template_kwargs' keys must be identifiers", "chat_template_kwargs")
+    effort = field_of(body, "reasoning_effort", str)
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise bad(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
+        kwargs.setdefault("reasoning_effort", effort)
+    kwargs.update(extra or {})
+    return kwargs or None
+
+
+def reasoning_format(body: dict) -> str:
+    """llama-server's `reasoning_format`: "none" leaves a thinking model's text as it is; otherwise (deepseek,
+    auto) its reasoning comes apart from the answer (serving/reasoning.py)."""
+    value = field_of(body, "reasoning_format", str, "auto")
+    if value not in ("auto", "deepseek", "none"):
+        raise bad("'reasoning_format' must be auto, deepseek or none", "reasoning_format")
+    return value
 
 
 def parse_completion(body: dict, served_model: str) -> GenerationCall:

@@ -14,6 +14,7 @@ from host_runtime.serving import responses_protocol as shape
 from host_runtime.serving.errors import body_of
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
+from host_runtime.serving.reasoning import ReasoningSplit
 
 
 def _status(finish: str | None) -> tuple[str, str | None]:
@@ -28,9 +29,10 @@ class ResponsesLogic:
         stream = self.logic._open(call, client_gone)
         choices = Choices(1, stream.prompt_tokens).gather(stream)
         finish = choices.finish[0]
-        text, calls = call.answer_calls(choices.text[0], finish)
+        reasoning, text, calls = call.answer_parts(choices.text[0], finish, stream.thinking)
         text = text or ""
-        output = ([shape.message_item(shape.new_id("msg"), text)] if text or not calls else []) + \
+        output = ([shape.reasoning_item(shape.new_id("rs"), reasoning)] if reasoning is not None else []) + \
+            ([shape.message_item(shape.new_id("msg"), text)] if text or not calls else []) + \
             [shape.function_call_item(c) for c in calls]
         status, incomplete = _status(finish)
         return shape.response(body, model, shape.new_id("resp"), shape.now(), output, status,
@@ -54,10 +56,36 @@ class ResponsesLogic:
             data = {"type": kind, "sequence_number": sequence - 1, **fields}
             return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
+        reasoning_item: dict | None = None  # the reasoning item being written, while it is open
+        reasoning = ""
+
+        def reasoning_delta(piece: str) -> Iterator[bytes]:
+            nonlocal reasoning_item, reasoning
+            if not piece:
+                return
+            if reasoning_item is None:
+                reasoning_item = shape.reasoning_item(shape.new_id("rs"), "", status="in_progress")
+                yield event("response.output_item.added", output_index=len(output), item=reasoning_item)
+            reasoning += piece
+            yield event("response.reasoning_text.delta", item_id=reasoning_item["id"], output_index=len(output),
+                        content_index=0, delta=piece)
+
+        def close_reasoning() -> Iterator[bytes]:
+            nonlocal reasoning_item
+            if reasoning_item is None:
+                return
+            item = shape.reasoning_item(reasoning_item["id"], reasoning.strip("\n"))
+            yield event("response.reasoning_text.done", item_id=item["id"], output_index=len(output),
+                        content_index=0, text=item["content"][0]["text"])
+            yield event("response.output_item.done", output_index=len(output), item=item)
+            output.append(item)
+            reasoning_item = None
+
         def text_delta(piece: str) -> Iterator[bytes]:
             nonlocal text_item, text
             if not piece:
                 return
+            yield from close_reasoning()
             if text_item is None:
                 text_item = shape.message_item(shape.new_id("msg"), "", status="in_progress")
                 yield event("response.output_item.added", output_index=len(output), item=text_item)
@@ -81,6 +109,8 @@ class ResponsesLogic:
             text_item = None
 
         splitter = call.call_stream()
+        thinking = call.thinking(stream.thinking)
+        reasoner = ReasoningSplit(thinking) if thinking else None
         try:
             start = shape.response(body, model, response_id, created, [], "in_progress", None)
             yield event("response.created", response=start)
@@ -88,9 +118,18 @@ class ResponsesLogic:
             finish, calls, usage, completion_tokens = None, [], None, 0
             for ev in stream:
                 if isinstance(ev, wire.Token):
-                    yield from text_delta(splitter.feed(ev.text) if splitter else ev.text)
+                    piece = ev.text
+                    if reasoner:
+                        thought, piece = reasoner.feed(piece)
+                        yield from reasoning_delta(thought)
+                    yield from text_delta(splitter.feed(piece) if splitter else piece)
                 elif isinstance(ev, wire.Finish):
                     finish, completion_tokens = ev.finish_reason, ev.completion_tokens
+                    if reasoner:
+                        thought, piece = reasoner.finish()
+                        yield from reasoning_delta(thought)
+                        yield from text_delta(splitter.feed(piece) if splitter else piece)
+                    yield from close_reasoning()
                     if splitter:
                         rest, calls = splitter.finish(truncated=finish == "length")
                         yield from text_delta(rest)

@@ -154,6 +154,9 @@ def parse_responses(body: dict, served: str, tool_format: str) -> GenerationCall
             chat[name] = body[name]
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+    reasoning = field_of(body, "reasoning", dict)
+    if reasoning and reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]  # for templates that read it (gpt-oss)
     try:
         return protocol.parse_chat(chat, served, tool_format)
     except APIError as err:
@@ -165,6 +168,12 @@ def parse_responses(body: dict, served: str, tool_format: str) -> GenerationCall
 def message_item(item_id: str, text: str, status: str = "completed") -> dict:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": [output_text(text)] if status == "completed" else []}
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
+    """A thinking model's reasoning, as the Responses API's reasoning item (its text in `content`)."""
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
 
 
 def output_text(text: str) -> dict:
