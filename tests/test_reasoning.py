@@ -85,6 +85,10 @@ def test_an_r1_templates_answer_is_reasoning_until_it_closes_streamed_or_not(tmp
                 reasoning += getattr(delta, "reasoning_content", None) or ""
                 content += delta.content or ""
         assert reasoning.strip("\n") == apart.message.reasoning_content and content == ""
+        # A grammar shapes the answer from its first token: all of it is the answer, none reasoning.
+        shaped = client.chat.completions.create(model="tiny-r1", messages=ASK, max_tokens=40, temperature=0,
+                                                response_format={"type": "json_object"}).choices[0]
+        assert shaped.message.content and getattr(shaped.message, "reasoning_content", None) is None
 
         # The Messages API: thinking blocks when asked for (whole and streamed), left out otherwise.
         import anthropic

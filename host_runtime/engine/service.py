@@ -233,7 +233,8 @@ class EngineService:
         thinking = ""
         if isinstance(prompt, wire.ChatPrompt):
             rendered = self._chat(prompt)
-            tokens, thinking = rendered.tokens, rendered.thinking
+            # A grammar (a required call, response_format) shapes the answer from its first token: no think block.
+            tokens, thinking = rendered.tokens, "" if request.sampling.grammar else rendered.thinking
             stops += [s for s in rendered.stops if s not in stops]
             param = "messages"
         else:
