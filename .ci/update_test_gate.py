@@ -23,11 +23,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD = REPO / ".ci" / "update-test-passed.json"
-# Whole trees the image and its update test are made of, and the update code's own package.
+# Whole trees the image and its update test are made of, and the update code's own package (pyproject.toml without
+# its optional dependencies: _image_part_of_pyproject).
 INPUT_PATHS = ("image", "mkosi.conf", "rootfs_overlay", "supervisor.d", "pyproject.toml", "host_runtime/update")
 # The steps a passing run must have covered for CI to lean on it: CI's own (the power cut and the rollback are
 # make image-update-test's, run when the update code changes).
@@ -93,7 +95,19 @@ def input_files() -> dict[str, str]:
     relative = sorted(str(p.relative_to(REPO)) for p in paths)
     blobs = subprocess.run(["git", "hash-object", "--stdin-paths"], cwd=REPO, check=True, capture_output=True,
                            input="\n".join(relative).encode()).stdout.decode().split()
-    return dict(zip(relative, blobs))
+    found = dict(zip(relative, blobs))
+    if "pyproject.toml" in found:
+        found["pyproject.toml"] = _image_part_of_pyproject()
+    return found
+
+
+def _image_part_of_pyproject() -> str:
+    """pyproject.toml as the image sees it: everything but the optional dependencies (the test and bench extras
+    are not installed on the box), as the git blob id of its canonical JSON."""
+    doc = tomllib.loads((REPO / "pyproject.toml").read_text())
+    doc.get("project", {}).pop("optional-dependencies", None)
+    return subprocess.run(["git", "hash-object", "--stdin"], cwd=REPO, check=True, capture_output=True,
+                          input=json.dumps(doc, sort_keys=True).encode()).stdout.decode().strip()
 
 
 def changes(recorded: dict[str, str], now: dict[str, str]) -> list[str]:

@@ -205,3 +205,16 @@ def test_the_committed_record_matches_this_trees_update_inputs_or_ci_runs_the_te
     record = json.loads(gate.RECORD.read_text())
     assert set(gate.CI_STEPS) <= set(record["steps"]) and record["inputs"]
     assert gate.check() in (0, 1)
+
+
+def test_the_test_extras_are_not_an_input_of_the_update_test_but_the_dependencies_are(tmp_path, monkeypatch):
+    gate = _gate()
+    monkeypatch.setattr(gate, "REPO", tmp_path)
+    base = ('[project]\nname = "x"\nversion = "1"\ndependencies = ["falcon==4.0.0"]\n'
+            '[project.optional-dependencies]\ntest = ["pytest==8.4.2"]\n')
+    (tmp_path / "pyproject.toml").write_text(base)
+    first = gate._image_part_of_pyproject()
+    (tmp_path / "pyproject.toml").write_text(base.replace('["pytest==8.4.2"]', '["pytest==8.4.2", "openai-agents"]'))
+    assert gate._image_part_of_pyproject() == first
+    (tmp_path / "pyproject.toml").write_text(base.replace("falcon==4.0.0", "falcon==4.0.1"))
+    assert gate._image_part_of_pyproject() != first
