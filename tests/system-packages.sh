@@ -10,6 +10,9 @@ set -euo pipefail
 # tests; nginx: the front, run for real; zstd: update releases; fdisk: sfdisk, which the update tests' small GPT
 # disk is made with (a fresh Debian 12 lacks it).
 packages=(curl procps iproute2 libudev1 openipmi ipmitool libopenipmi-dev mesa-vulkan-drivers nginx zstd fdisk)
+# npm: the coding agents' tests install Codex CLI and opencode from the npm registry (Debian's nodejs and npm, unless
+# a Node.js with npm is already here, as NodeSource's).
+command -v npm >/dev/null || packages+=(nodejs npm)
 
 if ! command -v dpkg-query >/dev/null; then
   echo "make test expects Debian 12 or 13 (no dpkg-query here); the suite needs these packages: ${packages[*]}" >&2

@@ -85,5 +85,21 @@ def test_refusals_name_the_responses_fields(client):
         client.responses.create(model=MODEL_ID, input="hi", max_output_tokens=0)
     assert err.value.body["param"] == "max_output_tokens"
     with pytest.raises(openai.BadRequestError) as err:
-        client.responses.create(model=MODEL_ID, input="hi", tools=[{"type": "web_search"}])
+        client.responses.create(model=MODEL_ID, input="hi", tools=[{"type": "custom", "name": "apply_patch"}])
     assert err.value.body["param"] == "tools[0].type"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL_ID, input="hi", tools=[{"type": "namespace", "name": "n", "tools": [
+            {"type": "custom", "name": "x"}]}])
+    assert err.value.body["param"] == "tools[0].tools[0].type"
+
+
+def test_hosted_tools_are_left_out_and_a_namespaces_functions_are_offered(client):
+    # What Codex CLI sends: a hosted web_search it always offers, and its sub-agent tools in a namespace.
+    weather = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    said = client.responses.create(model=MODEL_ID, input="Weather in Paris?", max_output_tokens=64, tool_choice="required",
+                                   tools=[{"type": "web_search", "external_web_access": False},
+                                          {"type": "namespace", "name": "tools_v1", "description": "Tools.",
+                                           "tools": [weather]}])
+    calls = [item for item in said.output if item.type == "function_call"]
+    assert calls and calls[0].name == "get_weather" and "city" in json.loads(calls[0].arguments)

@@ -67,3 +67,81 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_long_context_llama(path: Path, *, n_ctx: int = 32768, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
+                             n_ff: int = 128, seed: int = 0, eos_logit: float = 0.0) -> Path:
+    """A random-weight llama with the default model's own tokenizer and chat template (SmolLM2's BPE, ChatML) and
+    a long trained context: for clients whose real prompts (10,000 tokens and more) the default model's 8,192
+    cannot hold. Its text is nonsense; the protocol around it is what a test checks. eos_logit > 0 makes its
+    answers short: every token embedding carries one constant dimension, which the end-of-generation token's
+    output row reads (about eos_logit, against the others' random logits)."""
+    import gguf
+
+    from host_runtime.engine.model import default_model_path
+
+    source = gguf.GGUFReader(str(default_model_path()))
+
+    def value(key: str):
+        f = source.fields[key]
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            if f.types[-1] == gguf.GGUFValueType.STRING:
+                return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            return [int(f.parts[i][0]) for i in f.data]
+        if f.types[0] == gguf.GGUFValueType.STRING:
+            return bytes(f.parts[f.data[0]]).decode("utf-8")
+        return f.parts[f.data[0]][0].item()
+
+    rng = np.random.default_rng(seed)
+    tokens = value("tokenizer.ggml.tokens")
+    n_vocab = len(tokens)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("random-long-context-llama")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model(value("tokenizer.ggml.model"))
+    w.add_tokenizer_pre(value("tokenizer.ggml.pre"))
+    w.add_token_list(tokens)
+    w.add_token_types(value("tokenizer.ggml.token_type"))
+    w.add_token_merges(value("tokenizer.ggml.merges"))
+    for key, add in (("tokenizer.ggml.bos_token_id", w.add_bos_token_id),
+                     ("tokenizer.ggml.eos_token_id", w.add_eos_token_id),
+                     ("tokenizer.ggml.unknown_token_id", w.add_unk_token_id),
+                     ("tokenizer.ggml.padding_token_id", w.add_pad_token_id)):
+        add(value(key))
+    w.add_add_bos_token(bool(value("tokenizer.ggml.add_bos_token")))
+    w.add_chat_template(value("tokenizer.chat_template"))
+
+    def t(name: str, *shape: int, scale: float = 0.2):
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    embd = (rng.standard_normal((n_vocab, n_embd)) * 0.2).astype(np.float32)
+    if eos_logit:
+        embd[:, 0] = 40.0  # the constant dimension: it outweighs the rest, so the final norm leaves most of it
+    w.add_tensor("token_embd.weight", embd)
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        for part in ("q", "k", "v", "output"):
+            t(f"blk.{i}.attn_{part}.weight", n_embd, n_embd)
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        t(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+        t(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        t(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    head = (rng.standard_normal((n_vocab, n_embd)) * 0.2).astype(np.float32)
+    if eos_logit:
+        head[:, 0] = 0.0
+        head[value("tokenizer.ggml.eos_token_id"), 0] = eos_logit / np.sqrt(n_embd)
+    w.add_tensor("output.weight", head)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -104,21 +104,38 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
+# OpenAI's hosted tools: they run on OpenAI's servers, not in the model's answer. A box runs none of them, so a
+# client that always offers one (Codex CLI offers web_search) is served without it.
+HOSTED_TOOLS = frozenset({"web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation",
+                          "computer_use_preview", "mcp", "local_shell"})
+
+
+def _function_tools(tools: list, where: str) -> list[dict]:
+    """The function tools offered: a namespace's own functions among them (Codex CLI groups its sub-agent tools in
+    one), hosted tools left out; any other kind is refused naming it."""
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "function":
+            out.append(tool)
+        elif kind == "namespace" and isinstance(tool.get("tools"), list):
+            out += _function_tools(tool["tools"], f"{where}[{i}].tools")
+        elif kind not in HOSTED_TOOLS:
+            raise bad(f"'{where}[{i}].type' {kind!r}: only function tools (and namespaces of them) are supported here; "
+                      f"hosted tools ({', '.join(sorted(HOSTED_TOOLS))}) are left out", f"{where}[{i}].type",
+                      "unsupported_value")
+    return out
+
+
 def _tools(body: dict) -> dict:
     tools = body.get("tools")
     out: dict = {}
     if tools is not None:
         if not isinstance(tools, list):
             raise bad("'tools' must be an array of tools", "tools", "invalid_type")
-        chat_tools = []
-        for i, tool in enumerate(tools):
-            if not isinstance(tool, dict) or tool.get("type") != "function":
-                kind = tool.get("type") if isinstance(tool, dict) else None
-                raise bad(f"'tools[{i}].type' {kind!r}: only function tools are supported here", f"tools[{i}].type",
-                          "unsupported_value")
-            chat_tools.append({"type": "function", "function": {
-                k: tool[k] for k in ("name", "description", "parameters") if k in tool}})
-        out["tools"] = chat_tools
+        out["tools"] = [{"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters")
+                                                           if k in tool}}
+                        for tool in _function_tools(tools, "tools")]
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "function":
         choice = {"type": "function", "function": {"name": choice.get("name")}}
