@@ -238,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--models-memory-mib", type=_positive, metavar="MIB",
                        help="memory for loaded models, the one served at start included (default: 90%% of what is "
                             "available at start)")
+    serve.add_argument("--usage-dir", metavar="DIR",
+                       help="keep per-key usage here across restarts (default: serving.toml's usage_dir; without "
+                            "one, in memory only)")
     serve.add_argument("--engine-socket", metavar="PATH",
                        help="use an engine already running at this socket instead of starting one")
     _add_engine_options(serve)
@@ -385,12 +388,23 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--priority", default="default", choices=["interactive", "default", "batch"],
                         help="its requests' class in the engine's queue: interactive ones may park batch ones' "
                              "sequences when every slot is busy (default: default)")
-    create.add_argument("--max-concurrent", type=int, default=0, metavar="N",
-                        help="its requests running or waiting at once, at most; past it a 429 (default 0: no limit)")
-    limit = keys_sub.add_parser("set-limit", help="change how many requests a key may have at once")
+    limit = keys_sub.add_parser("set-limit", help="change a key's limits (those given; 0: no limit)")
     limit.add_argument("--keys", required=True, metavar="FILE", help="key file")
-    limit.add_argument("--max-concurrent", type=int, required=True, metavar="N", help="0: no limit")
     limit.add_argument("name", metavar="NAME", help="the key's name")
+    for p, default in ((create, 0), (limit, None)):
+        p.add_argument("--max-concurrent", type=int, default=default, metavar="N",
+                       help="its requests running or waiting at once, at most; past it a 429 (0: no limit)")
+        p.add_argument("--tokens-per-minute", type=int, default=default, metavar="N",
+                       help="its prompt and generated tokens in any minute, at most; past it a 429 with Retry-After "
+                            "(0: no limit)")
+        p.add_argument("--tokens-per-day", type=int, default=default, metavar="N",
+                       help="the same in any 24 hours (0: no limit)")
+        p.add_argument("--models", default=None, metavar="A,B,...",
+                       help="the models (or aliases) it may ask for; others are a 403 ('': every model)")
+    usage = keys_sub.add_parser("usage", help="each key's requests and tokens, kept across restarts")
+    usage.add_argument("--usage-dir", metavar="DIR", help="where serve keeps it (default: $EVERYCYCLE_USAGE_DIR, "
+                                                        "else /var/lib/everycycle/usage)")
+    usage.add_argument("--json", action="store_true", help="print JSON")
     prio = keys_sub.add_parser("set-priority", help="change a key's priority class (its clients keep their key)")
     prio.add_argument("--keys", required=True, metavar="FILE", help="key file")
     prio.add_argument("name", metavar="NAME", help="the key's name")
@@ -602,6 +616,7 @@ def serve_arguments(args, settings, own: dict | None = None):
                                  ("cache_type_v", settings.cache_type_v, DEFAULT_CACHE_TYPE)):
         if getattr(args, name) is None:
             setattr(resolved, name, own.get(name) or value or default)
+    resolved.usage_dir = args.usage_dir or settings.usage_dir or None
     if args.keep_alive is _UNSET:  # None is forever
         resolved.keep_alive = settings.keep_alive_s if settings.keep_alive else DEFAULT_KEEP_ALIVE_S
     return resolved
@@ -722,7 +737,7 @@ def cmd_front(parser, args) -> int:
 def engine_options(parser, args, model: str | None):
     """The engine's settings from `serve`'s or `engine`'s options (checked first, the model last), as one
     EngineOptions."""
-    from host_runtime.engine.model import ContextConfig
+    from host_runtime.engine.model import ContextConfig, model_id_for
     from host_runtime.engine.options import EngineOptions, PrefixCacheConfig
     from host_runtime.engine.readiness import WedgePolicy
     from host_runtime.engine.speculation import SpeculationConfig
@@ -743,9 +758,12 @@ def engine_options(parser, args, model: str | None):
     speculation = SpeculationConfig(enabled=speculating, kind="ngram" if not speculating else args.speculation,
                                     k_max=args.draft_max, cost_aware=not args.draft_always, p_min=args.draft_p_min)
     draft_model = _resolve_draft_model(parser, args)
-    return EngineOptions(model=_resolve_model(parser, model), context=context, prefix_cache=cache,
+    model_path = _resolve_model(parser, model)
+    usage_dir = getattr(args, "usage_dir", None)  # serve's (engine runs without)
+    return EngineOptions(model=model_path, context=context, prefix_cache=cache,
                          speculation=speculation, draft_model=draft_model, governor_state=args.governor_state,
-                         wedge=WedgePolicy(floor_s=args.wedge_floor))
+                         wedge=WedgePolicy(floor_s=args.wedge_floor),
+                         usage_file=os.path.join(usage_dir, f"{model_id_for(model_path)}.json") if usage_dir else None)
 
 
 def cmd_engine(parser, args) -> int:
@@ -1036,20 +1054,21 @@ def cmd_keys(parser, args) -> int:
 
     try:
         if args.keys_command == "create":
+            limits = _key_limits(args)
             key = create_key(args.keys, args.name, args.priority)
-            if args.max_concurrent:
+            if any(v for v in limits.values()):
                 from host_runtime.auth.keystore import set_limit
 
-                set_limit(args.keys, args.name, args.max_concurrent)
+                set_limit(args.keys, args.name, **limits)
             print(key)
             print(f"stored the hash of key {args.name!r} in {args.keys}; this is the only time the key is shown",
                   file=sys.stderr)
         elif args.keys_command == "set-limit":
             from host_runtime.auth.keystore import set_limit
 
-            set_limit(args.keys, args.name, args.max_concurrent)
-            print(f"key {args.name!r} may now have {args.max_concurrent or 'any number of'} requests at once",
-                  file=sys.stderr)
+            set_limit(args.keys, args.name, **_key_limits(args))
+            policy = next(k for k in load_keys(args.keys) if k.name == args.name)
+            print(f"key {args.name!r}: {_limits_text(policy)}", file=sys.stderr)
         elif args.keys_command == "set-priority":
             from host_runtime.auth.keystore import set_priority
 
@@ -1071,12 +1090,50 @@ def cmd_keys(parser, args) -> int:
                 return 2
             store_key(args.keys, args.name, key)
             print(f"stored the hash of key {args.name!r} in {args.keys}", file=sys.stderr)
+        elif args.keys_command == "usage":
+            return _keys_usage(args)
         else:
             for k in load_keys(args.keys):
-                print(f"{k.name}\t{k.hint}\t{k.priority}\t{k.max_concurrent or 'no limit'}")
+                print(f"{k.name}\t{k.hint}\t{k.priority}\t{_limits_text(k)}")
     except KeyStoreError as exc:
         print(f"everycycle keys: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _key_limits(args) -> dict:
+    models = None if args.models is None else tuple(m.strip() for m in args.models.split(",") if m.strip())
+    return {"max_concurrent": args.max_concurrent, "tokens_per_minute": args.tokens_per_minute,
+            "tokens_per_day": args.tokens_per_day, "models": models}
+
+
+def _limits_text(k) -> str:
+    parts = [f"{k.max_concurrent} at once" if k.max_concurrent else "",
+             f"{k.tokens_per_minute:,} tokens/min" if k.tokens_per_minute else "",
+             f"{k.tokens_per_day:,} tokens/day" if k.tokens_per_day else "",
+             f"models {','.join(k.models)}" if k.models else ""]
+    return ", ".join(p for p in parts if p) or "no limit"
+
+
+def _keys_usage(args) -> int:
+    import json as json_module
+
+    from host_runtime.engine import usage_file
+
+    directory = args.usage_dir or os.environ.get("EVERYCYCLE_USAGE_DIR") or "/var/lib/everycycle/usage"
+    usage = usage_file.read_all(directory)
+    if args.json:
+        print(json_module.dumps(usage, indent=2, sort_keys=True))
+        return 0
+    if not usage:
+        print(f"no usage recorded in {directory}")
+        return 0
+    print(f"{'KEY':24} {'REQUESTS':>9} {'PROMPT':>12} {'CACHED':>12} {'GENERATED':>12} {'ERRORS':>7}")
+    for key, c in sorted(usage.items(), key=lambda kv: -(kv[1].get("key_prompt_tokens_total", 0)
+                                                        + kv[1].get("key_generated_tokens_total", 0))):
+        print(f"{key:24} {c.get('key_requests_total', 0):9,.0f} {c.get('key_prompt_tokens_total', 0):12,.0f} "
+              f"{c.get('key_cached_prompt_tokens_total', 0):12,.0f} {c.get('key_generated_tokens_total', 0):12,.0f} "
+              f"{c.get('key_errors_total', 0):7,.0f}")
     return 0
 
 

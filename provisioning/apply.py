@@ -64,6 +64,7 @@ def _networkd(iface: dict) -> str:
 
 
 MODELS_DIR = "var/lib/everycycle/models"
+USAGE_DIR = "var/lib/everycycle/usage"  # per-key usage, kept across restarts and updates (the data partition)
 
 
 def service_settings(box: dict) -> dict:
@@ -82,7 +83,7 @@ def service_settings(box: dict) -> dict:
         pull = {"pull_url": model.get("url", ""), "pull_sha256": model.get("sha256", ""),
                 "pull_name": model.get("name", "")} if model["source"] == "pull" else {}
         serving = ServingSettings(model=path, context_length=int(model.get("context_length") or 0),
-                                  quantization=model.get("quantization", ""),
+                                  quantization=model.get("quantization", ""), usage_dir=f"/{USAGE_DIR}",
                                   prefix_cache_shared=box.get("api", {}).get("prefix_cache") == "shared", **pull)
     except SettingsError as exc:
         raise SettingsError(f"model.{exc.field}", exc.message) from None

@@ -39,6 +39,9 @@ class StoredKey:
     created: float
     priority: str = "default"
     max_concurrent: int = 0  # its requests running or waiting at once, at most (0: no limit); the engine counts
+    tokens_per_minute: int = 0  # prompt and generated tokens in any minute, at most (0: no limit); the engine counts
+    tokens_per_day: int = 0     # the same in any 24 hours
+    models: tuple[str, ...] = ()  # the models (or aliases) it may ask for; empty: every one
 
 
 def hash_key(key: str) -> str:
@@ -63,12 +66,15 @@ def load_keys(path: str | os.PathLike) -> list[StoredKey]:
         if doc.get("version") != FILE_VERSION or not isinstance(doc.get("keys"), list):
             raise ValueError("expected {'version': 1, 'keys': [...]}")
         keys = [StoredKey(str(k["name"]), str(k["sha256"]), str(k.get("hint", "")), float(k.get("created", 0)),
-                          str(k.get("priority", "default")), int(k.get("max_concurrent", 0))) for k in doc["keys"]]
+                          str(k.get("priority", "default")), int(k.get("max_concurrent", 0)),
+                          int(k.get("tokens_per_minute", 0)), int(k.get("tokens_per_day", 0)),
+                          tuple(str(m) for m in k.get("models", ()))) for k in doc["keys"]]
         for k in keys:
             if k.priority not in PRIORITIES:
                 raise ValueError(f"key {k.name!r}: priority must be one of {', '.join(PRIORITIES)}")
-            if k.max_concurrent < 0:
-                raise ValueError(f"key {k.name!r}: max_concurrent must be 0 (no limit) or more")
+            for limit in ("max_concurrent", "tokens_per_minute", "tokens_per_day"):
+                if getattr(k, limit) < 0:
+                    raise ValueError(f"key {k.name!r}: {limit} must be 0 (no limit) or more")
         return keys
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise KeyStoreError(f"key file {p} is malformed: {exc}") from exc
@@ -84,7 +90,7 @@ def check_permissions(path: str | os.PathLike) -> None:
 
 
 def _save(path: str | os.PathLike, keys: list[StoredKey]) -> None:
-    doc = {"version": FILE_VERSION, "keys": [k.__dict__ for k in keys]}
+    doc = {"version": FILE_VERSION, "keys": [{**k.__dict__, "models": list(k.models)} for k in keys]}
     atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode(), mode=0o600)
 
 
@@ -110,8 +116,10 @@ def _put(path: str | os.PathLike, keys: list[StoredKey], name: str, key: str, pr
     one is given)."""
     old = next((k for k in keys if k.name == name), None)
     priority = priority or (old.priority if old else "default")
+    limits = {"max_concurrent": old.max_concurrent, "tokens_per_minute": old.tokens_per_minute,
+              "tokens_per_day": old.tokens_per_day, "models": old.models} if old else {}
     _save(path, [k for k in keys if k.name != name] + [StoredKey(name, hash_key(key), key_hint(key), time.time(),
-                                                                  priority, old.max_concurrent if old else 0)])
+                                                                  priority, **limits)])
 
 
 def _priority(priority: str) -> str:
@@ -132,11 +140,24 @@ def set_priority(path: str | os.PathLike, name: str, priority: str) -> None:
     _change(path, name, priority=_priority(priority))
 
 
-def set_limit(path: str | os.PathLike, name: str, max_concurrent: int) -> None:
-    """Change how many requests the key named `name` may have running or waiting at once (0: no limit)."""
-    if max_concurrent < 0:
-        raise KeyStoreError(f"--max-concurrent must be 0 (no limit) or more, got {max_concurrent}")
-    _change(path, name, max_concurrent=max_concurrent)
+def set_limit(path: str | os.PathLike, name: str, max_concurrent: int | None = None,
+              tokens_per_minute: int | None = None, tokens_per_day: int | None = None,
+              models: tuple[str, ...] | None = None) -> None:
+    """Change the limits of the key named `name` that are given (None: kept; 0 or (): no limit): requests at once,
+    tokens a minute and a day, and the models it may ask for."""
+    changes = {}
+    for option, value in (("max-concurrent", max_concurrent), ("tokens-per-minute", tokens_per_minute),
+                          ("tokens-per-day", tokens_per_day)):
+        if value is not None:
+            if value < 0:
+                raise KeyStoreError(f"--{option} must be 0 (no limit) or more, got {value}")
+            changes[option.replace("-", "_")] = value
+    if models is not None:
+        changes["models"] = tuple(m for m in models if m)
+    if not changes:
+        raise KeyStoreError("give at least one limit: --max-concurrent, --tokens-per-minute, --tokens-per-day or "
+                            "--models")
+    _change(path, name, **changes)
 
 
 def create_key(path: str | os.PathLike, name: str, priority: str = "default") -> str:
@@ -197,6 +218,10 @@ class KeyVerifier:
         """The priority class of the key named `name` (as of the last verify)."""
         policy = self._policies.get(name)
         return policy.priority if policy else "default"
+
+    def policy_of(self, name: str) -> StoredKey | None:
+        """The key named `name`, with its limits (as of the last verify)."""
+        return self._policies.get(name)
 
     def max_concurrent_of(self, name: str) -> int:
         """How many requests the key named `name` may have at once (0: no limit; as of the last verify)."""

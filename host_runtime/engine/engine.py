@@ -19,6 +19,7 @@ from typing import Callable
 
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.capacity import sequences_allowed
+from host_runtime.engine.key_ledger import KeyLedger
 from host_runtime.engine.kv_store import KVStore, disk_budget
 from host_runtime.engine.metrics import EngineMetrics
 from host_runtime.engine.options import PrefixCacheConfig
@@ -58,6 +59,8 @@ class GenerationRequest:
     priority: str = "default"  # wire.PRIORITIES: the queue's order, and whom it may park when every slot is busy
     key: str | None = None  # the API key's name: its requests share key_max_concurrent (0: no limit)
     key_max_concurrent: int = 0
+    key_tokens_per_minute: int = 0  # its key's token limits (0: none): engine/key_ledger.py
+    key_tokens_per_day: int = 0
     thinking: str = ""  # how its answer starts, for a template that thinks (wire.Accepted.thinking)
     settled: bool = False  # answered or dropped: no longer counted against its key
     generated: int = 0  # tokens generated over its choices (its key's usage)
@@ -173,6 +176,7 @@ class Engine:
         self._active: list[Sequence] = []
         self._parked: list[_Parked] = []  # the loop thread's, like _active
         self._live_per_key: collections.Counter[str] = collections.Counter()  # under _cv (an RLock)
+        self._ledger = KeyLedger()  # under _cv: tokens each key used, for its per-minute and per-day limits
         self.store = KVStore(prefix_cache.directory if prefix_cache.enabled else None, model.cache_fingerprint)
         found = self.store.scan()
         disk = 0
@@ -272,6 +276,12 @@ class Engine:
                 raise RequestRejected(429, f"the key {request.key!r} has {live} requests running or waiting; its "
                                       f"limit is {request.key_max_concurrent} at once (keys set-limit)",
                                       code="concurrency_limit_exceeded", retry_after=1)
+            if request.key and (request.key_tokens_per_minute or request.key_tokens_per_day):
+                refusal = self._ledger.refusal(request.key, request.key_tokens_per_minute,
+                                               request.key_tokens_per_day, time.monotonic())
+                if refusal is not None:
+                    raise RequestRejected(429, refusal.message(request.key), code="token_limit_exceeded",
+                                          retry_after=refusal.retry_after)
             if len(self._waiting) >= self.max_waiting:
                 self.metrics.add("requests_rejected_total")
                 raise RequestRejected(503, f"the server is at capacity ({len(self._waiting)} requests waiting); "
@@ -552,6 +562,7 @@ class Engine:
                     del self._live_per_key[request.key]
                 self.metrics.key_used(request.key, prompt=len(request.prompt_tokens), cached=request.cached_tokens,
                                       generated=request.generated, failed=failed)
+                self._ledger.add(request.key, len(request.prompt_tokens) + request.generated, time.monotonic())
             request.settled = True
 
     def _drop_cancelled_locked(self) -> None:

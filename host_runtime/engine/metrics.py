@@ -94,6 +94,10 @@ class EngineMetrics:
         "key_errors_total": "Of those requests, the ones that failed or were cancelled, per API key name.",
     }
 
+    def key_usage_snapshot(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            return {key: dict(counters) for key, counters in self.key_usage.items()}
+
     def key_used(self, key: str, *, prompt: int, cached: int, generated: int, failed: bool) -> None:
         with self._lock:
             usage = self.key_usage.setdefault(key, {name: 0.0 for name in self.KEY_USAGE})

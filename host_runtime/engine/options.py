@@ -5,6 +5,7 @@ An engine for a model loaded on demand gets a copy changed where that model need
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
 
 from host_runtime.engine.model import ContextConfig
@@ -33,6 +34,7 @@ class EngineOptions:
     draft_model: str | None = None  # speculation.kind "draft": the drafting model's GGUF
     governor_state: str | None = None
     wedge: WedgePolicy = field(default_factory=WedgePolicy)
+    usage_file: str | None = None  # per-key usage kept across restarts (engine/usage_file.py); None: memory only
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -47,7 +49,8 @@ class EngineOptions:
                        context=ContextConfig(**{**context, "tensor_split": tuple(split) if split else None}),
                        prefix_cache=PrefixCacheConfig(**doc["prefix_cache"]),
                        speculation=SpeculationConfig(**doc["speculation"]), draft_model=doc["draft_model"],
-                       governor_state=doc["governor_state"], wedge=WedgePolicy(**doc["wedge"]))
+                       governor_state=doc["governor_state"], wedge=WedgePolicy(**doc["wedge"]),
+                       usage_file=doc.get("usage_file"))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise OptionsError(f"not an engine options document: {type(exc).__name__}: {exc}") from None
 
@@ -70,10 +73,14 @@ class EngineOptions:
 
     def for_on_demand(self, model: str) -> "EngineOptions":
         """These settings for another model of the store, loaded on demand beside this one: its own prefix cache
-        (entries are valid only for their weights) and no draft model (it drafts for this model, not that)."""
+        (entries are valid only for their weights), its own usage file, and no draft model (it drafts for this
+        model, not that)."""
         from host_runtime.engine.model import model_id_for
 
         options = replace(self, model=model)
+        if self.usage_file:
+            options = replace(options, usage_file=os.path.join(os.path.dirname(self.usage_file),
+                                                               f"{model_id_for(model)}.json"))
         if self.prefix_cache.directory:
             options = replace(options, prefix_cache=replace(
                 self.prefix_cache, directory=f"{self.prefix_cache.directory}-models/{model_id_for(model)}"))

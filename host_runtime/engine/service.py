@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import socket
 import socketserver
 import threading
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 from host_runtime.common.sockets import peer_closed
+from host_runtime.common.stop_signal import stop_on_signals
 from host_runtime.engine.engine import EmbeddingCancelled, Engine, GenerationRequest
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine import wire
@@ -39,6 +41,8 @@ class EngineService:
         self.config = options.context
         self.prefix_cache = options.prefix_cache
         self.governor_state = options.governor_state
+        self.usage_file = options.usage_file
+        self._usage_saver = None
         self.model_id = model_id_for(model_path)
         self.state = "loading"
         self.state_reason = "loading the model"
@@ -70,6 +74,14 @@ class EngineService:
             self.engine = Engine(self.model, max_waiting=self.model.capacity.max_waiting,
                                  prefix_cache=self.prefix_cache, governor_state=self.governor_state,
                                  speculation=self.speculation, drafter=drafter)
+            if self.usage_file:
+                from host_runtime.engine import usage_file
+
+                names = self.engine.metrics.KEY_USAGE
+                self.engine.metrics.key_usage.update({
+                    key: {name: counters.get(name, 0.0) for name in names}
+                    for key, counters in usage_file.load(self.usage_file).items()})
+                self._usage_saver = usage_file.UsageSaver(self.usage_file, self.engine.metrics.key_usage_snapshot)
             self._loading("warming up")
             warm = self.engine.start(warm_up=True)  # on the loop thread, as every later decode (Engine.start)
         except (ModelLoadError, RuntimeError) as exc:
@@ -85,6 +97,11 @@ class EngineService:
                  "queue %d, %d threads (%d for one-token calls)", self.model_id, time.monotonic() - started,
                  self.model.n_ctx_per_seq, cap.n_parallel, cap.kv_bytes_total / 2**20, cap.max_waiting,
                  self.model.n_threads, self.model.n_threads_decode)
+
+    def save_usage(self) -> None:
+        """Per-key usage to its file now (the engine is stopping)."""
+        if self._usage_saver is not None:
+            self._usage_saver.save_if_changed()
 
     def _loading(self, phase: str, fraction: float | None = None) -> None:
         """Where loading is, for /ready, /health and the console (llama.cpp's callback calls this often)."""
@@ -255,7 +272,9 @@ class EngineService:
                                  stops=stops, n=int(request.n), speculation=bool(request.speculation),
                                  grammar=compiled, cache_scope=_cache_scope(request.cache_scope),
                                  priority=request.priority, key=request.key,
-                                 key_max_concurrent=int(request.key_max_concurrent or 0), thinking=thinking)
+                                 key_max_concurrent=int(request.key_max_concurrent or 0),
+                                 key_tokens_per_minute=int(request.key_tokens_per_minute or 0),
+                                 key_tokens_per_day=int(request.key_tokens_per_day or 0), thinking=thinking)
 
     def count_tokens(self, request: wire.CountTokens) -> wire.TokenCount:
         """The prompt's length as the model sees it: the template rendered, then tokenized."""
@@ -396,6 +415,16 @@ def serve_engine(socket_path: str, service: EngineService) -> None:
     os.chmod(path, 0o600)
     thread = threading.Thread(target=server.serve_forever, name="engine-ipc", daemon=True)
     thread.start()
+
+    def stopping() -> None:
+        # SIGTERM (the pool stopping it): keep what the keys used since the last save, then die of the signal
+        # as before.
+        service.save_usage()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if threading.current_thread() is threading.main_thread():  # (tests run engines on other threads)
+        stop_on_signals(stopping)
     log.info("engine listening on %s", path)
     service.load()
     try:

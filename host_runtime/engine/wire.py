@@ -102,6 +102,8 @@ class Generate:
     priority: str = "default"       # one of PRIORITIES
     key: str | None = None          # the API key's name, for its limits (None: no key, no limits)
     key_max_concurrent: int = 0     # its requests running, parked or waiting at once, at most (0: no limit)
+    key_tokens_per_minute: int = 0  # its tokens (prompt and generated) in any minute, at most (0: no limit)
+    key_tokens_per_day: int = 0     # the same, in any 24 hours
 
     @classmethod
     def from_wire(cls, doc: dict) -> "Generate":

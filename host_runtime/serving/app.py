@@ -129,6 +129,7 @@ class AuthMiddleware:
         req.context.key_name = name  # the prefix cache's scope (cache_scope)
         req.context.key_priority = self._verifier.priority_of(name)  # its requests' class at most (priority_for)
         req.context.key_max_concurrent = self._verifier.max_concurrent_of(name)
+        req.context.key_policy = self._verifier.policy_of(name)  # its token limits and models (generation_call)
 
 
 def keep_alive_of(body: dict):
@@ -369,10 +370,27 @@ def generation_call(req, router: Router, config: AppConfig, parse, model_of=lamb
     """A generation's common path for every API: its body read, its model's engine found (loaded first if it must
     be), the body parsed by parse(body, model_id, tool_format), and the key's prefix scope and class set."""
     body = read_json(req, config.max_body_bytes)
+    policy = req.context.get("key_policy")
+    check_model_allowed(policy, model_of(body), router)
     client, info = router.engine_for(model_of(body), keep_alive_of(body))
     call = parse(body, info.model_id, info.tool_format or "generic")
     return body, client, info, call.scoped(cache_scope(req, config), priority_for(req, body),
-                                           req.context.get("key_name"), req.context.get("key_max_concurrent") or 0)
+                                           req.context.get("key_name"), req.context.get("key_max_concurrent") or 0,
+                                           policy.tokens_per_minute if policy else 0,
+                                           policy.tokens_per_day if policy else 0)
+
+
+def check_model_allowed(policy, model, router: Router) -> None:
+    """A key limited to some models asks for one of them (by its name, or an alias of it; a request naming no
+    model gets the default one, which must be among them too)."""
+    if policy is None or not policy.models:
+        return
+    asked = model if isinstance(model, str) else router.default_info().model_id
+    if asked in policy.models or router.alias_target(asked) in policy.models:
+        return
+    raise APIError(403, f"the key {policy.name!r} may not use the model '{asked}'; it may use: "
+                        f"{', '.join(policy.models)} (keys set-limit --models)", error_type="permission_error",
+                   code="model_not_allowed", param="model")
 
 
 def answer(req, resp, call, stream, complete, streamed=None) -> None:
@@ -495,6 +513,7 @@ class Ollama:
 
     def on_post_embed(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
+        check_model_allowed(req.context.get("key_policy"), ollama_protocol.model_name(body, ""), self._router)
         client, info = self._router.engine_for(ollama_protocol.model_name(body, ""), keep_alive_of(body))
         started = time.monotonic_ns()
         doc = ServingLogic(client).embed(ollama_protocol.parse_embed(body, info.model_id), info.model_id,
@@ -515,6 +534,7 @@ class Embeddings:
 
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
+        check_model_allowed(req.context.get("key_policy"), body.get("model"), self._router)
         client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
         model_id = info.model_id
         _json(resp, ServingLogic(client).embed(protocol.parse_embeddings(body, model_id), model_id,

@@ -159,11 +159,14 @@ class GenerationCall:
         return ToolCallStream(self.tools, self.tool_choice.parallel) if self.tools else None
 
     def scoped(self, cache_scope: str | None, priority: str = "default", key: str | None = None,
-               key_max_concurrent: int = 0) -> "GenerationCall":
+               key_max_concurrent: int = 0, key_tokens_per_minute: int = 0,
+               key_tokens_per_day: int = 0) -> "GenerationCall":
         """The same call with what the serving API sets from the request's key: its prefix-cache scope, its
         priority class, and its name and limit (the engine counts the key's requests)."""
         return replace(self, request=replace(self.request, cache_scope=cache_scope, priority=priority, key=key,
-                                             key_max_concurrent=key_max_concurrent))
+                                             key_max_concurrent=key_max_concurrent,
+                                             key_tokens_per_minute=key_tokens_per_minute,
+                                             key_tokens_per_day=key_tokens_per_day))
 
 
 def _stop_strings(body: dict) -> list[str]:

@@ -42,10 +42,15 @@ class ServingSettings:
     aliases: dict = field(default_factory=dict)
     cache_type_k: str = ""     # the KV cache's types, by llama-server's names (placement/kv_types.py)
     cache_type_v: str = ""
+    # Where per-key usage is kept across restarts (engine/usage_file.py): the box's data partition, written by
+    # provisioning; empty: counted in memory only.
+    usage_dir: str = ""
 
     def __post_init__(self) -> None:
         if self.model and not self.model.startswith("/"):
             raise SettingsError("model", f"must be an absolute path, got {self.model!r}")
+        if self.usage_dir and not self.usage_dir.startswith("/"):
+            raise SettingsError("usage_dir", f"must be an absolute path, got {self.usage_dir!r}")
         if not 0 <= self.context_length <= MAX_CONTEXT:
             raise SettingsError("context_length", f"must be between 1 and {MAX_CONTEXT} (0: the default)")
         if not 0 <= self.parallel <= MAX_PARALLEL:

@@ -1,0 +1,114 @@
+"""A team's keys: tokens per minute and per day, allowed models, and usage kept across restarts. The ledger alone
+(pure), the key file's limits through the CLI, then three keys against a real server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import openai
+import pytest
+
+from host_runtime.auth.keystore import load_keys
+from host_runtime.engine.key_ledger import KeyLedger
+from tests.conftest import MODEL_ID
+from tests.servers import Proc, everycycle, free_port, http_get, ready, wait_for
+
+
+def test_the_ledger_refuses_past_a_window_and_says_when_it_frees():
+    ledger = KeyLedger()
+    assert ledger.refusal("a", 100, 0, now=0.0) is None
+    ledger.add("a", 60, now=0.0)
+    ledger.add("a", 50, now=30.0)
+    refusal = ledger.refusal("a", 100, 0, now=31.0)
+    # 110 in the last minute; once the first 60 leave (at t=60) it holds 50: 29 s from t=31.
+    assert (refusal.window, refusal.used, refusal.limit, refusal.retry_after) == ("minute", 110, 100, 29)
+    assert ledger.refusal("a", 100, 0, now=61.0) is None
+    assert ledger.refusal("b", 1, 1, now=31.0) is None  # another key's tokens are its own
+    day = ledger.refusal("a", 0, 100, now=3600.0)
+    assert day.window == "day" and day.retry_after == 86400 - 3600
+    assert ledger.refusal("a", 0, 100, now=86431.0) is None
+    assert "limit is 100 a minute" in refusal.message("a")
+
+
+def _keys(path, *argv) -> subprocess.CompletedProcess:
+    return subprocess.run(everycycle("keys", *argv), capture_output=True, text=True, timeout=60)
+
+
+def test_limits_are_set_and_cleared_through_the_cli(tmp_path):
+    keys = str(tmp_path / "keys.json")
+    assert _keys(keys, "create", "--keys", keys, "team", "--tokens-per-minute", "500", "--models", "a,b").returncode == 0
+    (key,) = load_keys(keys)
+    assert (key.tokens_per_minute, key.tokens_per_day, key.models) == (500, 0, ("a", "b"))
+    done = _keys(keys, "set-limit", "--keys", keys, "team", "--tokens-per-day", "9000", "--models", "")
+    assert done.returncode == 0 and "500 tokens/min, 9,000 tokens/day" in done.stderr
+    (key,) = load_keys(keys)
+    assert (key.tokens_per_minute, key.tokens_per_day, key.models) == (500, 9000, ())
+    for argv, said in ((["set-limit", "--keys", keys, "team"], "give at least one limit"),
+                       (["set-limit", "--keys", keys, "team", "--tokens-per-minute", "-1"], "--tokens-per-minute must")):
+        refused = _keys(keys, *argv)
+        assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr
+    assert "500 tokens/min" in _keys(keys, "list", "--keys", keys).stdout
+
+
+def _serve(d, keys: str, usage):
+    port = free_port()
+    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys, "--threads", "2", "--ctx-size", "1024",
+                           "--parallel", "2", "--metrics-access", "open", "--usage-dir", str(usage),
+                           "--run-dir", str(d / f"run-{port}")), d / f"serve-{port}.log")
+    base = f"http://127.0.0.1:{port}"
+    wait_for(lambda: ready(base), 120, "the server", proc)
+    return proc, base
+
+
+@pytest.mark.system
+def test_three_keys_a_token_limit_a_model_limit_and_usage_that_survives_a_restart(tmp_path):
+    keys = str(tmp_path / "keys.json")
+    made = {}
+    for name, limits in (("metered", ["--tokens-per-minute", "100"]), ("free", []),
+                         ("narrow", ["--models", "gpt-4o-mini"])):
+        done = _keys(keys, "create", "--keys", keys, name, *limits)
+        assert done.returncode == 0, done.stderr
+        made[name] = done.stdout.strip()
+    usage = tmp_path / "usage"
+    proc, base = _serve(tmp_path, keys, usage)
+    try:
+        def client(name):
+            return openai.OpenAI(base_url=base + "/v1", api_key=made[name], max_retries=0, timeout=120)
+
+        ask = dict(model=MODEL_ID, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=40)
+        client("metered").chat.completions.create(**ask)  # about 75 tokens with its prompt: under the 100
+        client("metered").chat.completions.create(**ask)
+        with pytest.raises(openai.RateLimitError) as err:
+            client("metered").chat.completions.create(**ask)
+        assert err.value.body["code"] == "token_limit_exceeded" and "limit is 100 a minute" in err.value.message
+        assert 1 <= int(err.value.response.headers["retry-after"]) <= 60
+        for _ in range(3):  # the other keys are served meanwhile
+            assert client("free").chat.completions.create(**ask).choices[0].message.content is not None
+        with pytest.raises(openai.PermissionDeniedError) as err:
+            client("narrow").chat.completions.create(**ask)
+        assert err.value.body["code"] == "model_not_allowed" and "gpt-4o-mini" in err.value.message
+    finally:
+        proc.stop()
+    # Stopped with SIGTERM, as the pool and supervisord stop it: what the keys used since the last save is kept.
+    saved = json.loads(next(usage.glob("*.json")).read_text())["keys"]
+    assert saved["free"]["key_requests_total"] == 3 and saved["metered"]["key_requests_total"] == 2
+
+    # After a restart the counters go on from what was kept; `keys usage` reads the same files.
+    proc, base = _serve(tmp_path, keys, usage)
+    try:
+        openai.OpenAI(base_url=base + "/v1", api_key=made["free"], max_retries=0, timeout=120).chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        wait_for(lambda: json.loads(next(usage.glob("*.json")).read_text())["keys"]["free"]["key_requests_total"] == 4,
+                 30, "the usage file to follow", proc)
+        text = http_get(base + "/metrics")[1].decode()
+        assert any(line.startswith("everycycle_key_requests_total") and 'key="free"' in line and line.endswith(" 4.0")
+                   for line in text.splitlines()), [l for l in text.splitlines() if "key_requests" in l]
+    finally:
+        proc.stop()
+    shown = subprocess.run(everycycle("keys", "usage", "--usage-dir", str(usage), "--json"), capture_output=True,
+                           text=True, timeout=60)
+    assert json.loads(shown.stdout)["free"]["key_requests_total"] == 4
+    table = subprocess.run(everycycle("keys", "usage", "--usage-dir", str(usage)), capture_output=True, text=True,
+                           timeout=60).stdout
+    assert table.splitlines()[0].startswith("KEY") and any(l.startswith("free ") for l in table.splitlines())
