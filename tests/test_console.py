@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from host_runtime.console.app import Dashboard
-from host_runtime.console.data import BoxStatus, ConsoleConfig, Serving, Source, StatusReader, supervisor_proxy
+from host_runtime.common.supervisor_rpc import supervisor_proxy
+from host_runtime.console.data import BoxStatus, ConsoleConfig, Serving, Source, StatusReader
 from host_runtime.console.status_text import render
 from tests.conftest import MODEL_ID
 from tests.equipment.ipmi_sim_env import PASSWORD, USER, IpmiSim

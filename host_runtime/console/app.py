@@ -11,7 +11,8 @@ from textual.containers import Grid, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Sparkline, Static
 
-from host_runtime.console.data import BoxStatus, StatusReader, model_lines, restart_service, system_line
+from host_runtime.common.supervisor_rpc import restart_service
+from host_runtime.console.data import BoxStatus, StatusReader, model_lines, system_line
 from host_runtime.console.status_text import fmt
 
 HEALTH_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "failed": "bold red"}

@@ -326,6 +326,8 @@ class StatusReader:
         return source, snap.get("sensors", []), snap.get("events", [])
 
     def services(self) -> tuple[Source, dict[str, str]]:
+        from host_runtime.common.supervisor_rpc import supervisor_proxy
+
         sock = self.config.run_dir / "supervisor.sock"
         try:
             proxy = supervisor_proxy(sock)
@@ -411,20 +413,3 @@ class StatusReader:
         return ", ".join(f"{k.name}: {k.hint}" for k in keys) or "no keys yet"
 
 
-def supervisor_proxy(socket_path: Path):
-    import xmlrpc.client
-
-    from supervisor.xmlrpc import SupervisorTransport
-
-    transport = SupervisorTransport(None, None, f"unix://{socket_path}")
-    return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
-
-
-def restart_service(socket_path: Path, name: str) -> str:
-    proxy = supervisor_proxy(socket_path)
-    try:
-        proxy.supervisor.stopProcess(name, True)
-    except Exception:
-        pass  # already stopped
-    proxy.supervisor.startProcess(name, True)
-    return f"restarted {name}"

@@ -194,7 +194,7 @@ def _set_default(args, store: Store) -> int:
         print("it is served from the serving service's next start" +
               ("" if args.no_restart else f" (no supervisord at {socket} to restart it now)"))
         return 0
-    from host_runtime.console.data import restart_service
+    from host_runtime.common.supervisor_rpc import restart_service
 
     _say("restarting the serving service…")
     try:

@@ -62,7 +62,7 @@ def ready_document(body: str) -> dict | None:
 def look(run_dir: Path, serving_socket: Path) -> tuple[dict | None, tuple[int, str] | None, list[str]]:
     """One look at the box: supervisord's programs, /ready over the API's Unix socket, systemd's failed units."""
     from host_runtime.common.unix_http import unix_get
-    from host_runtime.console.data import supervisor_proxy
+    from host_runtime.common.supervisor_rpc import supervisor_proxy
 
     try:
         programs = {p["name"]: p["statename"]
