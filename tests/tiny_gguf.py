@@ -11,6 +11,37 @@ from pathlib import Path
 import numpy as np
 
 
+def _llama_writer(path: Path, name: str, n_ctx: int, n_embd: int, n_layer: int, n_head: int, n_ff: int):
+    """A GGUF writer with a llama's hyperparameters set (F32 tensors)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    return w
+
+
+def _llama_blocks(w, t, n_layer: int, n_embd: int, n_ff: int) -> None:
+    """The repeating blocks (random matrices from t(name, *shape), unit norms) and the output norm."""
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        for part in ("q", "k", "v", "output"):
+            t(f"blk.{i}.attn_{part}.weight", n_embd, n_embd)
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        t(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+        t(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        t(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+
+
 def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: int = 2, n_head: int = 4,
                      n_ff: int = 64, seed: int = 0, chat_template: str | None = None,
                      pooling_type: int | None = None) -> Path:
@@ -22,17 +53,7 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
     n_vocab = len(tokens)
 
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-random-llama")
-    w.add_context_length(n_ctx)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head)
-    w.add_rope_dimension_count(n_embd // n_head)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w = _llama_writer(path, "tiny-random-llama", n_ctx, n_embd, n_layer, n_head, n_ff)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * n_vocab)
@@ -49,17 +70,7 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
 
     t("token_embd.weight", n_vocab, n_embd)
-    for i in range(n_layer):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        t(f"blk.{i}.attn_q.weight", n_embd, n_embd)
-        t(f"blk.{i}.attn_k.weight", n_embd, n_embd)
-        t(f"blk.{i}.attn_v.weight", n_embd, n_embd)
-        t(f"blk.{i}.attn_output.weight", n_embd, n_embd)
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        t(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
-        t(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
-        t(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
-    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    _llama_blocks(w, t, n_layer, n_embd, n_ff)
     t("output.weight", n_vocab, n_embd, scale=2.0)  # large logits: sampling wanders over every byte
 
     w.write_header_to_file()
@@ -95,17 +106,7 @@ def write_long_context_llama(path: Path, *, n_ctx: int = 32768, n_embd: int = 64
     rng = np.random.default_rng(seed)
     tokens = value("tokenizer.ggml.tokens")
     n_vocab = len(tokens)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("random-long-context-llama")
-    w.add_context_length(n_ctx)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head)
-    w.add_rope_dimension_count(n_embd // n_head)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w = _llama_writer(path, "random-long-context-llama", n_ctx, n_embd, n_layer, n_head, n_ff)
     w.add_tokenizer_model(value("tokenizer.ggml.model"))
     w.add_tokenizer_pre(value("tokenizer.ggml.pre"))
     w.add_token_list(tokens)
@@ -126,15 +127,7 @@ def write_long_context_llama(path: Path, *, n_ctx: int = 32768, n_embd: int = 64
     if eos_logit:
         embd[:, 0] = 40.0  # the constant dimension: it outweighs the rest, so the final norm leaves most of it
     w.add_tensor("token_embd.weight", embd)
-    for i in range(n_layer):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        for part in ("q", "k", "v", "output"):
-            t(f"blk.{i}.attn_{part}.weight", n_embd, n_embd)
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        t(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
-        t(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
-        t(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
-    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    _llama_blocks(w, t, n_layer, n_embd, n_ff)
     head = (rng.standard_normal((n_vocab, n_embd)) * 0.2).astype(np.float32)
     if eos_logit:
         head[:, 0] = 0.0
