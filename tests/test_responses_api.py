@@ -91,6 +91,9 @@ def test_refusals_name_the_responses_fields(client):
         client.responses.create(model=MODEL_ID, input="hi", tools=[{"type": "namespace", "name": "n", "tools": [
             {"type": "custom", "name": "x"}]}])
     assert err.value.body["param"] == "tools[0].tools[0].type"
+    with pytest.raises(openai.BadRequestError) as err:  # found by schemathesis: a 500 before
+        client.responses.create(model=MODEL_ID, input="hi", tools=[{"type": {}, "name": "x"}])
+    assert err.value.body["param"] == "tools[0].type"
 
 
 def test_hosted_tools_are_left_out_and_a_namespaces_functions_are_offered(client):

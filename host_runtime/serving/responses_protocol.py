@@ -116,6 +116,7 @@ def _function_tools(tools: list, where: str) -> list[dict]:
     out = []
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
+        kind = kind if isinstance(kind, str) else None  # (not a name: refused below, as a missing one)
         if kind == "function":
             out.append(tool)
         elif kind == "namespace" and isinstance(tool.get("tools"), list):
