@@ -112,3 +112,30 @@ def test_three_keys_a_token_limit_a_model_limit_and_usage_that_survives_a_restar
     table = subprocess.run(everycycle("keys", "usage", "--usage-dir", str(usage)), capture_output=True, text=True,
                            timeout=60).stdout
     assert table.splitlines()[0].startswith("KEY") and any(l.startswith("free ") for l in table.splitlines())
+
+
+@pytest.mark.system
+def test_an_engine_with_a_usage_file_ends_at_once_on_sigterm(tmp_path):
+    # The pool and supervisord stop engines with SIGTERM, and wait 10 s before SIGKILL: the usage is saved on the
+    # way out (the three keys' test reads it back), and the engine still ends at once, with the status the signal
+    # gave before (it had hung: its handler called signal.signal() on a helper thread, which refuses).
+    import signal
+
+    from host_runtime.engine.client import EngineClient
+    from host_runtime.engine.options import EngineOptions
+    from host_runtime.engine.model import ContextConfig, default_model_path
+
+    options = EngineOptions(model=str(default_model_path()), context=ContextConfig(n_ctx_per_seq=512, n_parallel=1),
+                            usage_file=str(tmp_path / "usage" / "m.json"))
+    sock = tmp_path / "engine.sock"
+    proc = subprocess.Popen(everycycle("engine", "--socket", str(sock), "--options-stdin"), stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc.stdin.write(options.to_json().encode())
+    proc.stdin.close()
+    try:
+        wait_for(lambda: sock.exists() and EngineClient(str(sock)).info(timeout=5.0).ready, 120, "the engine")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=8) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
