@@ -6,7 +6,6 @@ small: the tests prove the protocol (a call the framework parses and runs, an an
 from __future__ import annotations
 
 import asyncio
-import json
 
 import openai
 import pytest

@@ -18,7 +18,7 @@ from host_runtime.console.data import BoxStatus, ConsoleConfig, Serving, Source,
 from host_runtime.console.status_text import render
 from tests.conftest import MODEL_ID
 from tests.equipment.ipmi_sim_env import PASSWORD, USER, IpmiSim
-from tests.servers import Proc, everycycle, free_port, wait_for
+from tests.servers import Proc, free_port, wait_for
 
 BIN = Path(sys.executable).parent
 

@@ -6,7 +6,6 @@ import json
 import re
 import socket
 import ssl
-import statistics
 import time
 from pathlib import Path
 

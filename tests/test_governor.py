@@ -6,7 +6,6 @@ import json
 import random
 import subprocess
 
-import pytest
 
 from host_runtime.governor.control import GpuController, GpuLimits, PowerPolicy, Reading, throttle_level
 from host_runtime.governor.simulate import Scenario, run

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import tomllib
-from pathlib import Path
 
 from host_runtime.auth.keystore import KeyVerifier
 from host_runtime.console.app import Dashboard
