@@ -626,10 +626,8 @@ def _own_settings(parser, args, model: str | None) -> dict:
     """The settings a store model keeps for itself (models set), by serve option; none for a file outside it."""
     from host_runtime.models.errors import StoreError
 
-    store = _model_store(args)
-    name = store.name_of_path(model) if model else None
     try:
-        return store.settings_of(name).serve_options() if name else {}
+        return _model_store(args).own_serve_options(model) if model else {}
     except StoreError as exc:
         parser.error(f"the model's own settings: {exc}")
 
@@ -673,9 +671,8 @@ def _engine_pool(run_dir: Path, socket_path: str, options, engine, args):
         from host_runtime.models.errors import StoreError
 
         on_demand = options.for_on_demand(path)
-        name = store.name_of_path(path)
         try:
-            own = store.settings_of(name).serve_options() if name else {}
+            own = store.own_serve_options(path)
         except StoreError as exc:
             logging.getLogger("everycycle.serve").warning("%s: loaded with box.toml's settings", exc)
             own = {}

@@ -143,6 +143,12 @@ class Store:
         else:
             settings_file.save(settings, path)
 
+    def own_serve_options(self, path: str | Path) -> dict:
+        """The settings the store model at `path` keeps for itself (models set), by the serve option each stands
+        for; none for a file outside the store. StoreError where its settings file is unreadable."""
+        name = self.name_of_path(path)
+        return self.settings_of(name).serve_options() if name else {}
+
     def name_of_path(self, path: str | Path) -> str | None:
         """The name of the store model whose file `path` is, or None (a file outside the store)."""
         path = Path(path)

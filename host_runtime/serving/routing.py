@@ -81,14 +81,12 @@ class Router:
         matches; None for a name no alias covers (a model's own name is never an alias's)."""
         if name in self.aliases:
             return self.aliases[name]
-        if name in self._model_names():
-            return None
-        return next((target for pattern, target in self.aliases.items()
-                     if any(c in pattern for c in "*?") and fnmatch.fnmatchcase(name, pattern)), None)
+        target = next((target for pattern, target in self.aliases.items()
+                       if any(c in pattern for c in "*?") and fnmatch.fnmatchcase(name, pattern)), None)
+        # Only a name a pattern matches costs a look at the models (the pool is asked once, not on every request).
+        return None if target is None or name in self._model_names() else target
 
     def _model_names(self) -> set[str]:
-        if not any(any(c in pattern for c in "*?") for pattern in self.aliases):
-            return set()
         names = {self.default_info().model_id}
         if self.pool is not None:
             try:
