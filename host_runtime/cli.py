@@ -1092,9 +1092,20 @@ def cmd_keys(parser, args) -> int:
         else:
             for k in load_keys(args.keys):
                 print(f"{k.name}\t{k.hint}\t{k.priority}\t{_limits_text(k)}")
+            return 0
     except KeyStoreError as exc:
         print(f"everycycle keys: {exc}", file=sys.stderr)
         return 2
+    from host_runtime.auth.carried_keys import refresh_carried
+
+    try:
+        if refresh_carried(args.keys):
+            print("the update waiting for a reboot carries this change too", file=sys.stderr)
+    except OSError as exc:
+        print(f"everycycle keys: the change is made, but the copy an update waiting for a reboot carries could not "
+              f"be taken again ({exc.strerror}): run this as root, or the next slot brings back the old keys",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import tomllib
 
 from host_runtime.auth.keystore import KeyVerifier
@@ -140,8 +141,37 @@ def test_on_a_set_up_box_the_wizard_needs_the_admin_passphrase(tmp_path):
     asyncio.run(drive())
 
 
-def test_without_a_passphrase_the_wizard_is_locked_and_a_factory_reset_says_what_it_erases(tmp_path):
+def _owner_state(root, bundle):
+    """What an owner's box holds beside the keys: each a place a reset once left behind (hardening #35, item 5)."""
+    from host_runtime.common.atomic_file import atomic_write
+
+    files = {
+        "etc/everycycle/fleet.key": b"ec-fleet-key-in-clear\n", "etc/everycycle/fleet.toml": b'role = "member"\n',
+        "etc/everycycle/fleet-peers/peer-0.pem": b"PEM", "etc/everycycle/tls/api.key": b"KEY",
+        "etc/everycycle/serving.toml": b"", "etc/everycycle/bmc.password": b"pw\n",
+        "var/lib/everycycle/update/carry/files/etc/everycycle/api_keys.json": b"{}",
+        "var/lib/everycycle/update/carry/manifest.json": b"{}", "var/cache/everycycle/prefix/0001.kv": b"PROMPT",
+        "var/lib/everycycle/usage/usage.json": b"{}", "root/.ssh/authorized_keys": b"ssh-ed25519 AAA",
+        "etc/systemd/network/10-everycycle-eth0.network": b"[Match]",
+    }
+    for rel, data in files.items():
+        atomic_write(root / rel, data, 0o600)
+    atomic_write(root / "etc/everycycle/defaults.env", b"EVERYCYCLE_LOG_DIR=/var/log/everycycle\n", 0o644)
+    atomic_write(root / "var/log/everycycle/serving.log", b"prompt text in a log line\n", 0o644)
+    atomic_write(root / "var/lib/everycycle/models/m.gguf", b"GGUF", 0o644)
+    atomic_write(bundle / "box.toml", b"schema_version = 1\n", 0o600)
+    atomic_write(bundle / "files/bmc.pass", b"pw\n", 0o600)
+    return files
+
+
+def test_a_reset_without_a_passphrase_needs_proof_of_presence_and_leaves_nothing_of_the_owner(tmp_path):
+    """F then 'erase' reset the box for whoever was at tty1, and left the fleet key, the update's carried copy of
+    the keys, the users' prompts and the bundle first boot applies again."""
+    from host_runtime.auth.factory_reset import PRESENCE_TOKEN
+
     app, root = _provisioned_app(tmp_path, None)
+    bundle = tmp_path / "bundle"
+    owned = _owner_state(root, bundle)
 
     async def drive():
         async with app.run_test(size=(120, 40)) as pilot:
@@ -152,7 +182,14 @@ def test_without_a_passphrase_the_wizard_is_locked_and_a_factory_reset_says_what
             assert "locked" in str(app.query_one("#notice").render())
             await pilot.press("F")
             await pilot.pause(0.2)
-            assert "API keys" in str(app.screen.query_one("#reset-help").render())
+            assert len(app.screen_stack) == 1  # nothing asked: no token on the boot disk
+            assert PRESENCE_TOKEN in str(app.query_one("#notice").render())
+            assert (root / "var/lib/everycycle/provisioned.json").exists()
+            (bundle / PRESENCE_TOKEN).write_bytes(b"")
+            await pilot.press("F")
+            await pilot.pause(0.2)
+            help_text = str(app.screen.query_one("#reset-help").render())
+            assert "API keys" in help_text and "fleet key" in help_text and "prefix cache" in help_text
             await pilot.press(*"nope", "enter")
             await pilot.pause(0.2)
             assert (root / "var/lib/everycycle/provisioned.json").exists()  # not confirmed: nothing erased
@@ -165,6 +202,101 @@ def test_without_a_passphrase_the_wizard_is_locked_and_a_factory_reset_says_what
     asyncio.run(drive())
     assert not (root / "var/lib/everycycle/provisioned.json").exists()
     assert json.loads((root / "etc/everycycle/api_keys.json").read_text())["keys"] == []
+    left = [rel for rel in owned if (root / rel).exists()]
+    assert left == []
+    assert not (root / "var/lib/everycycle/update/carry").exists()
+    assert sorted(p.name for p in (root / "etc/everycycle").iterdir()) == ["api_keys.json", "defaults.env", "tls"]
+    assert list((root / "etc/everycycle/tls").iterdir()) == []  # kept for the front's own pair, emptied
+    assert (root / "var/log/everycycle/serving.log").read_bytes() == b""  # emptied in place (kept open)
+    assert (root / "var/lib/everycycle/models/m.gguf").exists()  # models stay
+    assert list(bundle.iterdir()) == []  # the bundle and the presence token are gone
+
+
+def test_a_reset_does_not_follow_a_link_the_services_planted(tmp_path):
+    """The cache and log directories are the services' own: a link there must be removed, never followed."""
+    from host_runtime.auth.factory_reset import factory_reset
+
+    root, bundle = tmp_path / "root", tmp_path / "bundle"
+    precious = tmp_path / "precious"
+    precious.write_text("keep me")
+    (root / "var/cache/everycycle").mkdir(parents=True)
+    (root / "var/log/everycycle").mkdir(parents=True)
+    (root / "var/cache/everycycle/link").symlink_to(precious)
+    (root / "var/log/everycycle/serving.log").symlink_to(precious)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir/inside").write_text("keep me too")
+    (root / "var/cache/everycycle/dirlink").symlink_to(tmp_path / "dir")
+    factory_reset(root, bundle)
+    assert precious.read_text() == "keep me" and (tmp_path / "dir/inside").read_text() == "keep me too"
+    assert not (root / "var/cache/everycycle/link").is_symlink()
+
+
+def test_a_reset_with_a_passphrase_needs_it_and_wrong_ones_count_across_console_restarts(tmp_path):
+    """The three-try lockout lived in the console's memory: a restarted console gave three fresh tries."""
+    from host_runtime.auth import admin_passphrase
+
+    app, root = _provisioned_app(tmp_path, "correct horse")
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "factory-reset").write_bytes(b"")  # presence is not enough where a passphrase is set
+
+    async def wrong_three_times(app):
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.3)
+            await pilot.press("F")
+            await pilot.pause(0.2)
+            assert app.screen.__class__.__name__ == "AdminPassphrase"
+            for attempt in range(3):
+                await pilot.press(*"wrong horse", "enter")
+                await pilot.pause(0.2)
+                assert "wrong admin passphrase" in str(app.query_one("#notice").render())
+                if attempt < 2:
+                    await pilot.press("w")
+                    await pilot.pause(0.2)
+            await pilot.press("F")
+            await pilot.pause(0.2)
+            assert "try again in" in str(app.query_one("#notice").render())
+
+    asyncio.run(wrong_three_times(app))
+    restarted, _ = _provisioned_app(tmp_path, "correct horse")  # a new console process on the same box
+
+    async def still_locked(app):
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.3)
+            await pilot.press("w")
+            await pilot.pause(0.2)
+            assert app.screen.__class__.__name__ != "AdminPassphrase"
+            assert "try again in" in str(app.query_one("#notice").render())
+
+    asyncio.run(still_locked(restarted))
+    assert (root / "var/lib/everycycle/provisioned.json").exists()
+    assert not admin_passphrase.attempt(root, "correct horse", time.time())  # locked: even the right one
+    assert admin_passphrase.attempt(root, "correct horse", time.time() + admin_passphrase.LOCKOUT_S + 1)
+
+
+def test_on_a_signed_image_the_wizard_applies_nothing(tmp_path):
+    """An image built with BUNDLE_PUBKEY applied the wizard's unsigned configuration all the same."""
+    from host_runtime.common.atomic_file import atomic_write
+    from host_runtime.console.wizard import TRUSTED_BUNDLE_KEY
+
+    root = tmp_path / "root"
+    atomic_write(root / TRUSTED_BUNDLE_KEY, b"-----BEGIN PUBLIC KEY-----\n", 0o644)
+    config = ConsoleConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
+                           provision_root=root, bundle_dir=tmp_path / "bundle")
+    app = Dashboard(StatusReader(config), tick_s=30)
+
+    async def drive():
+        async with app.run_test(size=(120, 60)) as pilot:
+            await pilot.pause(0.5)
+            wizard = app.screen
+            assert wizard.__class__.__name__ == "Wizard"
+            assert "signed" in str(wizard.query_one("#result").render())
+            assert wizard.query_one("#apply").disabled
+            wizard.on_button_pressed(type("Pressed", (), {"button": wizard.query_one("#apply")})())
+            await pilot.pause(0.3)
+
+    asyncio.run(drive())
+    assert not (root / "var/lib/everycycle/provisioned.json").exists()
+    assert not (tmp_path / "bundle" / "box.toml").exists()
 
 
 def test_the_wizard_offers_physical_links_only():
@@ -175,3 +307,27 @@ def test_the_wizard_offers_physical_links_only():
                {"name": "lo", "kind": "loopback"}, {"name": "br0", "kind": "bridge"}, "junk"]
     assert [link["name"] for link in configurable_links(network)] == ["eth0"]
     assert configurable_links({"unavailable": "netlink: no"}) == []
+
+
+def test_a_key_revoked_while_an_update_waits_does_not_come_back_with_the_new_slot(tmp_path):
+    """`update apply` copies the keys; the new slot's first boot restores that copy, so a key revoked after the copy
+    was taken came back (hardening #35, item 5)."""
+    from host_runtime.auth.carried_keys import BOX_KEYS, refresh_carried
+    from host_runtime.auth.keystore import create_key, load_keys, revoke_key
+    from host_runtime.update import carry
+    from host_runtime.update.system import UpdatePaths
+
+    root = tmp_path / "root"
+    (root / "etc/everycycle").mkdir(parents=True)
+    keys = root / BOX_KEYS
+    create_key(keys, "owner")
+    create_key(keys, "leaked")
+    paths = UpdatePaths(root=root, state=tmp_path / "state")
+    assert not refresh_carried(keys, paths)  # no update waiting: nothing to take
+    carry.snapshot(root, paths.carry)  # update apply
+    revoke_key(keys, "leaked")
+    assert not refresh_carried(tmp_path / "elsewhere.json", paths)  # not the box's key file
+    assert refresh_carried(keys, paths)
+    new_slot = tmp_path / "new-slot"
+    carry.restore(paths.carry, new_slot)
+    assert [k.name for k in load_keys(new_slot / BOX_KEYS)] == ["owner"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 from pathlib import Path
 
@@ -59,47 +60,36 @@ def check(root: Path, passphrase: str) -> bool:
     return value is not None and matches(value, passphrase)
 
 
-# What a factory reset removes, relative to the provisioned root: the box's identity, keys and settings. The
-# model store, logs and the image itself stay.
-FACTORY_RESET_ERASES = (
-    "var/lib/everycycle/provisioned.json",
-    "etc/everycycle/box.toml",
-    "etc/everycycle/api_keys.json",
-    "etc/everycycle/front.toml",
-    "etc/everycycle/serving.toml",
-    "etc/everycycle/governor.toml",
-    "etc/everycycle/governor.env",
-    "etc/everycycle/bmc.toml",
-    "etc/everycycle/bmc.password",
-    "etc/everycycle/tls/api.crt",
-    "etc/everycycle/tls/api.key",
-    "etc/everycycle/tls/self-signed.crt",
-    "etc/everycycle/tls/self-signed.key",
-    PASSPHRASE_FILE,
-    "root/.ssh/authorized_keys",
-)
-FACTORY_RESET_GLOBS = ("etc/systemd/network/10-everycycle-*.network",)
+# Wrong passphrases, counted on disk: the console restarts (and a BMC's remote console reconnects), so a count kept
+# in memory gave every restart three fresh tries.
+LOCKOUT_FILE = "var/lib/everycycle/console-lockout.json"
+TRIES = 3
+LOCKOUT_S = 60.0
 
 
-def factory_reset(root: Path) -> list[str]:
-    """Erase the box's set-up (see FACTORY_RESET_ERASES); returns what was there and is now gone. The API then
-    refuses every request (no keys) until the wizard runs again."""
-    root = Path(root)
-    gone = []
-    targets = [root / rel for rel in FACTORY_RESET_ERASES]
-    for pattern in FACTORY_RESET_GLOBS:
-        targets += sorted(root.glob(pattern))
-    for path in targets:
-        if path.is_symlink() or path.exists():
-            path.unlink()
-            gone.append(str(path.relative_to(root)))
-    keys = root / "etc/everycycle/api_keys.json"
-    atomic_write(keys, b'{"version": 1, "keys": []}\n', 0o600)
-    return gone
+def locked_for(root: Path, now: float) -> float:
+    """Seconds until the passphrase may be tried again (0: it may be now)."""
+    try:
+        until = float(json.loads((Path(root) / LOCKOUT_FILE).read_text()).get("locked_until", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0.0
+    return max(0.0, until - now)
 
 
-def describe_reset() -> str:
-    return ("Factory reset erases: this box's API keys, its box.toml and service settings, the TLS certificate "
-            "and key, the BMC password, the admin passphrase, the admin SSH keys and the network settings. "
-            "Models, logs and the system stay.")
-
+def attempt(root: Path, passphrase: str, now: float) -> bool:
+    """Check a passphrase, counting a wrong one on disk: the third wrong one in a row locks it for a minute.
+    False while locked, whatever was typed."""
+    path = Path(root) / LOCKOUT_FILE
+    if locked_for(root, now):
+        return False
+    if check(root, passphrase):
+        path.unlink(missing_ok=True)
+        return True
+    try:
+        wrong = int(json.loads(path.read_text()).get("wrong", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        wrong = 0
+    wrong += 1
+    state = {"wrong": 0, "locked_until": now + LOCKOUT_S} if wrong >= TRIES else {"wrong": wrong, "locked_until": 0}
+    atomic_write(path, json.dumps(state).encode() + b"\n", 0o600)
+    return False

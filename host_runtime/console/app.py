@@ -70,14 +70,19 @@ class NewKeys(ModalScreen):
 
 
 class AdminPassphrase(ModalScreen):
-    """Asked before the wizard reopens on a provisioned box: whoever is at the keyboard is not yet the owner."""
+    """Asked before the wizard reopens or a reset erases a provisioned box: whoever is at the keyboard is not yet
+    the owner."""
     BINDINGS = [Binding("escape", "app.pop_screen", "cancel")]
+
+    def __init__(self, purpose: str = "the wizard"):
+        super().__init__()
+        self.purpose = purpose
 
     def compose(self) -> ComposeResult:
         from textual.widgets import Input
 
-        yield Static("The box is set up: the admin passphrase reopens the wizard (Esc cancels; F on the "
-                     "dashboard is the factory reset).", id="passphrase-help")
+        yield Static(f"The box is set up: {self.purpose} needs the admin passphrase (Esc cancels).",
+                     id="passphrase-help")
         yield Input(placeholder="admin passphrase", password=True, id="passphrase")
 
     def on_input_submitted(self, event) -> None:
@@ -91,9 +96,9 @@ class FactoryReset(ModalScreen):
     def compose(self) -> ComposeResult:
         from textual.widgets import Input
 
-        from host_runtime.auth.admin_passphrase import describe_reset
+        from host_runtime.auth.factory_reset import describe
 
-        yield Static(describe_reset() + "\nType 'erase' and Enter to reset this box, Esc to leave it as it is.",
+        yield Static(describe() + "\nType 'erase' and Enter to reset this box, Esc to leave it as it is.",
                      id="reset-help")
         yield Input(placeholder="erase", id="confirm")
 
@@ -260,54 +265,77 @@ class Dashboard(App):
         self.notice("restarting serving…")
         self.run_worker(restart, thread=True, group="restart")
 
-    PASSPHRASE_TRIES = 3
-    LOCKOUT_S = 60.0
+    def _passphrase_then(self, then, purpose: str) -> None:
+        """Ask for the admin passphrase and call `then()` when it is right; wrong ones count on disk, so a
+        restarted console gives no fresh tries."""
+        import time
+
+        from host_runtime.auth import admin_passphrase
+
+        root = self.reader.config.provision_root
+        wait = admin_passphrase.locked_for(root, time.time())
+        if wait:
+            self.notice(f"too many wrong passphrases: try again in {wait:.0f} s")
+            return
+
+        def checked(passphrase: str | None) -> None:
+            if passphrase is None:
+                return
+            if admin_passphrase.attempt(root, passphrase, time.time()):
+                then()
+            else:
+                self.notice(f"wrong admin passphrase: {purpose} refused")
+
+        self.push_screen(AdminPassphrase(purpose), checked)
 
     def action_wizard(self) -> None:
         """First boot: the wizard at once. Provisioned: only with the admin passphrase."""
-        import time
-
         from host_runtime.auth import admin_passphrase
 
         provisioned = getattr(self.reader, "provisioned", lambda: None)() is not None
         if not provisioned:
             self.open_wizard()
             return
-        root = self.reader.config.provision_root
-        if admin_passphrase.stored(root) is None:
+        if admin_passphrase.stored(self.reader.config.provision_root) is None:
             self.notice("the wizard is locked: this box was set up without an admin passphrase (F: factory reset)")
             return
-        if time.monotonic() < getattr(self, "_locked_until", 0.0):
-            self.notice("too many wrong passphrases: try again in a minute")
-            return
-
-        def checked(passphrase: str | None) -> None:
-            if passphrase is None:
-                return
-            if admin_passphrase.check(root, passphrase):
-                self._wrong_passphrases = 0
-                self.open_wizard()
-                return
-            self._wrong_passphrases = getattr(self, "_wrong_passphrases", 0) + 1
-            if self._wrong_passphrases >= self.PASSPHRASE_TRIES:
-                self._wrong_passphrases = 0
-                self._locked_until = time.monotonic() + self.LOCKOUT_S
-            self.notice("wrong admin passphrase")
-
-        self.push_screen(AdminPassphrase(), checked)
+        self._passphrase_then(self.open_wizard, "the wizard")
 
     def action_factory_reset(self) -> None:
-        from host_runtime.auth.admin_passphrase import factory_reset
+        """The passphrase, or where there is none the presence token on the boot disk; then 'erase'."""
+        from host_runtime.auth import factory_reset
+
+        cfg = self.reader.config
+        if factory_reset.proof_needed(cfg.provision_root) == "passphrase":
+            self._passphrase_then(self._confirm_reset, "the factory reset")
+        elif factory_reset.presence_shown(cfg.bundle_dir):
+            self._confirm_reset()
+        else:
+            self.notice("factory reset: " + factory_reset.how_to_show_presence(cfg.bundle_dir))
+
+    def _confirm_reset(self) -> None:
+        from host_runtime.auth.factory_reset import factory_reset
 
         def confirmed(yes: bool | None) -> None:
             if not yes:
                 self.notice("factory reset cancelled: nothing was erased")
                 return
-            gone = factory_reset(self.reader.config.provision_root)
+            cfg = self.reader.config
+            gone = factory_reset(cfg.provision_root, cfg.bundle_dir)
             self.notice(f"factory reset: erased {len(gone)} files; set the box up again")
+            self._restart_quietly()  # serving drops the prompts its RAM cache holds and the old settings
             self.open_wizard()
 
         self.push_screen(FactoryReset(), confirmed)
+
+    def _restart_quietly(self) -> None:
+        def restart():
+            try:
+                restart_service(self.reader.config.run_dir / "supervisor.sock", "serving")
+            except Exception:
+                pass  # nothing running (first boot, a test): nothing holds the old state
+
+        self.run_worker(restart, thread=True, group="restart")
 
     def open_wizard(self) -> None:
         import psutil

@@ -19,6 +19,11 @@ from provisioning.bundle import Bundle, open_bundle
 from provisioning.validate import validate
 
 
+# The key an image built with `make image BUNDLE_PUBKEY=` trusts (image/build.sh puts it there): on such an image
+# only bundles it signed are applied, and the wizard's own (unsigned) bundle never is.
+TRUSTED_BUNDLE_KEY = "etc/everycycle/bundle-signing.pub"
+
+
 def context_for_memory(total_bytes: int) -> int:
     """A context that leaves the box room to batch: 4k under 8 GiB of RAM, 8k above."""
     return 8192 if total_bytes >= 8 * 2**30 else 4096
@@ -66,6 +71,11 @@ def configurable_links(network) -> list[dict]:
     return [link for link in network if isinstance(link, dict) and link.get("kind") == "physical"]
 
 
+SIGNED_ONLY = ("refused: this image applies only provisioning bundles signed by its key, and the wizard's are not: "
+               "put a signed bundle (everycycle provision sign) in the everycycle folder of the boot disk's EFI "
+               "partition and restart the box")
+
+
 class Wizard(Screen):
     """One form; every change re-checks the whole box and shows the problems next to the preview."""
 
@@ -79,6 +89,10 @@ class Wizard(Screen):
         self.root = root
         self.generated: dict[str, str] = {}
         self.has_passphrase = admin_passphrase.stored(root) is not None
+        try:
+            self.trusted_key: bytes | None = (Path(root) / TRUSTED_BUNDLE_KEY).read_bytes()
+        except OSError:
+            self.trusted_key = None
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
@@ -115,6 +129,9 @@ class Wizard(Screen):
 
     def on_mount(self) -> None:
         self.recheck()
+        if self.trusted_key is not None:
+            self.query_one("#apply", Button).disabled = True
+            self.query_one("#result", Static).update(SIGNED_ONLY)
 
     def answers(self) -> dict:
         def val(wid: str) -> str:
@@ -158,8 +175,22 @@ class Wizard(Screen):
     def on_select_changed(self, event) -> None:
         self.recheck()
 
+    def _recarry(self) -> None:
+        """An update waiting for its reboot carries the configuration it copied: copy this one instead."""
+        from host_runtime.auth.carried_keys import BOX_KEYS, refresh_carried
+        from host_runtime.update.system import UpdatePaths
+
+        try:
+            refresh_carried(self.root / BOX_KEYS, UpdatePaths(root=self.root,
+                                                              state=self.root / "var/lib/everycycle/update"))
+        except OSError:
+            pass  # not root (a developer's console): nothing it could carry either
+
     def on_button_pressed(self, event) -> None:
         if event.button.id != "apply" or not self.recheck():
+            return
+        if self.trusted_key is not None:
+            self.query_one("#result", Static).update(SIGNED_ONLY)
             return
         box, files, _ = self.candidate()
         bundle = open_bundle(write_bundle(self.bundle_dir, box, files))
@@ -172,6 +203,7 @@ class Wizard(Screen):
         if passphrase:
             admin_passphrase.save(self.root, passphrase)
             self.has_passphrase = True
+        self._recarry()
         self.generated = result.generated_keys
         keys = "".join(f"\nAPI key {n}: {k}  (write it down: it is shown only now)" for n, k in self.generated.items())
         self.query_one("#result", Static).update(f"applied bundle {result.digest[:12]}{keys}")
