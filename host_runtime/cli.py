@@ -401,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the same in any 24 hours (0: no limit)")
         p.add_argument("--models", default=None, metavar="A,B,...",
                        help="the models (or aliases) it may ask for; others are a 403 ('': every model)")
+        p.add_argument("--from", dest="allowed_from", default=None, metavar="ADDR,NET,...",
+                       help="the client addresses or networks it is valid from; others are a 403 ('': any)")
     usage = keys_sub.add_parser("usage", help="each key's requests and tokens, kept across restarts")
     usage.add_argument("--usage-dir", metavar="DIR", help="where serve keeps it (default: $EVERYCYCLE_USAGE_DIR, "
                                                         "else /var/lib/everycycle/usage)")
@@ -1110,16 +1112,20 @@ def cmd_keys(parser, args) -> int:
 
 
 def _key_limits(args) -> dict:
-    models = None if args.models is None else tuple(m.strip() for m in args.models.split(",") if m.strip())
+    def listed(text):
+        return None if text is None else tuple(m.strip() for m in text.split(",") if m.strip())
+
     return {"max_concurrent": args.max_concurrent, "tokens_per_minute": args.tokens_per_minute,
-            "tokens_per_day": args.tokens_per_day, "models": models}
+            "tokens_per_day": args.tokens_per_day, "models": listed(args.models),
+            "allowed_from": listed(args.allowed_from)}
 
 
 def _limits_text(k) -> str:
     parts = [f"{k.max_concurrent} at once" if k.max_concurrent else "",
              f"{k.tokens_per_minute:,} tokens/min" if k.tokens_per_minute else "",
              f"{k.tokens_per_day:,} tokens/day" if k.tokens_per_day else "",
-             f"models {','.join(k.models)}" if k.models else ""]
+             f"models {','.join(k.models)}" if k.models else "",
+             f"from {','.join(k.allowed_from)}" if k.allowed_from else ""]
     return ", ".join(p for p in parts if p) or "no limit"
 
 

@@ -128,7 +128,10 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
     fleet = box.get("fleet", {})
     fleet_key = bundle.read(fleet["key_file"]).decode().strip() if fleet.get("key_file") else None
     if fleet_key:
-        keys.append({"name": FLEET_KEY_NAME, "sha256": hash_key(fleet_key), "hint": FLEET_KEY_NAME, "created": 0})
+        # A member is valid for the fleet key from its gateway's address alone, where box.toml names it.
+        allowed = [fleet["gateway_address"]] if fleet.get("role") == "member" and fleet.get("gateway_address") else []
+        keys.append({"name": FLEET_KEY_NAME, "sha256": hash_key(fleet_key), "hint": FLEET_KEY_NAME, "created": 0,
+                     "allowed_from": allowed})
     named = {k["name"] for k in keys}
     # A box that leaves its fleet stops accepting the fleet key (only the one provisioning put there).
     keys = [k for k in existing_keys if isinstance(k, dict) and k.get("name") not in named
@@ -147,7 +150,9 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
         files["etc/everycycle/tls/api.crt"] = (bundle.read(api["tls_certificate"]), 0o644)
     if api.get("tls_key"):
         files["etc/everycycle/tls/api.key"] = (bundle.read(api["tls_key"]), 0o600)
-    if fleet_key:
+    if fleet_key and fleet.get("role") == "gateway":
+        # Only the gateway uses the key (its router's credential at every box); a member keeps its hash alone,
+        # so a compromised member holds nothing that opens the others.
         files[FLEET_KEY] = (fleet_key.encode() + b"\n", 0o600)
     for i, rel in enumerate(fleet.get("peer_certificates", [])):
         files[box_peer_certificate(i).lstrip("/")] = (bundle.read(rel), 0o644)
@@ -287,7 +292,7 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
             atomic_write(staged[rel], data, mode=mode)
             if rel in SERVICE_READ_FILES:
                 give_to_services(staged[rel])
-        _commit(staged, root, tag)
+        _commit(staged, root, tag, stale_files(root, files))
     except BaseException:
         _undo_live(undo)
         for path in staged.values():
@@ -310,9 +315,11 @@ def _beside(target: Path, kind: str, tag: str) -> Path:
     return target.with_name(f".{target.name}.everycycle-{kind}-{tag}")
 
 
-def _commit(staged: dict[str, Path], root: Path, tag: str) -> None:
-    """Move staged files into place; on any failure put every replaced file back."""
+def _commit(staged: dict[str, Path], root: Path, tag: str, stale: list[str] = ()) -> None:
+    """Move staged files into place and the stale ones out; on any failure put every replaced or removed file
+    back."""
     done: list[tuple[Path, Path | None]] = []
+    gone: list[tuple[Path, Path]] = []
     try:
         for rel, new in staged.items():
             target = root / rel
@@ -322,16 +329,33 @@ def _commit(staged: dict[str, Path], root: Path, tag: str) -> None:
                 os.replace(target, backup)
             os.replace(new, target)
             done.append((target, backup))
+        for rel in stale:
+            target = root / rel
+            if target.is_symlink() or target.exists():
+                backup = _beside(target, "old", tag)
+                os.replace(target, backup)
+                gone.append((target, backup))
     except BaseException:
+        for target, backup in reversed(gone):
+            os.replace(backup, target)
         for target, backup in reversed(done):
             if backup is not None:
                 os.replace(backup, target)
             else:
                 target.unlink(missing_ok=True)
         raise
-    for _, backup in done:
+    for _, backup in done + gone:
         if backup is not None:
             backup.unlink(missing_ok=True)
+
+
+def stale_files(root: Path, files: dict) -> list[str]:
+    """What an earlier bundle wrote that this one does not, and that must not outlive it: the fleet key (a box
+    that leaves its fleet, or becomes a member, which needs only the key's hash) and peer certificates."""
+    from host_runtime.fleet.settings import BOX_PEER_CERT_DIR
+
+    candidates = [FLEET_KEY] + [str(p.relative_to(root)) for p in sorted((root / BOX_PEER_CERT_DIR.lstrip("/")).glob("*.pem"))]
+    return [rel for rel in candidates if rel not in files and ((root / rel).is_symlink() or (root / rel).exists())]
 
 
 def _remove_secrets(bundle: Bundle) -> list[str]:

@@ -146,3 +146,18 @@ def test_a_key_carries_a_priority_class_that_a_request_may_lower_but_never_raise
     with pytest.raises(APIError) as err:
         priority_for(req(None), {"priority": "urgent"})
     assert err.value.status == 400 and err.value.param == "priority"
+
+
+def test_a_key_limited_to_addresses(tmp_path):
+    """`--from`: a key valid from some addresses only (the fleet key on a member: its gateway's)."""
+    keys = tmp_path / "keys.json"
+    assert run("keys", "create", "--keys", str(keys), "ci", "--from", "10.0.0.0/24,fd00::7").returncode == 0
+    (stored,) = load_keys(keys)
+    assert stored.allowed_from == ("10.0.0.0/24", "fd00::7")
+    assert stored.allows_address("10.0.0.9") and stored.allows_address("::ffff:10.0.0.9")
+    assert not stored.allows_address("10.0.1.9") and not stored.allows_address(None)
+    assert "from 10.0.0.0/24,fd00::7" in run("keys", "list", "--keys", str(keys)).stdout
+    bad = run("keys", "set-limit", "--keys", str(keys), "ci", "--from", "10.0.0.300")
+    assert bad.returncode == 2 and "--from" in bad.stderr and "10.0.0.300" in bad.stderr
+    assert run("keys", "set-limit", "--keys", str(keys), "ci", "--from", "").returncode == 0
+    assert load_keys(keys)[0].allowed_from == ()

@@ -122,6 +122,9 @@ BAD = [
                                                     "peers": ["https://10.20.0.5:8443"]}), FLEET_KEY, "fleet.peers[0]"),
     ("a peer that is not a URL", _with("fleet", {"role": "gateway", "key_file": "files/fleet.key",
                                                  "peers": ["10.20.0.6"]}), FLEET_KEY, "fleet.peers[0]"),
+    ("a plain-HTTP peer (the fleet key would cross the LAN in clear)",
+     _with("fleet", {"role": "gateway", "key_file": "files/fleet.key", "peers": ["http://10.20.0.6:8080"]}),
+     FLEET_KEY, "fleet.peers[0]"),
     ("a fleet key of two words", _with("fleet", {"role": "member", "key_file": "files/fleet.key"}),
      {"extra": {"files/fleet.key": b"two words are not one key here\n"}}, "fleet.key_file"),
     ("a readable fleet key", _with("fleet", {"role": "member", "key_file": "files/fleet.key"}),
@@ -456,7 +459,7 @@ def test_the_secrets_services_read_are_handed_to_their_user(tmp_path):
     box = _with("api", {"port": 8443, "generate_keys": ["owner"], "tls_certificate": "files/api.crt",
                         "tls_key": "files/api.key"})
     box["bmc"] = {"mode": "ipmi", "address": "10.0.0.9", "user": "admin", "password_file": "files/bmc.pass"}
-    box["fleet"] = {"role": "member", "key_file": "files/fleet.key", "gateway_address": "10.0.0.2"}
+    box["fleet"] = {"role": "gateway", "key_file": "files/fleet.key", "peers": ["https://10.0.0.3:8443"]}
     bundle = open_bundle(make_bundle(tmp_path / "bundle", box, {"files/api.crt": b"c", "files/api.key": b"k",
                                                                 "files/bmc.pass": b"p",
                                                                 "files/fleet.key": FLEET_KEY_TEXT.encode()},
@@ -709,3 +712,49 @@ def test_a_fleet_gateway_and_a_member_read_back_what_provisioning_wrote(tmp_path
     verifier = KeyVerifier(etc / "api_keys.json")
     assert verifier.verify(FLEET_KEY_TEXT) is None and verifier.verify(laptop) == "laptop"
     assert load(etc / "fleet.toml").role == "none"
+
+
+def test_a_member_keeps_only_the_fleet_keys_hash_valid_from_its_gateway_and_nothing_outlives_leaving(tmp_path):
+    """Members kept the fleet key in clear although they need only its hash, valid from any address; a box that
+    left its fleet kept the key file and peer certificates (hardening #35, item 3)."""
+    import falcon.testing
+
+    from host_runtime.fleet.settings import BOX_KEY_FILE, BOX_PEER_CERT_DIR
+    from host_runtime.front.tls import make_self_signed, self_signed_paths
+    from host_runtime.engine.errors import RequestRejected
+    from host_runtime.serving.app import AuthMiddleware, handle_api_error
+
+    root = tmp_path / "root"
+    etc = root / "etc/everycycle"
+    key_file = root / BOX_KEY_FILE.lstrip("/")
+    pair = self_signed_paths(tmp_path / "peer")
+    make_self_signed(pair, "box-8", "10.20.0.6")
+    files = {"files/bmc.pass": b"s3cret\n", "files/fleet.key": FLEET_KEY_TEXT.encode() + b"\n",
+             "files/box-8.pem": pair.certificate.read_bytes()}
+    gateway = _with("fleet", {"role": "gateway", "key_file": "files/fleet.key", "peers": ["https://10.20.0.6:8443"],
+                              "peer_certificates": ["files/box-8.pem"]})
+    apply(open_bundle(make_bundle(tmp_path / "gateway", gateway, files)), root)
+    assert key_file.exists() and list((root / BOX_PEER_CERT_DIR.lstrip("/")).glob("*.pem"))
+
+    # The same box re-provisioned as a member: the key's hash, valid from the gateway only; no key, no peers.
+    member = _with("fleet", {"role": "member", "key_file": "files/fleet.key", "gateway_address": "10.20.0.5"})
+    apply(open_bundle(make_bundle(tmp_path / "member", member, {"files/bmc.pass": b"s3cret\n",
+                                                                "files/fleet.key": FLEET_KEY_TEXT.encode()})), root)
+    assert not key_file.exists() and FLEET_KEY_TEXT not in "".join(
+        p.read_text(errors="replace") for p in etc.rglob("*") if p.is_file())
+    assert not list((root / BOX_PEER_CERT_DIR.lstrip("/")).glob("*.pem"))
+    verifier = KeyVerifier(etc / "api_keys.json")
+    assert verifier.verify(FLEET_KEY_TEXT) == "fleet"
+    assert verifier.policy_of("fleet").allowed_from == ("10.20.0.5",)
+
+    app = falcon.App(middleware=[AuthMiddleware(verifier)])
+    app.add_error_handler(RequestRejected, handle_api_error)
+    app.add_route("/v1/models", type("Models", (), {"on_get": lambda self, req, resp: setattr(resp, "media", {})})())
+    client = falcon.testing.TestClient(app)
+    auth = {"Authorization": f"Bearer {FLEET_KEY_TEXT}"}
+    assert client.simulate_get("/v1/models", headers=auth, remote_addr="10.20.0.5").status_code == 200
+    refused = client.simulate_get("/v1/models", headers=auth, remote_addr="10.20.0.9")
+    assert refused.status_code == 403 and refused.json["error"]["code"] == "address_not_allowed"
+    # A client's own X-Forwarded-For over TCP is not believed.
+    assert client.simulate_get("/v1/models", headers={**auth, "X-Forwarded-For": "10.20.0.5"},
+                               remote_addr="10.20.0.9").status_code == 403

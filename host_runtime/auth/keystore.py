@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import os
 import secrets
@@ -42,6 +43,32 @@ class StoredKey:
     tokens_per_minute: int = 0  # prompt and generated tokens in any minute, at most (0: no limit); the engine counts
     tokens_per_day: int = 0     # the same in any 24 hours
     models: tuple[str, ...] = ()  # the models (or aliases) it may ask for; empty: every one
+    # The addresses (IPs or networks) it is valid from; empty: any. The fleet key on a member: the gateway's.
+    allowed_from: tuple[str, ...] = ()
+
+    def allows_address(self, address: str | None) -> bool:
+        """Whether a request from `address` (None: unknown) may use this key."""
+        if not self.allowed_from:
+            return True
+        try:
+            ip = ipaddress.ip_address((address or "").split("%", 1)[0])
+        except ValueError:
+            return False
+        if ip.version == 6 and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return any(ip in ipaddress.ip_network(net, strict=False) for net in self.allowed_from)
+
+
+def check_addresses(values) -> tuple[str, ...]:
+    """Addresses or networks as given (ValueError naming the bad one)."""
+    out = []
+    for value in values:
+        try:
+            ipaddress.ip_network(str(value), strict=False)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address or network") from None
+        out.append(str(value))
+    return tuple(out)
 
 
 def hash_key(key: str) -> str:
@@ -68,7 +95,8 @@ def load_keys(path: str | os.PathLike) -> list[StoredKey]:
         keys = [StoredKey(str(k["name"]), str(k["sha256"]), str(k.get("hint", "")), float(k.get("created", 0)),
                           str(k.get("priority", "default")), int(k.get("max_concurrent", 0)),
                           int(k.get("tokens_per_minute", 0)), int(k.get("tokens_per_day", 0)),
-                          tuple(str(m) for m in k.get("models", ()))) for k in doc["keys"]]
+                          tuple(str(m) for m in k.get("models", ())),
+                          check_addresses(k.get("allowed_from", ()))) for k in doc["keys"]]
         for k in keys:
             if k.priority not in PRIORITIES:
                 raise ValueError(f"key {k.name!r}: priority must be one of {', '.join(PRIORITIES)}")
@@ -90,7 +118,8 @@ def check_permissions(path: str | os.PathLike) -> None:
 
 
 def _save(path: str | os.PathLike, keys: list[StoredKey]) -> None:
-    doc = {"version": FILE_VERSION, "keys": [{**k.__dict__, "models": list(k.models)} for k in keys]}
+    doc = {"version": FILE_VERSION, "keys": [{**k.__dict__, "models": list(k.models),
+                                              "allowed_from": list(k.allowed_from)} for k in keys]}
     atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode(), mode=0o600)
 
 
@@ -117,7 +146,7 @@ def _put(path: str | os.PathLike, keys: list[StoredKey], name: str, key: str, pr
     old = next((k for k in keys if k.name == name), None)
     priority = priority or (old.priority if old else "default")
     limits = {"max_concurrent": old.max_concurrent, "tokens_per_minute": old.tokens_per_minute,
-              "tokens_per_day": old.tokens_per_day, "models": old.models} if old else {}
+              "tokens_per_day": old.tokens_per_day, "models": old.models, "allowed_from": old.allowed_from} if old else {}
     _save(path, [k for k in keys if k.name != name] + [StoredKey(name, hash_key(key), key_hint(key), time.time(),
                                                                   priority, **limits)])
 
@@ -142,9 +171,9 @@ def set_priority(path: str | os.PathLike, name: str, priority: str) -> None:
 
 def set_limit(path: str | os.PathLike, name: str, max_concurrent: int | None = None,
               tokens_per_minute: int | None = None, tokens_per_day: int | None = None,
-              models: tuple[str, ...] | None = None) -> None:
+              models: tuple[str, ...] | None = None, allowed_from: tuple[str, ...] | None = None) -> None:
     """Change the limits of the key named `name` that are given (None: kept; 0 or (): no limit): requests at once,
-    tokens a minute and a day, and the models it may ask for."""
+    tokens a minute and a day, the models it may ask for and the addresses it is valid from."""
     changes = {}
     for option, value in (("max-concurrent", max_concurrent), ("tokens-per-minute", tokens_per_minute),
                           ("tokens-per-day", tokens_per_day)):
@@ -154,9 +183,14 @@ def set_limit(path: str | os.PathLike, name: str, max_concurrent: int | None = N
             changes[option.replace("-", "_")] = value
     if models is not None:
         changes["models"] = tuple(m for m in models if m)
+    if allowed_from is not None:
+        try:
+            changes["allowed_from"] = check_addresses(a for a in allowed_from if a)
+        except ValueError as exc:
+            raise KeyStoreError(f"--from: {exc}") from None
     if not changes:
-        raise KeyStoreError("give at least one limit: --max-concurrent, --tokens-per-minute, --tokens-per-day or "
-                            "--models")
+        raise KeyStoreError("give at least one limit: --max-concurrent, --tokens-per-minute, --tokens-per-day, "
+                            "--models or --from")
     _change(path, name, **changes)
 
 

@@ -100,6 +100,9 @@ def from_box(box: dict) -> FleetSettings:
             if iface.get("mode") == "static" and iface.get("address")}
     for i, peer in enumerate(fleet.get("peers", [])):  # named by box.toml's index (fleet.toml's adds its own)
         check_peer(f"fleet.peers[{i}]", peer)
+        if urlsplit(peer).scheme != "https":
+            # The router sends the fleet key to every peer: in clear over the LAN it is anyone's.
+            raise SettingsError(f"fleet.peers[{i}]", f"must be https:// (the fleet key goes to it), got {peer!r}")
         if urlsplit(peer).hostname in mine:
             raise SettingsError(f"fleet.peers[{i}]", f"{peer} is this box: the gateway adds its own API itself")
     try:

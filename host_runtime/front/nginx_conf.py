@@ -69,10 +69,17 @@ def _per_client_key(s: FrontSettings) -> list[str]:
 FLEET_ROUTES = "^/v1/(chat/completions|completions|embeddings|models)(/|$)"
 
 
+# Every proxied request's headers. A location that sets any proxy_set_header of its own inherits none of these,
+# so such locations repeat them: the key check needs the client's address (a key may be valid from some only),
+# and keepalive to an upstream needs Connection "".
+PROXY_HEADERS = ("proxy_set_header Connection \"\"; proxy_set_header Host $host; "
+                 "proxy_set_header X-Forwarded-For $remote_addr; proxy_set_header X-Forwarded-Proto $scheme;")
+
+
 def _gateway_locations() -> list[str]:
     return [
         "        location = /_fleet_auth { internal; proxy_pass http://serving/v1/everycycle/auth; "
-        "proxy_method GET; proxy_pass_request_body off; proxy_set_header Content-Length \"\"; }",
+        f"proxy_method GET; proxy_pass_request_body off; {PROXY_HEADERS} proxy_set_header Content-Length \"\"; }}",
         # proxy_intercept_errors: the router's (and a box's) 4xx/5xx with a page below become that page: an
         # OpenAI-style error body instead of the router's plain text. The request's body goes to
         # @fleet_unroutable as the client sent it (nginx has it buffered), so the API there sees the model named.
@@ -81,7 +88,7 @@ def _gateway_locations() -> list[str]:
         # box's own API (location /), which answers what it does not serve with its own 404.
         f"        location ~ {FLEET_ROUTES} {{ auth_request /_fleet_auth; proxy_intercept_errors on; "
         f"{' '.join(_error_pages(GATEWAY_ERROR_PAGES))} proxy_pass http://fleet_router; "
-        "proxy_set_header Authorization \"\"; proxy_set_header X-Api-Key \"\"; proxy_buffering off; }",
+        f"{PROXY_HEADERS} proxy_set_header Authorization \"\"; proxy_set_header X-Api-Key \"\"; proxy_buffering off; }}",
         "        location /v1/everycycle/ { proxy_pass http://serving; }  # this box's own map and key check",
         "        location @fleet_unroutable { rewrite ^ /v1/everycycle/fleet/unroutable break; proxy_pass http://serving; }",
         # sglang-router has no Anthropic route for HTTP workers: Messages are this box's own models.
@@ -151,10 +158,7 @@ def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
         *([f"    upstream fleet_router {{ server 127.0.0.1:{paths.gateway_port}; keepalive 32; }}"]
           if paths.gateway_port else []),
         "    proxy_http_version 1.1;",
-        "    proxy_set_header Connection \"\";",
-        "    proxy_set_header Host $host;",
-        "    proxy_set_header X-Forwarded-For $remote_addr;",
-        "    proxy_set_header X-Forwarded-Proto $scheme;",
+        f"    {PROXY_HEADERS}",
         "    proxy_request_buffering on;  # gunicorn gets a request only once all of it has arrived",
         "    proxy_buffering on;          # SSE answers opt out with X-Accel-Buffering: no",
         "    proxy_connect_timeout 5s;",

@@ -126,10 +126,13 @@ class AuthMiddleware:
         name = self._verifier.verify(token.strip())
         if name is None:
             raise APIError(401, "the API key is not valid for this box", code="invalid_api_key")
+        policy = self._verifier.policy_of(name)
+        if policy is not None and not policy.allows_address(client_address(req)):
+            raise APIError(403, "this API key is not valid from this address", code="address_not_allowed")
         req.context.key_name = name  # the prefix cache's scope (cache_scope)
         req.context.key_priority = self._verifier.priority_of(name)  # its requests' class at most (priority_for)
         req.context.key_max_concurrent = self._verifier.max_concurrent_of(name)
-        req.context.key_policy = self._verifier.policy_of(name)  # its token limits and models (generation_call)
+        req.context.key_policy = policy  # its token limits and models (generation_call)
 
 
 def keep_alive_of(body: dict):
@@ -191,6 +194,16 @@ def is_local_reader(req: falcon.Request) -> bool:
     sock = req.env.get("gunicorn.socket")
     return (sock is not None and sock.family == socket.AF_UNIX
             and req.get_header("X-Forwarded-For") is None)
+
+
+def client_address(req: falcon.Request) -> str | None:
+    """The client's address: over the Unix socket it is the front's X-Forwarded-For (the front sets it to the
+    connection's address, replacing any the client sent); over TCP, the connection's own (a client's header is
+    not believed there). None for a program on this box reading the socket directly."""
+    sock = req.env.get("gunicorn.socket")
+    if sock is not None and sock.family == socket.AF_UNIX:
+        return req.get_header("X-Forwarded-For")
+    return req.remote_addr
 
 
 def client_watch(req: falcon.Request):
