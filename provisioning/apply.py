@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import datetime as dt
 import hashlib
 import json
@@ -20,7 +21,7 @@ from host_runtime.common.settings_file import SettingsError
 from host_runtime.governor.settings import process_environment
 from host_runtime.common.service_user import give_to_services
 from host_runtime.fleet.settings import BOX_KEY_FILE, box_peer_certificate
-from provisioning.bundle import MAX_MODEL_BYTES, Bundle, BundleError
+from provisioning.bundle import MAX_MODEL_BYTES, Bundle, BundleError, StagedCopy
 from provisioning.signing import manifest
 from provisioning.validate import FLEET_KEY_NAME, SECRET_FIELDS, field_value, validate
 
@@ -114,8 +115,8 @@ def _serving_table(table: dict, serving, model: dict):
         raise SettingsError(f"serving.{exc.field}", exc.message) from None
 
 
-def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[dict] = ()) -> dict[str, tuple[bytes, int]]:
-    """Every file apply writes, relative to the root: contents and mode.
+def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[dict] = ()) -> dict[str, tuple]:
+    """Every file apply writes, relative to the root: contents (bytes, or the model's StagedCopy) and mode.
 
     Keys already on the box (made there with `everycycle keys create`, or by an earlier bundle) stay unless the
     bundle names a key of the same name: re-provisioning never silently revokes a key."""
@@ -162,7 +163,7 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
     model = box["model"]
     if model["source"] == "bundle":
         name = Path(model["path"]).name
-        files[f"{MODELS_DIR}/{name}"] = (bundle.read(model["path"], MAX_MODEL_BYTES), 0o644)
+        files[f"{MODELS_DIR}/{name}"] = (bundle.copy_out(model["path"], MAX_MODEL_BYTES), 0o644)  # streamed
     # Each service's settings through its own typed writer (the service's parser reads the same structure):
     # no value from the bundle reaches a command line or an environment file.
     settings_by_file = service_settings(box)
@@ -266,6 +267,17 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
             except BundleError as exc:
                 raise BundleInvalid([exc]) from None
         return ApplyResult(False, digest, record_path)
+    if bundle.staging_parent is None:
+        bundle.staging_parent = root / MODELS_DIR  # the model's copy lands where it is installed: one rename
+    try:
+        return _apply_checked(bundle, root, live_network, require_signature_pem, link_wait_s, digest, previous,
+                              record_path)
+    finally:
+        bundle.drop_copies()  # a model copy apply did not install (a refused bundle, a failure) goes
+
+
+def _apply_checked(bundle: Bundle, root: Path, live_network: bool, require_signature_pem: bytes | None,
+                   link_wait_s: float, digest: str, previous: dict | None, record_path: Path) -> ApplyResult:
     errors = validate(bundle, require_signature_pem)
     if errors:
         raise BundleInvalid(errors)
@@ -289,7 +301,10 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
             undo = apply_network_live(bundle.box["network"]["interfaces"], link_wait_s)
             undo += apply_hostname_live(bundle.box["hostname"])
         for rel, (data, mode) in files.items():
-            atomic_write(staged[rel], data, mode=mode)
+            if isinstance(data, StagedCopy):
+                _stage_copy(data, staged[rel], mode)
+            else:
+                atomic_write(staged[rel], data, mode=mode)
             if rel in SERVICE_READ_FILES:
                 give_to_services(staged[rel])
         _commit(staged, root, tag, stale_files(root, files))
@@ -309,6 +324,24 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
               "files": sorted(files), "history": history[-20:]}
     atomic_write(record_path, (json.dumps(record, indent=2) + "\n").encode(), mode=0o644)
     return ApplyResult(True, digest, record_path, generated, _remove_secrets(bundle))
+
+
+def _stage_copy(copy: StagedCopy, dest: Path, mode: int) -> None:
+    """The bundle's private copy into its staged place: a rename on the same file system (apply stages copies
+    beside the model store), else a streamed copy."""
+    import shutil
+
+    os.chmod(copy.path, mode)
+    try:
+        os.replace(copy.path, dest)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        with open(copy.path, "rb") as src, open(dest, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(dest, mode)
 
 
 def _beside(target: Path, kind: str, tag: str) -> Path:

@@ -2,10 +2,13 @@
 
 Every file is read once (Bundle.read): opened without following a symlink, checked to be a regular file under
 its size limit, and kept; validation hashes those bytes and apply writes the same bytes, so nothing can change
-between the check and the use. An unpacked archive's temporary directory goes when the bundle is closed."""
+between the check and the use. The model, too large to hold, is copied once to a private file while it is hashed
+(Bundle.copy_out), and that copy is parsed and installed. Archives unpack, and copies go, to a disk (/var/tmp, or
+$EVERYCYCLE_STAGING_DIR), never to /tmp, which may be RAM; both go when the bundle is closed."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
@@ -30,6 +33,14 @@ class BundleError(Exception):
         self.message = message
 
 
+@dataclass(frozen=True)
+class StagedCopy:
+    path: Path      # private (0600, in a 0700 directory): the bytes that were hashed
+    sha256: str
+    mode: int       # the bundle file's permission bits when it was copied
+    size: int
+
+
 @dataclass
 class Bundle:
     root: Path
@@ -37,6 +48,12 @@ class Bundle:
     raw_toml: bytes
     temp_dir: Path | None = None   # where an archive was unpacked: removed by close()
     _files: dict = field(default_factory=dict)  # rel -> (bytes, mode), as read once
+    # Where large files (the model) are copied once, streamed and hashed, instead of held in memory: apply sets
+    # it on the file system they end up on (one rename); else a private directory under /var/tmp (a disk, where
+    # /tmp may be RAM). Removed by close(), with whatever was not moved out of it.
+    staging_parent: Path | None = None
+    _staging: Path | None = None
+    _copies: dict = field(default_factory=dict)  # rel -> StagedCopy
 
     def path(self, relative: str) -> Path:
         p = (self.root / relative).resolve()
@@ -70,11 +87,60 @@ class Bundle:
             self._files[relative] = (data, stat.S_IMODE(st.st_mode))
         return self._files[relative][0]
 
+    def copy_out(self, relative: str, limit: int) -> "StagedCopy":
+        """Copy a large file once into the bundle's private staging directory, hashing it on the way: never all
+        of it in memory (a 16 GiB model on a box with 8 GiB of RAM). The same checks as read(); the copy is what
+        was hashed, so what is parsed and installed is what was checked."""
+        if relative in self._copies:
+            return self._copies[relative]
+        self.path(relative)  # containment
+        try:
+            fd = os.open(self.root / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise BundleError(f"files.{relative}", "the file is missing from the bundle") from None
+        except OSError as exc:
+            raise BundleError(f"files.{relative}", f"cannot be read ({exc.strerror}; symlinks are refused)") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise BundleError(f"files.{relative}", "is not a regular file")
+            if st.st_size > limit:
+                raise BundleError(f"files.{relative}", f"is {st.st_size} bytes; the limit is {limit}")
+            if self._staging is None:
+                parent = self.staging_parent or staging_dir()
+                parent.mkdir(parents=True, exist_ok=True)
+                self._staging = Path(tempfile.mkdtemp(prefix=".everycycle-bundle-", dir=parent))  # 0700
+            dest = self._staging / f"{len(self._copies)}-{Path(relative).name}"
+            digest, size = hashlib.sha256(), 0
+            out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                while chunk := os.read(fd, 1 << 20):
+                    size += len(chunk)
+                    if size > limit:
+                        raise BundleError(f"files.{relative}", f"is over the limit of {limit} bytes")
+                    digest.update(chunk)
+                    os.write(out, chunk)
+                os.fsync(out)
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
+        copy = StagedCopy(dest, digest.hexdigest(), stat.S_IMODE(st.st_mode), size)
+        self._copies[relative] = copy
+        return copy
+
     def mode(self, relative: str) -> int:
-        """The permission bits the file had when it was read (read() first)."""
-        return self._files[relative][1]
+        """The permission bits the file had when it was read or copied (read() or copy_out() first)."""
+        return self._files[relative][1] if relative in self._files else self._copies[relative].mode
+
+    def drop_copies(self) -> None:
+        """Remove the staging directory and any copy still in it (apply moved out what it installed)."""
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging, self._copies = None, {}
 
     def close(self) -> None:
+        self.drop_copies()
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
             self.temp_dir = None
@@ -86,8 +152,12 @@ class Bundle:
         self.close()
 
 
+def staging_dir() -> Path:
+    return Path(os.environ.get("EVERYCYCLE_STAGING_DIR", "/var/tmp"))
+
+
 def _unpack(archive: Path) -> Path:
-    target = Path(tempfile.mkdtemp(prefix="everycycle-bundle-"))
+    target = Path(tempfile.mkdtemp(prefix="everycycle-bundle-", dir=staging_dir()))
     try:
         with tarfile.open(archive) as tar:
             total = 0

@@ -6,6 +6,7 @@ import hashlib
 import ipaddress
 import json
 from importlib import resources
+from pathlib import Path
 
 from provisioning.bundle import MAX_FILE_BYTES, MAX_MODEL_BYTES, Bundle, BundleError
 
@@ -79,11 +80,14 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
     readable = set()
     for rel, digest in declared.items():
         try:
-            data = bundle.read(rel, MAX_MODEL_BYTES if rel == model_rel else MAX_FILE_BYTES)
+            if rel == model_rel:  # streamed to a private copy, hashed on the way: never all in memory
+                got = bundle.copy_out(rel, MAX_MODEL_BYTES).sha256
+            else:
+                got = hashlib.sha256(bundle.read(rel, MAX_FILE_BYTES)).hexdigest()
         except BundleError as exc:
             errors.append(exc)
             continue
-        if hashlib.sha256(data).hexdigest() != digest:
+        if got != digest:
             errors.append(BundleError(f"files.{rel}", "the file's sha256 does not match the declared one"))
         else:
             readable.add(rel)
@@ -102,7 +106,7 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
         if not model.get("path"):
             errors.append(BundleError("model.path", "is required when model.source is 'bundle'"))
         elif model["path"] in readable:
-            file_type, error = _parse_gguf(bundle.read(model["path"], MAX_MODEL_BYTES))
+            file_type, error = _parse_gguf(bundle.copy_out(model["path"], MAX_MODEL_BYTES).path)
             if error:
                 errors.append(BundleError("model.path", f"{model['path']} is not a readable GGUF model: {error}"))
             else:
@@ -167,24 +171,19 @@ def _quantization_errors(box: dict, bundle_model_quant: str | None) -> list[Bund
     return []
 
 
-def _parse_gguf(data: bytes):
-    """Parse the bytes that were hashed (the reader wants a file: a private copy, removed after).
-    (general.file_type or None, None) when it parses, (None, why) when it does not."""
-    import tempfile
-
+def _parse_gguf(path: Path):
+    """Parse the private copy that was hashed (Bundle.copy_out). (general.file_type or None, None) when it parses,
+    (None, why) when it does not."""
     import gguf
 
-    with tempfile.NamedTemporaryFile(prefix="everycycle-model-", suffix=".gguf") as copy:
-        copy.write(data)
-        copy.flush()
-        try:
-            field = gguf.GGUFReader(copy.name).fields.get("general.file_type")
-        except Exception as exc:  # gguf raises ValueError, struct errors, and more on foreign files
-            return None, str(exc) or type(exc).__name__
-        try:
-            return (int(field.parts[field.data[0]][0]) if field is not None else None), None
-        except (IndexError, TypeError, ValueError):
-            return None, None
+    try:
+        field = gguf.GGUFReader(path).fields.get("general.file_type")
+    except Exception as exc:  # gguf raises ValueError, struct errors, and more on foreign files
+        return None, str(exc) or type(exc).__name__
+    try:
+        return (int(field.parts[field.data[0]][0]) if field is not None else None), None
+    except (IndexError, TypeError, ValueError):
+        return None, None
 
 
 def _fleet_errors(bundle: Bundle, box: dict, readable: set) -> list[BundleError]:

@@ -65,6 +65,13 @@ def pytest_collection_modifyitems(config, items):
                     item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def bundle_staging_dir(tmp_path, monkeypatch):
+    """A bundle's model copies and unpacked archives go to a disk directory (/var/tmp on a box); in a test, its
+    own temporary directory, so one a test leaves open is not left behind."""
+    monkeypatch.setenv("EVERYCYCLE_STAGING_DIR", str(tmp_path))
+
+
 @pytest.fixture(scope="session")
 def api_key(tmp_path_factory) -> tuple[str, str]:
     keys = tmp_path_factory.mktemp("keys") / "api_keys.json"

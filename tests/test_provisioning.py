@@ -277,8 +277,18 @@ def test_a_model_shipped_in_the_bundle(tmp_path):
     bundle_dir = make_bundle(tmp_path / "bundle", box, {"files/bmc.pass": b"pw\n", "files/tiny.gguf": model.read_bytes()})
     assert validate(open_bundle(bundle_dir)) == []
     root = tmp_path / "root"
-    apply(open_bundle(bundle_dir), root)
+    bundle = open_bundle(bundle_dir)
+    apply(bundle, root)
     assert (root / "var/lib/everycycle/models/tiny.gguf").read_bytes() == model.read_bytes()
+    # Streamed (hardening #35, item 9): first boot held a bundled model in RAM, plus a copy in /tmp to parse it.
+    assert "files/tiny.gguf" not in bundle._files
+    assert sorted(p.name for p in (root / "var/lib/everycycle/models").iterdir()) == ["tiny.gguf"]  # no copy left
+    # A model that is not the one declared: refused, and its copy goes too.
+    (bundle_dir / "files/tiny.gguf").write_bytes(model.read_bytes()[:-1] + b"x")
+    other = tmp_path / "other"
+    with pytest.raises(BundleInvalid, match="sha256"):
+        apply(open_bundle(bundle_dir), other)
+    assert list((other / "var/lib/everycycle/models").iterdir()) == []
     from host_runtime.common.settings_file import load
     from host_runtime.serving.settings import ServingSettings
 
