@@ -331,3 +331,38 @@ def test_a_key_revoked_while_an_update_waits_does_not_come_back_with_the_new_slo
     new_slot = tmp_path / "new-slot"
     carry.restore(paths.carry, new_slot)
     assert [k.name for k in load_keys(new_slot / BOX_KEYS)] == ["owner"]
+
+
+def test_re_provisioning_from_the_wizard_lists_the_keys_and_revokes_those_ticked(tmp_path):
+    """Re-provisioning kept every old key and nothing offered to revoke them (hardening #35, item 9)."""
+    from host_runtime.auth.keystore import create_key, load_keys
+    from textual.widgets import SelectionList
+
+    app, root = _provisioned_app(tmp_path, "correct horse")
+    keys = root / "etc/everycycle/api_keys.json"
+    keys.unlink()
+    create_key(keys, "laptop")
+    create_key(keys, "old-ci")
+
+    async def drive():
+        async with app.run_test(size=(120, 80)) as pilot:
+            await pilot.pause(0.3)
+            await pilot.press("w")
+            await pilot.pause(0.2)
+            await pilot.press(*"correct horse", "enter")
+            await pilot.pause(0.5)
+            wizard = app.screen
+            assert wizard.__class__.__name__ == "Wizard"
+            listed = wizard.query_one("#revoke", SelectionList)
+            assert [listed.get_option_at_index(i).value for i in range(listed.option_count)] == ["laptop", "old-ci"]
+            listed.select("old-ci")
+            await pilot.pause(0.2)
+            assert str(wizard.query_one("#problems").render()) == "no problems"
+            wizard.query_one("#apply").scroll_visible(animate=False)
+            await pilot.pause(0.2)
+            await pilot.click("#apply")
+            await pilot.pause(0.5)
+            assert "revoked: old-ci" in str(wizard.query_one("#result").render())
+
+    asyncio.run(drive())
+    assert sorted(k.name for k in load_keys(keys)) == ["laptop", "owner"]

@@ -76,6 +76,17 @@ SIGNED_ONLY = ("refused: this image applies only provisioning bundles signed by 
                "partition and restart the box")
 
 
+def _keys_on(root: Path) -> list:
+    """The API keys a provisioned box holds (names and hints only), for the owner to revoke on re-provisioning."""
+    from host_runtime.auth.carried_keys import BOX_KEYS
+    from host_runtime.auth.keystore import KeyStoreError, load_keys
+
+    try:
+        return load_keys(root / BOX_KEYS)
+    except KeyStoreError:
+        return []
+
+
 class Wizard(Screen):
     """One form; every change re-checks the whole box and shows the problems next to the preview."""
 
@@ -89,6 +100,7 @@ class Wizard(Screen):
         self.root = root
         self.generated: dict[str, str] = {}
         self.has_passphrase = admin_passphrase.stored(root) is not None
+        self.existing_keys = _keys_on(Path(root))
         try:
             self.trusted_key: bytes | None = (Path(root) / TRUSTED_BUNDLE_KEY).read_bytes()
         except OSError:
@@ -122,6 +134,12 @@ class Wizard(Screen):
                         + ("; leave empty to keep the current one" if self.has_passphrase else ""))
             yield Input(placeholder="admin passphrase", password=True, id="admin_passphrase")
             yield Input(placeholder="admin passphrase again", password=True, id="admin_passphrase_again")
+            if self.existing_keys:
+                from textual.widgets import SelectionList
+
+                yield Label("API keys already on this box: tick those to revoke (Space); 'owner' is replaced by "
+                            "the new one")
+                yield SelectionList(*[(f"{k.name}  {k.hint}", k.name) for k in self.existing_keys], id="revoke")
             yield Static("", id="problems")
             yield Static("", id="preview")
             yield Button("Apply", id="apply", variant="primary")
@@ -175,6 +193,18 @@ class Wizard(Screen):
     def on_select_changed(self, event) -> None:
         self.recheck()
 
+    def _revoke_ticked(self) -> list[str]:
+        """Re-provisioning keeps the keys already on the box (plan_files): the owner revokes the ones ticked."""
+        from host_runtime.auth.carried_keys import BOX_KEYS
+        from host_runtime.auth.keystore import revoke_key
+
+        if not self.existing_keys:
+            return []
+        from textual.widgets import SelectionList
+
+        ticked = list(self.query_one("#revoke", SelectionList).selected)
+        return [name for name in ticked if revoke_key(self.root / BOX_KEYS, name)]
+
     def _recarry(self) -> None:
         """An update waiting for its reboot carries the configuration it copied: copy this one instead."""
         from host_runtime.auth.carried_keys import BOX_KEYS, refresh_carried
@@ -203,9 +233,11 @@ class Wizard(Screen):
         if passphrase:
             admin_passphrase.save(self.root, passphrase)
             self.has_passphrase = True
+        revoked = self._revoke_ticked()
         self._recarry()
         self.generated = result.generated_keys
         keys = "".join(f"\nAPI key {n}: {k}  (write it down: it is shown only now)" for n, k in self.generated.items())
-        self.query_one("#result", Static).update(f"applied bundle {result.digest[:12]}{keys}")
+        gone = f"\nrevoked: {', '.join(revoked)}" if revoked else ""
+        self.query_one("#result", Static).update(f"applied bundle {result.digest[:12]}{gone}{keys}")
         if hasattr(self.app, "on_provisioned"):
             self.app.on_provisioned(result)
