@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import jsonschema
 import openai
@@ -53,19 +54,30 @@ Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
 {% endif %}"""
 
 
-@pytest.fixture(scope="module")
-def hermes_tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hermes")
-    model = write_tiny_llama(d / "tiny-hermes.gguf", n_ctx=2048, chat_template=HERMES_TEMPLATE)
+def _tiny_server(d, name: str, template: str, ctx: int = 1024):
+    model = write_tiny_llama(d / f"{name}.gguf", n_ctx=max(2048, ctx), chat_template=template)
     port = free_port()
     proc = Proc(everycycle("serve", "--port", str(port), "--model", str(model), "--threads", "2", "--workers", "1",
-                           "--parallel", "4", "--ctx-size", "1024", "--run-dir", str(d)), d / "serve.log")
+                           "--parallel", "4", "--ctx-size", str(ctx), "--run-dir", str(d)), d / "serve.log")
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: ready(base), 60, "the tiny Hermes-template server", proc)
+        wait_for(lambda: ready(base), 60, f"the {name} server", proc)
         yield openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def hermes_tiny(tmp_path_factory):
+    yield from _tiny_server(tmp_path_factory.mktemp("hermes"), "tiny-hermes", HERMES_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def coder_tiny(tmp_path_factory):
+    """Qwen3-Coder's own template (tests/templates, from llama.cpp's repository): XML calls."""
+    template = (Path(__file__).parent / "templates" / "Qwen-Qwen3-Coder.jinja").read_text()
+    # Its system text teaching the XML format is about 2,000 of the tiny tokenizer's tokens.
+    yield from _tiny_server(tmp_path_factory.mktemp("coder"), "tiny-coder", template, ctx=4096)
 
 
 def _required_calls(client, model: str, seeds, **extra):
@@ -131,6 +143,29 @@ def test_a_required_call_always_parses_with_a_hermes_template(hermes_tiny):
     assert set(names) <= {"get_weather", "get_time"}
 
 
+def test_a_required_call_always_parses_with_qwen3_coders_xml_template(coder_tiny):
+    """Qwen3-Coder's XML calls came back as plain text (#34): constrained by the XML grammar, every answer of a
+    random-weight model is a call of an offered tool whose arguments fit its schema (city at most 20 characters,
+    unit one of the enum's)."""
+    names = [_check_call(r) for r in _required_calls(coder_tiny, "tiny-coder", range(100))]
+    assert set(names) <= {"get_weather", "get_time"}
+    parallel = coder_tiny.chat.completions.create(model="tiny-coder", messages=ASK, tools=TOOLS,
+                                                  tool_choice="required", temperature=1.0, seed=3, max_tokens=400)
+    assert parallel.choices[0].message.tool_calls and parallel.choices[0].finish_reason in ("tool_calls", "length")
+    # The Messages API reads the same calls as tool_use blocks.
+    import anthropic
+
+    messages = anthropic.Anthropic(base_url=str(coder_tiny.base_url).removesuffix("/v1/"), api_key="unused",
+                                   max_retries=0).messages
+    said = messages.create(model="tiny-coder", max_tokens=200, messages=ASK, tool_choice={"type": "any"},
+                           tools=[{"name": t["function"]["name"], "description": t["function"]["description"],
+                                   "input_schema": t["function"]["parameters"]} for t in TOOLS])
+    (use,) = [b for b in said.content if b.type == "tool_use"]
+    assert said.stop_reason == "tool_use" and use.name in ("get_weather", "get_time")
+    if use.name == "get_weather":
+        jsonschema.validate(use.input, WEATHER_ARGS)
+
+
 def test_a_named_call_is_that_function(client):
     resp = client.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, temperature=0, max_tokens=200,
                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -156,14 +191,14 @@ def test_a_streamed_call_arrives_as_tool_call_deltas(client):
         json.loads(entry["arguments"])
 
 
-def test_a_conversation_with_a_tool_result_continues(client, hermes_tiny):
+def test_a_conversation_with_a_tool_result_continues(client, hermes_tiny, coder_tiny):
     conversation = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_abc", "type": "function",
              "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
         {"role": "tool", "tool_call_id": "call_abc", "content": "18 degrees, sunny"},
     ]
-    for c, model in ((client, MODEL_ID), (hermes_tiny, "tiny-hermes")):
+    for c, model in ((client, MODEL_ID), (hermes_tiny, "tiny-hermes"), (coder_tiny, "tiny-coder")):
         resp = c.chat.completions.create(model=model, messages=conversation, tools=TOOLS, temperature=0, max_tokens=8)
         assert resp.choices[0].finish_reason in ("stop", "length", "tool_calls")
         assert resp.usage.prompt_tokens > 20

@@ -1,6 +1,7 @@
 """Tool calls (pure): the wire schema, the format per template, the grammar, and parsing answers back."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +61,8 @@ def test_formats_follow_the_template():
     assert template_format("<|start_header_id|>ipython{{ tools }}<|python_tag|>") == "llama3"
     assert template_format("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]") == "mistral"
     assert template_format("<|im_start|>{{ message['role'] }}") == "generic"
+    coder = (Path(__file__).parent / "templates" / "Qwen-Qwen3-Coder.jinja").read_text()
+    assert template_format(coder) == "qwen3_coder"  # its <tool_call> tags are Hermes's too: XML wins
 
 
 @pytest.mark.parametrize("text", [
@@ -101,7 +104,7 @@ def test_what_is_not_a_well_formed_call_stays_content(text):
     assert parse_output(text, TOOLS) == (text, [])
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "generic"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "llama3", "mistral", "generic"])
 def test_grammars_compile_in_llama_cpp(fmt):
     from llama_cpp.llama_grammar import LlamaGrammar
 
@@ -202,3 +205,66 @@ def test_the_whole_calls_before_a_cut_one_are_calls_when_max_tokens_cut_the_answ
     assert stream.feed(text) == ""
     assert [c.name for c in stream.finish(truncated=True)[1]] == names
     assert parse_output('{"tool_calls": [{"name": "nope", "argu', TOOLS, truncated=True)[1] == []
+
+
+CODE = {"type": "function", "function": {"name": "write_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"},
+                                    "mode": {"type": "integer"}, "append": {"type": "boolean"},
+                                    "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["path", "content"]}}}
+CODER_TOOLS = parse_tools({"tools": [WEATHER, TIME, CODE]})
+
+
+def test_qwen3_coders_xml_calls_are_read_with_their_schemas_types():
+    """Qwen3-Coder's calls came back as plain text (#34)."""
+    text = ("I'll write it.\n<tool_call>\n<function=write_file>\n<parameter=path>\nsrc/a.py\n</parameter>\n"
+            "<parameter=content>\nif a < b and c</d:\n    print(\"x\")\n\n</parameter>\n<parameter=mode>\n420\n"
+            "</parameter>\n<parameter=append>\nfalse\n</parameter>\n<parameter=tags>\n[\"x\", \"y\"]\n</parameter>\n"
+            "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>")
+    content, calls = parse_output(text, CODER_TOOLS)
+    assert content == "I'll write it."
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("write_file", {"path": "src/a.py", "content": 'if a < b and c</d:\n    print("x")\n', "mode": 420,
+                        "append": False, "tags": ["x", "y"]}),
+        ("get_time", {})]
+    # A string that looks like a number stays a string; a value that is not JSON where JSON is wanted stays text.
+    _, (call,) = parse_output("<tool_call>\n<function=write_file>\n<parameter=path>\n42\n</parameter>\n"
+                              "<parameter=content>\nx\n</parameter>\n<parameter=mode>\nrw\n</parameter>\n"
+                              "</function>\n</tool_call>", CODER_TOOLS)
+    assert call.arguments == {"path": "42", "content": "x", "mode": "rw"}
+    streamed = ToolCallStream(CODER_TOOLS)
+    sent = "".join(streamed.feed(text[i:i + 5]) for i in range(0, len(text), 5))
+    rest, streamed_calls = streamed.finish()
+    assert (sent + rest).strip() == "I'll write it." and [c.name for c in streamed_calls] == ["write_file", "get_time"]
+
+
+@pytest.mark.parametrize("text", [
+    "<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>",                      # not a tool we offered
+    "<tool_call>\n<function=get_time>\nstray text\n</function>\n</tool_call>",        # text between parameters
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</tool_call>",      # never closed
+])
+def test_what_is_not_a_well_formed_xml_call_stays_content(text):
+    assert parse_output(text, CODER_TOOLS) == (text, [])
+
+
+def test_an_xml_call_cut_by_max_tokens_keeps_the_whole_calls_before_it():
+    text = ("<tool_call>\n<function=get_time>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
+            "<parameter=city>\nOs")
+    content, calls = parse_output(text, CODER_TOOLS, truncated=True)
+    assert [c.name for c in calls] == ["get_time"] and not content
+
+
+def test_the_xml_grammar_writes_each_tools_parameters_in_order_required_ones_always():
+    from host_runtime.serving.tool_calls import MAX_PARALLEL_CALLS
+
+    grammar = grammar_for("qwen3_coder", CODER_TOOLS, ToolChoice("required"))
+    lines = grammar.splitlines()
+    assert lines[0] == f'root ::= call ( "\\n" call ){{0,{MAX_PARALLEL_CALLS - 1}}}'
+    weather = next(line for line in lines if line.startswith("fn-0 ::="))
+    # city: raw text up to maxLength 20; unit: its enum's values as written; both required (not optional).
+    assert '"<parameter=" "city" ">\\n" xml-char{0,20} "\\n</parameter>\\n"' in weather
+    assert '( "c" | "f" )' in weather and "( \"<parameter=\"" not in weather
+    code = next(line for line in lines if line.startswith("fn-2 ::="))
+    assert '( "<parameter=" "mode" ">\\n" "-"? [0-9]{1,16}' in code  # optional, an integer
+    named = grammar_for("qwen3_coder", CODER_TOOLS, ToolChoice("named", "get_time"))
+    assert named.splitlines()[0] == "root ::= call" and "get_weather" not in named

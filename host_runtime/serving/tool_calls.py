@@ -11,6 +11,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from host_runtime.engine.tool_format import HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, PYTHON_TAG
+from host_runtime.serving import tool_calls_xml
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_TOOLS_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
 
@@ -186,6 +187,8 @@ def _call_grammar(fmt: str, tools: list[Tool], choice: ToolChoice) -> str:
         return root + "\n" + call
     if fmt == "llama3":
         return _schema_grammar(_call_schema(allowed, fmt))  # one call: Llama 3's format has no list
+    if fmt == "qwen3_coder":
+        return tool_calls_xml.grammar(allowed, parallel, MAX_PARALLEL_CALLS)
     # mistral (its [TOOL_CALLS] marker is a special token a grammar cannot write) and generic: JSON
     items = {"type": "array", "items": _call_schema(allowed, fmt), "minItems": 1,
              "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
@@ -277,10 +280,14 @@ def parse_output(text: str, tools: list[Tool], truncated: bool = False) -> tuple
             before, _, after = rest.partition(HERMES_OPEN)
             body, closed, rest = after.partition(HERMES_CLOSE)
             found = None
-            try:
-                found = _calls_from_json(_loads(body.strip()), names)
-            except ValueError:
-                pass
+            if body.lstrip().startswith(tool_calls_xml.FUNCTION_OPEN):  # Qwen3-Coder's XML call
+                read = tool_calls_xml.read_call(body, tools)
+                found = [ToolCall(*read)] if read else None
+            else:
+                try:
+                    found = _calls_from_json(_loads(body.strip()), names)
+                except ValueError:
+                    pass
             if found is None and truncated and not closed and calls:
                 content.append(before)
                 rest = ""
