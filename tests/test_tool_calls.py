@@ -4,6 +4,7 @@ tiny random-weight GGUF whose template has a Hermes/Qwen tool section, read thro
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -80,6 +81,13 @@ def coder_tiny(tmp_path_factory):
     yield from _tiny_server(tmp_path_factory.mktemp("coder"), "tiny-coder", template, ctx=4096)
 
 
+@pytest.fixture(scope="module")
+def glm_tiny(tmp_path_factory):
+    """GLM 4.5's own template (tests/templates, from llama.cpp's repository): <arg_key>/<arg_value> calls."""
+    template = (Path(__file__).parent / "templates" / "zai-org-GLM-4.5.jinja").read_text()
+    yield from _tiny_server(tmp_path_factory.mktemp("glm"), "tiny-glm", template, ctx=4096)
+
+
 def _required_calls(client, model: str, seeds, **extra):
     def one(seed):
         return client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
@@ -89,13 +97,22 @@ def _required_calls(client, model: str, seeds, **extra):
         return list(pool.map(one, seeds))
 
 
-def _check_call(resp):
+# A raw (unquoted) string's length as llama.cpp's grammar counts it: it reads a lead byte and whatever byte follows
+# as one character, where Python's decoder sees invalid UTF-8 (one U+FFFD per byte). A random-weight model writes
+# such bytes; a real one writes text. So raw strings are checked with each run of U+FFFD as at most one character.
+RAW_STRING_ARGS = {**WEATHER_ARGS, "properties": {**WEATHER_ARGS["properties"], "city": {"type": "string"}}}
+
+
+def _check_call(resp, raw_strings: bool = False):
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.id.startswith("call_")
     args = json.loads(call.function.arguments)
-    if call.function.name == "get_weather":
+    if call.function.name == "get_weather" and raw_strings:
+        jsonschema.validate(args, RAW_STRING_ARGS)
+        assert len(re.sub("\ufffd+", "?", args["city"])) <= WEATHER_ARGS["properties"]["city"]["maxLength"], args
+    elif call.function.name == "get_weather":
         jsonschema.validate(args, WEATHER_ARGS)
     else:
         assert call.function.name == "get_time" and args == {}
@@ -143,13 +160,15 @@ def test_a_required_call_always_parses_with_a_hermes_template(hermes_tiny):
     assert set(names) <= {"get_weather", "get_time"}
 
 
-def test_a_required_call_always_parses_with_qwen3_coders_xml_template(coder_tiny):
-    """Qwen3-Coder's XML calls came back as plain text (#34): constrained by the XML grammar, every answer of a
-    random-weight model is a call of an offered tool whose arguments fit its schema (city at most 20 characters,
-    unit one of the enum's)."""
-    names = [_check_call(r) for r in _required_calls(coder_tiny, "tiny-coder", range(100))]
+@pytest.mark.parametrize("server,model", [("coder_tiny", "tiny-coder"), ("glm_tiny", "tiny-glm")])
+def test_a_required_call_always_parses_with_xml_call_templates(request, server, model):
+    """Qwen3-Coder's and GLM's XML calls came back as plain text (#34): constrained by the XML grammar, every answer
+    of a random-weight model is a call of an offered tool whose arguments fit its schema (city at most 20
+    characters, unit one of the enum's)."""
+    coder_tiny = request.getfixturevalue(server)
+    names = [_check_call(r, raw_strings=True) for r in _required_calls(coder_tiny, model, range(100))]
     assert set(names) <= {"get_weather", "get_time"}
-    parallel = coder_tiny.chat.completions.create(model="tiny-coder", messages=ASK, tools=TOOLS,
+    parallel = coder_tiny.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
                                                   tool_choice="required", temperature=1.0, seed=3, max_tokens=400)
     assert parallel.choices[0].message.tool_calls and parallel.choices[0].finish_reason in ("tool_calls", "length")
     # The Messages API reads the same calls as tool_use blocks.
@@ -157,13 +176,13 @@ def test_a_required_call_always_parses_with_qwen3_coders_xml_template(coder_tiny
 
     messages = anthropic.Anthropic(base_url=str(coder_tiny.base_url).removesuffix("/v1/"), api_key="unused",
                                    max_retries=0).messages
-    said = messages.create(model="tiny-coder", max_tokens=200, messages=ASK, tool_choice={"type": "any"},
+    said = messages.create(model=model, max_tokens=200, messages=ASK, tool_choice={"type": "any"},
                            tools=[{"name": t["function"]["name"], "description": t["function"]["description"],
                                    "input_schema": t["function"]["parameters"]} for t in TOOLS])
     (use,) = [b for b in said.content if b.type == "tool_use"]
     assert said.stop_reason == "tool_use" and use.name in ("get_weather", "get_time")
     if use.name == "get_weather":
-        jsonschema.validate(use.input, WEATHER_ARGS)
+        jsonschema.validate(use.input, RAW_STRING_ARGS)
 
 
 def test_a_named_call_is_that_function(client):
@@ -191,14 +210,15 @@ def test_a_streamed_call_arrives_as_tool_call_deltas(client):
         json.loads(entry["arguments"])
 
 
-def test_a_conversation_with_a_tool_result_continues(client, hermes_tiny, coder_tiny):
+def test_a_conversation_with_a_tool_result_continues(client, hermes_tiny, coder_tiny, glm_tiny):
     conversation = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_abc", "type": "function",
              "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
         {"role": "tool", "tool_call_id": "call_abc", "content": "18 degrees, sunny"},
     ]
-    for c, model in ((client, MODEL_ID), (hermes_tiny, "tiny-hermes"), (coder_tiny, "tiny-coder")):
+    for c, model in ((client, MODEL_ID), (hermes_tiny, "tiny-hermes"), (coder_tiny, "tiny-coder"),
+                     (glm_tiny, "tiny-glm")):
         resp = c.chat.completions.create(model=model, messages=conversation, tools=TOOLS, temperature=0, max_tokens=8)
         assert resp.choices[0].finish_reason in ("stop", "length", "tool_calls")
         assert resp.usage.prompt_tokens > 20

@@ -63,6 +63,8 @@ def test_formats_follow_the_template():
     assert template_format("<|im_start|>{{ message['role'] }}") == "generic"
     coder = (Path(__file__).parent / "templates" / "Qwen-Qwen3-Coder.jinja").read_text()
     assert template_format(coder) == "qwen3_coder"  # its <tool_call> tags are Hermes's too: XML wins
+    glm = (Path(__file__).parent / "templates" / "zai-org-GLM-4.5.jinja").read_text()
+    assert template_format(glm) == "glm45"
 
 
 @pytest.mark.parametrize("text", [
@@ -104,7 +106,7 @@ def test_what_is_not_a_well_formed_call_stays_content(text):
     assert parse_output(text, TOOLS) == (text, [])
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "llama3", "mistral", "generic"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "glm45", "llama3", "mistral", "generic"])
 def test_grammars_compile_in_llama_cpp(fmt):
     from llama_cpp.llama_grammar import LlamaGrammar
 
@@ -268,3 +270,18 @@ def test_the_xml_grammar_writes_each_tools_parameters_in_order_required_ones_alw
     assert '( "<parameter=" "mode" ">\\n" "-"? [0-9]{1,16}' in code  # optional, an integer
     named = grammar_for("qwen3_coder", CODER_TOOLS, ToolChoice("named", "get_time"))
     assert named.splitlines()[0] == "root ::= call" and "get_weather" not in named
+
+
+def test_glms_calls_are_read_with_their_schemas_types():
+    text = ("<tool_call>write_file\n<arg_key>path</arg_key>\n<arg_value>src/a.py</arg_value>\n<arg_key>content</arg_key>"
+            "\n<arg_value>x = 1 < 2\n</arg_value>\n<arg_key>mode</arg_key>\n<arg_value>420</arg_value>\n</tool_call>"
+            "\n<tool_call>get_time\n</tool_call>")
+    content, calls = parse_output(text, CODER_TOOLS)
+    assert content is None and [(c.name, c.arguments) for c in calls] == [
+        ("write_file", {"path": "src/a.py", "content": "x = 1 < 2\n", "mode": 420}), ("get_time", {})]
+    for bad in ("<tool_call>rm_rf\n</tool_call>", "<tool_call>get_time\nstray\n</tool_call>",
+                "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</tool_call>"):
+        assert parse_output(bad, CODER_TOOLS) == (bad, []), bad
+    grammar = grammar_for("glm45", CODER_TOOLS, ToolChoice("named", "get_weather")).splitlines()
+    assert grammar[:2] == ["root ::= call", 'call ::= "<tool_call>" ( fn-0 ) "</tool_call>"']
+    assert grammar[2].startswith('fn-0 ::= "get_weather" "\\n<arg_key>" "city" "</arg_key>\\n<arg_value>" xml-char{0,20}')

@@ -3,6 +3,7 @@
 Formats, chosen from the GGUF's chat template as llama-server's --jinja mode does:
   hermes   Qwen 2.5/3, Hermes 2 Pro and others: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
   qwen3_coder  Qwen3-Coder: <tool_call><function=NAME><parameter=KEY>raw value</parameter></function></tool_call>
+  glm45    GLM 4.5 and later: <tool_call>NAME<arg_key>KEY</arg_key><arg_value>raw value</arg_value></tool_call>
   llama3   Llama 3.1-3.3: {"name": ..., "parameters": {...}}, optionally after <|python_tag|>
   mistral  Mistral/Nemo: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
   generic  any other template (SmolLM2's ChatML included): the tools are described in the system message and
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-FORMATS = ("hermes", "qwen3_coder", "llama3", "mistral", "generic")
+FORMATS = ("hermes", "qwen3_coder", "glm45", "llama3", "mistral", "generic")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_OPEN = "[TOOL_CALLS]"
 PYTHON_TAG = "<|python_tag|>"
@@ -23,6 +24,8 @@ PYTHON_TAG = "<|python_tag|>"
 def template_format(template: str) -> str:
     if "<function=" in template and "<parameter=" in template:  # inside <tool_call> too: before Hermes
         return "qwen3_coder"
+    if "<arg_key>" in template:
+        return "glm45"
     if HERMES_OPEN in template:
         return "hermes"
     if MISTRAL_OPEN in template:

@@ -187,8 +187,8 @@ def _call_grammar(fmt: str, tools: list[Tool], choice: ToolChoice) -> str:
         return root + "\n" + call
     if fmt == "llama3":
         return _schema_grammar(_call_schema(allowed, fmt))  # one call: Llama 3's format has no list
-    if fmt == "qwen3_coder":
-        return tool_calls_xml.grammar(allowed, parallel, MAX_PARALLEL_CALLS)
+    if fmt in ("qwen3_coder", "glm45"):
+        return tool_calls_xml.grammar(fmt, allowed, parallel, MAX_PARALLEL_CALLS)
     # mistral (its [TOOL_CALLS] marker is a special token a grammar cannot write) and generic: JSON
     items = {"type": "array", "items": _call_schema(allowed, fmt), "minItems": 1,
              "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
@@ -280,7 +280,7 @@ def parse_output(text: str, tools: list[Tool], truncated: bool = False) -> tuple
             before, _, after = rest.partition(HERMES_OPEN)
             body, closed, rest = after.partition(HERMES_CLOSE)
             found = None
-            if body.lstrip().startswith(tool_calls_xml.FUNCTION_OPEN):  # Qwen3-Coder's XML call
+            if tool_calls_xml.is_xml_call(body):  # Qwen3-Coder's or GLM's XML call
                 read = tool_calls_xml.read_call(body, tools)
                 found = [ToolCall(*read)] if read else None
             else:

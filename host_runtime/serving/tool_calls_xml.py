@@ -1,6 +1,6 @@
-"""Qwen3-Coder's XML tool calls (pure): the grammar that makes a required call parse, and reading calls back.
+"""XML-style tool calls (pure): the grammar that makes a required call parse, and reading calls back.
 
-The model writes, inside the same <tool_call> tags Hermes uses:
+Inside the same <tool_call> tags Hermes uses, Qwen3-Coder writes
     <tool_call>
     <function=get_weather>
     <parameter=city>
@@ -8,8 +8,13 @@ The model writes, inside the same <tool_call> tags Hermes uses:
     </parameter>
     </function>
     </tool_call>
-A parameter's value is raw text (code spans lines and is not JSON-quoted); the tool's schema says what it is: a
-string stays as written, anything else is read as JSON where it parses (as llama.cpp's parser does)."""
+and GLM 4.5 and later write
+    <tool_call>get_weather
+    <arg_key>city</arg_key>
+    <arg_value>Paris</arg_value>
+    </tool_call>
+A value is raw text (code spans lines and is not JSON-quoted); the tool's schema says what it is: a string stays
+as written, anything else is read as JSON where it parses (as llama.cpp's parsers do)."""
 
 from __future__ import annotations
 
@@ -17,10 +22,16 @@ import json
 import re
 
 FUNCTION_OPEN = "<function="
+ARG_KEY = "<arg_key>"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
-# A raw value: any text without "</p" (so "</parameter>" ends it; "<" and "</" otherwise stay possible).
-_VALUE_CHAR = 'xml-char ::= [^<] | "<" [^/] | "</" [^p]'
+_GLM_CALL = re.compile(r"([A-Za-z0-9_.-]{1,64})\s*(.*)", re.S)
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+# A raw value: any text without "</p" (Qwen3-Coder: "</parameter>" ends it) or "</a" (GLM: "</arg_value>");
+# "<" and "</" otherwise stay possible. Never \x00: llama.cpp's grammar reads bytes that are not UTF-8 as code
+# point 0, so excluding it keeps a byte-level model's broken sequences out (as JSON's string rule does).
+_VALUE_CHAR = {"qwen3_coder": r'xml-char ::= [^<\x00] | "<" [^/\x00] | "</" [^p\x00]',
+               "glm45": r'xml-char ::= [^<\x00] | "<" [^/\x00] | "</" [^a\x00]'}
 # JSON values for parameters that are not strings: loose (the call's shape is what the grammar promises).
 _JSON_RULES = r'''json-value ::= json-object | json-array | json-string | json-number | "true" | "false" | "null"
 json-object ::= "{" ws ( json-string ws ":" ws json-value ( ws "," ws json-string ws ":" ws json-value ){0,64} )? ws "}"
@@ -69,22 +80,29 @@ def _value_rule(schema) -> str:
     return "json-value"
 
 
-def grammar(tools: list, parallel: bool, most_calls: int) -> str:
-    """GBNF admitting only well-formed XML calls of `tools` (each a tool_calls.Tool): every required parameter,
-    the others optional, in the schema's order."""
+def grammar(fmt: str, tools: list, parallel: bool, most_calls: int) -> str:
+    """GBNF admitting only well-formed calls of `tools` (each a tool_calls.Tool) in `fmt`'s XML ("qwen3_coder" or
+    "glm45"): every required parameter, the others optional, in the schema's order."""
     rules, bodies = [], []
     for i, tool in enumerate(tools):
         props = (tool.parameters or {}).get("properties") or {}
         required = set((tool.parameters or {}).get("required") or ())
         parts = []
         for name, schema in props.items():
-            one = f'"<parameter=" {_literal(name)} ">\\n" {_value_rule(schema)} "\\n</parameter>\\n"'
+            if fmt == "glm45":
+                one = f'"\\n<arg_key>" {_literal(name)} "</arg_key>\\n<arg_value>" {_value_rule(schema)} "</arg_value>"'
+            else:
+                one = f'"<parameter=" {_literal(name)} ">\\n" {_value_rule(schema)} "\\n</parameter>\\n"'
             parts.append(one if name in required else f"( {one} )?")
-        rules.append(f"fn-{i} ::= {_literal(tool.name)} \">\\n\" " + (" ".join(parts) if parts else '""'))
+        opener = _literal(tool.name) if fmt == "glm45" else f'{_literal(tool.name)} ">\\n"'
+        rules.append(f"fn-{i} ::= {opener} " + (" ".join(parts) if parts else '""'))
         bodies.append(f"fn-{i}")
-    call = f'call ::= "<tool_call>\\n<function=" ( {" | ".join(bodies)} ) "</function>\\n</tool_call>"'
+    if fmt == "glm45":
+        call = f'call ::= "<tool_call>" ( {" | ".join(bodies)} ) "</tool_call>"'
+    else:
+        call = f'call ::= "<tool_call>\\n<function=" ( {" | ".join(bodies)} ) "</function>\\n</tool_call>"'
     root = "root ::= call" + (f' ( "\\n" call ){{0,{most_calls - 1}}}' if parallel else "")
-    return "\n".join([root, call, *rules, _VALUE_CHAR, _JSON_RULES]) + "\n"
+    return "\n".join([root, call, *rules, _VALUE_CHAR[fmt], _JSON_RULES]) + "\n"
 
 
 def _value(text: str, schema):
@@ -96,27 +114,44 @@ def _value(text: str, schema):
         return text
 
 
+def is_xml_call(body: str) -> bool:
+    """Whether a <tool_call> block's body is one of these XML calls rather than Hermes's JSON."""
+    body = body.lstrip()
+    return body.startswith(FUNCTION_OPEN) or (ARG_KEY in body and not body.startswith("{")) or \
+        bool(re.fullmatch(r"[A-Za-z0-9_.-]{1,64}\s*", body))
+
+
+def _pairs(inner: str, pattern: re.Pattern, trim_newlines: bool):
+    """(key, raw value) pairs filling `inner` (only whitespace between them), or None."""
+    pairs, last = [], 0
+    for m in pattern.finditer(inner):
+        if inner[last:m.start()].strip():
+            return None  # text between parameters: not a call
+        raw = m.group(2)
+        if trim_newlines:
+            raw = raw[1:] if raw.startswith("\n") else raw
+            raw = raw[:-1] if raw.endswith("\n") else raw
+        pairs.append((m.group(1).strip(), raw))
+        last = m.end()
+    return None if inner[last:].strip() else pairs
+
+
 def read_call(body: str, tools: list):
-    """(name, arguments) from one call's body ("<function=NAME>...</function>"), or None when it is not a
-    well-formed call of a known tool."""
-    m = _FUNCTION.fullmatch(body.strip())
+    """(name, arguments) from one <tool_call> block's body (Qwen3-Coder's "<function=NAME>...</function>" or GLM's
+    "NAME <arg_key>...</arg_value>..."), or None when it is not a well-formed call of a known tool."""
+    body = body.strip()
+    if body.startswith(FUNCTION_OPEN):
+        m = _FUNCTION.fullmatch(body)
+        pattern, trim = _PARAMETER, True
+    else:
+        m = _GLM_CALL.fullmatch(body)
+        pattern, trim = _GLM_ARG, False
     if m is None:
         return None
-    name, inner = m.group(1).strip(), m.group(2)
+    name = m.group(1).strip()
     tool = next((t for t in tools if t.name == name), None)
-    if tool is None:
+    pairs = _pairs(m.group(2), pattern, trim) if tool is not None else None
+    if pairs is None:
         return None
     props = (tool.parameters or {}).get("properties") or {}
-    args, last = {}, 0
-    for p in _PARAMETER.finditer(inner):
-        if inner[last:p.start()].strip():
-            return None  # text between parameters: not a call
-        raw = p.group(2)
-        raw = raw[1:] if raw.startswith("\n") else raw
-        raw = raw[:-1] if raw.endswith("\n") else raw
-        key = p.group(1).strip()
-        args[key] = _value(raw, props.get(key))
-        last = p.end()
-    if inner[last:].strip():
-        return None
-    return name, args
+    return name, {key: _value(raw, props.get(key)) for key, raw in pairs}
