@@ -443,10 +443,22 @@ def check_nvidia(box: Box, result: dict, required: bool) -> None:
     say(f"NVIDIA: module {' '.join(result['nvidia']['kernel_module'])}; the CUDA build's libraries resolve")
 
 
+def box_system(box: Box) -> dict:
+    """The running version, slot and last update, as /health shows them to a key (without one it says only that
+    the box is up): over HTTPS, pinned to the box's own certificate."""
+    if getattr(box, "tls", None) is None:
+        import ssl
+        from urllib.parse import urlsplit
+
+        served = urlsplit(box.https_base)
+        box.tls = pinned_context(ssl.get_server_certificate((served.hostname, served.port), timeout=10))
+    status, body = http_get(box.https_base + "/health", context=box.tls, key=box.api_key, timeout=10)
+    return json.loads(body).get("system", {}) if status == 200 else {}
+
+
 def check_slots(box: Box, result: dict) -> None:
     """A disk boots from root slot A with its version, shown in /health; slot B waits empty for an update."""
-    status, body = http_get(box.http_base + "/health")
-    system = json.loads(body).get("system", {}) if status == 200 else {}
+    system = box_system(box)
     result["system"] = system
     parts = box.ssh("lsblk -rno PARTLABEL,MOUNTPOINTS $(findmnt -nvo SOURCE /) $(findmnt -nvo SOURCE /var)").stdout
     result["mounted_partitions"] = parts.split()

@@ -21,7 +21,6 @@ import argparse
 import functools
 import http.server
 import json
-import shutil
 import sys
 import tempfile
 import threading
@@ -30,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from image.boot_check import CheckFailed, QemuBox, check, http_get, run_and_report, say, wait_until  # noqa: E402
+from image.boot_check import (CheckFailed, QemuBox, box_system, check, run_and_report, say,  # noqa: E402
+                              wait_until)
 
 STEPS = ("tamper", "update", "power-cut", "rollback")
 HOST_FROM_GUEST = "10.0.2.2"  # qemu's user network: the host's loopback
@@ -100,8 +100,10 @@ def version_of(release_dir: Path) -> str:
 
 
 def health_system(box: QemuBox) -> dict:
-    status, body = http_get(box.http_base + "/health", timeout=10)
-    return json.loads(body).get("system", {}) if status == 200 else {}
+    try:
+        return box_system(box)
+    except OSError:
+        return {}  # not up yet (the wait goes on)
 
 
 def update_status(box: QemuBox) -> dict:

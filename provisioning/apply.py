@@ -19,7 +19,7 @@ from host_runtime.common import settings_file
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.settings_file import SettingsError
 from host_runtime.governor.settings import process_environment
-from host_runtime.common.service_user import give_to_services
+from host_runtime.common.service_user import service_owner
 from host_runtime.fleet.settings import BOX_KEY_FILE, box_peer_certificate
 from provisioning.bundle import MAX_MODEL_BYTES, Bundle, BundleError, StagedCopy
 from provisioning.signing import manifest
@@ -304,9 +304,10 @@ def _apply_checked(bundle: Bundle, root: Path, live_network: bool, require_signa
             if isinstance(data, StagedCopy):
                 _stage_copy(data, staged[rel], mode)
             else:
-                atomic_write(staged[rel], data, mode=mode)
-            if rel in SERVICE_READ_FILES:
-                give_to_services(staged[rel])
+                # The services' secrets are theirs from the open file on: a chown by path after the write, in a
+                # directory they own (tls/), could be sent through a link they put there.
+                atomic_write(staged[rel], data, mode=mode,
+                             owner=service_owner() if rel in SERVICE_READ_FILES else None)
         _commit(staged, root, tag, stale_files(root, files))
     except BaseException:
         _undo_live(undo)

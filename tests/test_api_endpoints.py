@@ -180,7 +180,6 @@ def test_health_needs_no_key_and_reports_engine(server):
     status, body = http_get(server + "/health")
     health = json.loads(body)
     assert status == 200 and {k: health[k] for k in ("status", "engine")} == {"status": "ok", "engine": "ready"}
-    assert set(health["system"]) == {"version", "slot", "last_update"}
 
 
 def test_metrics_expose_the_everycycle_set(server, client):
@@ -223,3 +222,15 @@ def test_banning_the_end_token_runs_to_max_tokens(client):
     r = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Say hi."}],
                                        temperature=0, max_tokens=40, logit_bias={"0": -100, "2": -100})
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 40
+
+
+def test_health_without_a_key_says_only_that_it_is_up(server, api_key):
+    """/health passes plain HTTP to anyone on the LAN: without a key it showed the version, the slot and why the
+    last update failed (hardening #35, item 9). With a key (or from the box itself) it still does."""
+    _, key = api_key
+    status, body = http_get(server + "/health")
+    assert status == 200 and json.loads(body) == {"status": "ok", "engine": "ready"}
+    status, body = http_get(server + "/health", key=key)
+    assert set(json.loads(body)["system"]) == {"version", "slot", "last_update"}
+    status, body = http_get(server + "/health", key="ec-not-a-key")
+    assert status == 200 and "system" not in json.loads(body)  # a wrong key is not an error here, nor a key

@@ -32,3 +32,42 @@ def test_a_pull_without_a_declared_size_stops_at_the_stores_room(tmp_path, monke
     finally:
         server.shutdown()
     assert not any(p.stat().st_size > 6 << 20 for p in (tmp_path / "store").rglob("*") if p.is_file())
+
+
+def test_root_writes_no_file_through_a_link_planted_where_it_downloads_or_copies(tmp_path):
+    """Root's `models pull` appended through a link on resume and `models add` copied through one: the store's
+    directories are the services' own, so a service could point either at any file (hardening #35, item 6)."""
+    from host_runtime.models.store import _copy_without_links
+
+    victim = tmp_path / "shadow"
+    victim.write_bytes(b"root:secret\n")
+    planted = tmp_path / "part"
+    planted.symlink_to(victim)
+    for append in (False, True):
+        with pytest.raises(OSError):
+            copy_hashing(io.BytesIO(b"model bytes"), planted, lambda n: None, append=append)
+    assert victim.read_bytes() == b"root:secret\n"
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF model")
+    _copy_without_links(source, planted)  # the link is replaced by the copy, its target untouched
+    assert not planted.is_symlink() and planted.read_bytes() == b"GGUF model"
+    assert victim.read_bytes() == b"root:secret\n"
+
+
+@pytest.mark.root
+def test_root_gives_a_file_its_owner_on_the_open_file(tmp_path):
+    """Provisioning chowned the services' secrets by path after writing them, in a directory they own."""
+    import os
+
+    from host_runtime.common.atomic_file import atomic_write
+    from host_runtime.common.service_user import service_ids
+
+    nobody = service_ids("nobody")
+    atomic_write(tmp_path / "api.key", b"KEY", 0o600, owner=nobody)
+    st = os.stat(tmp_path / "api.key")
+    assert (st.st_uid, st.st_gid) == nobody and st.st_mode & 0o777 == 0o600
+    victim = tmp_path / "root-owned"
+    victim.write_bytes(b"x")
+    (tmp_path / "link").symlink_to(victim)
+    atomic_write(tmp_path / "link", b"new", 0o600)  # replaces the link; takes nothing from its target
+    assert not (tmp_path / "link").is_symlink() and victim.read_bytes() == b"x"

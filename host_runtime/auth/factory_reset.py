@@ -19,7 +19,7 @@ from pathlib import Path
 
 from host_runtime.auth import admin_passphrase
 from host_runtime.common.atomic_file import atomic_write
-from host_runtime.common.service_user import give_to_services
+from host_runtime.common.service_user import service_owner
 from host_runtime.update.carry import IMAGE_OWNED
 
 PRESENCE_TOKEN = "factory-reset"
@@ -133,8 +133,8 @@ def factory_reset(root: Path, bundle_dir: Path) -> list[str]:
         gone += _truncate(root / rel)
     gone += _empty(Path(bundle_dir))  # the bundle first boot would apply again, and the presence token
     keys = root / KEYS_FILE
-    atomic_write(keys, b'{"version": 1, "keys": []}\n', 0o600)
-    give_to_services(keys)  # readable by serving: a file it cannot read would leave it on the old keys
+    # Readable by serving: a file it cannot read would leave it on the old keys.
+    atomic_write(keys, b'{"version": 1, "keys": []}\n', 0o600, owner=service_owner())
     shown = []
     for path in gone:
         try:

@@ -7,22 +7,28 @@ import tempfile
 from pathlib import Path
 
 
-def _keep_owner(fd: int, target: Path) -> None:
-    """A file root rewrites keeps its owner: the services' key file, edited by root's tools, stays theirs."""
+def _keep_owner(fd: int, target: Path, owner: tuple[int, int] | None) -> None:
+    """A file root writes gets `owner` when given; else it keeps the replaced file's owner (the services' key file,
+    edited by root's tools, stays theirs). Set on the open file before the rename, never through a path: in a
+    directory the services own, a path could be swapped for a link to any file between the write and a chown."""
     if os.geteuid() != 0:
         return
+    if owner is not None:
+        os.fchown(fd, *owner)
+        return
     try:
-        st = target.stat()
+        st = target.lstat()  # a link in its place is replaced, not followed
     except FileNotFoundError:
         return
-    if (st.st_uid, st.st_gid) != (0, 0):
+    if (st.st_uid, st.st_gid) != (0, 0) and not os.path.islink(target):
         os.fchown(fd, st.st_uid, st.st_gid)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644,
+                 owner: tuple[int, int] | None = None) -> None:
     """Write `data` to `path` via a temp file in the same directory, fsync, rename.
 
-    The temp file gets `mode` (and, written by root, the replaced file's owner) before any byte is
+    The temp file gets `mode` (and, written by root, `owner` or the replaced file's owner) before any byte is
     written, so a secret is never readable by others even for an instant.
     """
     target = Path(path)
@@ -30,7 +36,7 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Non
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, mode)
-        _keep_owner(fd, target)
+        _keep_owner(fd, target, owner)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

@@ -4,6 +4,8 @@ fetch and the model store's pull both do. A download can resume where a partial 
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import time
 
 
@@ -66,7 +68,13 @@ def copy_hashing(stream, dest, progress, *, append: bool = False, digest=None, l
     checked."""
     digest = digest or hashlib.sha256()
     written = 0
-    with stream, open(dest, "ab" if append else "wb") as out:
+    # Never through a link: root pulls into a directory the services own, where one could be planted at dest.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(dest, flags, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(f"{dest} is not a regular file")
+    with stream, os.fdopen(fd, "wb") as out:
         while block := stream.read(4 << 20):
             if limit is not None and written + len(block) > limit:
                 raise TooLarge(limit)

@@ -23,3 +23,9 @@ def give_to_services(path: str | os.PathLike, name: str = SERVICE_USER) -> None:
     ids = service_ids(name)
     if ids is not None and os.geteuid() == 0:
         os.chown(Path(path), *ids)
+
+
+def service_owner(name: str = SERVICE_USER) -> tuple[int, int] | None:
+    """The (uid, gid) root gives the services' files (atomic_write's owner, set on the open file); None where root
+    cannot or the user does not exist."""
+    return service_ids(name) if os.geteuid() == 0 else None

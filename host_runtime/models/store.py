@@ -104,7 +104,7 @@ class Store:
             os.replace(file, target)
         else:
             staged = target.with_name(target.name + ".partial")
-            shutil.copyfile(file, staged)
+            _copy_without_links(file, staged)
             os.replace(staged, target)
         manifest = Manifest(name=name, file=target.name, sha256=sha256, size=target.stat().st_size,
                             source=source, added_at=_now(), **info)
@@ -161,3 +161,14 @@ class Store:
         updated = Manifest(**{**json.loads(manifest.to_json()), "pinned": pinned})
         atomic_write(self.root / name / MANIFEST, updated.to_json().encode(), mode=0o644)
         return updated
+
+
+def _copy_without_links(source: Path, dest: Path) -> None:
+    """Copy into a directory the services own (root's `models add`): whatever is at dest (a link planted there)
+    is removed, never followed, and the copy is a new file (O_EXCL: a link planted in between is an error)."""
+    dest.unlink(missing_ok=True)
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(source, "rb") as src, os.fdopen(fd, "wb") as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+        out.flush()
+        os.fsync(out.fileno())

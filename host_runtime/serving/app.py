@@ -113,17 +113,15 @@ class AuthMiddleware:
         # the front lets no LAN client reach it (metrics = "loopback"), and the front passes /fleet/ to anyone.
         prefixed = req.context.get("fleet_prefixed", False)
         if req.path in self._open and (not prefixed or req.path == "/health"):
+            self._note_key(req)  # an open path answers more to a key (/health: the system's version and slot)
             return
         if req.path == "/metrics" and not prefixed and is_local_reader(req):
             return
-        header = req.get_header("Authorization") or ""
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            token = req.get_header("X-Api-Key") or ""  # the Anthropic SDK's header
-        if not token.strip():
+        token = _presented_key(req)
+        if not token:
             raise APIError(401, "no API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                            code="missing_api_key")
-        name = self._verifier.verify(token.strip())
+        name = self._verifier.verify(token)
         if name is None:
             raise APIError(401, "the API key is not valid for this box", code="invalid_api_key")
         policy = self._verifier.policy_of(name)
@@ -133,6 +131,23 @@ class AuthMiddleware:
         req.context.key_priority = self._verifier.priority_of(name)  # its requests' class at most (priority_for)
         req.context.key_max_concurrent = self._verifier.max_concurrent_of(name)
         req.context.key_policy = policy  # its token limits and models (generation_call)
+
+
+    def _note_key(self, req: falcon.Request) -> None:
+        token = _presented_key(req)
+        name = self._verifier.verify(token) if token else None
+        if name is not None:
+            policy = self._verifier.policy_of(name)
+            if policy is None or policy.allows_address(client_address(req)):
+                req.context.key_name = name
+
+
+def _presented_key(req: falcon.Request) -> str:
+    header = req.get_header("Authorization") or ""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        token = req.get_header("X-Api-Key") or ""  # the Anthropic SDK's header
+    return token.strip()
 
 
 def keep_alive_of(body: dict):
@@ -227,8 +242,9 @@ def _json(resp: falcon.Response, doc: dict, status: int = 200) -> None:
 
 
 class Health:
-    def __init__(self, client: EngineClient):
+    def __init__(self, client: EngineClient, keyless: bool = False):
         self._client = client
+        self._keyless = keyless  # an API that takes no key (a developer's) tells everyone everything
 
     def on_get(self, req, resp):
         try:
@@ -236,6 +252,11 @@ class Health:
             engine, detail = info.state, info.reason
         except EngineUnavailable as exc:
             engine, detail = "unreachable", str(exc)
+        if not (self._keyless or req.context.get("key_name") or is_local_reader(req)):
+            # Without a key (plain HTTP passes /health to anyone on the LAN): alive or not, nothing that tells
+            # an attacker which version runs or why the last update failed.
+            _json(resp, {"status": "ok", "engine": engine})
+            return
         from host_runtime.update.system import status
 
         system = status(with_entries=False)
@@ -566,7 +587,7 @@ def create_app(config: AppConfig) -> falcon.App:
         middleware.append(AuthMiddleware(KeyVerifier(config.keys_file), config.metrics_access))
     app = falcon.App(middleware=middleware)
     router = Router(client, config.pool_socket, dict(config.aliases))
-    app.add_route("/health", Health(client))
+    app.add_route("/health", Health(client, keyless=not config.keys_file))
     app.add_route("/ready", Ready(client, config))
     app.add_route("/metrics", Metrics(router, config))
     app.add_route("/openapi.json", OpenAPIDocument())
