@@ -100,6 +100,11 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
                                                  "others (chmod 600)"))
     errors += _network_errors(box["network"]["interfaces"])
     errors += _fleet_errors(bundle, box, readable)
+    keys_rel = field_value(box, "ssh.authorized_keys")
+    if keys_rel in readable:
+        problem = authorized_keys_problem(bundle.read(keys_rel).decode("utf-8", "replace"))
+        if problem:
+            errors.append(BundleError("ssh.authorized_keys", problem))
     model = box["model"]
     model_quant = None  # the bundle's model's quantization, from its one parse
     if model["source"] == "bundle":
@@ -169,6 +174,41 @@ def _quantization_errors(box: dict, bundle_model_quant: str | None) -> list[Bund
     if have is None or have.upper() != str(wanted).upper():
         return [BundleError("model.quantization", f"{where} is {have or 'of an unknown quantization'}, not {wanted}")]
     return []
+
+
+SSH_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+                 "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
+
+
+def authorized_keys_problem(text: str) -> str | None:
+    """What is wrong with an authorized_keys file's text, or None: each line that is not blank or a comment must be
+    an OpenSSH public key (its type, then base64 whose first field names the same type), as ssh-keygen writes
+    them; a private key pasted by mistake is refused."""
+    import base64
+    import binascii
+    import struct
+
+    if "PRIVATE KEY" in text:
+        return "holds a private key: give the public one (the .pub file)"
+    count = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split()
+        at = next((i for i, f in enumerate(fields) if f in SSH_KEY_TYPES), None)  # options may come first
+        if at is None or at + 1 >= len(fields):
+            return f"line {number} is not an SSH public key (it starts with one of {', '.join(SSH_KEY_TYPES[:3])}...)"
+        try:
+            blob = base64.b64decode(fields[at + 1], validate=True)
+            (length,) = struct.unpack(">I", blob[:4])
+            named = blob[4:4 + length].decode()
+        except (binascii.Error, struct.error, UnicodeDecodeError, ValueError):
+            named = None
+        if named != fields[at]:
+            return f"line {number}: the {fields[at]} key's data is damaged (copy the whole line from the .pub file)"
+        count += 1
+    return None if count else "holds no SSH public key"
 
 
 def _parse_gguf(path: Path):

@@ -122,6 +122,8 @@ BAD = [
                                                     "peers": ["https://10.20.0.5:8443"]}), FLEET_KEY, "fleet.peers[0]"),
     ("a peer that is not a URL", _with("fleet", {"role": "gateway", "key_file": "files/fleet.key",
                                                  "peers": ["10.20.0.6"]}), FLEET_KEY, "fleet.peers[0]"),
+    ("authorized_keys that are not SSH public keys", _with("ssh", {"authorized_keys": "files/keys"}),
+     {"extra": {"files/keys": b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3Bl\n"}}, "ssh.authorized_keys"),
     ("a plain-HTTP peer (the fleet key would cross the LAN in clear)",
      _with("fleet", {"role": "gateway", "key_file": "files/fleet.key", "peers": ["http://10.20.0.6:8080"]}),
      FLEET_KEY, "fleet.peers[0]"),

@@ -366,3 +366,54 @@ def test_re_provisioning_from_the_wizard_lists_the_keys_and_revokes_those_ticked
 
     asyncio.run(drive())
     assert sorted(k.name for k in load_keys(keys)) == ["laptop", "owner"]
+
+
+def _public_key(kind: str = "ssh-ed25519") -> str:
+    import base64
+    import struct
+
+    blob = struct.pack(">I", len(kind)) + kind.encode() + struct.pack(">I", 32) + bytes(range(32))
+    return f"{kind} {base64.b64encode(blob).decode()} owner@laptop"
+
+
+def test_authorized_keys_are_checked_line_by_line():
+    from provisioning.validate import authorized_keys_problem
+
+    good = _public_key()
+    assert authorized_keys_problem(f"# the owner\n{good}\n\nfrom=\"10.0.0.0/8\" {_public_key('ssh-rsa')}\n") is None
+    assert "private key" in authorized_keys_problem("-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn...\n")
+    assert "line 2 is not an SSH public key" in authorized_keys_problem(f"{good}\nhello there\n")
+    damaged = good.split()
+    assert "damaged" in authorized_keys_problem(f"{damaged[0]} AAAB{damaged[1][4:]}")  # its header cut
+    assert "damaged" in authorized_keys_problem(f"ssh-rsa {damaged[1]}")  # the data names another type
+    assert authorized_keys_problem("\n# nothing\n") == "holds no SSH public key"
+
+
+def test_the_wizard_takes_an_ssh_key_for_the_admin(tmp_path):
+    """The wizard collected no SSH key, so a box set up at its console could not be reached over SSH (#37)."""
+    config = ConsoleConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
+                           provision_root=tmp_path / "root", bundle_dir=tmp_path / "bundle")
+    app = Dashboard(StatusReader(config), tick_s=30)
+    key = _public_key()
+
+    async def drive():
+        async with app.run_test(size=(120, 60)) as pilot:
+            await pilot.pause(0.5)
+            wizard = app.screen
+            for wid, value in {"admin_passphrase": "correct horse", "admin_passphrase_again": "correct horse",
+                               "ssh_key": "ssh-ed25519 not-base64"}.items():
+                wizard.query_one(f"#{wid}").value = value
+            await pilot.pause(0.3)
+            assert "ssh.authorized_keys: line 1" in str(wizard.query_one("#problems").render())
+            wizard.query_one("#ssh_key").value = key
+            await pilot.pause(0.3)
+            assert str(wizard.query_one("#problems").render()) == "no problems"
+            wizard.query_one("#apply").scroll_visible(animate=False)
+            await pilot.pause(0.2)
+            await pilot.click("#apply")
+            await pilot.pause(0.5)
+            assert "applied bundle" in str(wizard.query_one("#result").render())
+
+    asyncio.run(drive())
+    written = tmp_path / "root" / "root/.ssh/authorized_keys"
+    assert written.read_text() == key + "\n" and written.stat().st_mode & 0o777 == 0o600

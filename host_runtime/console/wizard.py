@@ -51,6 +51,9 @@ def box_from_answers(a: dict) -> tuple[dict, dict[str, bytes]]:
         box["bmc"].update(address=a.get("bmc_address", ""), user=a.get("bmc_user", ""),
                           password_file="files/bmc.pass")
         files["files/bmc.pass"] = a.get("bmc_password", "").encode() + b"\n"
+    if a.get("ssh_key", "").strip():
+        box["ssh"] = {"authorized_keys": "files/authorized_keys"}
+        files["files/authorized_keys"] = a["ssh_key"].strip().encode() + b"\n"
     if files:
         box["files"] = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
     return box, files
@@ -130,6 +133,8 @@ class Wizard(Screen):
             yield Label("Power policy: target and ceiling temperature (C)")
             yield Input("75", id="target_c")
             yield Input("87", id="ceiling_c")
+            yield Label("SSH public key for the admin (root), optional: one line from your id_ed25519.pub")
+            yield Input(placeholder="ssh-ed25519 AAAA... you@laptop", id="ssh_key")
             yield Label("Admin passphrase: what reopens this wizard later (at least 8 characters, twice)"
                         + ("; leave empty to keep the current one" if self.has_passphrase else ""))
             yield Input(placeholder="admin passphrase", password=True, id="admin_passphrase")
@@ -159,16 +164,18 @@ class Wizard(Screen):
                   "gateway": val(f"gateway-{i}"), "dns": val(f"dns-{i}")} for i, link in enumerate(self.links)]
         return {"hostname": val("hostname"), "links": links, "port": val("port"), "context_length": val("context_length"),
                 "bmc_mode": val("bmc_mode"), "bmc_address": val("bmc_address"), "bmc_user": val("bmc_user"),
-                "bmc_password": val("bmc_password"), "target_c": val("target_c"), "ceiling_c": val("ceiling_c")}
+                "bmc_password": val("bmc_password"), "target_c": val("target_c"), "ceiling_c": val("ceiling_c"),
+                "ssh_key": val("ssh_key")}
 
     def candidate(self) -> tuple[dict | None, dict, list[str]]:
         try:
             box, files = box_from_answers(self.answers())
         except ValueError as exc:
             return None, {}, [f"a number is expected: {exc}"]
-        errors = validate(Bundle(Path("/nonexistent"), box, tomli_w.dumps(box).encode()))
-        # Files live only in memory until Apply: their presence is checked when the bundle is written.
-        problems = [f"{e.field}: {e.message}" for e in errors if not e.field.startswith("files.")]
+        # Files live only in memory until Apply: the bundle is checked with them as they will be written (0600).
+        errors = validate(Bundle(Path("/nonexistent"), box, tomli_w.dumps(box).encode(),
+                                 _files={rel: (data, 0o600) for rel, data in files.items()}))
+        problems = [f"{e.field}: {e.message}" for e in errors]
         passphrase, again = self._passphrases()
         if passphrase or again or not self.has_passphrase:
             wrong = admin_passphrase.problem(passphrase, again)
