@@ -137,6 +137,9 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
     # A box that leaves its fleet stops accepting the fleet key (only the one provisioning put there).
     keys = [k for k in existing_keys if isinstance(k, dict) and k.get("name") not in named
             and not (k.get("name") == FLEET_KEY_NAME and k.get("hint") == FLEET_KEY_NAME)] + keys
+    # [api.policies]: each key's limits and class, by name, as `everycycle keys` would set them.
+    policies = api.get("policies", {})
+    keys = [{**k, **policies[k["name"]]} if k.get("name") in policies else k for k in keys]
     files = {
         # root's alone: it holds the API keys' hashes (the services read their own settings files, not this).
         "etc/everycycle/box.toml": (bundle.raw_toml, 0o600),

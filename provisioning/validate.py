@@ -100,6 +100,7 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
                                                  "others (chmod 600)"))
     errors += _network_errors(box["network"]["interfaces"])
     errors += _fleet_errors(bundle, box, readable)
+    errors += _policy_errors(box)
     keys_rel = field_value(box, "ssh.authorized_keys")
     if keys_rel in readable:
         problem = authorized_keys_problem(bundle.read(keys_rel).decode("utf-8", "replace"))
@@ -224,6 +225,26 @@ def _parse_gguf(path: Path):
         return (int(field.parts[field.data[0]][0]) if field is not None else None), None
     except (IndexError, TypeError, ValueError):
         return None, None
+
+
+def _policy_errors(box: dict) -> list[BundleError]:
+    """Each [api.policies] entry names a key the bundle gives the box, and its addresses are addresses."""
+    from host_runtime.auth.keystore import check_addresses
+
+    api = box.get("api", {})
+    named = {k["name"] for k in api.get("keys", [])} | set(api.get("generate_keys", []))
+    if box.get("fleet", {}).get("role", "none") != "none":
+        named.add(FLEET_KEY_NAME)
+    errors = []
+    for name, policy in api.get("policies", {}).items():
+        if name not in named:
+            errors.append(BundleError(f"api.policies.{name}", f"names no key: {name!r} is not in api.keys or "
+                                                             "api.generate_keys"))
+        try:
+            check_addresses(policy.get("allowed_from", ()))
+        except ValueError as exc:
+            errors.append(BundleError(f"api.policies.{name}.allowed_from", str(exc)))
+    return errors
 
 
 def _fleet_errors(bundle: Bundle, box: dict, readable: set) -> list[BundleError]:

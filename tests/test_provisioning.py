@@ -630,7 +630,8 @@ def test_every_box_toml_field_has_an_owner():
         "api.port": "front.toml", "api.http_port": "front.toml", "api.http": "front.toml", "api.metrics": "front.toml",
         "api.prefix_cache": "serving.toml",
         "api.tls_certificate": "front.toml", "api.tls_key": "front.toml", "api.keys": "api_keys.json",
-        "api.generate_keys": "api_keys.json", "ssh.authorized_keys": "/root/.ssh", "model.source": "serving.toml",
+        "api.generate_keys": "api_keys.json", "api.policies": "api_keys.json", "ssh.authorized_keys": "/root/.ssh",
+        "model.source": "serving.toml",
         "model.path": "serving.toml", "model.context_length": "serving.toml", "model.quantization": "validated",
         "model.url": "serving.toml", "model.sha256": "serving.toml", "model.name": "serving.toml",
         "bmc.mode": "bmc.toml", "bmc.address": "bmc.toml", "bmc.user": "bmc.toml", "bmc.password_file": "bmc.toml",
@@ -770,3 +771,27 @@ def test_a_member_keeps_only_the_fleet_keys_hash_valid_from_its_gateway_and_noth
     # A client's own X-Forwarded-For over TCP is not believed.
     assert client.simulate_get("/v1/models", headers={**auth, "X-Forwarded-For": "10.20.0.5"},
                                remote_addr="10.20.0.9").status_code == 403
+
+
+def test_key_policies_in_box_toml_reach_the_keys(tmp_path):
+    """A team's limits were `everycycle keys` commands only: box.toml's [api.policies] sets them by key name (#38)."""
+    from host_runtime.auth.keystore import load_keys
+
+    box = _with("api", {"port": 8443, "generate_keys": ["alice", "nightly"],
+                        "policies": {"nightly": {"priority": "batch", "tokens_per_day": 2_000_000, "max_concurrent": 2,
+                                                 "models": ["tiny"], "allowed_from": ["10.20.0.0/24"]}}})
+    root = tmp_path / "root"
+    result = apply(open_bundle(make_bundle(tmp_path / "bundle", box)), root)
+    keys = {k.name: k for k in load_keys(root / "etc/everycycle/api_keys.json")}
+    nightly = keys["nightly"]
+    assert (nightly.priority, nightly.tokens_per_day, nightly.max_concurrent, nightly.models, nightly.allowed_from) == \
+        ("batch", 2_000_000, 2, ("tiny",), ("10.20.0.0/24",))
+    assert keys["alice"].priority == "default" and keys["alice"].tokens_per_day == 0
+    assert KeyVerifier(root / "etc/everycycle/api_keys.json").verify(result.generated_keys["nightly"]) == "nightly"
+    for policies, field in (({"bob": {"priority": "batch"}}, "api.policies.bob"),
+                            ({"alice": {"allowed_from": ["10.0.0.300"]}}, "api.policies.alice.allowed_from"),
+                            ({"alice": {"priority": "urgent"}}, "api.policies.alice.priority"),
+                            ({"alice": {"tokens_per_day": -1}}, "api.policies.alice.tokens_per_day")):
+        bad = _with("api", {"port": 8443, "generate_keys": ["alice"], "policies": policies})
+        errors = validate(open_bundle(make_bundle(tmp_path / f"bad-{field}", bad)))
+        assert field in [e.field for e in errors], (field, errors)
