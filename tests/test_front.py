@@ -63,6 +63,19 @@ def test_rendered_config_redirects_http_and_limits_clients():
     assert "location = /metrics { allow 127.0.0.1; allow ::1; deny all;" in off
 
 
+def test_plain_http_on_the_lan_is_the_owners_explicit_choice():
+    """An owner whose clients cannot use TLS could not choose plain HTTP on the LAN at all (#37)."""
+    with pytest.raises(SettingsError, match="serve-lan"):
+        FrontSettings(listen="0.0.0.0", http="serve")  # 'serve' stays a developer's loopback mode
+    conf = _conf(http="serve-lan")
+    http_server = conf[conf.index("listen 0.0.0.0:8080"):]
+    assert "location / { proxy_pass http://serving; }" in http_server and "return 308" not in http_server
+    assert front_settings.from_box({"api": {"http": "serve-lan"}}).http == "serve-lan"
+    with pytest.raises(SettingsError) as exc:
+        front_settings.from_box({"api": {"http": "serve"}})
+    assert exc.value.field == "api.http"
+
+
 def test_on_the_fleet_gateway_v1_goes_to_the_router_after_the_box_accepts_the_key_which_goes_no_further():
     pair = CertificatePair(Path("/c.crt"), Path("/c.key"), True)
     conf = render(FrontSettings(http="off"), FrontPaths(Path("/run/f"), Path("/run/s.sock"), gateway_port=8090), pair)

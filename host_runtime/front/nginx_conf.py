@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from host_runtime.front.settings import FrontSettings
+from host_runtime.front.settings import FrontSettings, serves_plain_http
 from host_runtime.front.tls import CertificatePair
 
 
@@ -175,7 +175,7 @@ def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
     out.append("    }")
     if s.http != "off":
         out += ["    server {", f"        listen {listen}:{s.http_port};"]
-        if s.http == "serve":
+        if serves_plain_http(s):
             out += _server_body(s, gateway=paths.gateway_port is not None)
         else:
             # Only the liveness probe answers in clear; everything else moves to HTTPS before a key is sent.

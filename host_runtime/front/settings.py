@@ -10,7 +10,7 @@ from pathlib import Path
 from host_runtime.common import settings_file
 from host_runtime.common.settings_file import SettingsError
 
-HTTP_MODES = ("redirect", "off", "serve")
+HTTP_MODES = ("redirect", "off", "serve", "serve-lan")
 METRICS_ACCESS = ("open", "key", "loopback")
 
 
@@ -21,8 +21,9 @@ class FrontSettings:
     listen: str = "0.0.0.0"          # the address LAN clients reach
     https_port: int = 8443
     http_port: int = 8080
-    # Plain HTTP: "redirect" to HTTPS (only /health answers there), "off", or "serve" (a loopback address only:
-    # `make run` on a developer's machine).
+    # Plain HTTP: "redirect" to HTTPS (only /health answers there), "off", "serve" (a loopback address only:
+    # `make run` on a developer's machine), or "serve-lan": the owner's explicit choice of the whole API in clear
+    # on the LAN (keys and prompts readable on the network) for clients that cannot use TLS at all.
     http: str = "redirect"
     metrics: str = "key"             # /metrics: "open", "key" (an API key), or "loopback" (this machine only)
     certificate: str = ""            # PEM paths from the bundle; empty: a self-signed pair made at first start
@@ -65,7 +66,7 @@ def check(s: FrontSettings) -> None:
         raise SettingsError("http", f"must be one of {', '.join(HTTP_MODES)}, got {s.http!r}")
     if s.http == "serve" and not s.loopback_only:
         raise SettingsError("http", "'serve' (keys in clear text) is allowed only on a loopback address; "
-                                 "use 'redirect' or 'off' on the LAN")
+                                 "use 'redirect' or 'off' on the LAN, or 'serve-lan' to choose clear text there")
     if s.metrics not in METRICS_ACCESS:
         raise SettingsError("metrics", f"must be one of {', '.join(METRICS_ACCESS)}, got {s.metrics!r}")
     if s.fleet_gateway:
@@ -119,3 +120,8 @@ def dump(settings: FrontSettings) -> bytes:
 
 def save(settings: FrontSettings, path: str | Path) -> None:
     settings_file.save(settings, path)
+
+
+def serves_plain_http(s: FrontSettings) -> bool:
+    """Whether plain HTTP carries the whole API (not only /health and redirects)."""
+    return s.http in ("serve", "serve-lan")
