@@ -44,13 +44,21 @@ def _llama_blocks(w, t, n_layer: int, n_embd: int, n_ff: int) -> None:
 
 def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: int = 2, n_head: int = 4,
                      n_ff: int = 64, seed: int = 0, chat_template: str | None = None,
-                     pooling_type: int | None = None) -> Path:
-    """pooling_type (gguf.PoolingType): an embedding model's, as an embedding GGUF declares it."""
+                     pooling_type: int | None = None, fim: bool = False) -> Path:
+    """pooling_type (gguf.PoolingType): an embedding model's, as an embedding GGUF declares it. fim: the
+    vocabulary gets fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>), named in the metadata as
+    a code model's GGUF names them."""
     import gguf
 
     rng = np.random.default_rng(seed)
     tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{b:02X}>".encode() for b in range(256)]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    fim_ids = {}
+    if fim:
+        for role, text in (("pre", b"<fim_prefix>"), ("suf", b"<fim_suffix>"), ("mid", b"<fim_middle>")):
+            fim_ids[role] = len(tokens)
+            tokens.append(text)
+            types.append(gguf.TokenType.CONTROL)
     n_vocab = len(tokens)
 
     w = _llama_writer(path, "tiny-random-llama", n_ctx, n_embd, n_layer, n_head, n_ff)
@@ -61,6 +69,8 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_add_bos_token(True)
+    for role, token in fim_ids.items():
+        w.add_uint32(f"tokenizer.ggml.fim_{role}_token_id", token)
     if chat_template is not None:
         w.add_chat_template(chat_template)
     if pooling_type is not None:

@@ -218,6 +218,14 @@ class LoadedModel:
     def add_bos(self) -> bool:
         return self.model.add_bos_token()
 
+    def fim_tokens(self) -> dict[str, int]:
+        """The vocabulary's fill-in-the-middle tokens it has (pre, suf, mid; rep and sep for other files)."""
+        import llama_cpp
+
+        found = {name: getattr(llama_cpp, f"llama_vocab_fim_{name}")(self.model.vocab)
+                 for name in ("pre", "suf", "mid", "rep", "sep")}
+        return {name: token for name, token in found.items() if token is not None and token >= 0}
+
     def token_piece(self, token: int) -> bytes:
         """The token's bytes (special tokens render as nothing); cached, as every step needs them."""
         piece = self._pieces.get(token)

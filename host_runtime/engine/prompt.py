@@ -63,3 +63,28 @@ class PromptBuilder:
     def completion_tokens(self, prompt: str) -> list[int]:
         # Prompts from /v1/completions are plain text: special-token markup is not parsed.
         return self._model.tokenize(prompt, add_bos=self._model.add_bos(), special=False) if prompt else []
+
+    def infill_tokens(self, prefix: str, suffix: str, extra: list[dict] = (), after: str = "") -> list[int]:
+        """Fill in the middle, as llama-server's /infill lays it out: other files (each after the separator
+        token, where the vocabulary has one), then <FIM_PRE> prefix <FIM_SUF> suffix <FIM_MID> and `after`. The
+        texts are tokenized as plain text: markup in them is not parsed as special tokens."""
+        fim = self._model.fim_tokens()
+        missing = [name for name in ("pre", "suf", "mid") if name not in fim]
+        if missing:
+            raise RequestRejected(400, "this model has no fill-in-the-middle tokens (its GGUF names no "
+                                  f"{', '.join('FIM_' + m.upper() for m in missing)}): use a code model trained for "
+                                  "infill, or send the text as a prompt without 'suffix'", param="suffix",
+                                  code="model_not_infill")
+
+        def text(value: str) -> list[int]:
+            return self._model.tokenize(value, add_bos=False, special=False) if value else []
+
+        tokens = [self._model.model.token_bos()] if self._model.add_bos() else []
+        if "sep" in fim:
+            if "rep" in fim:
+                tokens += [fim["rep"]] + text("project\n")
+            for chunk in extra:
+                tokens += [fim["sep"]] + text(f"{chunk.get('filename', '')}\n{chunk.get('text', '')}")
+            if extra:
+                tokens += [fim["sep"]]
+        return tokens + [fim["pre"]] + text(prefix) + [fim["suf"]] + text(suffix) + [fim["mid"]] + text(after)

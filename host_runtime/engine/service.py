@@ -254,6 +254,9 @@ class EngineService:
             tokens, thinking = rendered.tokens, "" if request.sampling.grammar else rendered.thinking
             stops += [s for s in rendered.stops if s not in stops]
             param = "messages"
+        elif isinstance(prompt, wire.InfillPrompt):
+            tokens = self.prompts.infill_tokens(prompt.prefix, prompt.suffix, prompt.extra, prompt.after)
+            param = "prompt"
         else:
             tokens = self.prompts.completion_tokens(prompt.text)
             param = "prompt"

@@ -79,9 +79,22 @@ class TextPrompt:
     text: str
 
 
-def _prompt_from_wire(doc) -> ChatPrompt | TextPrompt:
+@dataclass(frozen=True)
+class InfillPrompt:
+    """Fill in the middle (editor autocomplete): the text before and after the cursor, put around the model's FIM
+    tokens by the engine; `extra` holds other files as context ({"filename", "text"}), `after` text that follows
+    the middle token (llama-server's /infill `prompt`)."""
+    prefix: str
+    suffix: str
+    extra: list[dict] = field(default_factory=list)
+    after: str = ""
+
+
+def _prompt_from_wire(doc) -> ChatPrompt | TextPrompt | InfillPrompt:
     if isinstance(doc, dict) and "messages" in doc:
         return _build(ChatPrompt, doc, "prompt")
+    if isinstance(doc, dict) and "suffix" in doc:
+        return _build(InfillPrompt, doc, "prompt")
     if isinstance(doc, dict) and "text" in doc:
         return _build(TextPrompt, doc, "prompt")
     raise WireError("prompt must have 'messages' or 'text'")
@@ -92,7 +105,7 @@ def _prompt_from_wire(doc) -> ChatPrompt | TextPrompt:
 @dataclass(frozen=True)
 class Generate:
     op: ClassVar[str] = "generate"
-    prompt: ChatPrompt | TextPrompt
+    prompt: ChatPrompt | TextPrompt | InfillPrompt
     max_tokens: int | None = None  # None: as many as the context leaves
     n: int = 1
     stop: list[str] = field(default_factory=list)

@@ -400,6 +400,23 @@ class Generation:
                lambda gone: logic.complete(call, self._kind, info.model_id, gone))
 
 
+class Infill:
+    """llama-server's /infill: fill in the middle for editor autocomplete (serving/infill.py)."""
+
+    def __init__(self, router: Router, config: AppConfig):
+        self._router = router
+        self._config = config
+
+    def on_post(self, req, resp):
+        from host_runtime.serving.infill import InfillLogic, parse_infill
+
+        body, client, info, call = generation_call(
+            req, self._router, self._config, lambda body, model_id, _fmt: parse_infill(body, model_id))
+        logic = InfillLogic(ServingLogic(client))
+        answer(req, resp, call, lambda: logic.stream(call, info.model_id),
+               lambda gone: logic.complete(call, info.model_id, gone))
+
+
 def generation_call(req, router: Router, config: AppConfig, parse, model_of=lambda body: body.get("model")):
     """A generation's common path for every API: its body read, its model's engine found (loaded first if it must
     be), the body parsed by parse(body, model_id, tool_format), and the key's prefix scope and class set."""
@@ -598,6 +615,7 @@ def create_app(config: AppConfig) -> falcon.App:
     app.add_route("/detokenize", Tokens(router, config, "detokenize"))
     app.add_route("/v1/chat/completions", Generation(router, config, "chat"))
     app.add_route("/v1/completions", Generation(router, config, "completion"))
+    app.add_route("/infill", Infill(router, config))
     app.add_route("/v1/embeddings", Embeddings(router, config))
     messages = Messages(router, config)
     app.add_route("/v1/messages", messages)

@@ -22,7 +22,7 @@ from host_runtime.serving.protocol import GenerationCall, bad, field_of
 
 VERSION = "0.6.3"  # what /api/version says: the Ollama API this follows (clients check for features by it)
 TAG = ":latest"    # Ollama names carry a tag; ours have none: listed with ":latest", accepted with or without
-NO_LIMIT = 1 << 30  # max_tokens for "no limit": the engine ends the answer where the context does
+NO_LIMIT = protocol.NO_LIMIT
 # Ollama's option -> the OpenAI field it becomes; every other option is ignored.
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "num_predict": "max_tokens",
            "stop": "stop", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
@@ -169,13 +169,15 @@ def parse_generate(body: dict, served: str, tool_format: str) -> GenerationCall:
     `raw: true` sends the prompt as it is."""
     model_name(body, served)
     prompt = field_of(body, "prompt", str)
-    if prompt is None or prompt == "":
+    if prompt is None or (prompt == "" and not body.get("suffix")):
         raise bad("'prompt' is required", "prompt", "missing_required_parameter")
     _no_images(body, "body")
-    if body.get("suffix"):
-        raise bad("'suffix' (fill-in-the-middle) is not supported by this server", "suffix", "unsupported_parameter")
+    suffix = field_of(body, "suffix", str)
     common = _common(body)
     try:
+        if suffix:  # fill in the middle (Continue's autocomplete): the model's FIM tokens around the two texts
+            return protocol.parse_completion({"model": served, "prompt": prompt, "suffix": suffix,
+                                              "max_tokens": NO_LIMIT, **common}, served)
         if field_of(body, "raw", bool, False):
             # No num_predict: no limit (Ollama's default), which the engine ends where the context does.
             return protocol.parse_completion({"model": served, "prompt": prompt, "max_tokens": NO_LIMIT, **common},

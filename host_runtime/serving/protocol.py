@@ -26,6 +26,9 @@ UNSUPPORTED_ROLES = {"function"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
+NO_LIMIT = 1 << 30  # max_tokens for "no limit" (Ollama's, llama-server's): the engine ends where the context does
+
+
 def bad(message: str, param: str, code: str | None = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 
@@ -411,7 +414,26 @@ def reasoning_format(body: dict) -> str:
     return value
 
 
-def parse_completion(body: dict, served_model: str) -> GenerationCall:
+MAX_INFILL_EXTRA = 64
+
+
+def infill_extra(value) -> list[dict]:
+    """llama-server's input_extra: other files given as context, [{"filename": ..., "text": ...}]."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_INFILL_EXTRA:
+        raise bad(f"'input_extra' must be a list of at most {MAX_INFILL_EXTRA} {{filename, text}} objects",
+                  "input_extra")
+    out = []
+    for i, chunk in enumerate(value):
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text", ""), str) or \
+                not isinstance(chunk.get("filename", ""), str):
+            raise bad(f"'input_extra[{i}]' must be an object with string 'filename' and 'text'", f"input_extra[{i}]")
+        out.append({"filename": chunk.get("filename", ""), "text": chunk.get("text", "")})
+    return out
+
+
+def parse_completion(body: dict, served_model: str, after: str | None = None) -> GenerationCall:
     check_model(body, served_model)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -422,17 +444,18 @@ def parse_completion(body: dict, served_model: str) -> GenerationCall:
         raise bad("'prompt' must be a single string; send one request per prompt", "prompt", "unsupported_value")
     if not isinstance(prompt, str):
         raise bad("'prompt' must be a string", "prompt", "invalid_type")
-    if not prompt:
+    suffix = field_of(body, "suffix", str)  # fill in the middle: the prompt is the text before the cursor
+    if not prompt and suffix is None:
         raise bad("'prompt' must not be empty", "prompt")
     if field_of(body, "echo", bool, False):
         raise bad("'echo' is not supported by this server", "echo", "unsupported_parameter")
-    if body.get("suffix") is not None:
-        raise bad("'suffix' is not supported by this server", "suffix", "unsupported_parameter")
     if int_in(body, "best_of", 1, None, 1) > 1:
         raise bad("'best_of' greater than 1 is not supported; use 'n'", "best_of", "unsupported_parameter")
     common = _sampling_and_common(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
     top_logprobs = int_in(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
-    request = _generate(common, wire.TextPrompt(prompt), top_logprobs=top_logprobs)
+    text = wire.TextPrompt(prompt) if suffix is None else \
+        wire.InfillPrompt(prompt, suffix, extra=infill_extra(body.get("input_extra")), after=after or "")
+    request = _generate(common, text, top_logprobs=top_logprobs)
     return GenerationCall(request, common.stream, common.include_usage, top_logprobs is not None)
 
 
