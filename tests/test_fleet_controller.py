@@ -164,10 +164,11 @@ def test_a_busy_box_is_retried_with_backoff_never_circuit_broken_and_cache_aware
     assert "--balance-abs-threshold" not in argv(FleetSettings(role="gateway", peers=(A,), policy="round_robin"))
 
 
-def test_the_routers_openssl_client_trusts_the_system_cas_and_each_peer_certificate(tmp_path):
-    bundle = trust_bundle(b"-----SYSTEM-----", [b"-----PEER 1-----\n", b"-----PEER 2-----"])
-    assert bundle == b"-----SYSTEM-----\n-----PEER 1-----\n-----PEER 2-----\n"
-    assert trust_bundle(b"", [b"P"]) == b"P\n"   # a box without system CAs trusts its peers only
+def test_the_routers_openssl_client_trusts_each_peer_certificate_and_no_public_ca(tmp_path):
+    """The router trusted the system's CAs beside the peers' certificates: a peer named by DNS was anyone a public
+    CA vouched for, and it gets the fleet key (hardening #35, item 3)."""
+    bundle = trust_bundle([b"-----PEER 1-----\n", b"-----PEER 2-----"])
+    assert bundle == b"-----PEER 1-----\n-----PEER 2-----\n"
     assert environment({}, tmp_path, tmp_path / "trust.pem")["SSL_CERT_FILE"] == str(tmp_path / "trust.pem")
     assert "SSL_CERT_FILE" not in environment({}, tmp_path)
 

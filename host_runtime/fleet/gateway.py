@@ -31,9 +31,6 @@ ROUTER_START_S = 30.0
 PENDING_S = 10.0  # an add the router has queued but not yet listed is not asked again for this long
 
 
-DEBIAN_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-
-
 class GatewayError(Exception):
     """The gateway cannot run; says why."""
 
@@ -76,20 +73,12 @@ class Gateway:
                  self.settings.policy, self.settings.router_port, len(self.settings.peers))
 
     def _write_trust_bundle(self) -> Path:
-        paths = ssl.get_default_verify_paths()
-        # Python's own CA file, else OpenSSL's, else Debian's bundle; none: only the peers' certificates
-        system = next((p for p in (paths.cafile, paths.openssl_cafile, DEBIAN_CA_BUNDLE) if p and Path(p).is_file()),
-                      None)
-        try:
-            system_bytes = Path(system).read_bytes() if system else b""
-        except OSError:
-            system_bytes = b""
         peers = [Path(p).read_bytes() for p in self.settings.peer_certificates]
         if self._trust_dir is not None:   # a restarted router: the last bundle goes
             shutil.rmtree(self._trust_dir, ignore_errors=True)
         self._trust_dir = Path(tempfile.mkdtemp(prefix="everycycle-fleet-"))
         bundle = self._trust_dir / "trust.pem"
-        atomic_write(bundle, router_process.trust_bundle(system_bytes, peers), 0o644)
+        atomic_write(bundle, router_process.trust_bundle(peers), 0o644)
         return bundle
 
     def router_exited(self) -> int | None:

@@ -68,8 +68,8 @@ def environment(base: dict[str, str], vocab_dir: Path, trust_bundle: Path | None
     return env
 
 
-def trust_bundle(system_bundle: bytes, peer_certificates: list[bytes]) -> bytes:
-    """What SSL_CERT_FILE holds for the router: the system's CAs (public https peers) and each peer's
-    certificate (the members' self-signed ones)."""
-    parts = [system_bundle] + peer_certificates
-    return b"".join(p if p.endswith(b"\n") else p + b"\n" for p in parts if p)
+def trust_bundle(peer_certificates: list[bytes]) -> bytes:
+    """What SSL_CERT_FILE holds for the router where fleet.toml names peer certificates: those alone. The router
+    sends the fleet key to every peer, so a peer named by DNS must not be anyone a public CA vouches for (the
+    gateway's own polls trust the same, peers.tls_context)."""
+    return b"".join(p if p.endswith(b"\n") else p + b"\n" for p in peer_certificates if p)
