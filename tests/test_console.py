@@ -251,3 +251,37 @@ def test_the_console_exits_on_sighup(tmp_path):
     finally:
         proc.kill()
         os.close(master)
+
+
+def test_the_connect_screen_says_how_to_trust_the_certificate_and_set_up_each_tool():
+    """Node clients and Open WebUI in Docker each needed the certificate installed by hand, and nothing told the
+    owner how (#37)."""
+    import asyncio
+    import dataclasses
+
+    from host_runtime.console.connect import connect_lines
+
+    fp = "AB:CD:" + ":".join(["00"] * 30)
+    lines = "\n".join(connect_lines(["https://10.0.0.5:8443"], fp))
+    assert "curl -k -o everycycle.crt https://10.0.0.5:8443/everycycle.crt" in lines
+    assert f"SHA256 Fingerprint={fp}" in lines and "NODE_EXTRA_CA_CERTS" in lines and "SSL_CERT_FILE" in lines
+    assert "ANTHROPIC_BASE_URL=https://10.0.0.5:8443" in lines and "https://10.0.0.5:8443/v1" in lines
+    assert "curl" not in "\n".join(connect_lines(["http://127.0.0.1:8080"], None))  # nothing to trust in clear
+    assert connect_lines([], None)[0].startswith("no address yet")
+
+    class HttpsReader(FixedReader):
+        def read(self):
+            return dataclasses.replace(super().read(), api_urls=["https://10.0.0.5:8443"], tls_fingerprint=fp)
+
+    app = Dashboard(HttpsReader(), tick_s=60)
+
+    async def drive():
+        async with app.run_test(size=(140, 40)) as pilot:
+            await pilot.pause(0.5)
+            await pilot.press("c")
+            await pilot.pause(0.3)
+            assert app.screen.__class__.__name__ == "Connect"
+            shown = str(app.screen.query_one("#connect").render())
+            assert fp in shown and "NODE_EXTRA_CA_CERTS" in shown
+
+    asyncio.run(drive())

@@ -306,6 +306,10 @@ def test_https_only_on_the_lan_and_metrics_need_a_key(front):
     shown = subprocess.run(everycycle("front", "fingerprint", "--state-dir", str(front["state"])),
                            capture_output=True, text=True, check=True).stdout
     assert fingerprint(front["cert"]) in shown
+    # The certificate itself, for clients to trust: over HTTPS and in clear (the fingerprint is what proves it).
+    for url, context in ((front["base"], front["context"]), (f"http://127.0.0.1:{front['http_port']}", None)):
+        status, body = http_get(url + "/everycycle.crt", context=context)
+        assert status == 200 and body == front["cert"].read_bytes()
 
 
 @pytest.mark.system

@@ -45,6 +45,20 @@ class GpuDetails(ModalScreen):
         yield Static(body, id="gpu-details")
 
 
+class Connect(ModalScreen):
+    """How to point a client at this box: its address, trusting its certificate, the tools' settings."""
+    BINDINGS = [Binding("escape", "app.pop_screen", "close")]
+
+    def __init__(self, lines: list[str]):
+        super().__init__()
+        self.lines = lines
+
+    def compose(self) -> ComposeResult:
+        body = Text("Connect a client (Esc to close)\n\n", style="bold")
+        body.append("\n".join(self.lines))
+        yield Static(body, id="connect")
+
+
 class NewKeys(ModalScreen):
     """First boot's API keys, on this screen only and only once: closing it forgets them."""
     BINDINGS = [Binding("enter", "done", "I have written them down"), Binding("escape", "done", "close")]
@@ -116,6 +130,7 @@ class Dashboard(App):
     #notice { height: 1; padding: 0 1; }
     """
     BINDINGS = [Binding("r", "restart_serving", "restart serving"), Binding("k", "key_hint", "API key hint"),
+                Binding("c", "connect", "connect a client"),
                 Binding("g", "gpu_details", "GPU details"), Binding("w", "wizard", "set-up wizard"),
                 Binding("F", "factory_reset", "factory reset"),
                 Binding("q", "quit_console", "quit")]
@@ -350,6 +365,13 @@ class Dashboard(App):
 
     def on_provisioned(self, result) -> None:
         self.notice(f"provisioned (bundle {result.digest[:12]}); Esc returns to the dashboard")
+
+    def action_connect(self) -> None:
+        from host_runtime.console.connect import connect_lines
+
+        status = self.status
+        self.push_screen(Connect(connect_lines(status.api_urls if status else [],
+                                               status.tls_fingerprint if status else None)))
 
     def action_gpu_details(self) -> None:
         self.push_screen(GpuDetails(self.status.gpus if self.status else []))

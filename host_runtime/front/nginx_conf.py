@@ -117,6 +117,9 @@ def _server_body(s: FrontSettings, *, metrics_location: bool = True, gateway: bo
     return lines
 
 
+CERTIFICATE_PATH = "/everycycle.crt"  # the front's certificate, served for clients to trust (console/connect.py)
+
+
 def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
     run = paths.run_dir
     listen = f"[{s.listen}]" if ":" in s.listen else s.listen
@@ -171,7 +174,11 @@ def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
         "        ssl_protocols TLSv1.2 TLSv1.3;",
         "        ssl_session_cache shared:tls:2m;",
     ]
-    out += _server_body(s, gateway=paths.gateway_port is not None)
+    # The certificate itself, for clients to trust (the console's connect screen says how, and which fingerprint
+    # to compare: fetched in clear or with -k, the fingerprint is what proves it). Public: every handshake sends it.
+    certificate = (f"        location = {CERTIFICATE_PATH} {{ default_type application/x-pem-file; "
+                   f"alias {pair.certificate}; }}")
+    out += _server_body(s, gateway=paths.gateway_port is not None) + [certificate]
     out.append("    }")
     if s.http != "off":
         out += ["    server {", f"        listen {listen}:{s.http_port};"]
@@ -182,6 +189,7 @@ def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
             out += [line for line in _server_body(s, metrics_location=False) if "location / " not in line]
             out += ["        location = /health { proxy_pass http://serving; }",
                     f"        location / {{ return 308 https://$host:{s.https_port}$request_uri; }}"]
+        out.append(certificate)
         out.append("    }")
     out.append("}")
     return "\n".join(out) + "\n"
