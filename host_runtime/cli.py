@@ -938,6 +938,7 @@ def cmd_console(parser, args) -> int:
     from urllib.parse import urlparse
 
     from host_runtime.console.data import ConsoleConfig, StatusReader
+    from host_runtime.models.store import default_root as default_store_root
 
     run_dir = _run_dir(args.run_dir)
     api_scheme, api_port, api_listen, certificate = "http", urlparse(args.serving_url).port or 8080, "0.0.0.0", None
@@ -956,7 +957,10 @@ def cmd_console(parser, args) -> int:
                            keys_file=Path(args.keys) if args.keys else None,
                            api_port=api_port, api_scheme=api_scheme, api_listen=api_listen, tls_certificate=certificate,
                            provision_root=Path(args.provision_root), bundle_dir=Path(args.bundle_dir),
-                           new_keys_file=Path(args.new_keys_file) if args.new_keys_file else None)
+                           new_keys_file=Path(args.new_keys_file) if args.new_keys_file else None,
+                           model_store=default_store_root(),
+                           serving_settings=Path(args.state_dir or os.environ.get("EVERYCYCLE_STATE_DIR",
+                                                                                  "/etc/everycycle")) / "serving.toml")
     reader = StatusReader(config)
     if args.command == "status":
         from host_runtime.console.status_text import render

@@ -285,3 +285,75 @@ def test_the_connect_screen_says_how_to_trust_the_certificate_and_set_up_each_to
             assert fp in shown and "NODE_EXTRA_CA_CERTS" in shown
 
     asyncio.run(drive())
+
+
+def test_the_models_screen_pulls_switches_and_removes_models(tmp_path):
+    """The console could not pull, switch or remove a model: the model serve starts with changed only by editing
+    serving.toml over SSH (#37)."""
+    import asyncio
+    import threading
+
+    from host_runtime.common import settings_file
+    from host_runtime.models import pull as pulling
+    from host_runtime.models.store import Store
+    from host_runtime.serving.settings import ServingSettings
+    from tests.file_server import Files
+    from tests.tiny_gguf import write_tiny_llama
+
+    files = tmp_path / "files"
+    files.mkdir()
+    write_tiny_llama(files / "tiny-pulled.gguf", n_ctx=256)
+    server = Files(files)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    store = Store(tmp_path / "store")
+    pulling.add(store, write_tiny_llama(tmp_path / "tiny-a.gguf", n_ctx=256), say=lambda line: None)
+    settings = tmp_path / "serving.toml"
+    settings_file.save(ServingSettings(context_length=2048), settings)
+    config = ConsoleConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
+                           provision_root=tmp_path / "root", bundle_dir=tmp_path / "bundle",
+                           model_store=store.root, serving_settings=settings)
+    (tmp_path / "root/var/lib/everycycle").mkdir(parents=True)
+    (tmp_path / "root/var/lib/everycycle/provisioned.json").write_text('{"provisioned": true}')
+    app = Dashboard(StatusReader(config), tick_s=30)
+
+    async def wait_for_status(pilot, screen, text):
+        for _ in range(100):
+            if text in str(screen.query_one("#models-status").render()):
+                return
+            await pilot.pause(0.1)
+        raise AssertionError(str(screen.query_one("#models-status").render()))
+
+    async def drive():
+        async with app.run_test(size=(140, 40)) as pilot:
+            await pilot.pause(0.3)
+            await pilot.press("m")
+            await pilot.pause(0.3)
+            screen = app.screen
+            assert screen.__class__.__name__ == "Models" and screen.names == ["tiny-a"]
+            assert "built-in model" in str(screen.query_one("#models-status").render())
+            await pilot.press("p")
+            await pilot.pause(0.2)  # the input line takes the focus
+            await pilot.press(*f"{server.base}/tiny-pulled.gguf", "enter")
+            await wait_for_status(pilot, screen, "pulled tiny-pulled")
+            assert screen.names == ["tiny-a", "tiny-pulled"]
+            screen.query_one("#models").highlighted = 1
+            await pilot.press("d")
+            await wait_for_status(pilot, screen, "default model: tiny-pulled")
+            await pilot.press("x")
+            await pilot.pause(0.2)
+            await pilot.press(*"tiny-pulle", "enter")  # not its name: kept
+            await wait_for_status(pilot, screen, "tiny-pulled kept")
+            screen.query_one("#models").highlighted = 0
+            await pilot.press("x")
+            await pilot.pause(0.2)
+            await pilot.press(*"tiny-a", "enter")
+            await wait_for_status(pilot, screen, "removed tiny-a")
+            assert screen.names == ["tiny-pulled"]
+
+    try:
+        asyncio.run(drive())
+    finally:
+        server.shutdown()
+    serving = settings_file.load(ServingSettings, settings)
+    assert serving.model == str(store.path_of(store.get("tiny-pulled")).resolve())
+    assert serving.context_length == 2048  # every other setting kept

@@ -130,7 +130,7 @@ class Dashboard(App):
     #notice { height: 1; padding: 0 1; }
     """
     BINDINGS = [Binding("r", "restart_serving", "restart serving"), Binding("k", "key_hint", "API key hint"),
-                Binding("c", "connect", "connect a client"),
+                Binding("c", "connect", "connect a client"), Binding("m", "models", "models"),
                 Binding("g", "gpu_details", "GPU details"), Binding("w", "wizard", "set-up wizard"),
                 Binding("F", "factory_reset", "factory reset"),
                 Binding("q", "quit_console", "quit")]
@@ -365,6 +365,12 @@ class Dashboard(App):
 
     def on_provisioned(self, result) -> None:
         self.notice(f"provisioned (bundle {result.digest[:12]}); Esc returns to the dashboard")
+
+    def action_models(self) -> None:
+        from host_runtime.console.models_screen import Models
+
+        cfg = self.reader.config
+        self.push_screen(Models(cfg.model_store, cfg.serving_settings, cfg.run_dir))
 
     def action_connect(self) -> None:
         from host_runtime.console.connect import connect_lines

@@ -182,6 +182,8 @@ class ConsoleConfig:
     provision_root: Path = Path("/")          # what the wizard configures ("/" on the box)
     new_keys_file: Path | None = None  # first boot's generated keys, shown once (host_runtime/auth/new_keys.py)
     bundle_dir: Path = Path("/efi/everycycle")  # where the wizard writes its bundle: the ESP, which gpt-auto mounts at /efi
+    model_store: Path | None = None       # the models screen's store (None: the models screen says there is none)
+    serving_settings: Path | None = None  # serving.toml, whose model the models screen changes
 
 
 def models_from_metrics(metrics_text: str, now: float, last_tokens: dict[str, tuple[float, float]]

@@ -8,6 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from host_runtime.models import actions
 from host_runtime.models import pull as pulling
 from host_runtime.models.errors import StoreError
 from host_runtime.models.store import Store
@@ -106,17 +107,7 @@ def _run(args, store: Store) -> int:
         _print(pulling.pull(store, args.source, args.name, args.sha256, _say), args.json)
         return 0
     if command == "rm":
-        manifest = store.get(args.name)
-        if manifest.pinned and not args.force:
-            raise StoreError(f"{args.name} is pinned: unpin it first (everycycle models pin --off {args.name}), or "
-                             "--force")
-        loaded = _loaded_models()
-        if args.name in loaded:
-            if not args.force:
-                raise StoreError(f"{args.name} is loaded and being served: --force unloads it first")
-            _unload(args.name)
-        store.remove(args.name)
-        print(f"removed {args.name}")
+        print(actions.remove(store, args.name, force=args.force, say=_say))
         return 0
     if command == "pin":
         _print(store.set_pinned(args.name, not args.off), args.json)
@@ -148,92 +139,12 @@ def _set_own(args, store: Store) -> int:
         print(json.dumps(own))
     else:
         print(f"{args.name}: " + (", ".join(f"{k} {v}" for k, v in own.items()) or "box.toml's settings") +
-              (" (from its next load)" if args.name in _loaded_models() else ""))
+              (" (from its next load)" if args.name in actions.loaded_models() else ""))
     return 0
-
-
-def _serving_settings_path(args) -> Path:
-    import os
-
-    return args.settings or Path(os.environ.get("EVERYCYCLE_STATE_DIR", "/etc/everycycle")) / "serving.toml"
 
 
 def _set_default(args, store: Store) -> int:
-    """serving.toml's model, changed in place (atomically; every other setting kept), then the service restarted."""
-    import os
-
-    from host_runtime.common import settings_file
-    from host_runtime.common.settings_file import SettingsError
-    from host_runtime.serving.settings import ServingSettings
-
-    path = _serving_settings_path(args)
-    try:
-        settings = settings_file.load(ServingSettings, path)
-    except SettingsError as exc:
-        raise StoreError(f"{path}: {exc}") from None
-    if settings.pull_url and not args.built_in and args.name != settings.pulled_name and \
-            settings.pulled_name not in {m.name for m in store.list()}:
-        raise StoreError(f"the bundle's model {settings.pulled_name} is still being pulled (it would be served "
-                         f"once it is): wait for it, or pull it again later with everycycle models pull")
-    if args.built_in:
-        model, what = "", "the built-in model"
-    else:
-        manifest = store.get(args.name)
-        if manifest.pooling:
-            raise StoreError(f"{args.name} is an embedding model ({manifest.pooling} pooling): it cannot answer chat "
-                             "requests; it is loaded when a request names it")
-        model, what = str(store.path_of(manifest).resolve()), args.name
-    if settings.serving(model) == settings:
-        print(f"{what} is already the default ({path})")
-        return 0
-    settings_file.save(settings.serving(model), path)
-    print(f"default model: {what} (written to {path})")
-    run_dir = Path(os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
-    socket = run_dir / "supervisor.sock"
-    if args.no_restart or not socket.exists():
-        print("it is served from the serving service's next start" +
-              ("" if args.no_restart else f" (no supervisord at {socket} to restart it now)"))
-        return 0
-    from host_runtime.common.supervisor_rpc import restart_service
-
-    _say("restarting the serving service…")
-    try:
-        print(restart_service(socket, "serving"))
-    except Exception as exc:  # supervisord's faults and the socket's errors, said as they are
-        raise StoreError(f"the setting is written, but restarting serving failed: {exc} (supervisorctl restart "
-                         "serving)") from None
+    print(actions.set_default(store, None if args.built_in else args.name,
+                              args.settings or actions.serving_settings_path(), restart=not args.no_restart,
+                              say=_say))
     return 0
-
-
-def _pool():
-    """The serving service's engine pool (its control socket), which knows what is loaded."""
-    import os
-
-    from host_runtime.pool.protocol import PoolClient
-
-    run_dir = Path(os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
-    return PoolClient(str(run_dir / "serving" / "models.sock"))
-
-
-def _loaded_models() -> set[str]:
-    """The models with an engine now; none when the serving service is not running."""
-    from host_runtime.engine.ipc import EngineUnavailable
-
-    try:
-        rows = _pool().models()
-    except (EngineUnavailable, OSError):
-        return set()
-    return {r.id for r in rows if r.state in ("loaded", "loading")}
-
-
-def _unload(name: str) -> None:
-    from host_runtime.engine.errors import RequestRejected
-    from host_runtime.engine.ipc import EngineUnavailable
-
-    try:
-        _pool().unload(name)
-    except (EngineUnavailable, OSError) as exc:
-        raise StoreError(f"could not ask the serving service to unload {name}: {exc}") from None
-    except RequestRejected as exc:
-        raise StoreError(exc.message) from None
-    _say(f"unloaded {name}")

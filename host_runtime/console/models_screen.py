@@ -1,0 +1,161 @@
+"""The console's models screen: the store's models, the one serving starts with, and pulling, switching and
+removing them at the box (models/actions.py and models/pull.py do the work, as for `everycycle models`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import ModalScreen
+from textual.widgets import Input, OptionList, Static
+
+
+class Models(ModalScreen):
+    BINDINGS = [Binding("escape", "app.pop_screen", "close"), Binding("d", "make_default", "make default"),
+                Binding("x", "remove", "remove"), Binding("p", "pull", "pull")]
+
+    def __init__(self, store_root: Path | None, settings_path: Path | None, run_dir: Path):
+        super().__init__()
+        self.store_root = store_root
+        self.settings_path = settings_path
+        self.run_dir = run_dir
+        self._asking: str | None = None  # "pull" or "remove:NAME": what the input line is for
+
+    def compose(self) -> ComposeResult:
+        yield Static("Models (d: make the selected one the default and restart serving, x: remove, p: pull a URL, "
+                     "Esc: close)", id="models-help")
+        yield OptionList(id="models")
+        yield Input(placeholder="", id="models-input")
+        yield Static("", id="models-status")
+
+    def on_mount(self) -> None:
+        self.query_one("#models-input", Input).display = False
+        self.refresh_list()
+
+    # ---- the list ------------------------------------------------------------------------------------------
+
+    def _store(self):
+        from host_runtime.models.store import Store
+
+        return Store(self.store_root) if self.store_root is not None else None
+
+    def _default_path(self) -> str | None:
+        from host_runtime.common import settings_file
+        from host_runtime.serving.settings import ServingSettings
+
+        try:
+            return settings_file.load(ServingSettings, self.settings_path).model if self.settings_path else None
+        except Exception:  # an unreadable serving.toml: no default shown (the status line says so on use)
+            return None
+
+    def refresh_list(self) -> None:
+        listing = self.query_one("#models", OptionList)
+        was = self.selected()
+        listing.clear_options()
+        store = self._store()
+        if store is None:
+            self.say("no model store on this console")
+            return
+        default = self._default_path()
+        models = store.list()
+        for m in models:
+            mark = "*" if default and str(store.path_of(m).resolve()) == default else " "
+            kind = f"embedding ({m.pooling})" if m.pooling else f"context {m.context_length:,}"
+            listing.add_option(Text(f"{mark} {m.name:32} {m.size / 2**20:9,.1f} MiB  {m.quantization:8} {kind}"))
+        self.names = [m.name for m in models]
+        if models:  # the same model stays selected (else the first)
+            listing.highlighted = self.names.index(was) if was in self.names else 0
+        if not models:
+            self.say("no models in the store: p pulls one (an http(s) URL or hf://OWNER/REPO/FILE.gguf)")
+        elif not default:
+            self.say("serving starts with the image's built-in model (* marks a store model it starts with)")
+
+    def selected(self) -> str | None:
+        index = self.query_one("#models", OptionList).highlighted
+        names = getattr(self, "names", [])
+        return names[index] if index is not None and 0 <= index < len(names) else None
+
+    def say(self, text: str) -> None:
+        self.query_one("#models-status", Static).update(text)
+
+    # ---- actions --------------------------------------------------------------------------------------------
+
+    def action_make_default(self) -> None:
+        from host_runtime.models import actions
+        from host_runtime.models.errors import StoreError
+
+        name = self.selected()
+        if name is None or self.settings_path is None:
+            self.say("select a model first")
+            return
+
+        def work():
+            try:
+                text = actions.set_default(self._store(), name, self.settings_path, runs=self.run_dir)
+            except StoreError as exc:
+                text = f"not changed: {exc}"
+            self.app.call_from_thread(self._done, text)
+
+        self.say(f"making {name} the default…")
+        self.run_worker(work, thread=True, group="models")
+
+    def action_remove(self) -> None:
+        name = self.selected()
+        if name is None:
+            self.say("select a model first")
+            return
+        self._ask(f"remove:{name}", f"type {name} and Enter to remove it (anything else keeps it)")
+
+    def action_pull(self) -> None:
+        self._ask("pull", "a model's URL (https://.../FILE.gguf or hf://OWNER/REPO/FILE.gguf), then Enter")
+
+    def _ask(self, what: str, prompt: str) -> None:
+        self._asking = what
+        field = self.query_one("#models-input", Input)
+        field.value, field.placeholder, field.display = "", prompt, True
+        self.call_after_refresh(field.focus)  # a widget just shown takes the focus once it is laid out
+        self.say(prompt)
+
+    def on_input_submitted(self, event) -> None:
+        what, self._asking = self._asking, None
+        field = self.query_one("#models-input", Input)
+        field.display = False
+        self.query_one("#models", OptionList).focus()
+        value = event.value.strip()
+        if what and what.startswith("remove:"):
+            from host_runtime.models import actions
+
+            name = what.split(":", 1)[1]
+            if value != name:
+                self.say(f"{name} kept")
+                return
+            # Typing its name is the confirmation: a pinned or loaded model goes too (unloaded first).
+            self._run(lambda store, say: actions.remove(store, name, force=True, runs=self.run_dir, say=say),
+                      f"removing {name}…")
+        elif what == "pull" and value:
+            from host_runtime.models import pull as pulling
+
+            self._run(lambda store, say: f"pulled {pulling.pull(store, value, say=say).name}", f"pulling {value}…")
+
+    def _run(self, job, starting: str) -> None:
+        """A store job on a worker thread, its progress lines shown as they come, the list read again after."""
+        from host_runtime.models.errors import StoreError
+
+        def say(line: str) -> None:
+            self.app.call_from_thread(self.say, line)
+
+        def work():
+            try:
+                text = job(self._store(), say)
+            except StoreError as exc:
+                text = f"failed: {exc}"
+            self.app.call_from_thread(self._done, text)
+
+        self.say(starting)
+        self.run_worker(work, thread=True, group="models")
+
+    def _done(self, text: str) -> None:
+        self.refresh_list()
+        self.say(text)
