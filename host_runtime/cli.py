@@ -1156,14 +1156,11 @@ def _keys_usage(args) -> int:
 
 
 def cmd_fleet(parser, args) -> int:
-    import dataclasses
     import threading
 
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.common.stop_signal import stop_on_signals
-    from host_runtime.fleet import router_vocab
-    from host_runtime.fleet.gateway import Gateway, GatewayError
-    from host_runtime.fleet.settings import FleetSettings, load, read_key
+    from host_runtime.fleet.settings import load
 
     try:
         settings = load(args.settings)
@@ -1173,6 +1170,48 @@ def cmd_fleet(parser, args) -> int:
         return _fleet_peers(settings, args)
     stop = threading.Event()
     stop_on_signals(stop.set)
+    lan_name = _start_lan_name(parser, args)  # every box, whatever its fleet role: NAME.local on the LAN
+    try:
+        return _fleet_program(parser, args, settings, stop)
+    finally:
+        if lan_name is not None:
+            lan_name.stop()
+
+
+def _start_lan_name(parser, args):
+    """NAME.local announced by mDNS where front.toml says lan_name (the default); None where it does not."""
+    import socket as socket_module
+
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.front import settings as front_settings
+    from host_runtime.front.lan_name import LanName, LanNameError, lan_addresses
+
+    if not getattr(args, "front_settings", None):
+        return None
+    try:
+        front = front_settings.load(args.front_settings)
+    except SettingsError as exc:
+        parser.error(f"fleet gateway: --front-settings: {exc}")
+    if not front.lan_name or front.loopback_only:
+        return None
+    name = socket_module.gethostname().split(".")[0]
+    lan = LanName(name, front.https_port, lambda: lan_addresses(front.listen))
+    try:
+        lan.start()
+    except LanNameError as exc:
+        print(f"everycycle fleet gateway: {exc}", file=sys.stderr, flush=True)
+        return None
+    return lan
+
+
+def _fleet_program(parser, args, settings, stop) -> int:
+    import dataclasses
+
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.fleet import router_vocab
+    from host_runtime.fleet.gateway import Gateway, GatewayError
+    from host_runtime.fleet.settings import FleetSettings, read_key
+
     if args.if_gateway and settings.role == "member" and settings.mdns:
         return _announce_until(stop, parser, args)
     if args.if_gateway and settings.role != "gateway":

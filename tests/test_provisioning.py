@@ -628,6 +628,7 @@ def test_every_box_toml_field_has_an_owner():
     owners = {
         "schema_version": "checked", "hostname": "/etc/hostname", "network": "systemd-networkd",
         "api.port": "front.toml", "api.http_port": "front.toml", "api.http": "front.toml", "api.metrics": "front.toml",
+        "api.lan_name": "front.toml",
         "api.prefix_cache": "serving.toml",
         "api.tls_certificate": "front.toml", "api.tls_key": "front.toml", "api.keys": "api_keys.json",
         "api.generate_keys": "api_keys.json", "api.policies": "api_keys.json", "ssh.authorized_keys": "/root/.ssh",

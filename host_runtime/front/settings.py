@@ -39,6 +39,9 @@ class FrontSettings:
     # On a fleet's member: the gateway's address. Every client of the fleet reaches this box through that one
     # address, so it is not held to the per-client limits (the gateway's own front holds each client to them).
     fleet_gateway: str = ""
+    # NAME.local by mDNS, with the API announced as an _https._tcp service (front/lan_name.py): clients reach the
+    # box by name whatever address DHCP gives it. The fleet program, which runs on every box, announces it.
+    lan_name: bool = True
 
     def __post_init__(self) -> None:
         check(self)
@@ -69,6 +72,8 @@ def check(s: FrontSettings) -> None:
                                  "use 'redirect' or 'off' on the LAN, or 'serve-lan' to choose clear text there")
     if s.metrics not in METRICS_ACCESS:
         raise SettingsError("metrics", f"must be one of {', '.join(METRICS_ACCESS)}, got {s.metrics!r}")
+    if not isinstance(s.lan_name, bool):
+        raise SettingsError("lan_name", f"must be true or false, got {s.lan_name!r}")
     if s.fleet_gateway:
         try:
             ipaddress.ip_address(s.fleet_gateway)
@@ -97,7 +102,8 @@ def from_box(box: dict) -> FrontSettings:
                              http=api.get("http", FrontSettings.http), metrics=api.get("metrics", FrontSettings.metrics),
                              certificate=BOX_TLS_CERTIFICATE if api.get("tls_certificate") else "",
                              private_key=BOX_TLS_KEY if api.get("tls_key") else "",
-                             fleet_gateway=fleet.get("gateway_address", "") if fleet.get("role") == "member" else "")
+                             fleet_gateway=fleet.get("gateway_address", "") if fleet.get("role") == "member" else "",
+                             lan_name=api.get("lan_name", FrontSettings.lan_name))
     except SettingsError as exc:
         box_field = {"https_port": "api.port", "http_port": "api.http_port", "http": "api.http",
                      "metrics": "api.metrics", "certificate": "api.tls_certificate",

@@ -58,7 +58,9 @@ def make_self_signed(pair: CertificatePair, hostname: str | None = None, address
         ips.add(ipaddress.ip_address(address))
     elif address:
         ips |= addresses_now()
-    alt = x509.SubjectAlternativeName([x509.DNSName(hostname), x509.DNSName("localhost"),
+    # NAME.local too: the name the box announces on the LAN (front/lan_name.py), which outlives a DHCP lease.
+    local = f"{hostname.split('.')[0]}.local"
+    alt = x509.SubjectAlternativeName([x509.DNSName(hostname), x509.DNSName(local), x509.DNSName("localhost"),
                                        *(x509.IPAddress(ip) for ip in sorted(ips, key=str))])
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
