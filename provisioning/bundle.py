@@ -61,23 +61,29 @@ class Bundle:
             raise BundleError(relative, "points outside the bundle")
         return p
 
-    def read(self, relative: str, limit: int = MAX_FILE_BYTES) -> bytes:
-        """The file's bytes, read once and kept. BundleError: outside the bundle, missing, a symlink, not a
+    def _open(self, relative: str, limit: int) -> tuple[int, os.stat_result]:
+        """The file opened for reading, with its stat. BundleError: outside the bundle, missing, a symlink, not a
         regular file, or over `limit`."""
+        self.path(relative)  # containment
+        try:
+            fd = os.open(self.root / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise BundleError(f"files.{relative}", "the file is missing from the bundle") from None
+        except OSError as exc:
+            raise BundleError(f"files.{relative}", f"cannot be read ({exc.strerror}; symlinks are refused)") from None
+        st = os.fstat(fd)
+        problem = "is not a regular file" if not stat.S_ISREG(st.st_mode) else \
+            (f"is {st.st_size} bytes; the limit is {limit}" if st.st_size > limit else None)
+        if problem:
+            os.close(fd)
+            raise BundleError(f"files.{relative}", problem)
+        return fd, st
+
+    def read(self, relative: str, limit: int = MAX_FILE_BYTES) -> bytes:
+        """The file's bytes, read once and kept (BundleError as _open says)."""
         if relative not in self._files:
-            self.path(relative)  # containment
+            fd, st = self._open(relative, limit)
             try:
-                fd = os.open(self.root / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise BundleError(f"files.{relative}", "the file is missing from the bundle") from None
-            except OSError as exc:
-                raise BundleError(f"files.{relative}", f"cannot be read ({exc.strerror}; symlinks are refused)") from None
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise BundleError(f"files.{relative}", "is not a regular file")
-                if st.st_size > limit:
-                    raise BundleError(f"files.{relative}", f"is {st.st_size} bytes; the limit is {limit}")
                 with os.fdopen(fd, "rb", closefd=False) as handle:
                     data = handle.read(limit + 1)
                 if len(data) > limit:
@@ -93,19 +99,8 @@ class Bundle:
         was hashed, so what is parsed and installed is what was checked."""
         if relative in self._copies:
             return self._copies[relative]
-        self.path(relative)  # containment
+        fd, st = self._open(relative, limit)
         try:
-            fd = os.open(self.root / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise BundleError(f"files.{relative}", "the file is missing from the bundle") from None
-        except OSError as exc:
-            raise BundleError(f"files.{relative}", f"cannot be read ({exc.strerror}; symlinks are refused)") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise BundleError(f"files.{relative}", "is not a regular file")
-            if st.st_size > limit:
-                raise BundleError(f"files.{relative}", f"is {st.st_size} bytes; the limit is {limit}")
             if self._staging is None:
                 parent = self.staging_parent or staging_dir()
                 parent.mkdir(parents=True, exist_ok=True)

@@ -75,10 +75,7 @@ def test_the_wizard_checks_as_typed_writes_applies_and_shows_the_key_once(tmp_pa
             await pilot.pause(0.3)
             assert str(wizard.query_one("#problems").render()) == "no problems"
             assert 'hostname = "shed-box"' in str(wizard.query_one("#preview").render())
-            wizard.query_one("#apply").scroll_visible(animate=False)
-            await pilot.pause(0.2)
-            await pilot.click("#apply")
-            await pilot.pause(0.5)
+            await _apply(pilot, wizard)
             result = str(wizard.query_one("#result").render())
             assert "applied bundle" in result
             key = wizard.generated["owner"]
@@ -100,6 +97,14 @@ def test_the_wizard_checks_as_typed_writes_applies_and_shows_the_key_once(tmp_pa
     assert admin_passphrase.check(root, "correct horse") and not admin_passphrase.check(root, "wrong horse")
     assert "correct horse" not in (root / admin_passphrase.PASSPHRASE_FILE).read_text()
     assert (root / admin_passphrase.PASSPHRASE_FILE).stat().st_mode & 0o777 == 0o600
+
+
+async def _apply(pilot, wizard) -> None:
+    """Press the wizard's Apply button (scrolled into view) and give the apply its time."""
+    wizard.query_one("#apply").scroll_visible(animate=False)
+    await pilot.pause(0.2)
+    await pilot.click("#apply")
+    await pilot.pause(0.5)
 
 
 def _provisioned_app(tmp_path, passphrase: str | None):
@@ -358,10 +363,7 @@ def test_re_provisioning_from_the_wizard_lists_the_keys_and_revokes_those_ticked
             listed.select("old-ci")
             await pilot.pause(0.2)
             assert str(wizard.query_one("#problems").render()) == "no problems"
-            wizard.query_one("#apply").scroll_visible(animate=False)
-            await pilot.pause(0.2)
-            await pilot.click("#apply")
-            await pilot.pause(0.5)
+            await _apply(pilot, wizard)
             assert "revoked: old-ci" in str(wizard.query_one("#result").render())
 
     asyncio.run(drive())
@@ -408,10 +410,7 @@ def test_the_wizard_takes_an_ssh_key_for_the_admin(tmp_path):
             wizard.query_one("#ssh_key").value = key
             await pilot.pause(0.3)
             assert str(wizard.query_one("#problems").render()) == "no problems"
-            wizard.query_one("#apply").scroll_visible(animate=False)
-            await pilot.pause(0.2)
-            await pilot.click("#apply")
-            await pilot.pause(0.5)
+            await _apply(pilot, wizard)
             assert "applied bundle" in str(wizard.query_one("#result").render())
 
     asyncio.run(drive())

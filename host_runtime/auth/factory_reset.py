@@ -82,25 +82,21 @@ def _remove(path: Path) -> bool:
     return True
 
 
-def _empty(directory: Path, keep: set[Path] = frozenset()) -> list[Path]:
-    gone = []
+def _entries(directory: Path) -> list[Path]:
+    """A directory's entries; none when it is missing or is a link (never followed)."""
     try:
-        entries = sorted(directory.iterdir()) if not directory.is_symlink() else []
+        return sorted(directory.iterdir()) if not directory.is_symlink() else []
     except FileNotFoundError:
-        return gone
-    for entry in entries:
-        if entry not in keep and _remove(entry):
-            gone.append(entry)
-    return gone
+        return []
+
+
+def _empty(directory: Path, keep: set[Path] = frozenset()) -> list[Path]:
+    return [entry for entry in _entries(directory) if entry not in keep and _remove(entry)]
 
 
 def _truncate(directory: Path) -> list[Path]:
     done = []
-    try:
-        entries = sorted(directory.iterdir()) if not directory.is_symlink() else []
-    except FileNotFoundError:
-        return done
-    for entry in entries:
+    for entry in _entries(directory):
         try:
             fd = os.open(entry, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
