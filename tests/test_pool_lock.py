@@ -38,3 +38,19 @@ def test_stopping_an_engine_does_not_stall_the_pools_other_answers(tmp_path):
     assert took < 1.0, f"the pool answered after {took:.1f} s, behind the engine's stop"
     assert "slow" not in snapshot["memory"] and slow.stopped.is_set()
     assert pool.unloads[("slow", "removed")] == 1 and pool._stopping_bytes == 0
+
+
+def test_a_request_may_lengthen_a_loaded_models_keep_alive_never_shorten_it(tmp_path):
+    """One key's keep_alive (0 included) set how long a model stayed for every key: any client could unload the
+    model the others were using after each of its requests (hardening #35, item 7)."""
+    from host_runtime.pool.pool import longer_keep_alive
+
+    pool = EnginePool(run_dir=tmp_path, default_name="default", default_path=str(tmp_path / "d.gguf"),
+                      default_socket=str(tmp_path / "d.sock"), default_child=None, engine_options=lambda p: None,
+                      store=None, budget_bytes=1 << 30, need_for=lambda path: 1 << 20, keep_alive_s=300.0)
+    pool._loaded["m"] = Loaded("m", str(tmp_path / "m.gguf"), str(tmp_path / "m.sock"), None, False, 300.0)
+    for asked, kept in ((0.0, 300.0), (60.0, 300.0), ("default", 300.0), (900.0, 900.0), (0.0, 900.0),
+                        (None, None), (5.0, None)):
+        pool.acquire("m", asked)
+        assert pool._loaded["m"].keep_alive_s == kept, (asked, kept)
+    assert longer_keep_alive(1.0, 2.0) == 2.0 and longer_keep_alive(None, 2.0) is None

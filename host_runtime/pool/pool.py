@@ -142,8 +142,10 @@ class EnginePool:
             if name in self._loaded:
                 entry = self._loaded[name]
                 entry.last_used = time.monotonic()
-                if keep_alive_s != DEFAULT_KEEP_ALIVE and not entry.pinned:
-                    entry.keep_alive_s = keep
+                if not entry.pinned:
+                    # A request may lengthen a loaded model's stay, never shorten it: one key's keep_alive 0
+                    # would unload a model other keys use (hardening #35, item 7).
+                    entry.keep_alive_s = longer_keep_alive(entry.keep_alive_s, keep)
                 return Acquired(entry.socket, _engine_state(entry.socket)[0])
             info = self.available().get(name)
             if info is None and self.provisioned is not None and self.provisioned.status.name == name \
@@ -335,6 +337,11 @@ def _refusal(status: int, message: str, **kw) -> RequestRejected:
     """A refusal, as the engine's own (the workers turn it into the API's error)."""
     kw.setdefault("param", "model" if status != 500 else None)
     return RequestRejected(status, message, **kw)
+
+
+def longer_keep_alive(a: float | None, b: float | None) -> float | None:
+    """The longer of two keep-alives (None: forever)."""
+    return None if a is None or b is None else max(a, b)
 
 
 def _engine_state(socket_path: str) -> tuple[str, int | None, int | None]:
