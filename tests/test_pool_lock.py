@@ -54,3 +54,41 @@ def test_a_request_may_lengthen_a_loaded_models_keep_alive_never_shorten_it(tmp_
         pool.acquire("m", asked)
         assert pool._loaded["m"].keep_alive_s == kept, (asked, kept)
     assert longer_keep_alive(1.0, 2.0) == 2.0 and longer_keep_alive(None, 2.0) is None
+
+
+def test_requests_waiting_for_a_load_are_bounded_and_the_rest_hear_at_once(tmp_path, monkeypatch):
+    """A request waiting for a model's load held an HTTP thread up to 300 s, uncounted by the engine's admission:
+    enough of them took every thread that requests for loaded models and /health needed (hardening #35, item 7)."""
+    import types
+
+    from host_runtime.engine.errors import RequestRejected
+    from host_runtime.serving import routing
+
+    monkeypatch.setattr(routing, "LOAD_WAIT_S", 3.0)
+    monkeypatch.setattr(routing, "POLL_S", 0.05)
+    pool = types.SimpleNamespace(acquire=lambda model, keep_alive: types.SimpleNamespace(
+        socket=str(tmp_path / "never.sock")))  # an engine whose socket never comes: a load that never ends
+    router = routing.Router(types.SimpleNamespace(info=lambda timeout: None))
+    router._default_info = types.SimpleNamespace(model_id="default", ready=True)
+    router.pool = pool
+    outcomes = []
+
+    def wait():
+        try:
+            router.engine_for("big")
+        except RequestRejected as exc:
+            outcomes.append((exc.status, exc.message))
+
+    waiters = [threading.Thread(target=wait) for _ in range(routing.MAX_LOAD_WAITERS)]
+    for t in waiters:
+        t.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    wait()  # one more: told at once
+    assert time.monotonic() - started < 1.0 and "requests already wait" in outcomes[-1][1]
+    for t in waiters:
+        t.join()
+    assert [status for status, _ in outcomes] == [503] * (routing.MAX_LOAD_WAITERS + 1)
+    assert sum("still loading after" in message for _, message in outcomes) == routing.MAX_LOAD_WAITERS
+    wait()  # the waiters gone, a new request may wait again (until its own deadline)
+    assert "still loading after" in outcomes[-1][1]

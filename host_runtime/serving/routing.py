@@ -20,6 +20,10 @@ from host_runtime.pool.protocol import PoolClient, PoolModel
 
 LOAD_WAIT_S = 300.0  # a request for a model that is loading waits this long at most
 POLL_S = 0.25
+# Requests of one HTTP worker that may wait for a model's load at once: each holds a thread the engine's admission
+# does not count (http_threads.py sizes for it, plus a reserve of 16 for health and metrics), so more would take
+# the threads that requests for loaded models and /health need. Past it: a 503 with Retry-After at once.
+MAX_LOAD_WAITERS = 8
 
 
 class Router:
@@ -29,6 +33,7 @@ class Router:
         self.aliases = aliases or {}  # box.toml's [serving] aliases: another name -> the model that answers
         self._default_info: EngineInfo | None = None
         self._lock = threading.Lock()
+        self._load_waiters = threading.BoundedSemaphore(MAX_LOAD_WAITERS)
 
     def default_info(self) -> EngineInfo:
         """The default engine's info (model id, context, tool format), kept once it is ready."""
@@ -60,6 +65,22 @@ class Router:
         except EngineUnavailable as exc:
             raise engine_down(exc) from None
         client = EngineClient(acquired.socket)
+        try:
+            info = client.info(timeout=5.0)
+            if info.ready:
+                return client, info
+        except EngineUnavailable:
+            pass  # its engine is starting: wait below
+        if not self._load_waiters.acquire(blocking=False):
+            raise APIError(503, f"the model '{model}' is loading, and {MAX_LOAD_WAITERS} requests already wait "
+                                "here for models to load; retry shortly", error_type="server_busy",
+                           code="model_loading", retry_after=10)
+        try:
+            return self._wait_for_load(client, model)
+        finally:
+            self._load_waiters.release()
+
+    def _wait_for_load(self, client: EngineClient, model: str) -> tuple[EngineClient, EngineInfo]:
         deadline = time.monotonic() + LOAD_WAIT_S
         while True:
             try:
