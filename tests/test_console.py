@@ -357,3 +357,21 @@ def test_the_models_screen_pulls_switches_and_removes_models(tmp_path):
     serving = settings_file.load(ServingSettings, settings)
     assert serving.model == str(store.path_of(store.get("tiny-pulled")).resolve())
     assert serving.context_length == 2048  # every other setting kept
+
+
+def test_the_top_users_come_from_the_per_key_usage_of_every_model():
+    """Nobody could see who used the box from its console (#38): the keys that generated most, summed over every
+    model's engine, on the dashboard and in `everycycle status`."""
+    from host_runtime.console.data import Serving, Source, top_users, users_line
+
+    metrics = "\n".join([
+        'everycycle_key_requests_total{model="a",key="alice"} 4', 'everycycle_key_generated_tokens_total{model="a",key="alice"} 900',
+        'everycycle_key_requests_total{model="b",key="alice"} 1', 'everycycle_key_generated_tokens_total{model="b",key="alice"} 200',
+        'everycycle_key_requests_total{model="a",key="nightly"} 40', 'everycycle_key_generated_tokens_total{model="a",key="nightly"} 5000',
+        'everycycle_key_requests_total{model="a",key="bob"} 2', 'everycycle_key_generated_tokens_total{model="a",key="bob"} 10',
+        'everycycle_key_requests_total{model="a",key="carol"} 1', 'everycycle_key_generated_tokens_total{model="a",key="carol"} 3',
+    ]) + "\n"
+    assert top_users(metrics) == [("nightly", 40, 5000), ("alice", 5, 1100), ("bob", 2, 10)]
+    line = users_line(Serving(Source(True, ""), top_users=top_users(metrics)))
+    assert line == "top users: nightly 5,000 tok (40 req), alice 1,100 tok (5 req), bob 10 tok (2 req)"
+    assert users_line(Serving(Source(True, ""))) is None and top_users("") == []

@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Sparkline, Static
 
 from host_runtime.common.supervisor_rpc import restart_service
-from host_runtime.console.data import BoxStatus, StatusReader, model_lines, system_line
+from host_runtime.console.data import BoxStatus, StatusReader, model_lines, system_line, users_line
 from host_runtime.console.status_text import fmt
 
 HEALTH_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "failed": "bold red"}
@@ -221,6 +221,8 @@ class Dashboard(App):
                          + ", ".join(f"{d} {n}" for d, n in sv.layers.items()) + " layers")
             for line in model_lines(sv):
                 t.append(f"\n{line}", style="yellow" if line.startswith("pulling") else "")
+            if users_line(sv):
+                t.append(f"\n{users_line(sv)}")
         self.query_one("#serving", Static).update(t)
         self.query_one("#tokens", Sparkline).data = s.token_history or [0.0]
 

@@ -63,6 +63,7 @@ class Serving:
     layers: dict[str, int] = field(default_factory=dict)    # device -> model layers placed there
     models: list[ModelRow] = field(default_factory=list)    # every loaded model (the pool's)
     pull: ModelPull | None = None
+    top_users: list[tuple[str, float, float]] = field(default_factory=list)  # (key name, requests, generated)
 
 
 def model_lines(sv: Serving) -> list[str]:
@@ -79,6 +80,29 @@ def model_lines(sv: Serving) -> list[str]:
         lines.append(f"pulling {p.name}: {p.state}, {done}, {p.rate_bytes_s / 2**20:.1f} MiB/s"
                      if p.state != "failed" else f"pulling {p.name} FAILED (see the serving log)")
     return lines
+
+
+TOP_USERS = 3
+
+
+def top_users(metrics_text: str) -> list[tuple[str, float, float]]:
+    """The keys that generated most (every model's engine summed), from /metrics' per-key usage: (name, requests,
+    generated tokens), at most TOP_USERS."""
+    usage: dict[str, list[float]] = {}
+    for name, column in (("everycycle_key_requests_total", 0), ("everycycle_key_generated_tokens_total", 1)):
+        for labels, value in metric_samples(metrics_text, name):
+            if "key" in labels:
+                usage.setdefault(labels["key"], [0.0, 0.0])[column] += value
+    ranked = sorted(usage.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
+    return [(key, requests, generated) for key, (requests, generated) in ranked[:TOP_USERS]]
+
+
+def users_line(sv: "Serving") -> str | None:
+    """The top users in a line (the console's and `everycycle status`'s), or None when no key has used the box."""
+    if not sv.top_users:
+        return None
+    return "top users: " + ", ".join(f"{key} {generated:,.0f} tok ({requests:,.0f} req)"
+                                     for key, requests, generated in sv.top_users)
 
 
 @dataclass
@@ -280,7 +304,7 @@ class StatusReader:
                        waiting=metrics.get("everycycle_requests_deferred", 0), tokens_total=tokens,
                        tokens_per_s=rate, ttft_p50_s=histogram_quantile(metrics, "everycycle_time_to_first_token_seconds", 0.5),
                        prefix_hit_ratio=hits if any(k.startswith("everycycle_prefix_cache_lookups_total") for k in metrics) else None,
-                       backend=backend, layers=layers, models=models, pull=pull)
+                       backend=backend, layers=layers, models=models, pull=pull, top_users=top_users(metrics_text))
 
     def topology(self) -> dict | None:
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from host_runtime.console.data import BoxStatus, model_lines, system_line
+from host_runtime.console.data import BoxStatus, model_lines, system_line, users_line
 
 
 def fmt(v, spec: str = "", none: str = "n/a") -> str:
@@ -26,6 +26,8 @@ def render(s: BoxStatus) -> str:
             lines.append(f"Backend  {sv.backend.get('backend')} on {sv.backend.get('device')} ({sv.backend.get('reason')}); "
                          "layers " + ", ".join(f"{d} {n}" for d, n in sv.layers.items()))
         lines += [f"Model    {line}" for line in model_lines(sv)]
+        if users_line(sv):
+            lines.append(f"Users    {users_line(sv)}")
     else:
         lines.append(f"Serving  DOWN: {sv.source.detail}")
     lines.append(f"Governor {s.governor.detail if s.governor.ok else 'DOWN: ' + s.governor.detail}; "
