@@ -48,7 +48,7 @@ class LanName:
     def start(self) -> None:
         try:
             self._zc = Zeroconf(ip_version=IPVersion.V4Only)
-        except OSError as exc:
+        except Exception as exc:  # no multicast interface, a socket refused: the box works on, unnamed
             raise LanNameError(f"cannot announce {self.name}.local on the LAN: {exc}") from None
         self._follow()
         self._thread = threading.Thread(target=self._loop, name="lan-name", daemon=True)
