@@ -5,8 +5,10 @@ Same model, same prompts, same thread count; the servers take turns (A, B, C, th
 C, B, A, ...) so that drift on a shared machine cancels; every request opens a fresh
 connection (llama-server closes keep-alive after a streamed answer, so all get the same).
 Prints one JSON document: per level and server the aggregate output tok/s, TTFT p50/p95,
-inter-token latency p50 and errors (medians over repeats), the ratios EveryCycle/other,
-and the prefix cache's miss / RAM-hit / disk-hit TTFT.
+inter-token latency p50 and errors (medians over repeats), the ratios EveryCycle/other, each main ratio's
+spread over the repeats (median, min, max of the repeat-by-repeat ratios: a 0.77x told from noise), the CPU's
+instruction sets and whether each server repacked the weights for them, and the prefix cache's miss / RAM-hit /
+disk-hit TTFT.
 
     python bench/serving.py --llama-server PATH [--levels 1,4,8,16] [--repeats 3] [--json out.json]
 """
@@ -207,6 +209,61 @@ def run_level(server: Server, concurrency: int, per_client: int, body_for) -> di
             **({"error_sample": errors[:2]} if errors else {})}
 
 
+def spread(values: list[float]) -> dict | None:
+    """A figure over repeats: its median and its range, so that a ratio can be told from the machine's noise."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4), "n": len(values)}
+
+
+def paired_ratio(runs: list[dict], reference: list[dict], key: str) -> dict | None:
+    """The ratio of `key` repeat by repeat (each repeat runs both servers back to back, in alternating order), as
+    a spread: pairing keeps a slow minute of the machine from counting against one server only."""
+    ratios = [a[key] / b[key] for a, b in zip(runs, reference) if a.get(key) and b.get(key)]
+    return spread(ratios)
+
+
+# The pairs whose ratios get a spread: (server, reference).
+SPREAD_PAIRS = (("everycycle", "llama-server"), ("everycycle", "everycycle-baseline"),
+                ("everycycle", "everycycle-mixed"), ("everycycle-mixed", "llama-server"))
+
+
+def ratio_spreads(raw_level: dict[str, list[dict]]) -> dict:
+    out = {}
+    for name, ref in SPREAD_PAIRS:
+        if raw_level.get(name) and raw_level.get(ref):
+            for key, label in (("tok_s", "tok_s"), ("ttft_p50_s", "ttft_p50")):
+                figure = paired_ratio(raw_level[name], raw_level[ref], key)
+                if figure:
+                    out[f"{name}_{label}_vs_{ref}".replace("-", "_")] = figure
+    return out
+
+
+CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+             "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "i8mm", "sve", "sve2")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """The instruction sets llama.cpp's CPU kernels choose by (x86's flags, ARM's Features), as /proc/cpuinfo
+    lists them."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    m = re.search(r"^(?:flags|Features)\s*:\s*(.+)$", cpuinfo, re.M)
+    have = set(m.group(1).split()) if m else set()
+    return [f for f in CPU_FLAGS if f in have]
+
+
+def repacked(log_text: str) -> bool:
+    """Whether llama.cpp repacked the weights for this CPU: llama-server's log names the CPU_REPACK buffer it
+    allocates; EveryCycle's engine says it in words (engine/model.py)."""
+    return "CPU_REPACK model buffer" in log_text or "weights repacked for this CPU" in log_text
+
+
 def median_of(runs: list[dict]) -> dict:
     out = {}
     for key in ("tok_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "tokens_per_request"):
@@ -374,8 +431,15 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
         everycycle_profile = {str(lvl): {name: {k: statistics.median(p[k] for p in runs) for k in runs[0]}
                                          for name, runs in by_name.items()}
                               for lvl, by_name in profile.items() if by_name}
-        return {"workload": args.workload, "levels": table, "ratios": ratios,
-                "everycycle_profile": everycycle_profile}
+        spreads = {str(lvl): ratio_spreads(by) for lvl, by in raw.items()}
+        repack = {}
+        for s in servers:
+            try:
+                repack[s.name] = repacked(Path(s.log.name).read_text(errors="replace"))
+            except OSError:
+                pass
+        return {"workload": args.workload, "levels": table, "ratios": ratios, "ratio_spreads": spreads,
+                "weights_repacked": repack, "everycycle_profile": everycycle_profile}
     finally:
         for s in servers:
             s.stop()
@@ -507,7 +571,7 @@ def main() -> int:
                             "requests_per_client": args.requests_per_client, "repeats": args.repeats,
                             "workload": args.workload, "servers": args.servers.split(","),
                             "draft_max": args.draft_max, "draft_model": model_id_for(args.draft_model or model),
-                            "suppressed_tokens": sorted(int(t) for t in bias), "cpu": cpu_name(),
+                            "suppressed_tokens": sorted(int(t) for t in bias), "cpu": cpu_name(), "cpu_flags": cpu_flags(),
                             "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}}
     try:
         if args.mode in ("all", "serving"):

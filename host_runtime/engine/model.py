@@ -183,6 +183,11 @@ class LoadedModel:
                 raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {exc}") from None
         # What llama.cpp really allocated, per device: exported beside the plan, and checked against it.
         self.allocation = parse_buffer_log("".join(text), set(p.device_order))
+        # Said in the log, as llama-server's own buffer lines say it: whether llama.cpp repacked the weights for
+        # this CPU's instruction sets (bench/serving.py records it beside each server's figures).
+        self.weights_repacked = "CPU_REPACK" in "".join(text)
+        log.info("%s: weights %s for this CPU", self.path.name,
+                 "repacked" if self.weights_repacked else "not repacked")
         self.n_vocab = self.model.n_vocab()
         # End-of-generation tokens: they end a generated answer, and a prompt is always cut just
         # after one (chat message ends; see step_plan).

@@ -1,0 +1,32 @@
+"""The serving benchmark's own arithmetic (pure): a ratio's spread over repeats, paired repeat by repeat, and what
+it records about the CPU, so that a ratio on a noisy machine can be told from noise (#40)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("bench_serving", Path(__file__).parents[1] / "bench" / "serving.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_ratios_are_paired_repeat_by_repeat_with_their_spread():
+    ours = [{"tok_s": 50.0, "ttft_p50_s": 0.2}, {"tok_s": 63.0, "ttft_p50_s": 0.3}, {"tok_s": 60.0, "ttft_p50_s": None}]
+    theirs = [{"tok_s": 64.0, "ttft_p50_s": 0.4}, {"tok_s": 70.0, "ttft_p50_s": 0.3}, {"tok_s": 80.0, "ttft_p50_s": 0.5}]
+    assert bench.paired_ratio(ours, theirs, "tok_s") == {"median": 0.7812, "min": 0.75, "max": 0.9, "n": 3}
+    assert bench.paired_ratio(ours, theirs, "ttft_p50_s") == {"median": 0.75, "min": 0.5, "max": 1.0, "n": 2}
+    spreads = bench.ratio_spreads({"everycycle": ours, "llama-server": theirs, "other": theirs})
+    assert set(spreads) == {"everycycle_tok_s_vs_llama_server", "everycycle_ttft_p50_vs_llama_server"}
+    assert bench.spread([]) is None
+
+
+def test_the_cpus_instruction_sets_and_repacking_are_recorded():
+    x86 = "processor : 0\nflags\t\t: fpu sse avx avx2 fma f16c avx512f avx512bw amx_tile amx_int8 other\n"
+    assert bench.cpu_flags(x86) == ["avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "amx_tile", "amx_int8"]
+    arm = "processor\t: 0\nFeatures\t: fp asimd evtstrm asimddp i8mm sve\n"
+    assert bench.cpu_flags(arm) == ["asimd", "asimddp", "i8mm", "sve"]
+    assert bench.cpu_flags("") == []
+    assert bench.repacked("load_tensors:   CPU_REPACK model buffer size =  40.00 MiB") and not bench.repacked("CPU_Mapped")
+    assert bench.repacked("m.gguf: weights repacked for this CPU")
+    assert not bench.repacked("m.gguf: weights not repacked for this CPU")
