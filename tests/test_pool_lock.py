@@ -64,7 +64,7 @@ def test_requests_waiting_for_a_load_are_bounded_and_the_rest_hear_at_once(tmp_p
     from host_runtime.engine.errors import RequestRejected
     from host_runtime.serving import routing
 
-    monkeypatch.setattr(routing, "LOAD_WAIT_S", 3.0)
+    monkeypatch.setattr(routing, "LOAD_WAIT_S", 5.0)
     monkeypatch.setattr(routing, "POLL_S", 0.05)
     pool = types.SimpleNamespace(acquire=lambda model, keep_alive: types.SimpleNamespace(
         socket=str(tmp_path / "never.sock")))  # an engine whose socket never comes: a load that never ends
@@ -82,7 +82,10 @@ def test_requests_waiting_for_a_load_are_bounded_and_the_rest_hear_at_once(tmp_p
     waiters = [threading.Thread(target=wait) for _ in range(routing.MAX_LOAD_WAITERS)]
     for t in waiters:
         t.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10
+    while router._load_waiters._value and time.monotonic() < deadline:  # every waiter holds its place
+        time.sleep(0.01)
+    assert router._load_waiters._value == 0
     started = time.monotonic()
     wait()  # one more: told at once
     assert time.monotonic() - started < 1.0 and "requests already wait" in outcomes[-1][1]
