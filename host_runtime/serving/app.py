@@ -203,22 +203,22 @@ def priority_for(req: falcon.Request, body: dict) -> str:
     return max(asked, key_class, key=PRIORITIES.index)
 
 
+def _over_unix_socket(req: falcon.Request) -> bool:
+    sock = req.env.get("gunicorn.socket")
+    return sock is not None and sock.family == socket.AF_UNIX
+
+
 def is_local_reader(req: falcon.Request) -> bool:
     """A program on this box reading the Unix socket directly (the console, the boot check), not a LAN client via
     the front: the front always sets X-Forwarded-For, and the socket's directory admits only the box's services."""
-    sock = req.env.get("gunicorn.socket")
-    return (sock is not None and sock.family == socket.AF_UNIX
-            and req.get_header("X-Forwarded-For") is None)
+    return _over_unix_socket(req) and req.get_header("X-Forwarded-For") is None
 
 
 def client_address(req: falcon.Request) -> str | None:
     """The client's address: over the Unix socket it is the front's X-Forwarded-For (the front sets it to the
     connection's address, replacing any the client sent); over TCP, the connection's own (a client's header is
     not believed there). None for a program on this box reading the socket directly."""
-    sock = req.env.get("gunicorn.socket")
-    if sock is not None and sock.family == socket.AF_UNIX:
-        return req.get_header("X-Forwarded-For")
-    return req.remote_addr
+    return req.get_header("X-Forwarded-For") if _over_unix_socket(req) else req.remote_addr
 
 
 def client_watch(req: falcon.Request):

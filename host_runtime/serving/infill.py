@@ -14,8 +14,7 @@ from host_runtime.serving.errors import body_of
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall, bad
 
-# llama-server's /infill fields and the completion fields they are.
-_RENAMED = {"input_prefix": "prompt", "input_suffix": "suffix", "n_predict": "max_tokens"}
+# llama-server's /infill fields that are the completion's own.
 _KEPT = ("model", "temperature", "top_p", "seed", "stop", "stream", "input_extra", "presence_penalty",
          "frequency_penalty")
 
@@ -26,16 +25,11 @@ def parse_infill(body: dict, served: str) -> GenerationCall:
     after = body.get("prompt", "")
     if not isinstance(after, str):
         raise bad("'prompt' (text after the middle token) must be a string", "prompt", "invalid_type")
-    completion = {"prompt": body.get("input_prefix", ""), "suffix": body.get("input_suffix", "")}
-    for name, value in body.items():
-        if name in _RENAMED and name not in ("input_prefix", "input_suffix"):
-            if not (name == "n_predict" and value == -1):  # -1: llama-server's "no limit"
-                completion[_RENAMED[name]] = value
-        elif name in _KEPT:
-            completion[name] = value
-    completion.setdefault("model", served)
-    if "max_tokens" not in completion:
-        completion["max_tokens"] = protocol.NO_LIMIT
+    n_predict = body.get("n_predict", -1)
+    completion = {"model": served, **{k: body[k] for k in _KEPT if k in body},
+                  "prompt": body.get("input_prefix", ""), "suffix": body.get("input_suffix", ""),
+                  # -1 (llama-server's default) is no limit: the engine ends where the context does
+                  "max_tokens": protocol.NO_LIMIT if n_predict == -1 else n_predict}
     return protocol.parse_completion(completion, served, after=after)
 
 
