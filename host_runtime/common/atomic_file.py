@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat
 import tempfile
 from pathlib import Path
 
@@ -21,7 +20,7 @@ def _keep_owner(fd: int, target: Path, owner: tuple[int, int] | None) -> None:
         st = target.lstat()  # a link in its place is replaced, not followed
     except FileNotFoundError:
         return
-    if (st.st_uid, st.st_gid) != (0, 0) and not stat.S_ISLNK(st.st_mode):
+    if (st.st_uid, st.st_gid) != (0, 0) and not os.path.islink(target):
         os.fchown(fd, st.st_uid, st.st_gid)
 
 
