@@ -5,7 +5,8 @@ speed of the planner's placement against a sweep of manual --gpu-layers settings
 Runs on whatever devices this process's llama.cpp sees. On a machine without a GPU, Mesa's lavapipe is a
 real Vulkan device when named: GGML_VK_VISIBLE_DEVICES=0 python bench/placement.py
 
-  --settings all,half,one,spill   which placements to load and measure (default: all four; cpu: none offloaded)
+  --settings all,half,one,spill   which placements to load and measure (default: all four; cpu: none offloaded;
+                                  experts: a MoE model's experts partly in host RAM, for --model a MoE GGUF)
   --sweep                         also time decoding for the planner's choice and for manual -ngl values
 """
 
@@ -48,6 +49,19 @@ def settings(table, device, name: str, ctx: int, parallel: int):
         small = Device(device.name, device.description, room + 512 * MIB, room + 512 * MIB, 1000.0,
                        device.pci_address, device.backend)
         return base, [small]
+    if name == "experts":
+        # A mixture-of-experts model on a card that holds every layer's attention and the head, and the experts of
+        # about half the layers: the planner (raised above the host, as in spill) keeps the rest in host RAM.
+        if not table.is_moe:
+            raise SystemExit("--settings experts: the model is not a mixture of experts")
+        dense = sum(table.layer_weight_bytes(il, experts=False) + table.kv_layer_bytes(il, ctx, parallel)
+                    for il in range(table.n_layer))
+        half = sum(table.layer_expert_bytes(il) for il in range(table.n_layer // 2, table.n_layer))
+        # Slack for the compute buffers, short of the other half of the experts (which must not fit).
+        room = table.output_weight_bytes() + dense + half + table.layer_expert_bytes(0) // 4 + 24 * MIB
+        card = Device(device.name, device.description, room + 512 * MIB, room + 512 * MIB, 1000.0,
+                      device.pci_address, device.backend)
+        return base, [card]
     raise SystemExit(f"unknown setting {name!r}")
 
 
@@ -82,6 +96,7 @@ def measure(model_path: str, names: list[str], ctx: int, parallel: int, n_batch:
                 "estimated_compute_before_proof": _estimate(table, s, request, placement),
             })
         rows.append({"setting": name, "n_gpu_layers": placement.n_gpu_layers, "tensor_split": placement.tensor_split,
+                     "n_cpu_moe": placement.n_cpu_moe, "notes": list(placement.notes),
                      "n_ctx_per_seq": placement.n_ctx_per_seq, "n_parallel": placement.n_parallel,
                      "dry_runs": len(runs), "load_s": round(load_s, 2), "devices": devices_out})
         del model

@@ -189,6 +189,13 @@ def _add_placement_options(p: argparse.ArgumentParser) -> None:
                    help="share of the offloaded layers per GPU, in llama.cpp's device order (as llama-server)")
     p.add_argument("--main-gpu", type=_non_negative, metavar="I",
                    help="use only GPU I (llama.cpp's device order), as llama-server's --split-mode none --main-gpu I")
+    moe = p.add_mutually_exclusive_group()
+    moe.add_argument("--cpu-moe", action="store_true",
+                     help="a mixture-of-experts model keeps every layer's expert weights in host RAM, as llama-server's "
+                          "--cpu-moe (default: the planner keeps as few there as let every layer's attention onto "
+                          "the GPUs, and none where whole layers fit)")
+    moe.add_argument("--n-cpu-moe", type=_non_negative, metavar="N",
+                     help="keep the expert weights of the first N layers in host RAM, as llama-server's --n-cpu-moe")
     p.add_argument("--gpu-margin-mib", type=_non_negative, default=512, metavar="MIB",
                    help="memory each GPU keeps free: the larger of this and 5%% of the card (default 512)")
 
@@ -751,7 +758,7 @@ def engine_options(parser, args, model: str | None):
                             tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,
                             main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches, speculation=speculating,
                             cache_type_k=args.cache_type_k or DEFAULT_CACHE_TYPE,
-                            cache_type_v=args.cache_type_v or DEFAULT_CACHE_TYPE)
+                            cache_type_v=args.cache_type_v or DEFAULT_CACHE_TYPE, n_cpu_moe=_n_cpu_moe(args))
     cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
                               disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
     speculation = SpeculationConfig(enabled=speculating, kind="ngram" if not speculating else args.speculation,
@@ -782,6 +789,11 @@ def cmd_engine(parser, args) -> int:
     return 0 if service.state != "failed" else 1
 
 
+def _n_cpu_moe(args) -> int | None:
+    """--cpu-moe is every layer: a count past any model's layers, which the planner clips to the model's."""
+    return 1 << 16 if args.cpu_moe else args.n_cpu_moe
+
+
 def _split_values(text: str | None) -> tuple[float, ...] | None:
     return tuple(float(x) for x in text.split(",")) if text else None
 
@@ -800,7 +812,8 @@ def cmd_plan(parser, args) -> int:
             n_ctx_per_seq=args.ctx_size, n_parallel=args.parallel, kv_budget_bytes=args.kv_budget_mib << 20,
             placement=args.placement, n_gpu_layers=args.gpu_layers, tensor_split=_split_values(args.tensor_split),
             gpu_margin_bytes=args.gpu_margin_mib << 20, main_gpu=args.main_gpu,
-            cache_type_k=args.cache_type_k or DEFAULT_CACHE_TYPE, cache_type_v=args.cache_type_v or DEFAULT_CACHE_TYPE),
+            cache_type_k=args.cache_type_k or DEFAULT_CACHE_TYPE, cache_type_v=args.cache_type_v or DEFAULT_CACHE_TYPE,
+            n_cpu_moe=_n_cpu_moe(args)),
             n_batch=args.batch,
             topology=args.topology)
     except PlanInputsError as exc:

@@ -240,3 +240,71 @@ def test_a_q8_0_kv_cache_takes_about_half_of_f16s_as_planned_and_as_allocated():
     doc = json.loads(shown.stdout)
     assert (doc["cache_type_k"], doc["cache_type_v"]) == ("q8_0", "q8_0")
     assert doc["kv_bytes_per_token"] == 23040 * 34 // 64
+
+
+@pytest.mark.vulkan
+def test_a_moe_models_experts_in_host_ram_are_planned_as_llama_cpp_allocates_them(tmp_path):
+    from tests.tiny_gguf import write_tiny_moe
+
+    moe = write_tiny_moe(tmp_path / "tiny-moe.gguf")  # 4 layers, about 25 MiB of experts each
+    # "experts": lavapipe, raised above the host's speed, with room for every layer's attention and about half
+    # the experts: the planner alone keeps the rest in host RAM, proves it, and llama.cpp loads it so.
+    doc = bench("--model", str(moe), "--settings", "experts", "--ctx-size", "1024", "--parallel", "2",
+                env=vulkan_env())
+    (row,) = doc["settings"]
+    assert row["n_gpu_layers"] == 5 and 0 < row["n_cpu_moe"] < 4, row
+    assert any("--n-cpu-moe" in n for n in row["notes"])
+    gpu, cpu = row["devices"]
+    assert gpu["device"] == "Vulkan0" and cpu["device"] == "CPU"
+    for kind in ("weights", "kv", "compute"):
+        assert abs(gpu["allocated"].get(kind, 0) - gpu["planned"][kind]) <= MIB, (kind, gpu)
+    # The CPU's mapped buffer spans the file from the first expert it holds to the last, so it also counts the
+    # attention tensors stored between them (small beside the experts): within the proof's tolerance.
+    assert cpu["within_tolerance"] and cpu["allocated"]["weights"] >= cpu["planned"]["weights"] - MIB, cpu
+    assert cpu["planned"]["weights"] > row["n_cpu_moe"] * 24 * MIB
+
+
+@pytest.mark.vulkan
+def test_a_moe_model_serves_with_its_experts_in_host_ram_and_answers_as_on_the_cpu(tmp_path, api_key):
+    # --cpu-moe: every layer's attention on lavapipe, every expert in host RAM. (A split of the experts between
+    # the two, --n-cpu-moe 2, is planned and allocated as proven (the test above), but decoding it crashes inside
+    # Debian 12's lavapipe (Mesa 22.3) from prompts of 33 tokens, or about 300 without llama.cpp's op offload;
+    # a whole-GPU or whole-CPU expert placement does not. Left for a real card.)
+    import openai
+
+    from tests.servers import Proc, free_port, http_get, ready, wait_for
+    from tests.tiny_gguf import write_tiny_moe
+
+    keys_file, key = api_key
+    moe = write_tiny_moe(tmp_path / "tiny-moe.gguf")
+    answers = {}
+    for name, flags, env in (("cpu", ["--placement", "cpu"], os.environ),
+                             ("split", ["--gpu-layers", "5", "--cpu-moe"], vulkan_env())):
+        port = free_port()
+        run = tmp_path / name
+        run.mkdir()
+        proc = Proc(everycycle("serve", "--model", str(moe), "--port", str(port), "--keys", keys_file,
+                               "--metrics-access", "open", "--threads", "2", "--ctx-size", "1024", "--parallel", "2",
+                               "--run-dir", str(run), *flags), run / "serve.log", env=env)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_for(lambda: ready(base), 180, f"the {name} server to become ready", proc)
+            if name == "split":
+                metrics = http_get(base + "/metrics")[1].decode()
+                assert 'everycycle_model_layers{device="Vulkan0"} 5' in metrics
+                planned = _gauge(metrics, 'everycycle_device_memory_bytes{device="CPU",kind="weights"}')
+                allocated = _gauge(metrics, 'everycycle_device_memory_allocated_bytes{device="CPU",kind="weights"}')
+                assert planned > 4 * 24 * MIB and abs(allocated - planned) <= planned * 0.05, (planned, allocated)
+                on_card = _gauge(metrics, 'everycycle_device_memory_allocated_bytes{device="Vulkan0",kind="weights"}')
+                assert on_card < 8 * MIB, on_card  # attention, norms, routers and the head: no expert
+            client = openai.OpenAI(base_url=base + "/v1", api_key=key)
+            answers[name] = [client.completions.create(model="tiny-moe", prompt=p, max_tokens=16, temperature=0)
+                             .choices[0].text for p in ("The experts", "Routing tokens " * 25)]
+        finally:
+            proc.stop()
+    assert all(answers["cpu"]) and answers["split"] == answers["cpu"], answers
+
+
+def _gauge(metrics: str, name: str) -> float:
+    line = next(line for line in metrics.splitlines() if line.startswith(name + " "))
+    return float(line.split()[-1])

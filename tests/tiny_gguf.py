@@ -148,3 +148,64 @@ def write_long_context_llama(path: Path, *, n_ctx: int = 32768, n_embd: int = 64
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_tiny_moe(path: Path, *, n_layer: int = 4, n_embd: int = 256, n_head: int = 4, n_expert: int = 16,
+                   n_expert_used: int = 2, n_ff_exp: int = 512, n_ctx: int = 1024, seed: int = 0) -> Path:
+    """A random-weight Qwen3-MoE (llama.cpp's qwen3moe: attention with q/k norms, a router and routed experts
+    in F32) that really loads: its experts are most of its bytes (about 25 MiB a layer at the defaults), so
+    where they are placed shows in llama.cpp's buffers. Byte vocabulary as write_tiny_llama's."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{b:02X}>".encode() for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    n_vocab, hd = len(tokens), n_embd // n_head
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_name("tiny-random-qwen3moe")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff_exp)
+    w.add_expert_feed_forward_length(n_ff_exp)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_expert_used)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+
+    def t(name: str, *shape: int, scale: float = 0.2):  # numpy order: the last dimension is ggml's first
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    t("token_embd.weight", n_vocab, n_embd)
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        for part in ("q", "k", "v"):
+            t(b + f"attn_{part}.weight", n_embd, n_embd)
+        t(b + "attn_output.weight", n_embd, n_embd)
+        w.add_tensor(b + "attn_q_norm.weight", np.ones(hd, dtype=np.float32))
+        w.add_tensor(b + "attn_k_norm.weight", np.ones(hd, dtype=np.float32))
+        w.add_tensor(b + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        t(b + "ffn_gate_inp.weight", n_expert, n_embd)
+        t(b + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd)
+        t(b + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd)
+        t(b + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    t("output.weight", n_vocab, n_embd, scale=2.0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

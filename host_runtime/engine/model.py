@@ -83,6 +83,9 @@ class ContextConfig:
     main_gpu: int | None = None  # only this GPU (llama-server's --split-mode none --main-gpu)
     cache_type_k: str = "f16"  # the KV cache's types, by llama-server's names (placement/kv_types.py)
     cache_type_v: str = "f16"
+    # A MoE model: the expert weights of layers [0, N) stay in host RAM (llama-server's --n-cpu-moe N); None: the
+    # planner decides (placement/planner.py), 0: they go with their layers.
+    n_cpu_moe: int | None = None
 
     def plan_request(self, **also):
         """These settings as the planner's request (placement/planner.PlanRequest): the one mapping of the two."""
@@ -92,7 +95,7 @@ class ContextConfig:
                            kv_budget_bytes=self.kv_budget_bytes, max_waiting=self.max_waiting,
                            cpu_only=self.placement == "cpu", n_gpu_layers=self.n_gpu_layers,
                            tensor_split=self.tensor_split, margin_min_bytes=self.gpu_margin_bytes,
-                           kv_types=(self.cache_type_k, self.cache_type_v), **also)
+                           kv_types=(self.cache_type_k, self.cache_type_v), n_cpu_moe=self.n_cpu_moe, **also)
 
 
 def place(path: str | os.PathLike, config: ContextConfig, say=lambda phase, fraction=None: None):

@@ -82,6 +82,20 @@ def device_handles() -> list[int]:
     return [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
 
 
+def cpu_buffer_type() -> int:
+    """The CPU device's buffer type (ggml_backend_buffer_type_t): where a tensor buffer-type override keeps a
+    tensor in host RAM, as llama-server's --cpu-moe does with ggml_backend_cpu_buffer_type()."""
+    lib = _ggml()
+    lib.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    lib.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    dev = lib.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    if not dev:
+        raise LlamaDevicesError("llama.cpp's build has no CPU device")
+    return lib.ggml_backend_dev_buffer_type(dev)
+
+
 def compiled_backends() -> list[str]:
     """The backends this llama.cpp build registered ("CPU", "Vulkan", "CUDA"), devices or not."""
     lib = _ggml()

@@ -12,6 +12,10 @@ from host_runtime.placement.kv_types import DEFAULT_KV, kv_type, needs_flash_att
 from host_runtime.placement.planner import Placement
 
 
+class _BufferTypeOverride(ctypes.Structure):
+    """llama.h's llama_model_tensor_buft_override (llama-cpp-python types the params' field as void*)."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
 class DeviceMissing(Exception):
@@ -38,7 +42,7 @@ def extra_buffers_safe() -> bool:
 def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams:
     import llama_cpp
 
-    from host_runtime.gpu.llama_devices import device_handles, list_devices
+    from host_runtime.gpu.llama_devices import cpu_buffer_type, device_handles, list_devices
 
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = placement.n_gpu_layers
@@ -61,6 +65,13 @@ def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams
         split = (ctypes.c_float * llama_cpp.llama_max_devices())(*placement.tensor_split)
         mparams.tensor_split = split
         keep += (split,)
+    if placement.experts_pattern:
+        # The routed experts of layers [0, n_cpu_moe) in host RAM; NULL-terminated, as llama.cpp reads the list.
+        pattern = placement.experts_pattern.encode()
+        overrides = (_BufferTypeOverride * 2)(_BufferTypeOverride(pattern, cpu_buffer_type()),
+                                               _BufferTypeOverride(None, None))
+        mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+        keep += (overrides, pattern)
     if no_alloc:
         mparams.no_alloc = True
         mparams.load_mode = 0  # LLAMA_LOAD_MODE_NONE: no mmap, nothing read but metadata

@@ -7,6 +7,7 @@ model we have no file of (`synthetic_table`), so plans for 70B-class models can 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -14,9 +15,30 @@ from host_runtime.placement.kv_types import DEFAULT_KV, kv_type
 
 # The layers of the model that llama.cpp places as units: the repeating blocks, then "output".
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
+# A mixture-of-experts layer's routed experts (the bulk of its bytes, a few of them read per token): the tensors
+# llama-server's --cpu-moe / --n-cpu-moe keep in host RAM through its tensor buffer-type overrides (common.h's
+# LLM_FFN_EXPS_REGEX), searched as llama.cpp searches it (std::regex_search). Weights only: the experts' biases
+# (gpt-oss) are small and stay with their layer, as ik_llama.cpp measured a faster prompt that way (its PR 841).
+EXPERT_WEIGHTS = r"\.ffn_(up|down|gate|gate_up)_exps\.weight"
+_EXPERT = re.compile(EXPERT_WEIGHTS)
+# Sliding-window periods llama.cpp sets in code for architectures whose GGUFs do not say (llama-model.cpp
+# load_hparams: set_swa_pattern).
+_SWA_PERIOD_BY_ARCH = {"gpt-oss": 2}
 # Tensors llama.cpp keeps on the CPU whatever the offload (the input layer).
 INPUT_TENSORS = frozenset({"token_embd.weight", "token_types.weight", "position_embd.weight", "token_embd_norm.weight",
                            "token_embd_norm.bias"})
+
+
+def is_expert_weight(name: str) -> bool:
+    return _EXPERT.search(name) is not None
+
+
+def experts_override_pattern(n_cpu_moe: int, n_layer: int) -> str:
+    """The buffer-type override pattern that keeps the expert weights of layers [0, n_cpu_moe) in host RAM, as
+    llama-server's --n-cpu-moe N does (one pattern for them all; --cpu-moe where they are every layer)."""
+    if n_cpu_moe >= n_layer:
+        return EXPERT_WEIGHTS
+    return rf"^blk\.({'|'.join(str(i) for i in range(n_cpu_moe))}){EXPERT_WEIGHTS}"
 
 
 class ModelTableError(Exception):
@@ -55,9 +77,24 @@ class ModelTable:
     tied_output: bool = False
     file_bytes: int = 0
     notes: tuple[str, ...] = field(default=())
+    n_expert: int = 0        # routed experts per MoE layer (0: a dense model)
+    n_expert_used: int = 0   # experts each token is routed to
 
-    def layer_weight_bytes(self, il: int, pad=None) -> int:
-        return sum(_padded(t, pad) for t in self.layer_tensors[il])
+    def layer_weight_bytes(self, il: int, pad=None, experts: bool = True) -> int:
+        """Layer il's weights; experts=False leaves out its routed experts (kept in host RAM)."""
+        return sum(_padded(t, pad) for t in self.layer_tensors[il] if experts or not is_expert_weight(t.name))
+
+    def layer_expert_bytes(self, il: int, pad=None) -> int:
+        return sum(_padded(t, pad) for t in self.layer_tensors[il] if is_expert_weight(t.name))
+
+    @functools.cached_property
+    def is_moe(self) -> bool:
+        return any(self.layer_expert_bytes(il) for il in range(self.n_layer))
+
+    @property
+    def expert_read_fraction(self) -> float:
+        """The share of a layer's expert bytes one token reads (experts used of experts there): for estimates."""
+        return self.n_expert_used / self.n_expert if self.n_expert and self.n_expert_used else 1.0
 
     def output_weight_bytes(self, pad=None, copy_tied: bool = True) -> int:
         """The output layer; a tied head is a second copy of the embedding on a GPU, but the same mapped
@@ -173,8 +210,10 @@ def _table_from(path, value, tensors: list[TensorInfo]) -> ModelTable:
                      n_layer=n_layer, n_ctx_train=int(hp("context_length", 0)), n_embd=n_embd,
                      n_ff=_first(hp("feed_forward_length", 0)), n_head=max(heads), tensors=tensors,
                      kv_k=tuple(h * key_len for h in heads_kv), kv_v=tuple(h * value_len for h in heads_kv),
-                     n_swa=int(hp("attention.sliding_window", 0) or 0), swa_pattern=hp("attention.sliding_window_pattern"),
-                     file_bytes=os.path.getsize(path))
+                     n_swa=int(hp("attention.sliding_window", 0) or 0),
+                     swa_pattern=hp("attention.sliding_window_pattern", _SWA_PERIOD_BY_ARCH.get(arch)),
+                     file_bytes=os.path.getsize(path), n_expert=int(hp("expert_count", 0) or 0),
+                     n_expert_used=int(hp("expert_used_count", 0) or 0))
 
 
 def _first(value) -> int:
@@ -203,7 +242,7 @@ def _swa_layers(n_layer: int, n_swa: int, pattern) -> frozenset[int]:
 
 
 def _assemble(*, name, arch, n_layer, n_ctx_train, n_embd, n_ff, n_head, tensors, kv_k, kv_v, n_swa=0,
-              swa_pattern=None, file_bytes=0) -> ModelTable:
+              swa_pattern=None, file_bytes=0, n_expert=0, n_expert_used=0) -> ModelTable:
     layers: list[list[TensorInfo]] = [[] for _ in range(n_layer)]
     inputs, outputs, notes = [], [], []
     n_vocab = 0
@@ -230,7 +269,7 @@ def _assemble(*, name, arch, n_layer, n_ctx_train, n_embd, n_ff, n_head, tensors
                       layer_tensors=tuple(tuple(layer) for layer in layers), input_tensors=tuple(inputs),
                       output_tensors=tuple(outputs), kv_k_width=tuple(kv_k), kv_v_width=tuple(kv_v),
                       swa_layers=_swa_layers(n_layer, n_swa, swa_pattern), n_swa=n_swa, tied_output=tied,
-                      file_bytes=file_bytes, notes=tuple(notes))
+                      file_bytes=file_bytes, notes=tuple(notes), n_expert=n_expert, n_expert_used=n_expert_used)
 
 
 # ---- tables from hyperparameters: large models the tests have no file of --------------------------------

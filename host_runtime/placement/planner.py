@@ -9,6 +9,11 @@ consecutive pieces in device-list order (llama-model.cpp: `i_gpu_start`, `splits
 stays on the CPU. The planner fills the fastest card first from the top (so it also holds the output
 head), the next fastest below it, and the CPU takes what is left; the device list handed to llama.cpp
 is that fill order reversed, and the split is the layer counts, so the plan and the load agree exactly.
+
+A mixture-of-experts model whose layers do not all fit on the GPUs keeps its routed experts in host RAM (a token
+reads only a few of them, so the CPU's share of the work is small) and the rest of every layer on the GPUs: the
+experts of layers [0, n_cpu_moe) stay on the CPU, as llama-server's --n-cpu-moe N does through its tensor
+buffer-type overrides, with N the fewest that let every layer's attention and shared tensors onto the GPUs.
 """
 
 from __future__ import annotations
@@ -76,6 +81,9 @@ class PlanRequest:
     # Compute-buffer bytes llama.cpp reported for this model and settings (the proof), by device name.
     measured_compute: dict[str, int] = field(default_factory=dict)
     kv_types: tuple[str, str] = DEFAULT_KV   # the KV cache's K and V types (placement/kv_types.py)
+    # MoE: keep the expert weights of layers [0, n_cpu_moe) in host RAM (llama-server's --n-cpu-moe; its
+    # --cpu-moe is every layer). None: the planner decides; 0 for a dense model.
+    n_cpu_moe: int | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,7 @@ class Share:
     free_bytes: int
     margin_bytes: int
     compute_measured: bool = False
+    expert_bytes: int = 0     # of weights_bytes, routed experts' (on the CPU: also those of GPU layers)
 
     @property
     def n_layers(self) -> int:
@@ -121,6 +130,19 @@ class Placement:
     notes: tuple[str, ...] = ()
     explicit: bool = False
     kv_types: tuple[str, str] = DEFAULT_KV  # the KV cache's K and V types, as llama.cpp is to be given them
+    n_cpu_moe: int = 0          # layers [0, n_cpu_moe) keep their expert weights in host RAM
+    expert_read_fraction: float = 1.0  # of expert bytes, the share a token reads (for estimates)
+
+    @property
+    def experts_pattern(self) -> str | None:
+        """The tensor buffer-type override that keeps those experts in host RAM, as llama.cpp is to be told it;
+        None where every layer's experts go with their layer. Only layers on a GPU need it (the rest are on the
+        CPU anyway), but the pattern names all of [0, n_cpu_moe), as llama-server's --n-cpu-moe does."""
+        from host_runtime.placement.model_table import experts_override_pattern
+
+        if not self.n_cpu_moe or not self.gpu_shares:
+            return None
+        return experts_override_pattern(self.n_cpu_moe, self.n_layer)
 
     @property
     def gpu_shares(self) -> tuple[Share, ...]:
@@ -144,12 +166,16 @@ class Placement:
         return sum(s.kv_bytes for s in self.shares)
 
     def decode_seconds_per_token(self, bandwidth: dict[str, float]) -> float:
-        """Weights read once per token on each device: a bandwidth-bound estimate for comparing placements."""
-        return sum(s.weights_bytes / (bandwidth.get(s.device, CPU_BANDWIDTH_GBPS) * 1e9) for s in self.shares)
+        """Weights read once per token on each device (of the experts, the share a token is routed to): a
+        bandwidth-bound estimate for comparing placements."""
+        def read(s: Share) -> float:
+            return s.weights_bytes - s.expert_bytes * (1.0 - self.expert_read_fraction)
+        return sum(read(s) / (bandwidth.get(s.device, CPU_BANDWIDTH_GBPS) * 1e9) for s in self.shares)
 
     def summary(self) -> str:
         parts = [f"{s.device} {s.n_layers}{'+out' if s.holds_output else ''}" for s in self.shares]
-        return (f"{self.model}: layers {', '.join(parts)} of {self.n_layer}; context {self.n_ctx_per_seq} x "
+        experts = f"; experts of layers 0-{self.n_cpu_moe - 1} on the CPU" if self.experts_pattern else ""
+        return (f"{self.model}: layers {', '.join(parts)} of {self.n_layer}{experts}; context {self.n_ctx_per_seq} x "
                 f"{self.n_parallel} sequences")
 
     def to_json(self) -> dict:
@@ -159,10 +185,11 @@ class Placement:
             "kv_bytes_per_token": self.kv_bytes_per_token, "cache_type_k": self.kv_types[0],
             "cache_type_v": self.kv_types[1],
             "device_order": list(self.device_order), "tensor_split": list(self.tensor_split),
-            "explicit": self.explicit, "notes": list(self.notes),
+            "explicit": self.explicit, "notes": list(self.notes), "n_cpu_moe": self.n_cpu_moe,
+            "experts_override": self.experts_pattern,
             "devices": [{"device": s.device, "description": s.description, "layers": [s.first_layer, s.last_layer],
                          "n_layers": s.n_layers, "holds_output": s.holds_output, "weights_bytes": s.weights_bytes,
-                         "kv_bytes": s.kv_bytes, "compute_bytes": s.compute_bytes,
+                         "kv_bytes": s.kv_bytes, "compute_bytes": s.compute_bytes, "expert_bytes": s.expert_bytes,
                          "compute_measured": s.compute_measured, "used_bytes": s.used_bytes,
                          "free_bytes": s.free_bytes, "margin_bytes": s.margin_bytes,
                          "capacity_bytes": s.capacity_bytes, "left_bytes": s.left_bytes} for s in self.shares],
@@ -250,10 +277,11 @@ def _reductions(n_ctx: int, n_parallel: int, parallel_is_auto: bool):
         yield ctx, 1, f"lowered the context to {ctx} tokens (from {n_ctx}) and to 1 sequence (from {n_parallel}) to fit"
 
 
-def _layer_costs(model: ModelTable, request: PlanRequest, ctx: int, par: int, dev: Device | None) -> list[int]:
+def _layer_costs(model: ModelTable, request: PlanRequest, ctx: int, par: int, dev: Device | None,
+                 n_cpu_moe: int) -> list[int]:
     pad = weights_pad(dev)
-    return [model.layer_weight_bytes(il, pad) + model.kv_layer_bytes(il, ctx, par, request.n_ubatch, request.kv_types)
-            for il in range(model.n_layer)]
+    return [model.layer_weight_bytes(il, pad, experts=il >= n_cpu_moe)
+            + model.kv_layer_bytes(il, ctx, par, request.n_ubatch, request.kv_types) for il in range(model.n_layer)]
 
 
 def _compute(model, request, dev: Device | None, holds_output: bool, ctx: int) -> tuple[int, bool]:
@@ -264,13 +292,21 @@ def _compute(model, request, dev: Device | None, holds_output: bool, ctx: int) -
 
 
 def _share(model, request, dev: Device | None, host: Host | None, first: int, last: int, holds_output: bool,
-           ctx: int, par: int) -> Share:
+           ctx: int, par: int, n_cpu_moe: int = 0) -> Share:
+    """A GPU's layers [first, last) leave the experts of those below n_cpu_moe to the CPU, whose share (always
+    [0, last)) takes them besides its own layers'."""
     pad = weights_pad(dev)
-    weights = sum(model.layer_weight_bytes(il, pad) for il in range(first, last))
+    weights = sum(model.layer_weight_bytes(il, pad, experts=dev is None or il >= n_cpu_moe)
+                  for il in range(first, last))
+    experts = sum(model.layer_expert_bytes(il, pad) for il in range(first, last)
+                  if dev is None or il >= n_cpu_moe)
     if holds_output:
         weights += model.output_weight_bytes(pad, copy_tied=dev is not None)
     if dev is None:
         weights += model.input_weight_bytes()
+        hosted = sum(model.layer_expert_bytes(il) for il in range(last, min(n_cpu_moe, model.n_layer)))
+        weights += hosted
+        experts += hosted
     kv = sum(model.kv_layer_bytes(il, ctx, par, request.n_ubatch, request.kv_types) for il in range(first, last))
     compute, measured = _compute(model, request, dev, holds_output, ctx)
     if dev is None:
@@ -281,7 +317,7 @@ def _share(model, request, dev: Device | None, host: Host | None, first: int, la
         margin = dev.margin_bytes(request.margin_fraction, request.margin_min_bytes)
         name, desc = dev.name, dev.description
     return Share(name, desc, first, last, holds_output, weights, kv, compute, max(0, free - margin), free, margin,
-                 measured)
+                 measured, experts)
 
 
 def _auto(model: ModelTable, gpus: list[Device], host: Host, request: PlanRequest, ctx: int, par: int) -> Placement:
@@ -289,26 +325,55 @@ def _auto(model: ModelTable, gpus: list[Device], host: Host, request: PlanReques
     what the CPU cannot hold, since each of their layers decodes slower than it would on the CPU."""
     fast = [d for d in gpus if d.bandwidth_gbps > host.bandwidth_gbps]
     slow = [d for d in gpus if d.bandwidth_gbps <= host.bandwidth_gbps]
-    placement = _fill(model, fast, host, request, ctx, par)
+    placement = _fill_moe(model, fast, host, request, ctx, par)
     slow_note = tuple(f"{d.name} ({d.description}) unused: slower than the CPU ({d.bandwidth_gbps:g} against "
                       f"{host.bandwidth_gbps:g} GB/s)" for d in slow)
     if placement.cpu_share.left_bytes >= 0:
         placement = replace(placement, notes=placement.notes + slow_note)
     elif slow:
-        placement = _fill(model, fast + slow, host, request, ctx, par)
+        placement = _fill_moe(model, fast + slow, host, request, ctx, par)
     _check(placement)
     return placement
 
 
-def _fill(model: ModelTable, gpus: list[Device], host: Host, request: PlanRequest, ctx: int, par: int) -> Placement:
+def _fill_moe(model: ModelTable, gpus: list[Device], host: Host, request: PlanRequest, ctx: int,
+              par: int) -> Placement:
+    """_fill, with a MoE model's experts kept in host RAM where whole layers leave some on the CPU: the fewest
+    layers' experts (from layer 0 up) that bring every layer onto the GPUs, or, where none do, all of them; the
+    one of that and the whole-layer fill that reads less from slow memory a token wins."""
+    if request.n_cpu_moe is not None or not model.is_moe or not gpus:
+        return _fill(model, gpus, host, request, ctx, par, request.n_cpu_moe or 0)
+    whole = _fill(model, gpus, host, request, ctx, par, 0)
+    if whole.cpu_share.n_layers == 0:
+        return whole
+    split = next((p for p in (_fill(model, gpus, host, request, ctx, par, n) for n in range(1, model.n_layer + 1))
+                  if p.cpu_share.n_layers == 0), None) or _fill(model, gpus, host, request, ctx, par, model.n_layer)
+    bandwidth = {d.name: d.bandwidth_gbps for d in gpus} | {"CPU": host.bandwidth_gbps}
+    if split.cpu_share.left_bytes < 0 and whole.cpu_share.left_bytes >= 0:
+        return whole
+    if whole.cpu_share.left_bytes < 0 <= split.cpu_share.left_bytes:
+        chosen = split
+    else:
+        chosen = min((split, whole), key=lambda p: p.decode_seconds_per_token(bandwidth))
+    if chosen is whole:
+        return whole
+    on_cpu = chosen.cpu_share.expert_bytes - sum(model.layer_expert_bytes(il) for il in range(chosen.cpu_share.n_layers))
+    note = (f"experts of layers 0-{chosen.n_cpu_moe - 1} kept in host RAM ({_gib(on_cpu)}; llama.cpp's --n-cpu-moe "
+            f"{chosen.n_cpu_moe}) so that {model.n_layer - chosen.cpu_share.n_layers} of {model.n_layer} layers' "
+            f"attention runs on the GPU (whole layers: {model.n_layer - whole.cpu_share.n_layers})")
+    return replace(chosen, notes=chosen.notes + (note,))
+
+
+def _fill(model: ModelTable, gpus: list[Device], host: Host, request: PlanRequest, ctx: int, par: int,
+          n_cpu_moe: int = 0) -> Placement:
     order = sorted(gpus, key=lambda d: (-d.bandwidth_gbps, -d.free_bytes, d.name))
     top = model.n_layer  # layers [0, top) are not placed yet; GPUs take them from the top down
     filled: list[Share] = []
     notes: list[str] = []
     for dev in order:
         holds_output = not filled
-        costs = _layer_costs(model, request, ctx, par, dev)
-        empty = _share(model, request, dev, host, top, top, holds_output, ctx, par)
+        costs = _layer_costs(model, request, ctx, par, dev, n_cpu_moe)
+        empty = _share(model, request, dev, host, top, top, holds_output, ctx, par, n_cpu_moe)
         room = empty.capacity_bytes - empty.used_bytes
         if room < 0:
             notes.append(f"{dev.name} ({dev.description}) unused: {_gib(empty.capacity_bytes)} after its margin, "
@@ -322,10 +387,11 @@ def _fill(model: ModelTable, gpus: list[Device], host: Host, request: PlanReques
             notes.append(f"{dev.name} ({dev.description}) unused: {_gib(room)} free after its margin holds no layer "
                          f"({_gib(costs[top - 1])} each)" if top else f"{dev.name} unused: every layer is placed")
             continue
-        filled.append(_share(model, request, dev, None, top - n, top, holds_output, ctx, par))
+        filled.append(_share(model, request, dev, None, top - n, top, holds_output, ctx, par, n_cpu_moe))
         top -= n
-    cpu = _share(model, request, None, host, 0, top, not filled, ctx, par)
-    return _placement(model, request, tuple(reversed(filled)) + (cpu,), ctx, par, tuple(notes), explicit=False)
+    cpu = _share(model, request, None, host, 0, top, not filled, ctx, par, n_cpu_moe)
+    return _placement(model, request, tuple(reversed(filled)) + (cpu,), ctx, par, tuple(notes), explicit=False,
+                      n_cpu_moe=n_cpu_moe)
 
 
 def _explicit(model: ModelTable, gpus: list[Device], host: Host, request: PlanRequest, ctx: int, par: int) -> Placement:
@@ -358,6 +424,7 @@ def _explicit(model: ModelTable, gpus: list[Device], host: Host, request: PlanRe
         else:
             pos = (il - start) / act
             owner.append(next(i for i, c in enumerate(cumulative) if c > pos))
+    n_cpu_moe = min(request.n_cpu_moe or 0, n_all)
     shares = []
     for i, dev in enumerate(gpus):
         mine = [il for il in range(n_all) if owner[il] == i]
@@ -365,18 +432,20 @@ def _explicit(model: ModelTable, gpus: list[Device], host: Host, request: PlanRe
         if not mine and not holds_output:
             continue
         shares.append(_share(model, request, dev, None, mine[0] if mine else n_all, mine[-1] + 1 if mine else n_all,
-                             holds_output, ctx, par))
-    cpu = _share(model, request, None, host, 0, start if act else n_all, owner[n_all] is None, ctx, par)
-    placement = _placement(model, request, tuple(shares) + (cpu,), ctx, par, (), explicit=True)
+                             holds_output, ctx, par, n_cpu_moe))
+    cpu = _share(model, request, None, host, 0, start if act else n_all, owner[n_all] is None, ctx, par, n_cpu_moe)
+    placement = _placement(model, request, tuple(shares) + (cpu,), ctx, par, (), explicit=True, n_cpu_moe=n_cpu_moe)
     _check(placement)
     return placement
 
 
-def _placement(model, request, shares, ctx, par, notes, explicit) -> Placement:
+def _placement(model, request, shares, ctx, par, notes, explicit, n_cpu_moe: int = 0) -> Placement:
     n_gpu = sum(s.n_layers + (1 if s.holds_output else 0) for s in shares if s.device != "CPU")
     return Placement(model=model.name, n_layer=model.n_layer, n_ctx_per_seq=ctx, n_parallel=par, max_waiting=0,
                      kv_bytes_per_token=model.kv_bytes_per_token(request.kv_types), shares=shares, n_gpu_layers=n_gpu,
-                     notes=notes, explicit=explicit, kv_types=request.kv_types)
+                     notes=notes, explicit=explicit, kv_types=request.kv_types,
+                     n_cpu_moe=min(n_cpu_moe, model.n_layer) if model.is_moe else 0,
+                     expert_read_fraction=model.expert_read_fraction)
 
 
 def _check(placement: Placement) -> None:

@@ -90,7 +90,8 @@ def _last_error(pieces: list[str]) -> str:
 
 
 def _layout(p: Placement) -> tuple:
-    return tuple((s.device, s.first_layer, s.last_layer, s.holds_output) for s in p.shares), p.n_ctx_per_seq, p.n_parallel
+    return (tuple((s.device, s.first_layer, s.last_layer, s.holds_output) for s in p.shares), p.n_ctx_per_seq,
+            p.n_parallel, p.n_cpu_moe)
 
 
 def prove(model_path: str, table: ModelTable, devices: list[Device], host: Host, request: PlanRequest, *,

@@ -33,6 +33,11 @@ def render_table(p: Placement, *, proven: bool, proof_note: str = "") -> str:
     lines.append(f"llama.cpp: n_gpu_layers={p.n_gpu_layers} devices={','.join(p.device_order) or 'none (CPU)'} "
                  f"tensor_split={split} cache_type_k={p.kv_types[0]} cache_type_v={p.kv_types[1]} "
                  f"(KV {p.kv_bytes_per_token:,} bytes a token)")
+    if p.experts_pattern:
+        cpu = p.cpu_share
+        lines.append(f"experts: layers 0-{p.n_cpu_moe - 1} keep their expert weights in host RAM "
+                     f"({_mib(cpu.expert_bytes)} MiB on the CPU; llama.cpp: --n-cpu-moe {p.n_cpu_moe}, override "
+                     f"{p.experts_pattern if len(p.experts_pattern) < 60 else p.experts_pattern[:40] + '...'}=CPU)")
     lines.append(("proven: " if proven else "not proven: ") + (proof_note or "")
                  + ("" if all(s.compute_measured for s in p.shares) else "; ~ marks an estimate"))
     lines += [f"note: {n}" for n in p.notes]
