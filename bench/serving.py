@@ -148,6 +148,7 @@ def stream_chat(port: int, body: dict) -> dict:
     started = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     token_times: list[float] = []
+    text: list[str] = []
     try:
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
@@ -169,6 +170,7 @@ def stream_chat(port: int, body: dict) -> dict:
             for choice in chunk.get("choices", []):
                 if (choice.get("delta") or {}).get("content"):
                     token_times.append(time.perf_counter())
+                    text.append(choice["delta"]["content"])
     except (OSError, http.client.HTTPException, ValueError) as exc:
         return {"error": repr(exc)}
     finally:
@@ -176,7 +178,8 @@ def stream_chat(port: int, body: dict) -> dict:
     if not token_times:
         return {"error": "no tokens"}
     return {"start": started, "end": token_times[-1], "ttft": token_times[0] - started,
-            "gaps": [b - a for a, b in zip(token_times, token_times[1:])], "tokens": len(token_times)}
+            "gaps": [b - a for a, b in zip(token_times, token_times[1:])], "tokens": len(token_times),
+            "text": "".join(text)}
 
 
 def run_level(server: Server, concurrency: int, per_client: int, body_for) -> dict:
@@ -304,6 +307,7 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
             continue
         port = free_port()
         servers.append(Server(name, [py, "-m", "host_runtime.cli", "serve", "--port", str(port),
+                                     *getattr(args, "everycycle_extra", []),
                                      "--model", model, "--threads", str(args.threads),
                                      *(["--decode-threads", str(args.decode_threads)] if args.decode_threads else []),
                                      "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size),
@@ -326,7 +330,8 @@ def start_servers(args, model: str, model_id: str, workdir: Path) -> list[Server
         servers.append(Server(name, [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port",
                                      str(port), "-t", str(args.threads), "-tb", str(args.threads),
                                      "-np", str(args.parallel), "-c", str(args.ctx_size * args.parallel),
-                                     "--alias", model_id, "--no-webui", *mode, *no_repack, *gpu["llama-server"]], port,
+                                     "--alias", model_id, "--no-webui", *mode, *no_repack, *gpu["llama-server"],
+                                     *getattr(args, "llama_server_extra", [])], port,
                               "/health"))
     if "llama-cpp-python" in wanted:
         port = free_port()
@@ -445,6 +450,96 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
             s.stop()
 
 
+def agent_model(workdir: Path) -> str:
+    """A random-weight model of the default model's own architecture and quantization (SmolLM2-135M: 30 layers,
+    576 wide, grouped KV heads, Q4_1) trained, by its metadata, for 32,768 tokens: its text is nonsense, its work
+    per token the default model's."""
+    from tests.tiny_gguf import write_long_context_llama
+
+    path = workdir / "random-smollm2-135m-32k-q4_1.gguf"
+    return str(write_long_context_llama(path, n_ctx=32768, n_embd=576, n_layer=30, n_head=9, n_head_kv=3,
+                                        n_ff=1536, matrix_type="q4_1"))
+
+
+def agent_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> dict:
+    """Coding-agent sessions sharing one long system prompt (bench/agent_workload.py), each server in turn, with
+    the same context, KV type and flash attention: EveryCycle's invariant default runs without flash attention
+    at f16 and with it at a quantized type, so llama-server gets -fa off / on to match."""
+    import llama_cpp
+    from llama_cpp._internals import LlamaModel
+
+    from bench.agent_workload import (everycycle_kv_bytes_per_token, llama_server_kv_bytes_per_token, run_sessions,
+                                      system_prompt)
+
+    kv = args.cache_type
+    args.everycycle_extra = ["--cache-type-k", kv, "--cache-type-v", kv]
+    args.llama_server_extra = ["-fa", "off" if kv == "f16" else "on", "-ctk", kv, "-ctv", kv]
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    vocab = LlamaModel(path_model=model, params=params, verbose=False)
+
+    def count_tokens(text: str) -> int:
+        return len(vocab.tokenize(text.encode(), add_bos=False, special=False))
+
+    servers = start_servers(args, model, model_id, workdir)
+    try:
+        for s in servers:  # warm-up: page faults and thread start-up, on a short prompt
+            run_level(s, 1, 1, lambda ci, ri: {"model": model_id, "stream": True, "max_tokens": 8,
+                                                "messages": [{"role": "user", "content": "hello"}]})
+        raw: dict[str, list[dict]] = {s.name: [] for s in servers}
+        system_tokens = None
+        for rep in range(args.repeats):
+            system = system_prompt(count_tokens, args.system_tokens, f"repeat {rep} {uuid.uuid4().hex[:8]}")
+            system_tokens = count_tokens(system)
+            for s in (servers if rep % 2 == 0 else list(reversed(servers))):
+                result = run_sessions(stream_chat, s.port, model_id, system, sessions=args.sessions,
+                                      turns=args.turns, max_tokens=args.max_tokens, bias=bias,
+                                      tag=f"{rep}-{s.name}", user_words=args.turn_words)
+                raw[s.name].append(result)
+                print(f"  rep {rep + 1} agent {s.name:<17} {result['tok_s']:7.1f} tok/s  ttft p50 "
+                      f"{fmt(result['ttft_p50_s'])}  first turns {fmt(result['ttft_first_turn_p50_s'])}  later "
+                      f"{fmt(result['ttft_later_turns_p50_s'])}  {result['wall_s']} s  errors {result['errors']}",
+                      file=sys.stderr)
+        table = {}
+        for name, runs in raw.items():
+            table[name] = {k: statistics.median(r[k] for r in runs) if all(r.get(k) is not None for r in runs)
+                           else None for k in ("tok_s", "ttft_p50_s", "ttft_p95_s", "ttft_first_turn_p50_s",
+                                               "ttft_later_turns_p50_s", "itl_p50_s", "wall_s")}
+            table[name]["errors"] = sum(r["errors"] for r in runs)
+        kv_per_token = {}
+        for s in servers:
+            if s.name.startswith("everycycle"):
+                kv_per_token[s.name] = everycycle_kv_bytes_per_token(s.metrics(), args.ctx_size * args.parallel)
+            else:
+                kv_per_token[s.name] = llama_server_kv_bytes_per_token(Path(s.log.name).read_text(errors="replace"))
+        ratios = {}
+        ec, ref = table.get("everycycle"), table.get("llama-server")
+        if ec and ref:
+            ratios["tok_s_vs_llama_server"] = ec["tok_s"] / ref["tok_s"] if ref["tok_s"] else None
+            for key in ("ttft_p50", "ttft_first_turn_p50", "ttft_later_turns_p50"):
+                a, b = ec[f"{key}_s"], ref[f"{key}_s"]
+                ratios[f"{key}_vs_llama_server"] = a / b if a and b else None
+            ratios["kv_bytes_per_token"] = {name: kv_per_token.get(name) for name in ("everycycle", "llama-server")}
+        spreads = {}
+        if raw.get("everycycle") and raw.get("llama-server"):
+            for key, label in (("tok_s", "tok_s"), ("ttft_p50_s", "ttft_p50")):
+                spreads[f"everycycle_{label}_vs_llama_server"] = paired_ratio(raw["everycycle"], raw["llama-server"], key)
+        return {"workload": "agent",
+                "agent": {"sessions": args.sessions, "turns": args.turns, "system_prompt_tokens": system_tokens,
+                          "turn_words": args.turn_words, "answer_tokens": args.max_tokens,
+                          "cache_type": kv, "flash_attention": kv != "f16", "servers": table,
+                          "kv_bytes_per_token": kv_per_token, "runs": raw_summary(raw)},
+                "ratios": {"agent": ratios}, "ratio_spreads": {"agent": spreads}}
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def raw_summary(raw: dict[str, list[dict]]) -> dict:
+    return {name: [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in runs]
+            for name, runs in raw.items()}
+
+
 def step_profile(before: dict, after: dict, wall: float) -> dict:
     """Where EveryCycle's time went during one run, from its own counters."""
     d = {k: after.get(f"everycycle_{k}", 0) - before.get(f"everycycle_{k}", 0)
@@ -536,20 +631,30 @@ def main() -> int:
     p.add_argument("--draft-model", metavar="PATH",
                    help="the draft model of everycycle-draft and llama-server-draft (default: --model itself, "
                         "which measures the mechanism's cost, not a speed-up)")
-    p.add_argument("--workload", choices=["chat", "code-edit"], default="chat",
-                   help="chat: a short paragraph and its answer; code-edit: a file and the whole edited file back")
+    p.add_argument("--workload", choices=["chat", "code-edit", "agent"], default="chat",
+                   help="chat: a short paragraph and its answer; code-edit: a file and the whole edited file back; "
+                        "agent: coding-agent sessions sharing a long system prompt (bench/agent_workload.py; "
+                        "defaults to a random-weight SmolLM2-shaped model trained for 32,768 tokens, 4 sequences of "
+                        "32,768, answers of 128 tokens)")
+    p.add_argument("--sessions", type=int, default=4, help="agent: concurrent sessions")
+    p.add_argument("--turns", type=int, default=5, help="agent: turns per session")
+    p.add_argument("--system-tokens", type=int, default=12000, help="agent: the shared system prompt's size")
+    p.add_argument("--turn-words", type=int, default=520,
+                   help="agent: words of each turn's tool result (about 870 tokens with SmolLM2's tokenizer)")
+    p.add_argument("--cache-type", default="f16", help="agent: the KV cache type of every server (K and V)")
     p.add_argument("--baseline-checkout", metavar="DIR",
                    help="also run everycycle (default mode) from this checkout (e.g. `git worktree add DIR HEAD~3`), "
                         "reported as everycycle-baseline with the ratio everycycle/everycycle-baseline")
     p.add_argument("--levels", default="1,4,8,16")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--requests-per-client", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=None, help="answer tokens (default 64; agent: 128)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--decode-threads", type=int, default=0, metavar="N",
                    help="everycycle's serve --decode-threads (0: its default)")
-    p.add_argument("--parallel", type=int, default=16, help="sequences/slots for the batching servers")
-    p.add_argument("--ctx-size", type=int, default=1024, help="context per sequence")
+    p.add_argument("--parallel", type=int, default=None,
+                   help="sequences/slots for the batching servers (default 16; agent: --sessions)")
+    p.add_argument("--ctx-size", type=int, default=None, help="context per sequence (default 1024; agent: 32768)")
     p.add_argument("--mode", choices=["all", "serving", "prefix"], default="all")
     p.add_argument("--json", metavar="PATH", help="also write the JSON document here")
     p.add_argument("--api-key", help="bearer key for servers that require one")
@@ -562,10 +667,20 @@ def main() -> int:
     if any(n.startswith("llama-server") for n in args.servers.split(",")) and args.mode != "prefix":
         if not args.llama_server or not Path(args.llama_server).exists():
             p.error("--llama-server: give the binary's path (make bench-ref builds it), or leave it out of --servers")
-    model = str(Path(args.model).resolve()) if args.model else str(default_model_path())
+    agent = args.workload == "agent"
+    if args.max_tokens is None:
+        args.max_tokens = 128 if agent else 64
+    if args.parallel is None:
+        args.parallel = args.sessions if agent else 16
+    if args.ctx_size is None:
+        args.ctx_size = 32768 if agent else 1024
+    workdir = Path(tempfile.mkdtemp(prefix="everycycle-bench-"))
+    if args.model:
+        model = str(Path(args.model).resolve())
+    else:
+        model = agent_model(workdir) if agent else str(default_model_path())
     model_id = model_id_for(model)
     bias = {str(t): -100 for t in end_of_generation_ids(model)}
-    workdir = Path(tempfile.mkdtemp(prefix="everycycle-bench-"))
     doc: dict = {"config": {"model": model_id, "threads": args.threads, "decode_threads": args.decode_threads, "parallel": args.parallel,
                             "ctx_size_per_sequence": args.ctx_size, "max_tokens": args.max_tokens,
                             "requests_per_client": args.requests_per_client, "repeats": args.repeats,
@@ -574,9 +689,14 @@ def main() -> int:
                             "suppressed_tokens": sorted(int(t) for t in bias), "cpu": cpu_name(), "cpu_flags": cpu_flags(),
                             "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}}
     try:
-        if args.mode in ("all", "serving"):
+        if agent:
+            doc["config"]["model_note"] = ("random weights of SmolLM2-135M's architecture, trained context 32,768 "
+                                           "(its text is nonsense; its work per token is real)" if not args.model
+                                           else "given by --model")
+            doc.update(agent_mode(args, model, model_id, bias, workdir))
+        elif args.mode in ("all", "serving"):
             doc.update(serving_mode(args, model, model_id, bias, workdir))
-        if args.mode in ("all", "prefix"):
+        if args.mode in ("all", "prefix") and not agent:
             doc["prefix_cache"] = prefix_mode(args, model, model_id, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -110,3 +110,25 @@ def test_structured_output_follows_its_schema(claude):
 def test_a_bearer_token_works_too(server, api_key):
     bearer = anthropic.Anthropic(base_url=server, auth_token=api_key[1], api_key=None, max_retries=0)
     assert bearer.messages.create(model=MODEL_ID, max_tokens=4, messages=ASK).content
+
+
+def test_an_agents_6000_token_prompt_with_max_tokens_32000_on_the_default_settings(tmp_path, api_key):
+    # What Claude Code sends, to a server started as `make run` starts it (no context or sequence settings): the
+    # default model is served at the 8,192 tokens it was trained for, and max_tokens is a ceiling.
+    from tests.servers import Proc, everycycle, free_port, ready, wait_for
+
+    port = free_port()
+    proc = Proc(everycycle("serve", "--port", str(port), "--keys", api_key[0], "--threads", "2",
+                           "--run-dir", str(tmp_path)), tmp_path / "serve.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(base), 180, "the default server to become ready", proc)
+        client = anthropic.Anthropic(base_url=base, api_key=api_key[1], max_retries=0, timeout=300)
+        notes = " ".join(f"Line {i}: the build step {i % 7} copies file{i}.txt to the output folder." for i in range(270))
+        msg = client.messages.create(model=MODEL_ID, max_tokens=32000, system="You are a terse coding assistant.",
+                                     messages=[{"role": "user", "content": notes + "\nReply with one word: done."}],
+                                     extra_body={"temperature": 0})
+        assert 5500 <= msg.usage.input_tokens + msg.usage.cache_read_input_tokens <= 8192 - msg.usage.output_tokens
+        assert msg.stop_reason in ("end_turn", "max_tokens") and msg.content[0].text
+    finally:
+        proc.stop()

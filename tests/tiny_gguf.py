@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 
 
-def _llama_writer(path: Path, name: str, n_ctx: int, n_embd: int, n_layer: int, n_head: int, n_ff: int):
-    """A GGUF writer with a llama's hyperparameters set (F32 tensors)."""
+def _llama_writer(path: Path, name: str, n_ctx: int, n_embd: int, n_layer: int, n_head: int, n_ff: int,
+                  n_head_kv: int | None = None, matrix_type: str = "f32"):
+    """A GGUF writer with a llama's hyperparameters set (F32 tensors, or matrices in matrix_type)."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
@@ -22,19 +23,21 @@ def _llama_writer(path: Path, name: str, n_ctx: int, n_embd: int, n_layer: int, 
     w.add_block_count(n_layer)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
-    w.add_head_count_kv(n_head)
+    w.add_head_count_kv(n_head_kv or n_head)
     w.add_rope_dimension_count(n_embd // n_head)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                     "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}[matrix_type])
     return w
 
 
-def _llama_blocks(w, t, n_layer: int, n_embd: int, n_ff: int) -> None:
-    """The repeating blocks (random matrices from t(name, *shape), unit norms) and the output norm."""
+def _llama_blocks(w, t, n_layer: int, n_embd: int, n_ff: int, kv_width: int | None = None) -> None:
+    """The repeating blocks (random matrices from t(name, *shape), unit norms) and the output norm. kv_width: K's
+    and V's rows (n_head_kv * head_dim) where the model groups its query heads."""
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        for part in ("q", "k", "v", "output"):
-            t(f"blk.{i}.attn_{part}.weight", n_embd, n_embd)
+        for part, rows in (("q", n_embd), ("k", kv_width or n_embd), ("v", kv_width or n_embd), ("output", n_embd)):
+            t(f"blk.{i}.attn_{part}.weight", rows, n_embd)
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         t(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
         t(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
@@ -91,12 +94,15 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
 
 
 def write_long_context_llama(path: Path, *, n_ctx: int = 32768, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
-                             n_ff: int = 128, seed: int = 0, eos_logit: float = 0.0) -> Path:
+                             n_ff: int = 128, seed: int = 0, eos_logit: float = 0.0, n_head_kv: int | None = None,
+                             matrix_type: str = "f32") -> Path:
     """A random-weight llama with the default model's own tokenizer and chat template (SmolLM2's BPE, ChatML) and
     a long trained context: for clients whose real prompts (10,000 tokens and more) the default model's 8,192
     cannot hold. Its text is nonsense; the protocol around it is what a test checks. eos_logit > 0 makes its
     answers short: every token embedding carries one constant dimension, which the end-of-generation token's
-    output row reads (about eos_logit, against the others' random logits)."""
+    output row reads (about eos_logit, against the others' random logits). With SmolLM2-135M's own shape
+    and quantization (n_embd=576, n_layer=30, n_head=9, n_head_kv=3, n_ff=1536, matrix_type="q4_1") its work
+    per token is the default model's: the benchmarks' long-context stand-in."""
     import gguf
 
     from host_runtime.engine.model import default_model_path
@@ -116,7 +122,8 @@ def write_long_context_llama(path: Path, *, n_ctx: int = 32768, n_embd: int = 64
     rng = np.random.default_rng(seed)
     tokens = value("tokenizer.ggml.tokens")
     n_vocab = len(tokens)
-    w = _llama_writer(path, "random-long-context-llama", n_ctx, n_embd, n_layer, n_head, n_ff)
+    w = _llama_writer(path, "random-long-context-llama", n_ctx, n_embd, n_layer, n_head, n_ff, n_head_kv,
+                      matrix_type)
     w.add_tokenizer_model(value("tokenizer.ggml.model"))
     w.add_tokenizer_pre(value("tokenizer.ggml.pre"))
     w.add_token_list(tokens)
@@ -130,19 +137,26 @@ def write_long_context_llama(path: Path, *, n_ctx: int = 32768, n_embd: int = 64
     w.add_add_bos_token(bool(value("tokenizer.ggml.add_bos_token")))
     w.add_chat_template(value("tokenizer.chat_template"))
 
+    def add_matrix(name: str, values) -> None:
+        if matrix_type == "q4_1":
+            w.add_tensor(name, gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q4_1),
+                         raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+        else:
+            w.add_tensor(name, values.astype(np.float16 if matrix_type == "f16" else np.float32))
+
     def t(name: str, *shape: int, scale: float = 0.2):
-        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+        add_matrix(name, rng.standard_normal(shape, dtype=np.float32) * scale)
 
     embd = (rng.standard_normal((n_vocab, n_embd)) * 0.2).astype(np.float32)
     if eos_logit:
         embd[:, 0] = 40.0  # the constant dimension: it outweighs the rest, so the final norm leaves most of it
-    w.add_tensor("token_embd.weight", embd)
-    _llama_blocks(w, t, n_layer, n_embd, n_ff)
+    add_matrix("token_embd.weight", embd)
+    _llama_blocks(w, t, n_layer, n_embd, n_ff, n_embd // n_head * (n_head_kv or n_head))
     head = (rng.standard_normal((n_vocab, n_embd)) * 0.2).astype(np.float32)
     if eos_logit:
         head[:, 0] = 0.0
         head[value("tokenizer.ggml.eos_token_id"), 0] = eos_logit / np.sqrt(n_embd)
-    w.add_tensor("output.weight", head)
+    add_matrix("output.weight", head)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
