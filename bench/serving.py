@@ -34,6 +34,7 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+STREAM_TIMEOUT_S = 3600  # the agent workload's first turns on 2 cores: four 12,000-token prompts at once
 API_KEY = "bench"  # servers started here run without keys; --api-key for one that has them
 sys.path.insert(0, str(REPO))
 
@@ -146,7 +147,7 @@ class Server:
 def stream_chat(port: int, body: dict) -> dict:
     """One streamed chat request on a fresh connection: times of send, first token and each token."""
     started = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=STREAM_TIMEOUT_S)
     token_times: list[float] = []
     text: list[str] = []
     try:
@@ -520,6 +521,12 @@ def agent_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> di
                 a, b = ec[f"{key}_s"], ref[f"{key}_s"]
                 ratios[f"{key}_vs_llama_server"] = a / b if a and b else None
             ratios["kv_bytes_per_token"] = {name: kv_per_token.get(name) for name in ("everycycle", "llama-server")}
+        base = table.get("everycycle-baseline")
+        if ec and base:  # this checkout against --baseline-checkout's, same run, turn about
+            ratios["tok_s_vs_baseline"] = ec["tok_s"] / base["tok_s"] if base["tok_s"] else None
+            for key in ("ttft_p50", "ttft_first_turn_p50", "ttft_later_turns_p50"):
+                a, b = ec[f"{key}_s"], base[f"{key}_s"]
+                ratios[f"{key}_vs_baseline"] = a / b if a and b else None
         spreads = {}
         if raw.get("everycycle") and raw.get("llama-server"):
             for key, label in (("tok_s", "tok_s"), ("ttft_p50_s", "ttft_p50")):

@@ -69,7 +69,7 @@ def test_ram_hit_gives_the_miss_output(model, miss_answer):
         ask(engine, model, OTHER)  # takes the only slot: the system prompt's KV moves to RAM
         assert len(engine.cache.ram) == 1 and engine.cache.bytes_in("ram") > 1_000_000
         assert ask(engine, model, SYSTEM + QUESTION) == miss_answer
-        assert engine.cache.hits == {"context": 0, "ram": 1, "disk": 0}
+        assert engine.cache.hits == {"context": 0, "ram": 1, "disk": 0, "running": 0}
     finally:
         engine.stop()
 
@@ -165,5 +165,37 @@ def test_cache_figures_reach_the_metrics_text(model):
         assert 'everycycle_prefix_cache_bytes{model="m",tier="ram"}' in text
         assert 'everycycle_prefix_cache_hit_ratio{model="m",tier="context"}' in text
         assert 'everycycle_prefix_cache_lookups_total{model="m"} 2' in text
+    finally:
+        engine.stop()
+
+
+def test_requests_arriving_together_compute_their_shared_prefix_once_and_answer_as_alone():
+    # Agents' sessions start together on one system prompt: the second waits while the first prefills it, then
+    # copies it ("running" hit), and each answer is its miss's.
+    model2 = LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_parallel=2, n_batch=32,
+                                                             prefill_chunk=32, n_threads=2))
+    questions = [QUESTION, "Question: do you sell rye bread? Answer:"]
+    alone = make_engine(model2, enabled=False)
+    try:
+        expected = [ask(alone, model2, SYSTEM + q) for q in questions]
+    finally:
+        alone.stop()
+    engine = make_engine(model2)
+    try:
+        sinks = [queue.Queue(), queue.Queue()]
+        for q, sink in zip(questions, sinks):
+            engine.submit(GenerationRequest(prompt_tokens=model2.tokenize(SYSTEM + q, add_bos=False, special=False),
+                                            max_tokens=24, sink=sink.put, sampling=SamplingParams(temperature=0.0)))
+        answers = []
+        for sink in sinks:
+            out = ""
+            while (event := sink.get(timeout=120)).type != "done":
+                assert event.type != "error", event
+                out += getattr(event, "text", "")
+            answers.append(out)
+        assert answers == expected
+        prompts = [model2.tokenize(SYSTEM + q, add_bos=False, special=False) for q in questions]
+        shared = engine.cache.aligned_match(prompts[0], prompts[1])  # whole 32-token chunks of the system prompt
+        assert shared >= 128 and engine.cache.hits["running"] == 1 and engine.cache.tokens_reused == shared
     finally:
         engine.stop()

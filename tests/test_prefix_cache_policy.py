@@ -152,3 +152,44 @@ def test_a_scope_finds_only_its_own_prefixes():
     again = cache.admit(prompt(4), alice)         # alice finds her own in RAM
     assert (again.source, again.reuse) == ("ram", 12)
     assert split_scope((alice, *SYSTEM)) == (alice, tuple(SYSTEM)) and split_scope(tuple(SYSTEM)) == (None, tuple(SYSTEM))
+
+
+def test_a_request_waits_for_a_running_sequence_to_prefill_the_prefix_it_shares_then_copies_it():
+    from host_runtime.engine.prefix_cache import Copy, Running
+
+    cache = PrefixCache(2, C, 10**9, 0)
+    leader_prompt = tuple(prompt(1, 2, 3, 4, 5))     # 17 tokens
+    lead = cache.admit(list(leader_prompt))
+    follower = prompt(9, 9, 9, 9, 9)                # shares the 12-token system prompt
+    halfway = [Running(lead.slot_id, leader_prompt, 4)]
+    assert cache.worth_waiting(follower, None, halfway), "12 shared, 4 computed: wait for the rest"
+    assert not cache.worth_waiting(follower, 7, halfway), "another scope's prompt is never shared"
+    done = [Running(lead.slot_id, leader_prompt, 12)]
+    assert not cache.worth_waiting(follower, None, done), "all of it is there: no reason to wait"
+    got = cache.admit(follower, None, done)
+    assert (got.source, got.reuse) == ("running", 12) and got.slot_id != lead.slot_id
+    assert got.actions[-2:] == [Copy(lead.slot_id, got.slot_id), Trim(got.slot_id, 12)]
+    assert cache.hits["running"] == 1
+
+
+def test_a_short_shared_prefix_or_a_disabled_cache_never_makes_a_request_wait():
+    from host_runtime.engine.prefix_cache import Running
+
+    cache = PrefixCache(2, C, 10**9, 0)
+    leader_prompt = tuple(SYSTEM[:5] + [1, 2, 3, 4, 5, 6])
+    lead = cache.admit(list(leader_prompt))
+    # 5 shared tokens: one whole chunk, less than the two that make waiting worth it
+    assert not cache.worth_waiting(SYSTEM[:5] + [7] * 8, None, [Running(lead.slot_id, leader_prompt, 0)])
+    off = PrefixCache(2, C, 10**9, 0, enabled=False)
+    assert not off.worth_waiting(prompt(9, 9), None, [Running(0, tuple(prompt(1, 2, 3)), 0)])
+
+
+def test_what_a_tier_already_holds_is_not_waited_for():
+    from host_runtime.engine.prefix_cache import Running
+
+    cache = PrefixCache(2, C, 10**9, 0)
+    a = cache.admit(prompt(1, 2))
+    cache.release(a.slot_id, prompt(1, 2), cacheable=True)  # the idle slot keeps the 12-token system prompt
+    leader_prompt = tuple(prompt(1, 2, 3, 4, 5))
+    lead = cache.admit([7] * 14)  # shares nothing with the idle slot, so takes the other (empty) one
+    assert not cache.worth_waiting(prompt(9, 9, 9), None, [Running(lead.slot_id, leader_prompt, 0)])

@@ -24,8 +24,8 @@ from host_runtime.engine.kv_store import KVStore, disk_budget
 from host_runtime.engine.metrics import EngineMetrics
 from host_runtime.engine.options import PrefixCacheConfig
 from host_runtime.engine.progress import DecodeProgress
-from host_runtime.engine.prefix_cache import (Admission, DropDisk, DropRam, Demote, PrefixCache, Restore, Spill,
-                                              Trim)
+from host_runtime.engine.prefix_cache import (Admission, Copy, DropDisk, DropRam, Demote, PrefixCache, Restore,
+                                              Running, Spill, Trim)
 from host_runtime.engine.runner import DecodePart, LlamaRunner
 from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected, SamplingParams
 from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLength, NgramIndex, SpeculationConfig,
@@ -420,14 +420,20 @@ class Engine:
         def order(entry) -> tuple[int, float]:
             request = entry.request if isinstance(entry, _Parked) else entry
             return request.rank(now), request.arrived
+        running = self._running_prompts()
         for entry in sorted([*self._waiting, *self._parked], key=order):
             n = 1 if isinstance(entry, _Parked) else entry.n
+            if n == 1 and not isinstance(entry, _Parked) and self.cache.worth_waiting(entry.prompt_tokens,
+                                                                                     entry.cache_scope, running):
+                continue  # a running sequence is computing its prefix: copied once it has (admit's "running")
             # A request wanting more choices than the hint allows still runs, alone, when nothing else does.
             alone = busy == 0 and not admitted and n > allowed and self.cache.free_slots() >= n
             if free < n and not alone:
                 break
             free = max(0, free - n)
             admitted.append(entry)
+            if n == 1 and not isinstance(entry, _Parked):  # it will prefill: the next in line may wait for it
+                running.append(Running(-1, tuple(entry.prompt_tokens), 0, entry.cache_scope))
             if isinstance(entry, _Parked):
                 self._parked.remove(entry)
             else:
@@ -479,13 +485,19 @@ class Engine:
         self.metrics.add("requests_resumed_total")
         self._publish_cache()
 
+    def _running_prompts(self) -> list[Running]:
+        """The running single-choice sequences' prompts, as far as each has prefilled: what a new request may copy."""
+        return [Running(s.seq_id, tuple(s.request.prompt_tokens), min(s.n_past, len(s.request.prompt_tokens)),
+                        s.request.cache_scope) for s in self._active if s.request.n == 1]
+
     def _admit(self, request: GenerationRequest) -> None:
         # Only single-choice requests use the cache: n choices would each want the same slot content.
         prompt = request.prompt_tokens if request.n == 1 else None
         taken: list[int] = []
         try:
             for index in range(request.n):
-                admission = self.cache.admit(prompt, request.cache_scope)
+                admission = self.cache.admit(prompt, request.cache_scope,
+                                             self._running_prompts() if prompt is not None else ())
                 taken.append(admission.slot_id)
                 reuse = self._apply(admission)
                 if index == 0:
@@ -513,9 +525,13 @@ class Engine:
             if isinstance(action, Restore) and not self._restore(action):
                 self.cache.restore_failed(action.tier, action.key)
                 reuse = 0
+            elif isinstance(action, Copy):
+                if not self.runner.restore(action.slot_id, self.runner.save(action.source)):
+                    log.warning("llama.cpp refused a running sequence's prefix; recomputing")
+                    reuse = 0
             elif isinstance(action, Trim):
                 self.runner.forget(action.slot_id, action.keep if reuse else 0)
-            elif not isinstance(action, Restore):
+            elif not isinstance(action, (Restore, Copy)):
                 self._store_action(action)
         if reuse:
             self.metrics.add("prompt_tokens_cached_total", reuse)

@@ -2,7 +2,11 @@
 
 - context: an idle sequence slot keeps the KV of its last prompt's aligned prefix;
 - ram: a slot's prefix saved with llama_state_seq_get_data when the slot is taken by another prompt;
-- disk: RAM's least recently used entries, written to files, when RAM is over its byte budget.
+- disk: RAM's least recently used entries, written to files, when RAM is over its byte budget;
+- running: the prompt a running sequence has prefilled so far, copied into the new sequence's slot. Agents'
+  sessions start together on one long system prompt: a request whose prompt shares more with a sequence still
+  prefilling than any tier holds waits until that sequence has computed the shared part (worth_waiting), and
+  then copies it, so the prefix is computed once instead of once per session.
 
 Only *prompt* tokens up to a cut point are cached (a multiple of the chunk, or just after an
 end-of-generation token, see step_plan): a hit then resumes prefill exactly where a miss
@@ -87,6 +91,23 @@ class Restore:      # clear the slot, load `key` from `tier` into it
 
 
 @dataclass(frozen=True)
+class Copy:         # clear the slot, load the KV a running sequence (slot `source`) has so far into it
+    source: int
+    slot_id: int
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running single-choice sequence, as the cache sees it: its slot, its whole prompt, how much of it is in
+    its KV (n_past, capped at the prompt's length) and whose it is."""
+
+    slot_id: int
+    prompt: Key
+    prefilled: int
+    scope: Scope = None
+
+
+@dataclass(frozen=True)
 class Trim:         # keep only the first `keep` positions of the slot (0: clear it)
     slot_id: int
     keep: int
@@ -121,7 +142,7 @@ class PrefixCache:
         self.ram: collections.OrderedDict[Key, Entry] = collections.OrderedDict()
         self.disk: collections.OrderedDict[Key, Entry] = collections.OrderedDict()
         self._clock = itertools.count(1)
-        self.hits = {"context": 0, "ram": 0, "disk": 0}
+        self.hits = {"context": 0, "ram": 0, "disk": 0, "running": 0}
         self.lookups = 0
         self.tokens_reused = 0
 
@@ -145,9 +166,37 @@ class PrefixCache:
 
     # ---- admission ----------------------------------------------------------------
 
-    def admit(self, prompt, scope: Scope = None) -> Admission:
+    def _running_match(self, prompt, scope: Scope, running) -> tuple[int, int]:
+        """(tokens, slot) of the longest prefix of `prompt` that a running sequence of the same scope has in its KV
+        now, at a cut point."""
+        return max(((self.aligned_match(r.prompt[:r.prefilled], prompt), r.slot_id) for r in running
+                    if r.scope == scope), default=(0, -1))
+
+    def worth_waiting(self, prompt, scope: Scope = None, running=()) -> bool:
+        """Whether a request should wait (not be admitted yet) for a running sequence to finish prefilling a prefix
+        it shares: it shares at least two chunks more with one still prefilling than any tier holds, and no running
+        sequence has all of that in its KV yet."""
+        if not self.enabled or not prompt:
+            return False
+        coming = max((self.aligned_match(r.prompt, prompt) for r in running
+                      if r.scope == scope and r.prefilled < len(r.prompt)), default=0)
+        held = max(self._stored_match(prompt, scope)[0],
+                   max((self.aligned_match(s.prefix, prompt) for s in self.slots if not s.busy and s.scope == scope),
+                       default=0))
+        if coming < held + 2 * self.chunk:
+            return False
+        return self._running_match(prompt, scope, running)[0] < coming
+
+    def _stored_match(self, prompt, scope: Scope) -> tuple[int, str, Key]:
+        stored = [(self.aligned_match(tokens, prompt), tier, e.key)
+                  for tier, store in (("ram", self.ram), ("disk", self.disk)) for e in store.values()
+                  for owner, tokens in (split_scope(e.key),) if owner == scope]
+        return max(stored, default=(0, "", ()))
+
+    def admit(self, prompt, scope: Scope = None, running=()) -> Admission:
         """Take a free slot for a new sequence with this prompt (None: a sequence that must not use the cache),
-        reusing only what its own `scope` left."""
+        reusing only what its own `scope` left, or what a running sequence of its scope (`running`: Running) has
+        prefilled."""
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             raise RuntimeError("admit() called with no free slot")
@@ -161,11 +210,9 @@ class PrefixCache:
 
         best_slot = max(idle, key=lambda s: (in_slot(s), -s.last_used))
         in_context = in_slot(best_slot)
-        stored = [(self.aligned_match(tokens, prompt), tier, e.key)
-                  for tier, store in (("ram", self.ram), ("disk", self.disk)) for e in store.values()
-                  for owner, tokens in (split_scope(e.key),) if owner == scope]
-        in_store = max(stored, default=(0, "", ()))
-        if in_context and in_context >= in_store[0]:
+        in_store = self._stored_match(prompt, scope)
+        in_running, source = self._running_match(prompt, scope, running)
+        if in_context and in_context >= max(in_store[0], in_running):
             self.hits["context"] += 1
             self.tokens_reused += in_context
             actions = [Trim(best_slot.slot_id, in_context)]
@@ -174,6 +221,11 @@ class PrefixCache:
         # Otherwise take the slot whose content is least worth keeping: empty first, then least recent.
         slot = min(idle, key=lambda s: (bool(s.prefix), s.last_used))
         actions = self._evict_slot(slot, keep=0)
+        if in_running > in_store[0]:
+            self.hits["running"] += 1
+            self.tokens_reused += in_running
+            actions += [Copy(source, slot.slot_id), Trim(slot.slot_id, in_running)]
+            return self._take(slot, Admission(slot.slot_id, in_running, "running", actions))
         match, tier, key = in_store
         if match:
             self.hits[tier] += 1
