@@ -469,6 +469,8 @@ def agent_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> di
     import llama_cpp
     from llama_cpp._internals import LlamaModel
 
+    from host_runtime.placement.model_table import read_table
+
     from bench.agent_workload import (everycycle_kv_bytes_per_token, llama_server_kv_bytes_per_token, run_sessions,
                                       system_prompt)
 
@@ -511,8 +513,9 @@ def agent_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> di
         for s in servers:
             if s.name.startswith("everycycle"):
                 kv_per_token[s.name] = everycycle_kv_bytes_per_token(s.metrics(), args.ctx_size * args.parallel)
-            else:
-                kv_per_token[s.name] = llama_server_kv_bytes_per_token(Path(s.log.name).read_text(errors="replace"))
+            else:  # its log states the size where its verbosity does; else llama.cpp's layout for its -ctk/-ctv
+                kv_per_token[s.name] = (llama_server_kv_bytes_per_token(Path(s.log.name).read_text(errors="replace"))
+                                        or read_table(model).kv_bytes_per_token((kv, kv)))
         ratios = {}
         ec, ref = table.get("everycycle"), table.get("llama-server")
         if ec and ref:
