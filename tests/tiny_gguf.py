@@ -31,6 +31,33 @@ def _llama_writer(path: Path, name: str, n_ctx: int, n_embd: int, n_layer: int, 
     return w
 
 
+def _byte_vocabulary() -> tuple[list[bytes], list]:
+    """3 specials (<unk>, <s>, </s>) and the 256 byte tokens, with their token types."""
+    import gguf
+
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{b:02X}>".encode() for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    return tokens, types
+
+
+def _add_byte_tokenizer(w, tokens: list[bytes], types: list) -> None:
+    """A llama (SentencePiece-style) tokenizer over those tokens, <s> and </s> its BOS and EOS."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+
+
+def _write_out(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def _llama_blocks(w, t, n_layer: int, n_embd: int, n_ff: int, kv_width: int | None = None) -> None:
     """The repeating blocks (random matrices from t(name, *shape), unit norms) and the output norm. kv_width: K's
     and V's rows (n_head_kv * head_dim) where the model groups its query heads."""
@@ -54,8 +81,7 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
     import gguf
 
     rng = np.random.default_rng(seed)
-    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{b:02X}>".encode() for b in range(256)]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    tokens, types = _byte_vocabulary()
     fim_ids = {}
     if fim:
         for role, text in (("pre", b"<fim_prefix>"), ("suf", b"<fim_suffix>"), ("mid", b"<fim_middle>")):
@@ -65,13 +91,7 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
     n_vocab = len(tokens)
 
     w = _llama_writer(path, "tiny-random-llama", n_ctx, n_embd, n_layer, n_head, n_ff)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * n_vocab)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
+    _add_byte_tokenizer(w, tokens, types)
     for role, token in fim_ids.items():
         w.add_uint32(f"tokenizer.ggml.fim_{role}_token_id", token)
     if chat_template is not None:
@@ -85,11 +105,7 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
     t("token_embd.weight", n_vocab, n_embd)
     _llama_blocks(w, t, n_layer, n_embd, n_ff)
     t("output.weight", n_vocab, n_embd, scale=2.0)  # large logits: sampling wanders over every byte
-
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write_out(w)
     return path
 
 
@@ -157,10 +173,7 @@ def write_long_context_llama(path: Path, *, n_ctx: int = 32768, n_embd: int = 64
         head[:, 0] = 0.0
         head[value("tokenizer.ggml.eos_token_id"), 0] = eos_logit / np.sqrt(n_embd)
     add_matrix("output.weight", head)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write_out(w)
     return path
 
 
@@ -172,8 +185,7 @@ def write_tiny_moe(path: Path, *, n_layer: int = 4, n_embd: int = 256, n_head: i
     import gguf
 
     rng = np.random.default_rng(seed)
-    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{b:02X}>".encode() for b in range(256)]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    tokens, types = _byte_vocabulary()
     n_vocab, hd = len(tokens), n_embd // n_head
     w = gguf.GGUFWriter(str(path), "qwen3moe")
     w.add_name("tiny-random-qwen3moe")
@@ -191,13 +203,7 @@ def write_tiny_moe(path: Path, *, n_layer: int = 4, n_embd: int = 256, n_head: i
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * n_vocab)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
+    _add_byte_tokenizer(w, tokens, types)
 
     def t(name: str, *shape: int, scale: float = 0.2):  # numpy order: the last dimension is ggml's first
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
@@ -218,8 +224,5 @@ def write_tiny_moe(path: Path, *, n_layer: int = 4, n_embd: int = 256, n_head: i
         t(b + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp)
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     t("output.weight", n_vocab, n_embd, scale=2.0)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write_out(w)
     return path
