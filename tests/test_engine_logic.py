@@ -54,8 +54,8 @@ class FakeSeq:
     boundaries: frozenset = frozenset()
     draft: tuple = ()
 
-    def next_cut(self):
-        return next_cut(self.prompt, self.n_past, self.chunk, self.boundaries)
+    def next_cut(self, pos=None):
+        return next_cut(self.prompt, self.n_past if pos is None else pos, self.chunk, self.boundaries)
 
     def is_prefilling(self):
         return self.n_past < len(self.prompt)
@@ -91,15 +91,21 @@ def test_a_step_always_advances_one_prompt_and_never_overtakes():
     a, b, c = FakeSeq(0, list(range(30))), FakeSeq(1, list(range(30))), FakeSeq(2, list(range(3)))
     # a's chunk fills the budget; b may not go, and c (which would fit) may not overtake b.
     assert flat(plan_step([a, b, c], prefill_budget=16)) == [(0, 16, 0, False)]
-    # A budget of two chunks takes a and b; equal lengths share one call.
+    # A budget of two chunks goes to a first (first come, first served): its whole prompt, one call a chunk, in
+    # order; b's first chunk does not fit what is left, and c still may not overtake b.
     calls = plan_step([a, b, c], prefill_budget=32)
-    assert [[p.seq.seq_id for p in call] for call in calls] == [[0, 1]]
+    assert [flat([call]) for call in calls] == [[(0, 16, 0, False)], [(0, 14, 16, True)]]
+    # With room after a's prompt, b's first chunk shares the first round's call (equal lengths).
+    calls = plan_step([a, b, c], prefill_budget=48)
+    assert [flat([call]) for call in calls] == [[(0, 16, 0, False), (1, 16, 0, False)], [(0, 14, 16, True)]]
 
 
 def test_calls_hold_equal_token_counts_per_sequence():
     a, b = FakeSeq(0, list(range(20)), n_past=16), FakeSeq(1, list(range(40)))
     calls = plan_step([a, b], prefill_budget=64)
-    assert [[(p.seq.seq_id, len(p.tokens)) for p in call] for call in calls] == [[(0, 4)], [(1, 16)]]
+    # round 0: a's last 4 tokens and b's first chunk (unequal: two calls), then b's next chunks in order
+    assert [[(p.seq.seq_id, len(p.tokens), p.start_pos) for p in call] for call in calls] == \
+        [[(0, 4, 16)], [(1, 16, 0)], [(1, 16, 16)], [(1, 8, 32)]]
 
 
 def test_prompts_are_also_cut_after_message_ends():
@@ -168,9 +174,9 @@ def test_mixed_batches_plan_one_call_a_step_holding_decode_tokens_and_prompt_chu
     decoding = [FakeSeq(i, [1, 2], n_past=2, next_token=9) for i in range(3)]
     a, b = FakeSeq(5, list(range(20)), n_past=16), FakeSeq(6, list(range(40)))
     calls = plan_step(decoding + [a, b], prefill_budget=64, invariant=False)
-    # Decode tokens first, then the prompts' chunks (cut at the same places as the invariant plan), unequal
-    # counts together: one pass over the weights for the whole step.
-    assert flat(calls) == [(0, 1, 2, True), (1, 1, 2, True), (2, 1, 2, True), (5, 4, 16, True), (6, 16, 0, False)]
+    # Decode tokens first, then each prompt's part of the step as one slice, unequal counts together: one pass
+    # over the weights for the whole step.
+    assert flat(calls) == [(0, 1, 2, True), (1, 1, 2, True), (2, 1, 2, True), (5, 4, 16, True), (6, 40, 0, True)]
     assert len(calls) == 1
     assert plan_step([FakeSeq(0, [1], n_past=1)], prefill_budget=8, invariant=False) == []
 

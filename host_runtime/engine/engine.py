@@ -136,9 +136,10 @@ class Sequence:
     def is_prefilling(self) -> bool:
         return self.n_past < len(self.request.prompt_tokens)
 
-    def next_cut(self) -> int:
+    def next_cut(self, pos: int | None = None) -> int:
         model = self.model
-        return next_cut(self.request.prompt_tokens, self.n_past, model.prefill_chunk, model.boundary_tokens)
+        return next_cut(self.request.prompt_tokens, self.n_past if pos is None else pos, model.prefill_chunk,
+                        model.boundary_tokens)
 
     def pending_tokens(self):
         if self.is_prefilling():

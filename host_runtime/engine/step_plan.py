@@ -2,7 +2,12 @@
 
 Every decoding sequence contributes its one pending token first, so streams
 already running never wait behind a prompt; then prompts advance by whole
-chunks (chunked prefill), oldest request first, up to the step's prefill budget.
+chunks (chunked prefill), oldest request first, up to the step's prefill budget:
+the oldest prompt takes as many chunks as the budget holds (each its own call,
+in order), and the next only what is left. First come, first served: four
+agents' turns arriving together are answered one after another, not all four
+late together, as one chunk each per step would (measured: bench/serving.py
+--workload agent).
 
 Chunks are cut at fixed multiples of `chunk` counted from position 0, and
 right after every end-of-generation token (where a chat message ends), never
@@ -45,7 +50,7 @@ class Schedulable(Protocol):
 
     def pending_tokens(self) -> Sequence[int]: ...
     def is_prefilling(self) -> bool: ...
-    def next_cut(self) -> int: ...
+    def next_cut(self, pos: int | None = None) -> int: ...  # the first cut after pos (default: n_past)
 
 
 @dataclass(frozen=True)
@@ -58,11 +63,13 @@ class BatchSlice:
 
 def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: bool = True) -> list[list[BatchSlice]]:
     """The decode calls for one step: first the decoding sequences' tokens (a draft verified in the same call),
-    then prompt chunks; each group split by length.
+    then prompt chunks, round by round (a sequence's k-th chunk of the step in the k-th round, so its chunks run
+    in order); each group split by length.
 
     At least one prompt chunk is planned whenever a sequence is prefilling, so prompts always progress.
-    Not `invariant`: everything in one call (as llama-server batches), one pass over the weights per step instead
-    of one per call; a sequence's results then depend on what else shares its call.
+    Not `invariant`: everything in one call (as llama-server batches), a sequence's chunks of the step as one
+    slice, one pass over the weights per step instead of one per call; a sequence's results then depend on what
+    else shares its call.
     """
     decodes: list[BatchSlice] = []
     for seq in active:
@@ -70,20 +77,36 @@ def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: boo
             pending = seq.pending_tokens()  # its next token, then its speculative draft if it has one
             if pending:
                 decodes.append(BatchSlice(seq, pending, seq.n_past, True))
-    prefills: list[BatchSlice] = []
+    rounds: list[list[BatchSlice]] = []
     used = 0
     for seq in active:
         if not seq.is_prefilling():
             continue
         pending = seq.pending_tokens()
-        take = min(seq.next_cut() - seq.n_past, len(pending))
-        if prefills and used + take > prefill_budget:
-            break  # arrival order: a later prompt does not overtake an earlier one
-        prefills.append(BatchSlice(seq, pending[:take], seq.n_past, take == len(pending)))
-        used += take
+        pos, offset, k = seq.n_past, 0, 0
+        while offset < len(pending):
+            take = min(seq.next_cut(pos) - pos, len(pending) - offset)
+            if used and used + take > prefill_budget:
+                break  # arrival order: a later prompt does not overtake an earlier one
+            if k == len(rounds):
+                rounds.append([])
+            rounds[k].append(BatchSlice(seq, pending[offset:offset + take], pos, offset + take == len(pending)))
+            used, pos, offset, k = used + take, pos + take, offset + take, k + 1
+        if offset < len(pending):
+            break
     if not invariant:
+        prefills = _joined([part for r in rounds for part in r])
         return [decodes + prefills] if decodes or prefills else []
-    return _by_length(decodes) + _by_length(prefills)
+    return _by_length(decodes) + [call for r in rounds for call in _by_length(r)]
+
+
+def _joined(parts: list[BatchSlice]) -> list[BatchSlice]:
+    """Each sequence's slices of the step as one (mixed batches: no cut needs keeping within a call)."""
+    by_seq: dict[int, list[BatchSlice]] = {}
+    for part in parts:
+        by_seq.setdefault(id(part.seq), []).append(part)
+    return [BatchSlice(run[0].seq, [t for p in run for t in p.tokens], run[0].start_pos, run[-1].wants_logits)
+            for run in by_seq.values()]
 
 
 def _by_length(parts: list[BatchSlice]) -> list[list[BatchSlice]]:
