@@ -61,10 +61,11 @@ def tool_result(session: int, turn: int, tag: str, words: int) -> str:
     return "\n".join(lines)
 
 
-def run_sessions(stream_chat, port: int, model_id: str, system: str, *, sessions: int, turns: int, max_tokens: int,
-                 bias: dict, tag: str, user_words: int) -> dict:
+def run_sessions(stream_chat, percentile, port: int, model_id: str, system: str, *, sessions: int, turns: int,
+                 max_tokens: int, bias: dict, tag: str, user_words: int) -> dict:
     """Every session's turns in order, the sessions at once; stream_chat(port, body) -> its timing dict (with
-    "text"). TTFT p50/p95 over every request, output tok/s over the whole run's wall time."""
+    "text"), percentile(values, q) the benchmark's own. TTFT p50/p95 over every request, output tok/s over the
+    whole run's wall time."""
     results: list[dict] = []
     lock = threading.Lock()
 
@@ -92,16 +93,12 @@ def run_sessions(stream_chat, port: int, model_id: str, system: str, *, sessions
     ok = [r for r in results if "error" not in r]
     errors = [r["error"] for r in results if "error" in r]
 
-    def pct(values, q):
-        values = sorted(values)
-        return values[min(len(values) - 1, int(q * len(values)))] if values else None
-
     first = [r["ttft"] for r in ok if r["turn"] == 0]
     later = [r["ttft"] for r in ok if r["turn"] > 0]
     return {"tok_s": sum(r["tokens"] for r in ok) / wall if ok else 0.0, "wall_s": round(wall, 2),
-            "ttft_p50_s": pct([r["ttft"] for r in ok], 0.5), "ttft_p95_s": pct([r["ttft"] for r in ok], 0.95),
-            "ttft_first_turn_p50_s": pct(first, 0.5), "ttft_later_turns_p50_s": pct(later, 0.5),
-            "itl_p50_s": pct([g for r in ok for g in r["gaps"]], 0.5),
+            "ttft_p50_s": percentile([r["ttft"] for r in ok], 0.5), "ttft_p95_s": percentile([r["ttft"] for r in ok], 0.95),
+            "ttft_first_turn_p50_s": percentile(first, 0.5), "ttft_later_turns_p50_s": percentile(later, 0.5),
+            "itl_p50_s": percentile([g for r in ok for g in r["gaps"]], 0.5),
             "requests": len(results), "errors": len(errors), **({"error_sample": errors[:2]} if errors else {})}
 
 

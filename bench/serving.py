@@ -495,7 +495,7 @@ def agent_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> di
             system = system_prompt(count_tokens, args.system_tokens, f"repeat {rep} {uuid.uuid4().hex[:8]}")
             system_tokens = count_tokens(system)
             for s in (servers if rep % 2 == 0 else list(reversed(servers))):
-                result = run_sessions(stream_chat, s.port, model_id, system, sessions=args.sessions,
+                result = run_sessions(stream_chat, percentile, s.port, model_id, system, sessions=args.sessions,
                                       turns=args.turns, max_tokens=args.max_tokens, bias=bias,
                                       tag=f"{rep}-{s.name}", user_words=args.turn_words)
                 raw[s.name].append(result)

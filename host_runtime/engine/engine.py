@@ -424,17 +424,18 @@ class Engine:
         running = self._running_prompts()
         for entry in sorted([*self._waiting, *self._parked], key=order):
             n = 1 if isinstance(entry, _Parked) else entry.n
-            if n == 1 and not isinstance(entry, _Parked) and self.cache.worth_waiting(entry.prompt_tokens,
-                                                                                     entry.cache_scope, running):
-                continue  # a running sequence is computing its prefix: copied once it has (admit's "running")
             # A request wanting more choices than the hint allows still runs, alone, when nothing else does.
             alone = busy == 0 and not admitted and n > allowed and self.cache.free_slots() >= n
             if free < n and not alone:
                 break
+            # Asked only of a request that would get a slot now: the prefix comparisons stay off full-queue steps.
+            if n == 1 and not isinstance(entry, _Parked) and self.cache.worth_waiting(entry.prompt_tokens,
+                                                                                     entry.cache_scope, running):
+                continue  # a running sequence is computing its prefix: copied once it has (admit's "running")
             free = max(0, free - n)
             admitted.append(entry)
             if n == 1 and not isinstance(entry, _Parked):  # it will prefill: the next in line may wait for it
-                running.append(Running(-1, tuple(entry.prompt_tokens), 0, entry.cache_scope))
+                running.append(Running(-1, entry.prompt_tokens, 0, entry.cache_scope))
             if isinstance(entry, _Parked):
                 self._parked.remove(entry)
             else:
@@ -488,7 +489,7 @@ class Engine:
 
     def _running_prompts(self) -> list[Running]:
         """The running single-choice sequences' prompts, as far as each has prefilled: what a new request may copy."""
-        return [Running(s.seq_id, tuple(s.request.prompt_tokens), min(s.n_past, len(s.request.prompt_tokens)),
+        return [Running(s.seq_id, s.request.prompt_tokens, min(s.n_past, len(s.request.prompt_tokens)),
                         s.request.cache_scope) for s in self._active if s.request.n == 1]
 
     def _admit(self, request: GenerationRequest) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from host_runtime.engine.step_plan import last_cut
@@ -102,7 +103,7 @@ class Running:
     its KV (n_past, capped at the prompt's length) and whose it is."""
 
     slot_id: int
-    prompt: Key
+    prompt: Sequence[int]  # the request's own token list, not a copy
     prefilled: int
     scope: Scope = None
 
