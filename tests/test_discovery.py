@@ -214,6 +214,31 @@ def test_a_link_added_in_a_namespace_appears_and_disappears(netns, tmp_path):
         proc.stop()
 
 
+def test_a_link_event_reads_only_the_network_again(tmp_path, monkeypatch):
+    """A link or address event costs a netlink read, not a GPU probe (seconds under load); a full scan reads all."""
+    from host_runtime.discovery.watch import SECTIONS_BY_SUBSYSTEM, TopologyWatcher
+
+    calls: list[str] = []
+    for section in ("cpu", "memory", "gpus", "storage", "network"):
+        real = getattr(topology, f"collect_{section}")
+        monkeypatch.setattr(topology, f"collect_{section}",
+                            lambda real=real, section=section: (calls.append(section), real())[1])
+    watcher = TopologyWatcher(tmp_path / "topology.json")
+    assert watcher.refresh() is True
+    assert sorted(calls) == ["cpu", "gpus", "memory", "network", "storage"]
+    calls.clear()
+    first = json.loads((tmp_path / "topology.json").read_text())
+    assert watcher.refresh(frozenset({"network"})) is False  # nothing changed: the file is not rewritten
+    assert calls == ["network"]
+    calls.clear()
+    watcher.refresh(SECTIONS_BY_SUBSYSTEM["block"])
+    assert calls == ["storage"]
+    calls.clear()
+    watcher.refresh(None)
+    assert sorted(calls) == ["cpu", "gpus", "memory", "network", "storage"]
+    assert json.loads((tmp_path / "topology.json").read_text())["gpus"] == first["gpus"]
+
+
 def test_a_card_llama_cpp_does_not_drive_is_named_with_the_reason():
     from host_runtime.discovery.gpus import _why_not_driven
 

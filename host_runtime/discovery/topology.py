@@ -27,18 +27,30 @@ class TopologyInvalid(Exception):
     pass
 
 
-def collect(bmc_address: str | None = None) -> dict:
+SECTIONS = ("cpu", "memory", "gpus", "storage", "network", "bmc")
+
+
+def collect(bmc_address: str | None = None, *, only: frozenset[str] | None = None, previous: dict | None = None) -> dict:
+    """The whole document; with `only` and `previous`, only those sections are read again and the rest kept.
+
+    A link coming up should not cost a GPU probe (llama.cpp's device list, the BMC): under load that takes seconds.
+    """
+    readers = {
+        "cpu": collect_cpu,
+        "memory": collect_memory,
+        "gpus": collect_gpus,
+        "storage": collect_storage,
+        "network": collect_network,
+        "bmc": lambda: collect_bmc(configured_address=bmc_address),
+    }
     doc = {
         "schema_version": SCHEMA_VERSION,
         "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": {"hostname": socket.gethostname(), "kernel": platform.release()},
-        "cpu": collect_cpu(),
-        "memory": collect_memory(),
-        "gpus": collect_gpus(),
-        "storage": collect_storage(),
-        "network": collect_network(),
-        "bmc": collect_bmc(configured_address=bmc_address),
     }
+    for section in SECTIONS:
+        keep = previous is not None and only is not None and section not in only and section in previous
+        doc[section] = previous[section] if keep else readers[section]()
     doc["content_hash"] = content_hash(doc)
     return doc
 
