@@ -10,18 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from host_runtime.placement.model_table import ggml_nbytes
+
 GIB = 1 << 30
-
-
-def _nbytes(ggml_type, shape: tuple[int, ...]) -> int:
-    import gguf
-
-    block, size = gguf.GGML_QUANT_SIZES[ggml_type]
-    n = 1
-    for d in shape:
-        n *= d
-    assert shape[0] % block == 0, (shape, ggml_type)
-    return n // block * size
 
 
 def write_sparse(path: Path, arch: str, name: str, hparams: dict, tensors: list[tuple[str, tuple[int, ...], object]]) -> Path:
@@ -39,7 +30,7 @@ def write_sparse(path: Path, arch: str, name: str, hparams: dict, tensors: list[
             w.add_uint32(f"{arch}.{key}", int(value))
     data = 0
     for tname, shape, ty in tensors:
-        nbytes = _nbytes(ty, shape)
+        nbytes = ggml_nbytes(ty, shape)
         if ty == gguf.GGMLQuantizationType.F32:
             w.add_tensor_info(tname, tuple(reversed(shape)), np.dtype(np.float32), nbytes, raw_dtype=ty)
         else:  # the writer takes a quantized tensor's shape in bytes, a row's bytes last

@@ -80,12 +80,18 @@ class ModelTable:
     n_expert: int = 0        # routed experts per MoE layer (0: a dense model)
     n_expert_used: int = 0   # experts each token is routed to
 
+    @functools.cached_property
+    def _expert_flags(self) -> tuple[tuple[bool, ...], ...]:
+        """Per layer, per tensor: a routed expert? Read once; the planner asks per layer many times a plan."""
+        return tuple(tuple(is_expert_weight(t.name) for t in layer) for layer in self.layer_tensors)
+
     def layer_weight_bytes(self, il: int, pad=None, experts: bool = True) -> int:
         """Layer il's weights; experts=False leaves out its routed experts (kept in host RAM)."""
-        return sum(_padded(t, pad) for t in self.layer_tensors[il] if experts or not is_expert_weight(t.name))
+        return sum(_padded(t, pad) for t, expert in zip(self.layer_tensors[il], self._expert_flags[il])
+                   if experts or not expert)
 
     def layer_expert_bytes(self, il: int, pad=None) -> int:
-        return sum(_padded(t, pad) for t in self.layer_tensors[il] if is_expert_weight(t.name))
+        return sum(_padded(t, pad) for t, expert in zip(self.layer_tensors[il], self._expert_flags[il]) if expert)
 
     @functools.cached_property
     def is_moe(self) -> bool:
@@ -274,7 +280,8 @@ def _assemble(*, name, arch, n_layer, n_ctx_train, n_embd, n_ff, n_head, tensors
 
 # ---- tables from hyperparameters: large models the tests have no file of --------------------------------
 
-def _ggml_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
+def ggml_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
+    """A tensor's bytes in ggml's block layout (shape in ggml's order, a row first)."""
     import gguf
 
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
@@ -296,7 +303,7 @@ def synthetic_table(*, name: str, n_layer: int, n_embd: int, n_ff: int, n_head: 
 
     def t(tname: str, role: str, *shape: int) -> TensorInfo:
         ty = types.get(role, types.get("norm", 0))
-        return TensorInfo(tname, ty, shape, _ggml_nbytes(ty, shape))
+        return TensorInfo(tname, ty, shape, ggml_nbytes(ty, shape))
 
     tensors = [t("token_embd.weight", "token_embd", n_embd, n_vocab)]
     for i in range(n_layer):

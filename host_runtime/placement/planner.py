@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from host_runtime.placement.kv_types import DEFAULT_KV
-from host_runtime.placement.model_table import ModelTable
+from host_runtime.placement.model_table import ModelTable, experts_override_pattern
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -138,8 +138,6 @@ class Placement:
         """The tensor buffer-type override that keeps those experts in host RAM, as llama.cpp is to be told it;
         None where every layer's experts go with their layer. Only layers on a GPU need it (the rest are on the
         CPU anyway), but the pattern names all of [0, n_cpu_moe), as llama-server's --n-cpu-moe does."""
-        from host_runtime.placement.model_table import experts_override_pattern
-
         if not self.n_cpu_moe or not self.gpu_shares:
             return None
         return experts_override_pattern(self.n_cpu_moe, self.n_layer)
@@ -349,15 +347,13 @@ def _fill_moe(model: ModelTable, gpus: list[Device], host: Host, request: PlanRe
     split = next((p for p in (_fill(model, gpus, host, request, ctx, par, n) for n in range(1, model.n_layer + 1))
                   if p.cpu_share.n_layers == 0), None) or _fill(model, gpus, host, request, ctx, par, model.n_layer)
     bandwidth = {d.name: d.bandwidth_gbps for d in gpus} | {"CPU": host.bandwidth_gbps}
-    if split.cpu_share.left_bytes < 0 and whole.cpu_share.left_bytes >= 0:
-        return whole
-    if whole.cpu_share.left_bytes < 0 <= split.cpu_share.left_bytes:
-        chosen = split
-    else:
-        chosen = min((split, whole), key=lambda p: p.decode_seconds_per_token(bandwidth))
+    # Of the fills the host's RAM holds (both, where neither does: the plan then says what is short), the one that
+    # reads less from slow memory a token.
+    fitting = [p for p in (split, whole) if p.cpu_share.left_bytes >= 0] or [split, whole]
+    chosen = min(fitting, key=lambda p: p.decode_seconds_per_token(bandwidth))
     if chosen is whole:
         return whole
-    on_cpu = chosen.cpu_share.expert_bytes - sum(model.layer_expert_bytes(il) for il in range(chosen.cpu_share.n_layers))
+    on_cpu = sum(model.layer_expert_bytes(il) for il in range(chosen.cpu_share.n_layers, chosen.n_cpu_moe))
     note = (f"experts of layers 0-{chosen.n_cpu_moe - 1} kept in host RAM ({_gib(on_cpu)}; llama.cpp's --n-cpu-moe "
             f"{chosen.n_cpu_moe}) so that {model.n_layer - chosen.cpu_share.n_layers} of {model.n_layer} layers' "
             f"attention runs on the GPU (whole layers: {model.n_layer - whole.cpu_share.n_layers})")
