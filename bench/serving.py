@@ -135,7 +135,7 @@ class Server:
         raise SystemExit(f"{self.name} not ready after {timeout}s; log: {self.log.name}")
 
     def metrics(self) -> dict[str, float]:
-        from host_runtime.console.data import parse_prometheus
+        from host_runtime.common.prometheus_text import parse_prometheus
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
             return parse_prometheus(r.read().decode())

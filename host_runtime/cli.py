@@ -950,7 +950,7 @@ def cmd_governor_run(parser, args) -> int:
 def cmd_console(parser, args) -> int:
     from urllib.parse import urlparse
 
-    from host_runtime.console.data import ConsoleConfig, StatusReader
+    from host_runtime.box_status.reader import ConsoleConfig, StatusReader
     from host_runtime.models.store import default_root as default_store_root
 
     run_dir = _run_dir(args.run_dir)

@@ -24,12 +24,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # image.* beside host_runtime.*, run as a script
 
+from host_runtime.common import http_client  # noqa: E402
 from host_runtime.common.processes import stop_process  # noqa: E402
 from host_runtime.update.gate import EXPECTED_PROGRAMS  # noqa: E402
 HTTPS_PORT, HTTP_PORT = 8443, 8080  # the front's defaults, which the test bundle keeps
@@ -266,20 +265,11 @@ class QemuBox(Box):
 
 # ---- the checks ----
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):
-        return None
-
-
 def http_get(url: str, timeout: float = 5, *, context=None, key: str | None = None) -> tuple[int, str]:
-    """GET without following redirects: (status, body) for every status."""
-    opener = urllib.request.build_opener(_NoRedirect, urllib.request.HTTPSHandler(context=context))
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
-    try:
-        with opener.open(req, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
+    """GET without following redirects: (status, body) for every status; OSError (HTTPFailure) for no answer."""
+    answer = http_client.get(url, timeout=timeout, verify=context if context is not None else True,
+                             headers={"Authorization": f"Bearer {key}"} if key else {})
+    return answer.status, answer.text()
 
 
 def pinned_context(cert_pem: str):
@@ -381,7 +371,7 @@ VULKAN_PACKAGES = ("libvulkan1", "mesa-vulkan-drivers")
 
 def backend_info(metrics_text: str) -> dict[str, str]:
     """The labels of everycycle_backend_info: which backend serves, on what, and why."""
-    from host_runtime.console.data import metric_samples
+    from host_runtime.common.prometheus_text import metric_samples
 
     return next((labels for labels, _ in metric_samples(metrics_text, "everycycle_backend_info")), {})
 

@@ -123,6 +123,13 @@ def identity(box: QemuBox) -> dict:
     return {"lines": out.stdout.split("\n")}
 
 
+def loader_settings(box: QemuBox) -> dict[str, str]:
+    """systemd-boot's loader.conf on the box's ESP, setting by setting."""
+    out = box.ssh("cat /efi/loader/loader.conf", timeout=60).stdout
+    return dict(line.split(None, 1) for line in map(str.strip, out.splitlines())
+                if line and not line.startswith("#") and len(line.split(None, 1)) == 2)
+
+
 def slot_b_and_entries(box: QemuBox) -> tuple[str, list[str]]:
     """Root slot B's label (partition 3 of the virtio disk) and the kernel images on the ESP."""
     label = box.ssh("lsblk -no PARTLABEL /dev/vda3", timeout=60).stdout.strip()
@@ -294,6 +301,9 @@ def main(argv: list[str]) -> int:
         box.start(v1_disk)
         first = check(box, t0, BOOT_TIMEOUT_S)
         summary["v1"] = {k: first.get(k) for k in ("boot_to_health_s", "boot_to_ready_s", "system", "data_fs_bytes")}
+        summary["loader"] = loader_settings(box)
+        if summary["loader"].get("editor") != "no":  # the boot menu must not edit a command line (#35, item 4)
+            raise CheckFailed(f"systemd-boot's editor is not off on the ESP: loader.conf {summary['loader']}")
         for step in steps:
             say(f"==> {step}")
             t = time.monotonic()

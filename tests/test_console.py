@@ -14,7 +14,8 @@ import pytest
 
 from host_runtime.console.app import Dashboard
 from host_runtime.common.supervisor_rpc import supervisor_proxy
-from host_runtime.console.data import BoxStatus, ConsoleConfig, Serving, Source, StatusReader
+from host_runtime.box_status.reader import ConsoleConfig, StatusReader
+from host_runtime.box_status.rows import BoxStatus, Serving, Source
 from host_runtime.console.status_text import render
 from tests.conftest import MODEL_ID
 from tests.equipment.ipmi_sim_env import PASSWORD, USER, IpmiSim
@@ -362,7 +363,8 @@ def test_the_models_screen_pulls_switches_and_removes_models(tmp_path):
 def test_the_top_users_come_from_the_per_key_usage_of_every_model():
     """Nobody could see who used the box from its console (#38): the keys that generated most, summed over every
     model's engine, on the dashboard and in `everycycle status`."""
-    from host_runtime.console.data import Serving, Source, top_users, users_line
+    from host_runtime.box_status.rows import Serving, Source, top_users
+    from host_runtime.console.status_text import users_line
 
     metrics = "\n".join([
         'everycycle_key_requests_total{model="a",key="alice"} 4', 'everycycle_key_generated_tokens_total{model="a",key="alice"} 900',

@@ -136,7 +136,7 @@ def test_histogram_buckets_are_cumulative():
     for v in (0.05, 0.5, 0.7, 3.0):
         h.observe(v)
     from host_runtime.common.prometheus_text import exposition
-    from host_runtime.console.data import parse_prometheus
+    from host_runtime.common.prometheus_text import parse_prometheus
 
     lines = parse_prometheus(exposition(lambda: [h.family("x", "help")]))
     assert lines['x_bucket{le="0.1"}'] == 1 and lines['x_bucket{le="1.0"}'] == 3 and lines['x_bucket{le="+Inf"}'] == 4
@@ -155,7 +155,7 @@ def test_metrics_text_has_types_and_the_kv_ratio():
     assert 'everycycle_model_info{model="model-x",state="ready"} 1' in text
     assert 'everycycle_time_to_first_token_seconds_bucket{le="0.01",model="model-x"} 0' in text
     # Readers that key by name (the console, the benchmark) leave the model label out.
-    from host_runtime.console.data import parse_prometheus
+    from host_runtime.common.prometheus_text import parse_prometheus
 
     assert parse_prometheus(text)["everycycle_tokens_predicted_total"] == 7
 

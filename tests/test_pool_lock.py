@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from host_runtime.pool.pool import EnginePool, Loaded
 
 
@@ -95,3 +97,37 @@ def test_requests_waiting_for_a_load_are_bounded_and_the_rest_hear_at_once(tmp_p
     assert sum("still loading after" in message for _, message in outcomes) == routing.MAX_LOAD_WAITERS
     wait()  # the waiters gone, a new request may wait again (until its own deadline)
     assert "still loading after" in outcomes[-1][1]
+
+
+def test_a_request_waiting_for_a_load_hears_its_failure_at_once_and_its_end_when_ready(monkeypatch):
+    """The wait asks the loading engine until it is ready; a load that fails is the request's answer (a 500 with
+    the engine's reason) without waiting out LOAD_WAIT_S, and an engine not up yet is asked again."""
+    import types
+
+    from host_runtime.engine.errors import RequestRejected
+    from host_runtime.engine.ipc import EngineUnavailable
+    from host_runtime.engine.wire import EngineInfo
+    from host_runtime.serving import routing
+
+    monkeypatch.setattr(routing, "POLL_S", 0.01)
+    router = routing.Router(types.SimpleNamespace(info=lambda timeout: None))
+
+    def engine(*states: str):
+        answers = iter(states)
+
+        def info(timeout):
+            state = next(answers)
+            if state == "down":
+                raise EngineUnavailable("no socket yet")
+            return EngineInfo(state=state, reason="out of memory" if state == "failed" else "", model_id="big",
+                              model_path="/m", pid=1)
+        return types.SimpleNamespace(info=info)
+
+    started = time.monotonic()
+    with pytest.raises(RequestRejected) as failed:
+        router._wait_for_load(engine("down", "loading", "failed"), "big")
+    assert failed.value.status == 500 and "failed to load: out of memory" in failed.value.message
+    assert time.monotonic() - started < 2
+    client = engine("down", "loading", "loading", "ready")
+    assert router._wait_for_load(client, "big") == (client, EngineInfo(state="ready", reason="", model_id="big",
+                                                                       model_path="/m", pid=1))

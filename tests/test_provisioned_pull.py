@@ -11,7 +11,8 @@ import openai
 import pytest
 
 from host_runtime.common import settings_file
-from host_runtime.console.data import model_lines, models_from_metrics
+from host_runtime.box_status.rows import models_from_metrics
+from host_runtime.console.status_text import model_lines
 from host_runtime.serving.settings import ServingSettings
 from tests.conftest import MODEL_ID
 from tests.file_server import serve_files

@@ -370,6 +370,34 @@ def test_a_pull_the_source_refuses_is_not_retried_and_adds_nothing(tmp_path):
         server.shutdown()
 
 
+def test_a_pull_waiting_to_be_tried_again_ends_at_stop_without_another_try(tmp_path):
+    """A passing failure (nothing listens) is tried again after a wait; stop() during the wait ends the pull there,
+    with the failure recorded and no further attempt."""
+    import socket
+    import threading
+    import time
+
+    from host_runtime.models.provisioned import ProvisionedPull, read_status
+    from host_runtime.models.store import Store
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{unused.getsockname()[1]}/tiny.gguf"
+    store = Store(tmp_path / "store")
+    job = ProvisionedPull(store, "tiny", url, "ab" * 32)
+    finished = []
+    worker = threading.Thread(target=lambda: finished.append(job.run()))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while job.status.state != "retrying" and time.monotonic() < deadline:  # the first try failed; it waits 5 s
+        time.sleep(0.01)
+    job.stop()
+    worker.join(10)
+    assert not worker.is_alive() and finished
+    assert finished[0].state == "retrying" and finished[0].attempts == 1 and "refused" in finished[0].error
+    assert read_status(store).attempts == 1 and store.list() == []
+
+
 def test_static_network_applied_in_a_namespace_with_a_veth_pair(tmp_path, netns):
     subprocess.run(["ip", "netns", "exec", netns, "ip", "link", "add", "pv0", "type", "veth", "peer", "name", "pv1"],
                    check=True)

@@ -55,7 +55,8 @@ def test_bad_keep_alive_is_refused(value):
 
 
 def test_the_pools_metrics_and_the_consoles_lines_from_them():
-    from host_runtime.console.data import Serving, Source, model_lines, models_from_metrics
+    from host_runtime.box_status.rows import Serving, Source, models_from_metrics
+    from host_runtime.console.status_text import model_lines
     from host_runtime.models.provisioned import PullStatus
     from host_runtime.pool.metrics import pool_text
 

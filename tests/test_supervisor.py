@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from host_runtime.auth.keystore import create_key
-from host_runtime.common.unix_http import unix_get
+from host_runtime.common.http_client import unix_get
 from host_runtime.front import settings as front_settings
 from host_runtime.front.settings import FrontSettings
 from tests.servers import REPO, Proc, free_port, http_status, raw_get, ready, wait_for
@@ -59,7 +59,7 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
         # /metrics needs a key by default; the box's own readers use the Unix socket without one.
         assert http_status(base + "/metrics", context=https) == 401
         assert http_status(base + "/metrics", context=https, key=key) == 200
-        assert unix_get(str(run / "serving" / "http.sock"), "/metrics", 5)[0] == 200
+        assert unix_get(str(run / "serving" / "http.sock"), "/metrics", 5).status == 200
         # fleet: no fleet.toml here, so it waits idle (a box that is not the fleet's gateway), RUNNING all the same.
         for program in ("front", "serving", "discovery", "governor", "bmc", "fleet"):
             wait_for(lambda: "RUNNING" in subprocess.run(ctl + ["status", program], capture_output=True,

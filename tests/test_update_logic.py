@@ -418,6 +418,16 @@ def test_the_disk_layout_the_image_builds_is_the_one_the_box_reads():
     assert f"PARTLABEL={data['Label']} /var " in fstab
 
 
+def test_the_boot_menu_cannot_edit_a_command_line():
+    """systemd-boot's editor is off on the ESP (hardening #35, item 4): the image's /efi is what the ESP is made of,
+    and its loader.conf says `editor no` (image/update_check.py reads it back from a booted disk)."""
+    esp = (ROOT / "image/repart.d/00-esp.conf").read_text().splitlines()
+    assert "CopyFiles=/efi:/" in esp
+    settings = [line.split() for line in (ROOT / "rootfs_overlay/efi/loader/loader.conf").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert ["editor", "no"] in settings
+
+
 def test_sysupdates_transfers_match_the_release_and_the_box():
     root_t = ini(ROOT / "image/disk-tree/usr/lib/sysupdate.d/10-root.transfer")
     uki_t = ini(ROOT / "image/disk-tree/usr/lib/sysupdate.d/20-uki.transfer")
@@ -471,7 +481,7 @@ def test_update_artifacts_are_the_disks_root_slot_and_identical_from_two_runs(tm
 
 
 def test_the_console_shows_the_version_slot_and_last_update_in_one_line():
-    from host_runtime.console.data import system_line
+    from host_runtime.console.status_text import system_line
 
     assert system_line({"version": "unavailable: no IMAGE_VERSION", "slot": "unavailable"}) is None
     line = system_line({"version": V2, "slot": "B", "last_update": {"target": V2, "phase": rec.BLESSED,

@@ -9,7 +9,7 @@ import tomllib
 
 from host_runtime.auth.keystore import KeyVerifier
 from host_runtime.console.app import Dashboard
-from host_runtime.console.data import ConsoleConfig, StatusReader
+from host_runtime.box_status.reader import ConsoleConfig, StatusReader
 from host_runtime.console.wizard import box_from_answers, context_for_memory
 
 HAND_WRITTEN = """

@@ -1,5 +1,6 @@
-"""Prometheus text for metric families, written by prometheus_client: how the engine and the BMC agent turn
-the figures they read when /metrics is asked for into its answer."""
+"""Prometheus text, written and read by prometheus_client: how the engine and the BMC agent turn the figures
+they read when /metrics is asked for into its answer, and how its readers (the box-status client, the boot
+check, the benchmarks) read it back: samples by name and labels, histogram quantiles."""
 
 from __future__ import annotations
 
@@ -49,3 +50,44 @@ def merge(texts: list[str]) -> str:
                     seen.add(key)
                     merged.samples.append(sample)
     return exposition(lambda: list(families.values()))
+
+
+# ---- reading it back ----
+
+def parse_prometheus(text: str, ignore_labels: tuple[str, ...] = ("model",)) -> dict[str, float]:
+    """Every sample by its name and labels as written (`name{k="v"}`), parsed by prometheus_client; none if the
+    text is malformed. The `model` label is left out of the key: one box's engine serves one model."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def key(sample) -> str:
+        labels = {k: v for k, v in sample.labels.items() if k not in ignore_labels}
+        return sample.name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+
+    try:
+        return {key(s): s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    except ValueError:
+        return {}
+
+
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of `name` as (labels, value), parsed by prometheus_client; none if the text is malformed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        return [(dict(s.labels), s.value) for family in text_string_to_metric_families(text)
+                for s in family.samples if s.name == name]
+    except ValueError:
+        return []
+
+
+def histogram_quantile(metrics: dict[str, float], name: str, q: float) -> float | None:
+    """The q-quantile's bucket bound from a cumulative histogram (upper bound, as Prometheus does)."""
+    buckets = sorted(((float(k.split('le="')[1].rstrip('"}')), v) for k, v in metrics.items()
+                      if k.startswith(name + "_bucket{") and "+Inf" not in k))
+    total = metrics.get(name + "_count", 0)
+    if not total:
+        return None
+    for bound, count in buckets:
+        if count >= q * total:
+            return bound
+    return None

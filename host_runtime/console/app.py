@@ -12,7 +12,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Sparkline, Static
 
 from host_runtime.common.supervisor_rpc import restart_service
-from host_runtime.console.data import BoxStatus, StatusReader, model_lines, system_line, users_line
+from host_runtime.box_status.reader import StatusReader
+from host_runtime.box_status.rows import BoxStatus
+from host_runtime.console.status_text import model_lines, system_line, users_line
 from host_runtime.console.status_text import fmt
 
 HEALTH_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "failed": "bold red"}

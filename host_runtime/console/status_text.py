@@ -2,7 +2,43 @@
 
 from __future__ import annotations
 
-from host_runtime.console.data import BoxStatus, model_lines, system_line, users_line
+from host_runtime.box_status.rows import BoxStatus, Serving
+
+
+def model_lines(sv: Serving) -> list[str]:
+    """The loaded models and the bundle's pull, a line each: what the console and `everycycle status` show."""
+    def mib(v):
+        return "n/a" if v is None else f"{v / 2**20:,.0f} MiB"
+
+    lines = [f"{m.name}: {mib(m.resident_bytes)} resident of {mib(m.planned_bytes)} planned, "
+             f"{'n/a' if m.tokens_per_s is None else format(m.tokens_per_s, '.1f')} tok/s" for m in sv.models]
+    p = sv.pull
+    if p is not None and p.state != "pulled":
+        done = f"{mib(p.done_bytes)} of {mib(p.total_bytes)}" + (
+            f" ({100 * p.done_bytes / p.total_bytes:.0f} %)" if p.total_bytes else "")
+        lines.append(f"pulling {p.name}: {p.state}, {done}, {p.rate_bytes_s / 2**20:.1f} MiB/s"
+                     if p.state != "failed" else f"pulling {p.name} FAILED (see the serving log)")
+    return lines
+
+
+def users_line(sv: Serving) -> str | None:
+    """The top users in a line (the console's and `everycycle status`'s), or None when no key has used the box."""
+    if not sv.top_users:
+        return None
+    return "top users: " + ", ".join(f"{key} {generated:,.0f} tok ({requests:,.0f} req)"
+                                     for key, requests, generated in sv.top_users)
+
+
+def system_line(system: dict) -> str | None:
+    """The image's version and slot and the last update's outcome, one line (None off the box image)."""
+    version, slot = system.get("version", ""), system.get("slot", "")
+    if not version or version.startswith("unavailable"):
+        return None
+    line = f"image {version}" + (f", slot {slot}" if not slot.startswith("unavailable") else "")
+    last = system.get("last_update")
+    if last:
+        line += f"; last update {last.get('target')}: {last.get('phase')} ({last.get('reason')})"
+    return line
 
 
 def fmt(v, spec: str = "", none: str = "n/a") -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.fleet import router_process
 from host_runtime.fleet.controller import BoxHealth, Decision, changes, decide, merge_peers
-from host_runtime.fleet.peers import poll_all, tls_context
+from host_runtime.fleet.peers import peer_client, poll_all, tls_context
 from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
 from host_runtime.fleet.settings import FleetSettings
 
@@ -55,6 +55,7 @@ class Gateway:
             self.tls = tls_context(settings.peer_certificates)
         except (OSError, ssl.SSLError) as exc:
             raise GatewayError(f"peer_certificates: {exc}") from None
+        self.peer_http = peer_client(self.tls)  # polled every few seconds: kept connections
 
     def start_router(self) -> None:
         bundle = self._write_trust_bundle() if self.settings.peer_certificates else None
@@ -100,7 +101,7 @@ class Gateway:
         """One poll of every box, and the router brought in line with what it says."""
         timeout = max(0.5, min(2.0, 2 * self.settings.poll_interval_s))
         peers = merge_peers(self.settings.peers, self.browser.peers() if self.browser else ())
-        reports = poll_all(peers, self.key, timeout, pool, self.tls)
+        reports = poll_all(peers, self.key, timeout, pool, self.peer_http)
         if self.browser:
             for r in reports:
                 if r.caps is None:

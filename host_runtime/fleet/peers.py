@@ -3,12 +3,10 @@ why there is none)."""
 
 from __future__ import annotations
 
-import json
 import ssl
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from host_runtime.common.http_client import HTTPClient, HTTPFailure
 from host_runtime.fleet.capabilities import Capabilities
 from host_runtime.fleet.controller import Report
 
@@ -27,30 +25,36 @@ def tls_context(certificates: tuple[str, ...]) -> ssl.SSLContext:
     return context
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A poll carries the fleet key: a redirect (to anywhere) is an answer, never followed."""
+def peer_client(context: ssl.SSLContext | None = None) -> HTTPClient:
+    """The polls' client: trusting `context` (tls_context's), and never following a redirect: a poll carries the
+    fleet key, and a redirect (to anywhere) is an answer."""
+    return HTTPClient(verify=context if context is not None else True, follow_redirects=False)
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise urllib.error.HTTPError(req.full_url, code, f"redirects to {newurl}, which is not followed", headers, fp)
 
-
-def poll(box: str, key: str, timeout_s: float, context: ssl.SSLContext | None = None) -> Report:
-    req = urllib.request.Request(box.rstrip("/") + PATH, headers={"Authorization": f"Bearer {key}"})
-    opener = urllib.request.build_opener(_NoRedirects, urllib.request.HTTPSHandler(context=context))
+def poll(box: str, key: str, timeout_s: float, client: HTTPClient | None = None) -> Report:
+    url = box.rstrip("/") + PATH
     try:
-        with opener.open(req, timeout=timeout_s) as resp:
-            return Report(box, Capabilities.from_wire(json.loads(resp.read())))
-    except urllib.error.HTTPError as exc:
-        why = "the fleet key is refused (is it in the box's keys?)" if exc.code == 401 else \
-            f"HTTP {exc.code} ({exc.msg})" if 300 <= exc.code < 400 else f"HTTP {exc.code}"
-        return Report(box, None, why)
-    except (OSError, urllib.error.URLError) as exc:
-        return Report(box, None, str(getattr(exc, "reason", exc)))
+        if client is None:
+            with peer_client() as own:
+                answer = own.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=timeout_s)
+        else:
+            answer = client.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=timeout_s)
+    except HTTPFailure as exc:
+        return Report(box, None, exc.why)
+    if answer.status == 401:
+        return Report(box, None, "the fleet key is refused (is it in the box's keys?)")
+    if 300 <= answer.status < 400:
+        where = answer.headers.get("Location", "elsewhere")
+        return Report(box, None, f"HTTP {answer.status} (redirects to {where}, which is not followed)")
+    if not answer.ok:
+        return Report(box, None, f"HTTP {answer.status}")
+    try:
+        return Report(box, Capabilities.from_wire(answer.json()))
     except ValueError as exc:
         return Report(box, None, f"not a capability map: {exc}")
 
 
 def poll_all(boxes: tuple[str, ...], key: str, timeout_s: float, pool: ThreadPoolExecutor,
-             context: ssl.SSLContext | None = None) -> list[Report]:
+             client: HTTPClient) -> list[Report]:
     """Every box at once, so that a box that hangs costs one timeout, not one per box after it."""
-    return list(pool.map(lambda b: poll(b, key, timeout_s, context), boxes))
+    return list(pool.map(lambda b: poll(b, key, timeout_s, client), boxes))

@@ -3,11 +3,9 @@ errors become RouterUnavailable."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from urllib.parse import quote
 
+from host_runtime.common.http_client import HTTPClient, HTTPFailure
 from host_runtime.fleet.controller import Registered, Worker
 
 
@@ -26,30 +24,25 @@ class RouterAPI:
         self.base = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.admin_key = admin_key
+        self._http = HTTPClient()  # the controller asks every few seconds: one kept connection
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if data else {}
-        if self.admin_key:
-            headers["Authorization"] = f"Bearer {self.admin_key}"
-        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            raise RouterUnavailable(f"{method} {path}: HTTP {exc.code} {exc.read()[:200]!r}", exc.code) from None
-        except (OSError, urllib.error.URLError) as exc:
-            raise RouterUnavailable(f"{method} {path}: {getattr(exc, 'reason', exc)}") from None
+            answer = self._http.request(method, self.base + path, json=body, headers=headers, timeout=self.timeout_s)
+        except HTTPFailure as exc:
+            raise RouterUnavailable(f"{method} {path}: {exc.why}") from None
+        if not answer.ok:
+            raise RouterUnavailable(f"{method} {path}: HTTP {answer.status} {answer.body[:200]!r}", answer.status)
         try:
-            return json.loads(raw) if raw.strip() else {}
+            return answer.json() if answer.body.strip() else {}
         except ValueError:
-            raise RouterUnavailable(f"{method} {path}: not JSON: {raw[:200]!r}") from None
+            raise RouterUnavailable(f"{method} {path}: not JSON: {answer.body[:200]!r}") from None
 
     def alive(self) -> bool:
         try:
-            urllib.request.urlopen(self.base + "/liveness", timeout=1.0).close()
-            return True
-        except (OSError, urllib.error.URLError):
+            return self._http.get(self.base + "/liveness", timeout=1.0).ok
+        except HTTPFailure:
             return False
 
     def models(self) -> list[str]:

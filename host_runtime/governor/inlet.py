@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import urllib.error
-import urllib.request
 
 from agent_bmc.schema import chassis_temperature
+from host_runtime.common.http_client import HTTPClient, HTTPFailure
 
 log = logging.getLogger(__name__)
 
@@ -19,13 +17,17 @@ class BmcInletSource:
         self.url = telemetry_url
         self.timeout_s = timeout_s
         self.last_problem: str | None = None
+        self._http = HTTPClient()  # asked every tick: one kept connection
 
     def __call__(self) -> float | None:
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:
-                value = chassis_temperature(json.loads(resp.read()), "inlet")
-        except (OSError, ValueError, urllib.error.URLError) as exc:
-            self._problem(f"the BMC agent at {self.url} did not answer: {exc}")
+            answer = self._http.get(self.url, timeout=self.timeout_s).raise_for_status()
+            value = chassis_temperature(answer.json(), "inlet")
+        except HTTPFailure as exc:
+            self._problem(f"the BMC agent at {self.url} did not answer: {exc.why}")
+            return None
+        except ValueError as exc:
+            self._problem(f"the BMC agent at {self.url} answered something that is not its telemetry: {exc}")
             return None
         if value is None:
             self._problem("the BMC agent has no fresh inlet reading")

@@ -35,6 +35,7 @@ def add_parser(sub) -> None:
 
 def run(parser: argparse.ArgumentParser, args) -> int:
     from host_runtime.common.atomic_file import atomic_write
+    from host_runtime.common.http_client import HTTPFailure
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.fleet.peers import tls_context
     from host_runtime.measure import report as report_doc
@@ -93,7 +94,7 @@ def run(parser: argparse.ArgumentParser, args) -> int:
     try:
         result = survey(boxes, endpoint, requirement, scope="fleet" if args.fleet else "box", gateway=gateway,
                         endpoint_is_box=not args.fleet, progress=lambda s: print(f"measure: {s}", file=sys.stderr))
-    except ProbeError as exc:
+    except (ProbeError, HTTPFailure) as exc:  # HTTPFailure: an answer that broke off while it was read
         print(f"everycycle measure: {exc}", file=sys.stderr)
         return 1
     if bench is not None:

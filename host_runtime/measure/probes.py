@@ -1,6 +1,7 @@
 """The measurements that cross the network (I/O): round trips, link throughput, prefill and decode timings,
-metrics and capability maps, each against a box's API (or the fleet's endpoint) with a key. Standard library
-HTTP only, so that the figures are the link's and the server's, not a client library's."""
+metrics and capability maps, each against a box's API (or the fleet's endpoint) with a key. A connection per
+request (as a client without keep-alive makes), through the box's one HTTP client, the same for every box
+measured."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import json
 import ssl
 import statistics
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass
+
+from host_runtime.common import http_client
 
 
 class ProbeError(Exception):
@@ -24,18 +25,19 @@ class Target:
     key: str
     context: ssl.SSLContext | None = None
 
-    def request(self, path: str, body: dict | None = None, timeout: float = 300):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base.rstrip("/") + path, data=data,
-                                     headers={"Authorization": f"Bearer {self.key}",
-                                              **({"Content-Type": "application/json"} if data else {})})
+    def request(self, path: str, body: dict | None = None, timeout: float = 300) -> http_client.Stream:
+        """The answer, its body still to read; ProbeError for no answer or an error status."""
         try:
-            return urllib.request.urlopen(req, timeout=timeout, context=self.context)
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode("utf-8", "replace")
-            raise ProbeError(f"{self.base}{path}: HTTP {exc.code}: {detail}") from None
-        except (OSError, urllib.error.URLError) as exc:
-            raise ProbeError(f"{self.base}{path}: {getattr(exc, 'reason', exc)}") from None
+            resp = http_client.open_stream(self.base.rstrip("/") + path, method="GET" if body is None else "POST",
+                                           json=body, headers={"Authorization": f"Bearer {self.key}"},
+                                           timeout=timeout, verify=self.context or True)
+        except http_client.HTTPFailure as exc:
+            raise ProbeError(f"{self.base}{path}: {exc.why}") from None
+        if resp.status >= 400:
+            with resp:
+                detail = resp.read(300).decode("utf-8", "replace")
+            raise ProbeError(f"{self.base}{path}: HTTP {resp.status}: {detail}")
+        return resp
 
     def json(self, path: str, body: dict | None = None, timeout: float = 300) -> dict:
         with self.request(path, body, timeout) as resp:
@@ -98,8 +100,8 @@ def stream(t: Target, model: str, messages: list[dict], max_tokens: int) -> dict
     start = time.perf_counter()
     stamps, text = [], []
     with t.request("/v1/chat/completions", body) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
+        for line in resp.lines():
+            line = line.strip()
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[5:])

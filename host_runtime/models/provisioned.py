@@ -15,6 +15,8 @@ import threading
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+import tenacity
+
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.store import Store
@@ -23,6 +25,10 @@ log = logging.getLogger("everycycle.models")
 RECORD = ".provisioned.json"
 RETRY_FIRST_S = 5.0
 RETRY_MAX_S = 600.0
+
+
+class _Stopped(Exception):
+    """stop() came while a pull waited to be tried again."""
 
 
 @dataclass(frozen=True)
@@ -101,29 +107,46 @@ class ProvisionedPull:
         status = self.status
         if self._already_there():
             return self.status
-        delay = RETRY_FIRST_S
         self.store.root.mkdir(parents=True, exist_ok=True)
-        while not self._stop.is_set():
-            self._set(state="pulling", attempts=self.status.attempts + 1, error="",
-                      started_at=self.status.started_at or _now())
-            try:
-                pull(self.store, status.source, status.name, status.sha256, say=log.info, observe=self._observe)
-            except SourceRefused as exc:
-                self._set(state="failed", error=str(exc), finished_at=_now())
-                log.error("the bundle's model %s cannot be pulled: %s (the box keeps serving its built-in model)",
-                          status.name, exc)
-                return self.status
-            except StoreError as exc:
-                if self._already_there():  # pulled meanwhile (an owner's `models pull` of the same file)
-                    return self.status
-                self._set(state="retrying", error=str(exc))
-                log.warning("pulling %s failed (%s); trying again in %.0f s", status.name, exc, delay)
-                self._stop.wait(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
-                continue
-            self._done()
+        # A passing failure (the network, a server's 5xx) is tried again, waiting RETRY_FIRST_S and then twice as
+        # long each time up to RETRY_MAX_S; a refusal (no such file, no access, a wrong hash) ends it; stop() ends
+        # the wait at once.
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(StoreError) & tenacity.retry_if_not_exception_type(SourceRefused),
+            wait=tenacity.wait_exponential(multiplier=RETRY_FIRST_S, max=RETRY_MAX_S),
+            stop=lambda _: self._stop.is_set(), sleep=self._wait_unless_stopped, before_sleep=self._will_retry,
+            reraise=True)
+        try:
+            for attempt in retrying:
+                with attempt:
+                    self._set(state="pulling", attempts=self.status.attempts + 1, error="",
+                              started_at=self.status.started_at or _now())
+                    try:
+                        pull(self.store, status.source, status.name, status.sha256, say=log.info,
+                             observe=self._observe)
+                    except StoreError:
+                        if self._already_there():  # pulled meanwhile (an owner's `models pull` of the same file)
+                            return self.status
+                        raise
+        except SourceRefused as exc:
+            self._set(state="failed", error=str(exc), finished_at=_now())
+            log.error("the bundle's model %s cannot be pulled: %s (the box keeps serving its built-in model)",
+                      status.name, exc)
             return self.status
+        except (StoreError, _Stopped):
+            return self.status  # stop() during a pull or while it waited to try again
+        self._done()
         return self.status
+
+    def _wait_unless_stopped(self, seconds: float) -> None:
+        if self._stop.wait(seconds):
+            raise _Stopped
+
+    def _will_retry(self, retry_state: tenacity.RetryCallState) -> None:
+        exc = retry_state.outcome.exception()
+        self._set(state="retrying", error=str(exc))
+        log.warning("pulling %s failed (%s); trying again in %.0f s", self.status.name, exc,
+                    retry_state.upcoming_sleep)
 
     def _already_there(self) -> bool:
         path = pulled_path(self.store, self.status.name, self.status.sha256)

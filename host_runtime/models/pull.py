@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
+from host_runtime.common import http_client
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.download import Progress, TooLarge, copy_hashing, file_sha256
 from host_runtime.models.errors import SourceRefused, StoreError
@@ -111,18 +110,17 @@ def _pull_http(store: Store, url: str, name: str, say, observe=None) -> tuple[Pa
     already = part.stat().st_size if part.exists() and kept.get("source") == url else 0
     if not already:
         part.unlink(missing_ok=True)
-    request = urllib.request.Request(url, headers={"Range": f"bytes={already}-"} if already else {})
     try:
-        resp = urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 416 and already:  # the part is already whole
-            resp = None
-        else:
-            raise _http_error(exc.code)(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise StoreError(f"{url}: {getattr(exc, 'reason', exc)}") from None
-    if resp is None:
-        return part, file_sha256(part).hexdigest()
+        # A server on the LAN or beyond it (through the environment's proxy, as a download may need).
+        resp = http_client.open_stream(url, headers={"Range": f"bytes={already}-"} if already else {},
+                                       timeout=HTTP_TIMEOUT_S, trust_env=True)
+    except http_client.HTTPFailure as exc:
+        raise StoreError(f"{url}: {exc.why}") from None
+    if resp.status >= 300:
+        resp.close()
+        if resp.status == 416 and already:  # the part is already whole
+            return part, file_sha256(part).hexdigest()
+        raise _http_error(resp.status)(f"{url}: HTTP {resp.status} {resp.reason}")
     resumed = resp.status == 206
     if already and not resumed:
         say(f"{url} does not resume downloads: starting again")

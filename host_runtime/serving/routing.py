@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import fnmatch
 import threading
-import time
 
 from dataclasses import replace
+
+import tenacity
 
 from host_runtime.engine.client import EngineClient
 from host_runtime.engine.errors import RequestRejected
@@ -81,21 +82,25 @@ class Router:
             self._load_waiters.release()
 
     def _wait_for_load(self, client: EngineClient, model: str) -> tuple[EngineClient, EngineInfo]:
-        deadline = time.monotonic() + LOAD_WAIT_S
-        while True:
+        def look() -> EngineInfo | None:
             try:
                 info = client.info(timeout=5.0)
-                if info.ready:
-                    return client, info
-                if info.state == "failed":
-                    raise APIError(500, f"the model '{model}' failed to load: {info.reason}",
-                                   error_type="server_error", code="model_load_failed", param="model")
             except EngineUnavailable:
-                pass  # its engine is starting: the socket comes first
-            if time.monotonic() > deadline:
-                raise APIError(503, f"the model '{model}' is still loading after {LOAD_WAIT_S:.0f} s; retry shortly",
-                               error_type="server_busy", code="model_loading", retry_after=10)
-            time.sleep(POLL_S)
+                return None  # its engine is starting: the socket comes first
+            if info.state == "failed":
+                raise APIError(500, f"the model '{model}' failed to load: {info.reason}",
+                               error_type="server_error", code="model_load_failed", param="model")
+            return info
+
+        def gave_up(_) -> None:
+            raise APIError(503, f"the model '{model}' is still loading after {LOAD_WAIT_S:.0f} s; retry shortly",
+                           error_type="server_busy", code="model_loading", retry_after=10)
+
+        # Ask every POLL_S until it is ready (a failed load is the answer at once), for LOAD_WAIT_S at most.
+        info = tenacity.Retrying(retry=tenacity.retry_if_result(lambda info: info is None or not info.ready),
+                                 wait=tenacity.wait_fixed(POLL_S), stop=tenacity.stop_after_delay(LOAD_WAIT_S),
+                                 retry_error_callback=gave_up)(look)
+        return client, info
 
     def alias_target(self, name: str) -> str | None:
         """The model an alias names: an exact alias first, then the first pattern (in box.toml's order) that

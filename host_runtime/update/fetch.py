@@ -8,11 +8,10 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
+from host_runtime.common import http_client
 from host_runtime.common.atomic_file import replace_directory
 from host_runtime.common.download import Progress, TooLarge, copy_hashing
 from host_runtime.update import release as rel
@@ -49,11 +48,14 @@ class Source:
             except OSError as exc:
                 raise UpdateError(f"{path}: {exc.strerror}") from None
         try:
-            resp = urllib.request.urlopen(self.url + urllib.parse.quote(name), timeout=HTTP_TIMEOUT_S)
-        except urllib.error.HTTPError as exc:
-            raise UpdateError(f"{self.url}{name}: HTTP {exc.code}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise UpdateError(f"{self.url}{name}: {getattr(exc, 'reason', exc)}") from None
+            # A release server on the LAN or beyond it (through the environment's proxy, as a download may need).
+            resp = http_client.open_stream(self.url + urllib.parse.quote(name), timeout=HTTP_TIMEOUT_S,
+                                           trust_env=True)
+        except http_client.HTTPFailure as exc:
+            raise UpdateError(f"{self.url}{name}: {exc.why}") from None
+        if resp.status != 200:
+            resp.close()
+            raise UpdateError(f"{self.url}{name}: HTTP {resp.status}")
         length = resp.headers.get("Content-Length")
         return resp, int(length) if length and length.isdigit() else None
 

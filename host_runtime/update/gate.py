@@ -13,6 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import tenacity
+
 from host_runtime.engine.readiness import QUIET_LIMIT_S, ReadyDeadline
 
 EXPECTED_PROGRAMS = frozenset({"front", "serving", "discovery", "governor", "bmc", "fleet"})
@@ -61,17 +63,15 @@ def ready_document(body: str) -> dict | None:
 
 def look(run_dir: Path, serving_socket: Path) -> tuple[dict | None, tuple[int, str] | None, list[str]]:
     """One look at the box: supervisord's programs, /ready over the API's Unix socket, systemd's failed units."""
-    from host_runtime.common.unix_http import unix_get
-    from host_runtime.common.supervisor_rpc import supervisor_proxy
+    from host_runtime.box_status.sources import serving_get, supervisor_programs
 
     try:
-        programs = {p["name"]: p["statename"]
-                    for p in supervisor_proxy(run_dir / "supervisor.sock").supervisor.getAllProcessInfo()}
+        programs = supervisor_programs(run_dir / "supervisor.sock")
     except Exception:  # xmlrpc and socket errors both mean "not answering yet"
         programs = None
     try:
-        status, body = unix_get(str(serving_socket), "/ready", timeout=60)
-        ready = (status, body.decode(errors="replace"))
+        answer = serving_get("/ready", 60, socket=serving_socket)
+        ready = (answer.status, answer.text())
     except OSError:
         ready = None
     out = subprocess.run(["systemctl", "list-units", "--state=failed", "--plain", "--no-legend"],
@@ -86,17 +86,21 @@ def wait_for_health(timeout_s: float, probe, say, interval_s: float = 5.0, clock
     its time while /ready shows progress; the wait fails after quiet_s (or twice the engine's wedge bound) with
     no sign of it, or after timeout_s in all."""
     watch = ReadyDeadline(quiet_s=quiet_s, cap_s=timeout_s, clock=clock)
-    last = ""
-    while True:
+    said = [""]
+
+    def look() -> tuple[str, str]:
         programs, ready, failed = probe()
         watch.observe(ready_document(ready[1]) if ready else None)
         state, why = verdict(programs, ready, failed)
-        if why != last:
+        if why != said[0]:
             say(f"health gate: {state}: {why}")
-            last = why
-        if state != WAIT:
-            return state == PASS, why
-        over = watch.failed()
-        if over:
-            return False, f"not healthy: {over}; {why}"
-        sleep(interval_s)
+            said[0] = why
+        return state, why
+
+    # Looked at every interval_s while the verdict is WAIT, until the deadline's rule (ReadyDeadline) says enough.
+    state, why = tenacity.Retrying(retry=tenacity.retry_if_result(lambda seen: seen[0] == WAIT),
+                                   stop=lambda _: watch.failed() is not None, wait=tenacity.wait_fixed(interval_s),
+                                   sleep=sleep, retry_error_callback=lambda rs: rs.outcome.result())(look)
+    if state == WAIT:
+        return False, f"not healthy: {watch.failed()}; {why}"
+    return state == PASS, why

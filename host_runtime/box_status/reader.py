@@ -1,4 +1,5 @@
-"""What the console shows, read from what the services publish; never from hardware, never blocking.
+"""The box-status client: what the console's dashboard and `everycycle status` show, read from what the services
+publish; never from hardware, never blocking.
 
 One `StatusReader.read()` per refresh tick reads every source once, each with a bounded
 timeout; a source that does not answer is reported as down with the reason.
@@ -8,187 +9,21 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from host_runtime import __version__
+from host_runtime.box_status.rows import BoxStatus, Serving, Source, models_from_metrics, top_users
+from host_runtime.box_status.sources import serving_get, supervisor_programs
+from host_runtime.common import http_client
+from host_runtime.common.prometheus_text import histogram_quantile, metric_samples, parse_prometheus
 
 TIMEOUT_S = 1.0
 SERVING_TIMEOUT_S = 2.0   # /health and /metrics: cheap even under load
 READY_EVERY_S = 10.0      # /ready runs a real canary: ask it now and then, not every tick
 READY_TIMEOUT_S = 5.0
-
-
-@dataclass
-class Source:
-    ok: bool
-    detail: str = ""
-
-
-@dataclass
-class ModelRow:
-    """A loaded model: the memory it was given and holds, and its generation rate since the last read."""
-    name: str
-    planned_bytes: float | None = None
-    resident_bytes: float | None = None
-    tokens_per_s: float | None = None
-
-
-@dataclass
-class ModelPull:
-    """The bundle's model being pulled at first boot."""
-    name: str
-    state: str
-    done_bytes: float = 0
-    total_bytes: float | None = None
-    rate_bytes_s: float = 0
-
-
-@dataclass
-class Serving:
-    source: Source
-    ready: bool = False
-    ready_reason: str = ""
-    model: str | None = None
-    running: float = 0
-    waiting: float = 0
-    tokens_total: float = 0
-    tokens_per_s: float | None = None
-    ttft_p50_s: float | None = None
-    prefix_hit_ratio: float | None = None
-    backend: dict[str, str] = field(default_factory=dict)   # backend, device, reason (everycycle_backend_info)
-    layers: dict[str, int] = field(default_factory=dict)    # device -> model layers placed there
-    models: list[ModelRow] = field(default_factory=list)    # every loaded model (the pool's)
-    pull: ModelPull | None = None
-    top_users: list[tuple[str, float, float]] = field(default_factory=list)  # (key name, requests, generated)
-
-
-def model_lines(sv: Serving) -> list[str]:
-    """The loaded models and the bundle's pull, a line each: what the console and `everycycle status` show."""
-    def mib(v):
-        return "n/a" if v is None else f"{v / 2**20:,.0f} MiB"
-
-    lines = [f"{m.name}: {mib(m.resident_bytes)} resident of {mib(m.planned_bytes)} planned, "
-             f"{'n/a' if m.tokens_per_s is None else format(m.tokens_per_s, '.1f')} tok/s" for m in sv.models]
-    p = sv.pull
-    if p is not None and p.state != "pulled":
-        done = f"{mib(p.done_bytes)} of {mib(p.total_bytes)}" + (
-            f" ({100 * p.done_bytes / p.total_bytes:.0f} %)" if p.total_bytes else "")
-        lines.append(f"pulling {p.name}: {p.state}, {done}, {p.rate_bytes_s / 2**20:.1f} MiB/s"
-                     if p.state != "failed" else f"pulling {p.name} FAILED (see the serving log)")
-    return lines
-
-
-TOP_USERS = 3
-
-
-def top_users(metrics_text: str) -> list[tuple[str, float, float]]:
-    """The keys that generated most (every model's engine summed), from /metrics' per-key usage: (name, requests,
-    generated tokens), at most TOP_USERS."""
-    usage: dict[str, list[float]] = {}
-    for name, column in (("everycycle_key_requests_total", 0), ("everycycle_key_generated_tokens_total", 1)):
-        for labels, value in metric_samples(metrics_text, name):
-            if "key" in labels:
-                usage.setdefault(labels["key"], [0.0, 0.0])[column] += value
-    ranked = sorted(usage.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
-    return [(key, requests, generated) for key, (requests, generated) in ranked[:TOP_USERS]]
-
-
-def users_line(sv: "Serving") -> str | None:
-    """The top users in a line (the console's and `everycycle status`'s), or None when no key has used the box."""
-    if not sv.top_users:
-        return None
-    return "top users: " + ", ".join(f"{key} {generated:,.0f} tok ({requests:,.0f} req)"
-                                     for key, requests, generated in sv.top_users)
-
-
-@dataclass
-class BoxStatus:
-    box_name: str
-    version: str
-    uptime_s: float
-    api_urls: list[str]
-    serving: Serving
-    gpus: list[dict]
-    governor: Source
-    throttle_level: int | None
-    chassis: list[dict]
-    bmc: Source
-    services: dict[str, str]
-    supervisor: Source
-    cpu_percent: float
-    ram_used_percent: float
-    events: list[dict] = field(default_factory=list)
-    token_history: list[float] = field(default_factory=list)
-    tls_fingerprint: str | None = None
-    system: dict = field(default_factory=dict)  # host_runtime.update.system.status: version, slot, last update
-
-
-def system_line(system: dict) -> str | None:
-    """The image's version and slot and the last update's outcome, one line (None off the box image)."""
-    version, slot = system.get("version", ""), system.get("slot", "")
-    if not version or version.startswith("unavailable"):
-        return None
-    line = f"image {version}" + (f", slot {slot}" if not slot.startswith("unavailable") else "")
-    last = system.get("last_update")
-    if last:
-        line += f"; last update {last.get('target')}: {last.get('phase')} ({last.get('reason')})"
-    return line
-
-
-def parse_prometheus(text: str, ignore_labels: tuple[str, ...] = ("model",)) -> dict[str, float]:
-    """Every sample by its name and labels as written (`name{k="v"}`), parsed by prometheus_client; none if the
-    text is malformed. The `model` label is left out of the key: one box's engine serves one model."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    def key(sample) -> str:
-        labels = {k: v for k, v in sample.labels.items() if k not in ignore_labels}
-        return sample.name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
-
-    try:
-        return {key(s): s.value for family in text_string_to_metric_families(text) for s in family.samples}
-    except ValueError:
-        return {}
-
-
-def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    """Every sample of `name` as (labels, value), parsed by prometheus_client; none if the text is malformed."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        return [(dict(s.labels), s.value) for family in text_string_to_metric_families(text)
-                for s in family.samples if s.name == name]
-    except ValueError:
-        return []
-
-
-def histogram_quantile(metrics: dict[str, float], name: str, q: float) -> float | None:
-    """The q-quantile's bucket bound from a cumulative histogram (upper bound, as Prometheus does)."""
-    buckets = sorted(((float(k.split('le="')[1].rstrip('"}')), v) for k, v in metrics.items()
-                      if k.startswith(name + "_bucket{") and "+Inf" not in k))
-    total = metrics.get(name + "_count", 0)
-    if not total:
-        return None
-    for bound, count in buckets:
-        if count >= q * total:
-            return bound
-    return None
-
-
-def _get(url: str, timeout: float = TIMEOUT_S) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read()
-
-
-def _get_allowing_errors(url: str, timeout: float = TIMEOUT_S) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 @dataclass
@@ -210,38 +45,6 @@ class ConsoleConfig:
     serving_settings: Path | None = None  # serving.toml, whose model the models screen changes
 
 
-def models_from_metrics(metrics_text: str, now: float, last_tokens: dict[str, tuple[float, float]]
-                        ) -> tuple[list[ModelRow], ModelPull | None]:
-    """The loaded models (memory, and tok/s since the reading kept in last_tokens, which is updated) and the
-    bundle's pull, from the serving API's /metrics."""
-    rows: dict[str, ModelRow] = {}
-    for labels, _ in metric_samples(metrics_text, "everycycle_model_loaded"):
-        rows[labels.get("model", "?")] = ModelRow(labels.get("model", "?"))
-    for labels, value in metric_samples(metrics_text, "everycycle_model_memory_bytes"):
-        row = rows.get(labels.get("model"))
-        if row is not None and labels.get("kind") in ("planned", "resident"):
-            setattr(row, f"{labels['kind']}_bytes", value)
-    for labels, tokens in metric_samples(metrics_text, "everycycle_tokens_predicted_total"):
-        row = rows.get(labels.get("model"))
-        if row is None:
-            continue
-        last = last_tokens.get(row.name)
-        if last is not None and now > last[0]:
-            row.tokens_per_s = max(0.0, (tokens - last[1]) / (now - last[0]))
-        last_tokens[row.name] = (now, tokens)
-    pull = None
-    for labels, value in metric_samples(metrics_text, "everycycle_model_pull_state"):
-        if value:
-            pull = ModelPull(labels.get("model", "?"), labels.get("state", "?"))
-    if pull is not None:
-        for name, attr in (("everycycle_model_pull_bytes", "done_bytes"),
-                           ("everycycle_model_pull_size_bytes", "total_bytes"),
-                           ("everycycle_model_pull_rate_bytes", "rate_bytes_s")):
-            for _, value in metric_samples(metrics_text, name):
-                setattr(pull, attr, value)
-    return list(rows.values()), pull
-
-
 class StatusReader:
     def __init__(self, config: ConsoleConfig):
         self.config = config
@@ -257,11 +60,8 @@ class StatusReader:
     # ---- sources ------------------------------------------------------------------
 
     def _serving_get(self, path: str, timeout: float) -> tuple[int, bytes]:
-        if self.config.serving_socket is not None:
-            from host_runtime.common.unix_http import unix_get
-
-            return unix_get(str(self.config.serving_socket), path, timeout)
-        return _get_allowing_errors(self.config.serving_url + path, timeout)
+        answer = serving_get(path, timeout, socket=self.config.serving_socket, url=self.config.serving_url)
+        return answer.status, answer.body
 
     def _serving_ok(self, path: str, timeout: float) -> bytes:
         status, body = self._serving_get(path, timeout)
@@ -342,7 +142,7 @@ class StatusReader:
         if not self.config.bmc_url:
             return Source(False, "no BMC agent configured"), [], []
         try:
-            snap = json.loads(_get(self.config.bmc_url))
+            snap = http_client.get(self.config.bmc_url, timeout=TIMEOUT_S).raise_for_status().json()
         except (OSError, ValueError) as exc:
             return Source(False, f"the BMC agent is not answering: {exc}"), [], []
         state = snap.get("state")
@@ -352,15 +152,11 @@ class StatusReader:
         return source, snap.get("sensors", []), snap.get("events", [])
 
     def services(self) -> tuple[Source, dict[str, str]]:
-        from host_runtime.common.supervisor_rpc import supervisor_proxy
-
         sock = self.config.run_dir / "supervisor.sock"
         try:
-            proxy = supervisor_proxy(sock)
-            infos = proxy.supervisor.getAllProcessInfo()
+            states = supervisor_programs(sock)
         except Exception as exc:  # xmlrpc and socket errors both mean "not answering"
             return Source(False, f"supervisord not answering at {sock}: {exc}"), {}
-        states = {p["name"]: p["statename"] for p in infos}
         for name, state in states.items():
             before = self._last_services.get(name)
             if before is not None and before != state:
