@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -20,7 +21,7 @@ def _keep_owner(fd: int, target: Path, owner: tuple[int, int] | None) -> None:
         st = target.lstat()  # a link in its place is replaced, not followed
     except FileNotFoundError:
         return
-    if (st.st_uid, st.st_gid) != (0, 0) and not os.path.islink(target):
+    if (st.st_uid, st.st_gid) != (0, 0) and not stat.S_ISLNK(st.st_mode):  # the one lstat's answer, not a second look
         os.fchown(fd, st.st_uid, st.st_gid)
 
 
