@@ -71,3 +71,32 @@ def test_root_gives_a_file_its_owner_on_the_open_file(tmp_path):
     (tmp_path / "link").symlink_to(victim)
     atomic_write(tmp_path / "link", b"new", 0o600)  # replaces the link; takes nothing from its target
     assert not (tmp_path / "link").is_symlink() and victim.read_bytes() == b"x"
+
+
+@pytest.mark.root
+def test_root_reads_a_gguf_header_through_an_unprivileged_child(tmp_path):
+    """`models pull/add` as root parsed the download with ggml's C reader as root (#35, item 6). Now a forked child
+    that has become the services' user (nobody here) reads it, from the file root opened: a file only root can
+    open (0600 in a 0700 directory) still reads, the facts are the in-process reader's, and a damaged header is a
+    refusal, not a crash."""
+    import os
+
+    from host_runtime.models import gguf_info
+    from host_runtime.models.errors import StoreError
+    from host_runtime.placement import gguf_c
+    from tests.tiny_gguf import write_tiny_llama
+
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    model = write_tiny_llama(private / "tiny.gguf", n_ctx=256)
+    os.chmod(model, 0o600)
+    doc = gguf_info._facts_unprivileged(model)
+    assert doc["reader_uid"] == gguf_info.unprivileged_ids()[0] != 0
+    with gguf_c.GGUFTable(model) as table:
+        assert (doc["architecture"], doc["context_length"], doc["data_end"]) == (
+            table.value("general.architecture"), table.value("llama.context_length"), table.data_end())
+    assert gguf_info.read_info(model)["context_length"] == 256
+    damaged = private / "damaged.gguf"
+    damaged.write_bytes(model.read_bytes()[:4] + b"\xff" * 60)  # the magic, then a version and counts ggml refuses
+    with pytest.raises(StoreError, match="not a readable GGUF file"):
+        gguf_info.read_info(damaged)

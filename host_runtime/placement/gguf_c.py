@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from pathlib import Path
 
 # enum gguf_type (ggml/include/gguf.h)
@@ -38,7 +39,8 @@ def _lib():
     lib = ctypes.CDLL(str(Path(list(spec.submodule_search_locations)[0]) / "lib" / "libggml-base.so"))
     vp, i64, cs = ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p
     sigs = {
-        "gguf_init_from_file": (vp, [cs, _InitParams]), "gguf_free": (None, [vp]), "ggml_free": (None, [vp]),
+        "gguf_init_from_file": (vp, [cs, _InitParams]), "gguf_init_from_file_ptr": (vp, [vp, _InitParams]),
+        "gguf_free": (None, [vp]), "ggml_free": (None, [vp]),
         "gguf_find_key": (i64, [vp, cs]), "gguf_get_kv_type": (ctypes.c_int, [vp, i64]),
         "gguf_get_val_str": (cs, [vp, i64]), "gguf_get_arr_type": (ctypes.c_int, [vp, i64]),
         "gguf_get_arr_n": (ctypes.c_size_t, [vp, i64]), "gguf_get_arr_data": (vp, [vp, i64]),
@@ -56,14 +58,35 @@ def _lib():
     return lib
 
 
+def _from_fd(lib, fd: int, params: _InitParams):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fdopen.restype, libc.fdopen.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_char_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    own = os.dup(fd)  # fclose closes the FILE's descriptor: a copy, so the caller's stays open
+    os.lseek(own, 0, os.SEEK_SET)
+    stream = libc.fdopen(own, b"rb")
+    if not stream:
+        os.close(own)
+        raise OSError(ctypes.get_errno(), "fdopen failed")
+    try:
+        return lib.gguf_init_from_file_ptr(stream, params)
+    finally:
+        libc.fclose(stream)
+
+
 class GGUFTable:
     """An open GGUF's metadata and tensor descriptions; close() (or `with`) frees ggml's copies."""
 
-    def __init__(self, path):
+    def __init__(self, path=None, *, fd: int | None = None):
+        """From a path, or from an open file descriptor (read from its start; the caller keeps it open): a child
+        that cannot open the file itself reads what its parent opened."""
         lib = self._lib = _lib()
         self._meta = ctypes.c_void_p()
         params = _InitParams(True, ctypes.pointer(self._meta))
-        self._ctx = lib.gguf_init_from_file(str(path).encode(), params)
+        if fd is None:
+            self._ctx = lib.gguf_init_from_file(str(path).encode(), params)
+        else:
+            self._ctx = _from_fd(lib, fd, params)
         if not self._ctx:
             raise ValueError("ggml's reader refused it (not a GGUF, or damaged; llama.cpp's log says why)")
 
