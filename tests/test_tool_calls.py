@@ -88,6 +88,13 @@ def glm_tiny(tmp_path_factory):
     yield from _tiny_server(tmp_path_factory.mktemp("glm"), "tiny-glm", template, ctx=4096)
 
 
+@pytest.fixture(scope="module")
+def deepseek_tiny(tmp_path_factory):
+    """DeepSeek V3.1's own template (tests/templates, from llama.cpp's repository): NAME<｜tool▁sep｜>JSON calls."""
+    template = (Path(__file__).parent / "templates" / "deepseek-ai-DeepSeek-V3.1.jinja").read_text()
+    yield from _tiny_server(tmp_path_factory.mktemp("deepseek"), "tiny-deepseek", template, ctx=4096)
+
+
 def _required_calls(client, model: str, seeds, **extra):
     def one(seed):
         return client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
@@ -185,6 +192,28 @@ def test_a_required_call_always_parses_with_xml_call_templates(request, server, 
         jsonschema.validate(use.input, RAW_STRING_ARGS)
 
 
+def test_a_required_call_always_parses_with_deepseek_v31s_template(deepseek_tiny):
+    """DeepSeek V3.1's own format end to end (#34; its parsing: test_tool_calls_logic): constrained by its grammar
+    (NAME<｜tool▁sep｜>JSON), every answer of a random-weight model is a call of an offered tool whose arguments fit
+    its schema; streamed, the calls arrive as tool_call deltas and no marker leaks into the content."""
+    names = [_check_call(r) for r in _required_calls(deepseek_tiny, "tiny-deepseek", range(40))]
+    assert set(names) <= {"get_weather", "get_time"}
+    stream = deepseek_tiny.chat.completions.create(model="tiny-deepseek", messages=ASK, tools=TOOLS,
+                                                   tool_choice="required", temperature=1.0, seed=5, max_tokens=300,
+                                                   stream=True)
+    calls, content, finish = {}, "", None
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for tc in delta.tool_calls or []:
+            entry = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            entry["name"] += tc.function.name or ""
+            entry["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert calls and "tool" not in content and finish in ("tool_calls", "length")
+    assert all(c["name"] in ("get_weather", "get_time") for c in calls.values())
+
+
 def test_a_named_call_is_that_function(client):
     resp = client.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, temperature=0, max_tokens=200,
                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -210,7 +239,7 @@ def test_a_streamed_call_arrives_as_tool_call_deltas(client):
         json.loads(entry["arguments"])
 
 
-def test_a_conversation_with_a_tool_result_continues(client, hermes_tiny, coder_tiny, glm_tiny):
+def test_a_conversation_with_a_tool_result_continues(client, hermes_tiny, coder_tiny, glm_tiny, deepseek_tiny):
     conversation = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_abc", "type": "function",
@@ -218,7 +247,7 @@ def test_a_conversation_with_a_tool_result_continues(client, hermes_tiny, coder_
         {"role": "tool", "tool_call_id": "call_abc", "content": "18 degrees, sunny"},
     ]
     for c, model in ((client, MODEL_ID), (hermes_tiny, "tiny-hermes"), (coder_tiny, "tiny-coder"),
-                     (glm_tiny, "tiny-glm")):
+                     (glm_tiny, "tiny-glm"), (deepseek_tiny, "tiny-deepseek")):
         resp = c.chat.completions.create(model=model, messages=conversation, tools=TOOLS, temperature=0, max_tokens=8)
         assert resp.choices[0].finish_reason in ("stop", "length", "tool_calls")
         assert resp.usage.prompt_tokens > 20

@@ -285,3 +285,68 @@ def test_glms_calls_are_read_with_their_schemas_types():
     grammar = grammar_for("glm45", CODER_TOOLS, ToolChoice("named", "get_weather")).splitlines()
     assert grammar[:2] == ["root ::= call", 'call ::= "<tool_call>" ( fn-0 ) "</tool_call>"']
     assert grammar[2].startswith('fn-0 ::= "get_weather" "\\n<arg_key>" "city" "</arg_key>\\n<arg_value>" xml-char{0,20}')
+
+
+DS_TEMPLATE = (Path(__file__).parent / "templates" / "deepseek-ai-DeepSeek-V3.1.jinja").read_text()
+# DeepSeek V3.1's calls as the model writes them (its format: name, separator, JSON arguments; chained, no spaces).
+DS_ANSWER = ("Let me look that up.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+             '{"city": "Paris", "unit": "c"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}'
+             "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+
+
+def test_deepseek_v31_calls_are_read_whole_streamed_and_cut():
+    """DeepSeek V3.1's calls came back as plain text (#34)."""
+    assert template_format(DS_TEMPLATE) == "deepseek_v31"
+    content, calls = parse_output(DS_ANSWER, TOOLS)
+    assert content == "Let me look that up."
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Paris", "unit": "c"}),
+                                                      ("get_time", {})]
+    streamed = ToolCallStream(TOOLS)
+    sent = "".join(streamed.feed(DS_ANSWER[i:i + 3]) for i in range(0, len(DS_ANSWER), 3))
+    rest, streamed_calls = streamed.finish()
+    assert (sent + rest) == "Let me look that up." and [c.name for c in streamed_calls] == ["get_weather", "get_time"]
+    cut = DS_ANSWER[:DS_ANSWER.index("get_time") + 12]
+    content, calls = parse_output(cut, TOOLS, truncated=True)
+    assert [c.name for c in calls] == ["get_weather"]
+    assert parse_output(cut, TOOLS) == (cut, [])  # not cut by max_tokens: a malformed answer stays content
+    for bad in ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>rm_rf<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"a": <｜tool▁call▁end｜><｜tool▁calls▁end｜>'):
+        assert parse_output(bad, TOOLS) == (bad, []), bad
+
+
+def test_deepseek_v31_gets_its_tools_in_the_system_message_and_arguments_as_text():
+    """Its template renders no tool list and concatenates a call's arguments as a string."""
+    import jinja2
+
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+    messages, tools = prepare(conversation, "deepseek_v31", [WEATHER, TIME])
+    assert tools is None and messages[0]["content"].startswith("Be brief.\n\n## Tools")
+    assert "### get_weather" in messages[0]["content"] and "<｜tool▁sep｜>tool_call_arguments" in messages[0]["content"]
+    rendered = jinja2.Environment().from_string(DS_TEMPLATE).render(messages=messages, bos_token="<s>",
+                                                                   add_generation_prompt=True)
+    assert ('<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", "unit": "c"}<｜tool▁call▁end｜>'
+            in rendered) and "<｜tool▁output▁begin｜>18 C<｜tool▁output▁end｜>" in rendered
+
+
+def test_the_deepseek_grammar_chains_calls_with_each_tools_own_arguments():
+    from host_runtime.serving.tool_calls import MAX_PARALLEL_CALLS
+
+    grammar = grammar_for("deepseek_v31", TOOLS, ToolChoice("required"))
+    lines = grammar.splitlines()
+    assert lines[0] == (f'root ::= "<｜tool▁calls▁begin｜>" call call{{0,{MAX_PARALLEL_CALLS - 1}}} '
+                        '"<｜tool▁calls▁end｜>"')
+    assert lines[1] == ('call ::= "<｜tool▁call▁begin｜>" ( "get_weather" "<｜tool▁sep｜>" ds0x-root | '
+                        '"get_time" "<｜tool▁sep｜>" ds1x-root ) "<｜tool▁call▁end｜>"')
+    defined = [line.split(" ::=")[0] for line in lines if " ::=" in line]
+    assert len(defined) == len(set(defined))  # each tool's converted rules renamed apart
+    assert any(name.startswith("ds0x-") for name in defined) and any(name.startswith("ds1x-") for name in defined)
+    named = grammar_for("deepseek_v31", TOOLS, ToolChoice("named", "get_time"))
+    assert named.splitlines()[0] == 'root ::= "<｜tool▁calls▁begin｜>" call "<｜tool▁calls▁end｜>"'
+    assert "get_weather" not in named
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    assert LlamaGrammar.from_string(grammar, verbose=False)  # llama.cpp's parser takes it

@@ -6,6 +6,9 @@ Formats, chosen from the GGUF's chat template as llama-server's --jinja mode doe
   glm45    GLM 4.5 and later: <tool_call>NAME<arg_key>KEY</arg_key><arg_value>raw value</arg_value></tool_call>
   llama3   Llama 3.1-3.3: {"name": ..., "parameters": {...}}, optionally after <|python_tag|>
   mistral  Mistral/Nemo: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+  deepseek_v31  DeepSeek V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
+           <｜tool▁calls▁end｜>; its template lists no tools, so they are described in the system message (in the
+           words of DeepSeek's own tool prompt), and it takes a call's arguments as the JSON string
   generic  any other template (SmolLM2's ChatML included): the tools are described in the system message and
            the model answers {"tool_calls": [{"name": ..., "arguments": {...}}]}
 The serving side (serving/tool_calls.py) builds the grammar and parses answers for the same formats.
@@ -15,13 +18,19 @@ from __future__ import annotations
 
 import json
 
-FORMATS = ("hermes", "qwen3_coder", "glm45", "llama3", "mistral", "generic")
+FORMATS = ("hermes", "qwen3_coder", "glm45", "llama3", "mistral", "deepseek_v31", "generic")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+DS_CALLS_BEGIN, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DS_CALL_BEGIN, DS_SEP, DS_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
 MISTRAL_OPEN = "[TOOL_CALLS]"
 PYTHON_TAG = "<|python_tag|>"
 
 
 def template_format(template: str) -> str:
+    # DeepSeek V3.1 writes NAME<｜tool▁sep｜>arguments; R1's older templates write a type and a ```json block there
+    # (not read: they stay generic).
+    if DS_CALL_BEGIN in template and DS_SEP in template and "```json" not in template:
+        return "deepseek_v31"
     if "<function=" in template and "<parameter=" in template:  # inside <tool_call> too: before Hermes
         return "qwen3_coder"
     if "<arg_key>" in template:
@@ -45,6 +54,23 @@ def generic_instructions(functions: list[dict], parallel: bool) -> str:
             "Otherwise answer the user normally.")
 
 
+def deepseek_instructions(functions: list[dict]) -> str:
+    """The system text that describes the tools to DeepSeek V3.1, whose template lists none: the shape of
+    DeepSeek's published tool prompt (each tool's name, description and parameters, then the call format)."""
+    parts = ["## Tools", "You have access to the following tools:"]
+    for f in functions:
+        parts += [f"\n### {f['name']}", f"Description: {f.get('description') or ''}",
+                  f"\nParameters: {json.dumps(f.get('parameters') or {'type': 'object'}, ensure_ascii=False)}"]
+    parts += ["\nIMPORTANT: ALWAYS adhere to this exact format for tool use:",
+              f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}tool_call_name{DS_SEP}tool_call_arguments{DS_CALL_END}"
+              f"{{{{additional_tool_calls}}}}{DS_CALLS_END}",
+              "\nWhere:",
+              "- `tool_call_name` must be an exact match to one of the available tools",
+              "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema",
+              "- For multiple tool calls, chain them directly without separators or spaces"]
+    return "\n".join(parts)
+
+
 def _arguments(text):
     """A call's arguments as the templates want them (an object; HF's convention), from the wire's string."""
     if isinstance(text, str):
@@ -53,6 +79,10 @@ def _arguments(text):
         except ValueError:
             return text
     return text
+
+
+def _arguments_text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def prepare(messages: list[dict], fmt: str, tools: list[dict] | None, parallel: bool = True) -> tuple[list[dict], list[dict] | None]:
@@ -64,8 +94,10 @@ def prepare(messages: list[dict], fmt: str, tools: list[dict] | None, parallel: 
     for m in messages:
         m = dict(m)
         if m.get("tool_calls"):
+            # DeepSeek's template writes the arguments as they came (a JSON string); the others take an object.
+            convert = _arguments_text if fmt == "deepseek_v31" else _arguments
             calls = [{"id": c.get("id"), "type": "function",
-                      "function": {"name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])}}
+                      "function": {"name": c["function"]["name"], "arguments": convert(c["function"]["arguments"])}}
                      for c in m["tool_calls"]]
             if fmt == "generic":
                 text = json.dumps({"tool_calls": [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
@@ -85,9 +117,10 @@ def prepare(messages: list[dict], fmt: str, tools: list[dict] | None, parallel: 
         out.append(m)
     if not tools:
         return out, None
-    if fmt != "generic":
+    if fmt not in ("generic", "deepseek_v31"):
         return out, tools
-    text = generic_instructions([t["function"] for t in tools], parallel)
+    functions = [t["function"] for t in tools]
+    text = deepseek_instructions(functions) if fmt == "deepseek_v31" else generic_instructions(functions, parallel)
     if out and out[0].get("role") == "system":
         out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}"}
     else:

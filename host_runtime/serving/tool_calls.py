@@ -10,7 +10,8 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from host_runtime.engine.tool_format import HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, PYTHON_TAG
+from host_runtime.engine.tool_format import (DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP,
+                                             HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, PYTHON_TAG)
 from host_runtime.serving import tool_calls_xml
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_TOOLS_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
@@ -189,12 +190,63 @@ def _call_grammar(fmt: str, tools: list[Tool], choice: ToolChoice) -> str:
         return _schema_grammar(_call_schema(allowed, fmt))  # one call: Llama 3's format has no list
     if fmt in ("qwen3_coder", "glm45"):
         return tool_calls_xml.grammar(fmt, allowed, parallel, MAX_PARALLEL_CALLS)
+    if fmt == "deepseek_v31":
+        return _deepseek_grammar(allowed, parallel)
     # mistral (its [TOOL_CALLS] marker is a special token a grammar cannot write) and generic: JSON
     items = {"type": "array", "items": _call_schema(allowed, fmt), "minItems": 1,
              "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
     if fmt == "mistral":
         return _schema_grammar(items)
     return _schema_grammar({"type": "object", "properties": {"tool_calls": items}, "required": ["tool_calls"]})
+
+
+_RULE_NAME = re.compile(r"^([\w-]+) ::=", re.M)
+
+
+def _deepseek_grammar(tools: list[Tool], parallel: bool) -> str:
+    """NAME<｜tool▁sep｜>{arguments} per call, the arguments by each tool's own schema: one converted grammar per tool,
+    its rules renamed apart (the converter names them alike: root, space, value...)."""
+    rules, bodies = [], []
+    for i, tool in enumerate(tools):
+        grammar = _schema_grammar(tool.parameters or {"type": "object"})
+        for name in _RULE_NAME.findall(grammar):
+            grammar = _rename_rule(grammar, name, f"ds{i}x-{name}")
+        rules.append(grammar.strip())
+        bodies.append(f"{json.dumps(tool.name)} {json.dumps(DS_SEP, ensure_ascii=False)} ds{i}x-root")
+    call = (f"call ::= {json.dumps(DS_CALL_BEGIN, ensure_ascii=False)} ( {' | '.join(bodies)} ) "
+            f"{json.dumps(DS_CALL_END, ensure_ascii=False)}")
+    root = (f"root ::= {json.dumps(DS_CALLS_BEGIN, ensure_ascii=False)} call"
+            + (f" call{{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else "")
+            + f" {json.dumps(DS_CALLS_END, ensure_ascii=False)}")
+    return "\n".join([root, call, *rules]) + "\n"
+
+
+_DS_CALL = re.compile(re.escape(DS_CALL_BEGIN) + r"(.*?)" + re.escape(DS_SEP) + r"(.*?)" + re.escape(DS_CALL_END), re.S)
+
+
+def _deepseek_calls(text: str, names: set[str], truncated: bool) -> tuple[str | None, list[ToolCall]]:
+    """DeepSeek V3.1's calls: the text before the first call is content; every call whole and of a known tool, or
+    the whole answer stays content (cut by max_tokens: the whole calls before the cut one)."""
+    at = min(i for i in (text.find(DS_CALLS_BEGIN), text.find(DS_CALL_BEGIN)) if i >= 0)
+    content, rest = text[:at].strip(), text[at:]
+    calls, end = [], len(DS_CALLS_BEGIN) if rest.startswith(DS_CALLS_BEGIN) else 0
+    for m in _DS_CALL.finditer(rest, end):
+        if rest[end:m.start()].strip():
+            break  # text between calls: not this format's chain
+        try:
+            args = _loads(m.group(2).strip())
+        except ValueError:
+            args = None
+        name = m.group(1).strip()
+        if name not in names or not isinstance(args, dict):
+            break
+        calls.append(ToolCall(name, args))
+        end = m.end()
+    tail = rest[end:].strip()
+    whole = tail in ("", DS_CALLS_END) or tail.startswith(DS_CALLS_END) and not tail[len(DS_CALLS_END):].strip()
+    if calls and (whole or truncated):
+        return content or None, calls
+    return text, []
 
 
 # ---- the output ----------------------------------------------------------------------------------------------
@@ -274,6 +326,8 @@ def parse_output(text: str, tools: list[Tool], truncated: bool = False) -> tuple
     `truncated`: the answer ended at max_tokens; the whole calls before the cut one are still calls (the cut one is
     dropped, and the finish reason, `length`, says why)."""
     names = {t.name for t in tools}
+    if DS_CALL_BEGIN in text:
+        return _deepseek_calls(text, names, truncated)
     if HERMES_OPEN in text:
         calls, content, rest = [], [], text
         while HERMES_OPEN in rest:
@@ -327,7 +381,7 @@ class ToolCallStream:
     sign of a call (a <tool_call> or [TOOL_CALLS] marker anywhere, or JSON at the very start) the rest is held
     and parsed when the answer ends."""
 
-    OPENERS = (HERMES_OPEN, MISTRAL_OPEN, PYTHON_TAG)
+    OPENERS = (HERMES_OPEN, MISTRAL_OPEN, PYTHON_TAG, DS_CALLS_BEGIN, DS_CALL_BEGIN)
 
     def __init__(self, tools: list[Tool], parallel: bool = True):
         self.tools = tools
