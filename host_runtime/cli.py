@@ -588,7 +588,8 @@ def cmd_serve(parser, args) -> int:
                        governor_state=args.governor_state, pool_socket=pool.control_socket if pool else None,
                        fleet_router=args.fleet_router or settings.fleet_router or None,
                        prefix_cache_shared=args.prefix_cache_shared or settings.prefix_cache_shared,
-                       aliases=tuple(settings.aliases.items()))
+                       aliases=tuple(settings.aliases.items()),
+                       model_store=str(pool.store.root) if pool else None)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = [f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"]

@@ -104,3 +104,53 @@ def test_refusals_are_ollamas_error_shape_naming_the_field(client, server, api_k
     assert err.value.status_code == 401
     with urllib.request.urlopen(f"{server}/api/version", timeout=10) as r:  # open, as Ollama's: tools probe it
         assert json.loads(r.read())["version"]
+
+
+def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path):
+    """/api/pull (#34): the official client's pull, streamed and not, from a loopback file server into a server's own
+    store; the model is then listed. Refusals in Ollama's shape: no registry name, a model already there, a source
+    that is not there, a key kept to some models."""
+    from tests.file_server import serve_files
+    from tests.servers import Proc, everycycle, free_port, ready, wait_for
+    from tests.tiny_gguf import write_tiny_llama
+
+    import subprocess
+
+    keys = tmp_path / "api_keys.json"
+    key = subprocess.run(everycycle("keys", "create", "--keys", str(keys), "owner"), capture_output=True, text=True,
+                         check=True).stdout.strip()
+    limited = subprocess.run(everycycle("keys", "create", "--keys", str(keys), "--models", MODEL_ID, "team"),
+                             capture_output=True, text=True, check=True).stdout.strip()
+    files = tmp_path / "files"
+    files.mkdir()
+    model = write_tiny_llama(files / "tiny.gguf", n_ctx=256)
+    (files / "other.gguf").write_bytes(model.read_bytes())
+    source = serve_files(files)
+    port = free_port()
+    proc = Proc(everycycle("serve", "--port", str(port), "--keys", str(keys), "--threads", "2", "--ctx-size", "512",
+                           "--parallel", "1", "--model-store", str(tmp_path / "store"), "--run-dir",
+                           str(tmp_path / "run")), tmp_path / "serve.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(base), 120, "the server to become ready", proc)
+        client = ollama.Client(host=base, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+        lines = list(client.pull(f"{source.base}/tiny.gguf", stream=True))
+        statuses = [line.status for line in lines]
+        assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
+        downloads = [line for line in lines if line.status == "downloading tiny"]
+        assert downloads and downloads[-1].completed == downloads[-1].total == model.stat().st_size
+        assert "tiny:latest" in [m.model for m in client.list().models]
+        assert client.pull(f"{source.base}/other.gguf").status == "success"  # whole, not streamed
+        for asked, status, words in ((f"{source.base}/tiny.gguf", 400, "already in the store"),
+                                     ("llama3.2", 400, "no Ollama registry"),
+                                     (f"{source.base}/missing.gguf", 400, "HTTP 404")):
+            with pytest.raises(ollama.ResponseError) as err:
+                client.pull(asked)
+            assert err.value.status_code == status and words in err.value.error, err.value.error
+        with pytest.raises(ollama.ResponseError) as err:
+            ollama.Client(host=base, headers={"Authorization": f"Bearer {limited}"}, timeout=60).pull(
+                f"{source.base}/other.gguf")
+        assert err.value.status_code == 403 and "may not pull" in err.value.error
+    finally:
+        proc.stop()
+        source.shutdown()

@@ -70,6 +70,9 @@ def test_schemathesis_finds_no_server_error_and_the_engine_survives(tmp_path, ap
         for name in ("ResponsesRequest", "OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest", "OllamaEmbeddingsRequest",
                      "OllamaShowRequest"):
             doc["components"]["schemas"][name]["properties"]["model"] = pinned
+        # A pull's source pinned to one refused before any download: fuzzed URLs would be real downloads.
+        doc["components"]["schemas"]["OllamaPullRequest"]["properties"]["model"] = {"type": "string",
+                                                                                    "enum": ["llama3.2"]}
         (tmp_path / "openapi.json").write_text(json.dumps(doc))
         report = tmp_path / "junit.xml"
         out = subprocess.run(

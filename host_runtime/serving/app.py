@@ -48,6 +48,7 @@ class AppConfig:
     prefix_cache_shared: bool = False
     # [serving] aliases: (name or pattern a client may ask for, the store model that answers it), in box.toml's order
     aliases: tuple[tuple[str, str], ...] = ()
+    model_store: str | None = None  # the store /api/pull adds to (None: pulls are refused)
 
 
 FLEET_PREFIX = "/fleet/"
@@ -547,6 +548,30 @@ class Ollama:
                      "capabilities": ["embedding"] if info is not None and info.pooling else ["completion", "tools"],
                      "modified_at": ollama_protocol.now_iso()})
 
+    def on_post_pull(self, req, resp):
+        from host_runtime.serving.model_pull import PullJob
+
+        body = read_json(req, self._config.max_body_bytes)
+        source, stream = ollama_protocol.parse_pull(body)
+        policy = req.context.get("key_policy")
+        if policy is not None and policy.models:  # a key kept to some models does not add others to the box
+            raise APIError(403, f"the key {policy.name!r} may use only {', '.join(policy.models)}; it may not pull "
+                                "models", error_type="permission_error", code="pull_not_allowed", param="model")
+        if not self._config.model_store:
+            raise APIError(400, "this server has no model store to pull into (it serves one model file)",
+                           param="model", code="no_model_store")
+        job = PullJob(self._config.model_store, source)
+        job.start()
+        if stream:
+            ndjson_stream(resp, (json.dumps(line).encode() + b"\n" for line in job.lines()))
+            return
+        last = {}
+        for line in job.lines():
+            last = line
+        if job.error is not None:
+            raise job.error
+        _json(resp, last)
+
     def _generation(self, req, resp, kind: str):
         parse = ollama_protocol.parse_chat if kind == "chat" else ollama_protocol.parse_generate
         _, client, info, call = generation_call(req, self._router, self._config, parse,
@@ -623,7 +648,7 @@ def create_app(config: AppConfig) -> falcon.App:
     app.add_route("/v1/responses", Responses(router, config))
     ollama = Ollama(router, config)
     for path, suffix in (("version", "version"), ("tags", "tags"), ("ps", "ps"), ("show", "show"), ("chat", "chat"),
-                         ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed")):
+                         ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed"), ("pull", "pull")):
         app.add_route(f"/api/{path}", ollama, suffix=suffix)
     from host_runtime.serving.capabilities import CapabilitiesResource
 

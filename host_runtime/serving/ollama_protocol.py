@@ -5,7 +5,9 @@ Ollama (Open WebUI's model manager, Continue's `ollama` provider, Home Assistant
 A body is mapped onto the chat/completions schema and checked by its rules (protocol.py), so the limits are the
 same; a refusal names Ollama's field (`options.num_predict`, not `max_tokens`). Accepted and ignored, as they have
 no meaning here: `options` other than those in OPTIONS (top_k, min_p, repeat_penalty, num_ctx, num_gpu, mirostat,
-...), `template`, `context`, `truncate`, `images` (refused when not empty: text only). `think`: a thinking model's
+...), `template`, `context`, `truncate`, `images` (refused when not empty: text only). /api/pull takes a GGUF's
+location (an http(s) URL or hf://OWNER/REPO/FILE.gguf) as the model, as there is no registry; `insecure` is
+ignored. `think`: a thinking model's
 reasoning comes back apart as `thinking` (unless `think` is false, which also asks the template not to think;
 "low"/"medium"/"high" reach templates that read a reasoning effort).
 """
@@ -194,6 +196,22 @@ def parse_embed(body: dict, served: str) -> protocol.EmbeddingCall:
     model_name(body, served)
     data = body.get("input") if "input" in body else body.get("prompt")  # /api/embeddings (legacy) sends prompt
     return protocol.parse_embeddings({"model": served, "input": data}, served)
+
+
+PULL_SCHEMES = ("http://", "https://", "hf://")
+
+
+def parse_pull(body: dict) -> tuple[str, bool]:
+    """(source, stream) of a /api/pull body. There is no Ollama registry here: the model is named by where its GGUF
+    is, an http(s) URL (on the LAN) or hf://OWNER/REPO/FILE.gguf; `insecure` is accepted and ignored."""
+    source = field_of(body, "model", str) or field_of(body, "name", str)  # older clients send `name`
+    if not source:
+        raise bad("'model' is required: where the GGUF is (an http(s) URL, or hf://OWNER/REPO/FILE.gguf)", "model",
+                  "missing_required_parameter")
+    if not source.startswith(PULL_SCHEMES):
+        raise bad(f"'model' {source!r} is not a source this box pulls from: there is no Ollama registry here; give "
+                  "where the GGUF is, an http(s) URL or hf://OWNER/REPO/FILE.gguf", "model")
+    return source, field_of(body, "stream", bool, True)
 
 
 # ---- answers ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,80 @@
+"""A model pulled into the box's store through the API (Ollama's /api/pull), with Ollama's progress lines.
+
+The pull is the store's own (models/pull.py: http(s) URLs on the LAN, hf://OWNER/REPO/FILE.gguf through
+huggingface_hub, resumable, hashed, read as a GGUF before it is admitted), run in a thread of the serving worker;
+its progress comes back as the lines Ollama's clients read: `pulling manifest`, `downloading NAME` with `total`
+and `completed` bytes (at most once a second), `verifying sha256 digest`, `writing manifest`, `success`, or an
+`error`. One pull of a name at a time in this process; a second is refused while the first runs.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from host_runtime.serving.errors import APIError
+
+_running: set[str] = set()
+_running_lock = threading.Lock()
+_DONE = object()
+
+
+class PullJob:
+    """One pull: start() it, then read lines() (each a dict, Ollama's shape) until it ends."""
+
+    def __init__(self, store_root: str, source: str):
+        from host_runtime.models.errors import StoreError
+        from host_runtime.models.manifest import check_name, name_for_file
+        from host_runtime.models.pull import source_file_name
+        from host_runtime.models.store import Store
+
+        self.source = source
+        self.store = Store(Path(store_root))
+        try:
+            self.name = check_name(name_for_file(source_file_name(source)))
+            self.store.refuse_existing(self.name)
+        except StoreError as exc:
+            raise APIError(400, str(exc), param="model") from None
+        self._lines: queue.Queue = queue.Queue()
+        self.error: APIError | None = None
+
+    def start(self) -> None:
+        with _running_lock:
+            if self.name in _running:
+                raise APIError(409, f"'{self.name}' is being pulled already; wait for that pull to end",
+                               error_type="invalid_request_error", code="pull_in_progress", param="model")
+            _running.add(self.name)
+        threading.Thread(target=self._run, name=f"pull-{self.name}", daemon=True).start()
+
+    def lines(self) -> Iterator[dict]:
+        while (line := self._lines.get()) is not _DONE:
+            yield line
+
+    def _run(self) -> None:
+        from host_runtime.models.errors import SourceRefused, StoreError
+        from host_runtime.models.pull import pull
+
+        def observe(progress) -> None:
+            if progress.total is not None and progress.done >= progress.total:
+                self._lines.put({"status": "verifying sha256 digest"})
+            self._lines.put({"status": f"downloading {self.name}", "digest": self.name,
+                             "total": progress.total or 0, "completed": progress.done})
+
+        try:
+            self._lines.put({"status": "pulling manifest"})
+            pull(self.store, self.source, self.name, say=lambda _: None, observe=observe)
+            self._lines.put({"status": "writing manifest"})
+            self._lines.put({"status": "success"})
+        except SourceRefused as exc:  # no such file, no access, not a GGUF, a wrong hash: the request's fault
+            self.error = APIError(400, str(exc), param="model", code="pull_refused")
+            self._lines.put({"error": str(exc)})
+        except StoreError as exc:  # the network, the server, the disk: try again later
+            self.error = APIError(502, f"{exc} (run the same pull again to resume)", error_type="server_error",
+                                  code="pull_failed")
+            self._lines.put({"error": self.error.message})
+        finally:
+            with _running_lock:
+                _running.discard(self.name)
+            self._lines.put(_DONE)
