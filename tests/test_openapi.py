@@ -68,7 +68,7 @@ def test_schemathesis_finds_no_server_error_and_the_engine_survives(tmp_path, ap
         doc["components"]["schemas"]["EmbeddingRequest"]["properties"]["model"] = pinned
         doc["components"]["schemas"]["MessagesRequest"]["properties"]["model"] = pinned
         for name in ("ResponsesRequest", "OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest", "OllamaEmbeddingsRequest",
-                     "OllamaShowRequest"):
+                     "OllamaShowRequest", "RerankRequest"):
             doc["components"]["schemas"][name]["properties"]["model"] = pinned
         # A pull's source pinned to one refused before any download: fuzzed URLs would be real downloads.
         doc["components"]["schemas"]["OllamaPullRequest"]["properties"]["model"] = {"type": "string",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import urllib.error
 import urllib.request
 
 import openai
@@ -159,6 +160,52 @@ def test_an_embedding_model_answers_embeddings_with_its_own_pooling_and_refuses_
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="tiny-embed", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert err.value.code == "model_not_generative" and "embedding model" in err.value.message
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_reranker_scores_documents_for_a_query_best_first(box, tmp_path):
+    """/v1/rerank (#34): a GGUF declaring rank pooling scores each (query, document) pair as llama-server lays it
+    out; the answer is Jina's and Cohere's shape, best first, top_n of them. A pair's score does not depend on the
+    others sent with it; a generating model is no reranker (400), and a reranker answers no embeddings."""
+    import gguf
+
+    base, store, client, _ = box
+    f = write_tiny_llama(tmp_path / "tiny-rank.gguf", n_ctx=256, seed=7, pooling_type=gguf.PoolingType.RANK)
+    store.admit(f, "tiny-rank", "0" * 64, str(f), move=True)
+    assert store.get("tiny-rank").pooling == "rank"
+    docs = ["the cat sat on the mat", "a dog ran far away", {"text": "stocks fell on monday"}, "rain in spain"]
+    status, doc = _post(base + "/v1/rerank", {"model": "tiny-rank", "query": "where is the cat", "documents": docs,
+                                              "top_n": 3, "return_documents": True})
+    assert status == 200 and doc["model"] == "tiny-rank" and doc["usage"]["prompt_tokens"] > 4 * 4, doc
+    results = doc["results"]
+    scores = [r["relevance_score"] for r in results]
+    assert len(results) == 3 and scores == sorted(scores, reverse=True) and len(set(scores)) > 1
+    texts = [d["text"] if isinstance(d, dict) else d for d in docs]
+    assert all(r["document"]["text"] == texts[r["index"]] for r in results)
+    best = results[0]
+    status, alone = _post(base + "/rerank", {"model": "tiny-rank", "query": "where is the cat",
+                                             "documents": [texts[best["index"]]]})
+    assert status == 200 and "document" not in alone["results"][0]
+    assert abs(alone["results"][0]["relevance_score"] - best["relevance_score"]) < 1e-4
+    status, refused = _post(base + "/v1/rerank", {"model": MODEL_ID, "query": "q", "documents": ["d"]})
+    assert status == 400 and refused["error"]["code"] == "model_not_reranker", refused
+    with pytest.raises(openai.BadRequestError) as err:
+        client.embeddings.create(model="tiny-rank", input=["x"])
+    assert err.value.code == "model_not_embedding"
+    for body, param in (({"model": "tiny-rank", "documents": ["d"]}, "query"),
+                        ({"model": "tiny-rank", "query": "q", "documents": []}, "documents"),
+                        ({"model": "tiny-rank", "query": "q", "documents": ["d", 3]}, "documents[1]"),
+                        ({"model": "tiny-rank", "query": "q", "documents": ["d"], "top_n": 0}, "top_n")):
+        status, refused = _post(base + "/v1/rerank", body)
+        assert status == 400 and refused["error"]["param"] == param, refused
 
 
 def test_the_capability_map_says_what_each_model_can_take_now(box):

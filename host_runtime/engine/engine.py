@@ -307,9 +307,19 @@ class Engine:
         for i, tokens in enumerate(token_lists):
             if not tokens:
                 raise RequestRejected(400, f"input[{i}] is empty", param="input")
+        return self._pooled(token_lists, "input", cancelled)
+
+    def rank(self, query: str, documents: list[str], cancelled=lambda: False) -> tuple[list[float], int]:
+        """A reranker's score of each document for the query (each pair pooled as embed's inputs are), and the
+        total token count."""
+        return self._pooled([self.model.rerank_tokens(query, d) for d in documents], "documents", cancelled,
+                            lambda vectors: [v[0] for v in vectors])
+
+    def _pooled(self, token_lists: list[list[int]], param: str, cancelled, shape=lambda vectors: vectors):
+        for i, tokens in enumerate(token_lists):
             if len(tokens) > self.model.n_ctx_per_seq:
-                raise RequestRejected(400, f"input[{i}] is {len(tokens)} tokens; the limit is "
-                                      f"{self.model.n_ctx_per_seq}", param="input", code="context_length_exceeded")
+                raise RequestRejected(400, f"{param}[{i}] is {len(tokens)} tokens; the limit is "
+                                      f"{self.model.n_ctx_per_seq}", param=param, code="context_length_exceeded")
         job = _EmbeddingJob(token_lists)
         with self._cv:
             if len(self._embed_jobs) >= self.max_waiting:
@@ -326,7 +336,7 @@ class Engine:
             job.done.wait(EMBED_CANCEL_POLL_S)
         if job.error is not None:
             raise job.error
-        return job.vectors, sum(len(t) for t in token_lists)
+        return shape(job.vectors), sum(len(t) for t in token_lists)
 
     def _embed_next(self) -> None:
         """The oldest embedding request's next input (loop thread); a request is done after its last."""

@@ -226,6 +226,26 @@ class LoadedModel:
     def add_bos(self) -> bool:
         return self.model.add_bos_token()
 
+    def rerank_tokens(self, query: str, document: str) -> list[int]:
+        """One (query, document) pair as a reranker reads it, laid out as llama-server does: the GGUF's rerank
+        template ({query} and {document} filled in) where it has one (Qwen3-Reranker), else [BOS] query [EOS]
+        [SEP] document [EOS], each special token where the vocabulary adds it. The texts are plain text."""
+        import llama_cpp
+
+        template = self.metadata.get("tokenizer.chat_template.rerank")
+        if template:
+            prompt = template.replace("{query}", query).replace("{document}", document)
+            return self.tokenize(prompt, add_bos=False, special=True)
+        vocab = self.model.vocab
+        eos = llama_cpp.llama_vocab_eos(vocab)
+        if eos < 0:
+            eos = llama_cpp.llama_vocab_sep(vocab)
+        add_eos = llama_cpp.llama_vocab_get_add_eos(vocab)
+        tokens = [llama_cpp.llama_vocab_bos(vocab)] if self.add_bos() else []
+        tokens += self.tokenize(query, add_bos=False, special=False) + ([eos] if add_eos else [])
+        tokens += [llama_cpp.llama_vocab_sep(vocab)] if llama_cpp.llama_vocab_get_add_sep(vocab) else []
+        return tokens + self.tokenize(document, add_bos=False, special=False) + ([eos] if add_eos else [])
+
     def fim_tokens(self) -> dict[str, int]:
         """The vocabulary's fill-in-the-middle tokens it has (pre, suf, mid; rep and sep for other files)."""
         import llama_cpp

@@ -124,7 +124,8 @@ class LlamaRunner:
     # ---- embeddings -------------------------------------------------------------------------------------------
 
     def embed(self, tokens: list[int]) -> list[float]:
-        """One input's pooled, unit-length embedding (the embeddings context: engine.model)."""
+        """One input's pooled, unit-length embedding (the embeddings context: engine.model); a reranker's input (a
+        query and document pair) gives [its score]."""
         import llama_cpp
         from llama_cpp._internals import LlamaBatch
 
@@ -135,6 +136,10 @@ class LlamaRunner:
         rc = llama_cpp.llama_decode(ctx.ctx, batch.batch)
         if rc != 0:
             raise DecodeFailed(f"llama_decode returned {rc}")
+        if self.model.pooling == "rank":  # a reranker: its pooling gives the pair's score (llama.cpp's first of
+            score = float(ctx.get_embeddings_seq(0)[0])  # n_cls_out floats), not a vector to normalise
+            ctx.kv_cache_clear()
+            return [score]
         n_embd = self.model.model.n_embd()
         vec = np.ctypeslib.as_array(ctx.get_embeddings_seq(0), shape=(n_embd,)).astype(np.float64)
         ctx.kv_cache_clear()

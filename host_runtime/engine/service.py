@@ -321,6 +321,14 @@ class EngineService:
         vectors, n_tokens = self.engine.embed(list(request.inputs), cancelled)
         return wire.Embeddings(vectors, n_tokens)
 
+    def rank(self, request: wire.Rank, cancelled=lambda: False) -> wire.Scores:
+        self._check_ready()
+        if self.model.pooling != "rank":
+            raise RequestRejected(400, f"'{self.model_id}' is not a reranking model (its GGUF declares no rank "
+                                  "pooling): load a reranker GGUF to rerank", param="model", code="model_not_reranker")
+        scores, n_tokens = self.engine.rank(request.query, list(request.documents), cancelled)
+        return wire.Scores(scores, n_tokens)
+
 
 def _cache_scope(name) -> int | None:
     """The prefix cache's scope for a request (the serving API names it: the API key's name, or none: shared)."""
@@ -338,7 +346,8 @@ class _Handler(socketserver.BaseRequestHandler):
         answer = {wire.Info: service.info, wire.Metrics: service.metrics_text, wire.Ready: service.readiness,
                   wire.CountTokens: service.count_tokens, wire.Tokenize: service.tokenize,
                   wire.Detokenize: service.detokenize,
-                  wire.Embed: lambda r: service.embed(r, lambda: peer_closed(sock))}[type(request)]
+                  wire.Embed: lambda r: service.embed(r, lambda: peer_closed(sock)),
+                  wire.Rank: lambda r: service.rank(r, lambda: peer_closed(sock))}[type(request)]
         try:
             reply = answer(request)
         except RequestRejected as exc:

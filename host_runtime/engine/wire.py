@@ -160,6 +160,14 @@ class Embed:
 
 
 @dataclass(frozen=True)
+class Rank:
+    """A reranker's scores of documents for a query (a model with rank pooling)."""
+    op: ClassVar[str] = "rank"
+    query: str
+    documents: list[str]
+
+
+@dataclass(frozen=True)
 class Info:
     op: ClassVar[str] = "info"
 
@@ -177,7 +185,8 @@ class Ready:
     wait: float = 2.0
 
 
-REQUESTS = {cls.op: cls for cls in (Generate, CountTokens, Tokenize, Detokenize, Embed, Info, Metrics, Ready)}
+REQUESTS = {cls.op: cls for cls in (Generate, CountTokens, Tokenize, Detokenize, Embed, Rank, Info, Metrics,
+                                     Ready)}
 
 
 def request_to_wire(request) -> dict:
@@ -298,6 +307,13 @@ class Embeddings:
 
 
 @dataclass(frozen=True)
+class Scores:
+    type: ClassVar[str] = "scores"
+    scores: list[float]   # one per document, in the request's order
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
 class MetricsText:
     type: ClassVar[str] = "metrics"
     text: str
@@ -333,9 +349,9 @@ VERDICT = "verdict"  # readiness.Verdict's tag on the wire (it is readiness's ow
 
 
 EVENTS = {cls.type: cls for cls in (Accepted, Token, Finish, Done, Error, TokenCount, Tokenized, Detokenized,
-                                     Embeddings, MetricsText, EngineInfo)}
+                                     Embeddings, Scores, MetricsText, EngineInfo)}
 REPLY_OF = {Generate: Accepted, CountTokens: TokenCount, Tokenize: Tokenized, Detokenize: Detokenized,
-            Embed: Embeddings, Info: EngineInfo, Metrics: MetricsText, Ready: Verdict}
+            Embed: Embeddings, Rank: Scores, Info: EngineInfo, Metrics: MetricsText, Ready: Verdict}
 FINAL = (Done, Error)  # the events that end a generation's stream
 
 

@@ -617,6 +617,21 @@ class Embeddings:
                                                client_watch(req)))
 
 
+class Rerank:
+    """llama-server's /v1/rerank (and /rerank): a reranker GGUF's scores of documents for a query."""
+
+    def __init__(self, router: Router, config: AppConfig):
+        self._router = router
+        self._config = config
+
+    def on_post(self, req, resp):
+        body = read_json(req, self._config.max_body_bytes)
+        check_model_allowed(req.context.get("key_policy"), body.get("model"), self._router)
+        client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
+        _json(resp, ServingLogic(client).rerank(protocol.parse_rerank(body, info.model_id), info.model_id,
+                                                client_watch(req)))
+
+
 def create_app(config: AppConfig) -> falcon.App:
     # The grammar converter (tools, response_format) pulls in llama_cpp and numpy. Imported here, before the
     # worker's threads serve: a first import of it in a request thread while another thread was importing failed
@@ -642,6 +657,9 @@ def create_app(config: AppConfig) -> falcon.App:
     app.add_route("/v1/completions", Generation(router, config, "completion"))
     app.add_route("/infill", Infill(router, config))
     app.add_route("/v1/embeddings", Embeddings(router, config))
+    rerank = Rerank(router, config)
+    app.add_route("/v1/rerank", rerank)
+    app.add_route("/rerank", rerank)
     messages = Messages(router, config)
     app.add_route("/v1/messages", messages)
     app.add_route("/v1/messages/count_tokens", messages, suffix="count")

@@ -13,7 +13,7 @@ from host_runtime.engine import wire
 from host_runtime.engine.client import EngineClient, GenerationStream
 from host_runtime.engine.ipc import ClientGone, EngineUnavailable, MessageTooLarge
 from host_runtime.serving.errors import APIError, body_of
-from host_runtime.serving.protocol import EmbeddingCall, GenerationCall
+from host_runtime.serving.protocol import EmbeddingCall, GenerationCall, RerankCall
 from host_runtime.serving.reasoning import ReasoningSplit
 
 FIRST_EVENT_TIMEOUT_S = 15.0
@@ -248,6 +248,15 @@ class ServingLogic:
             yield b"data: " + json.dumps(engine_down(exc).body()).encode() + b"\n\n"
         finally:
             stream.close()
+
+    def rerank(self, call: RerankCall, model_id: str, client_gone=None) -> dict:
+        """The documents by their score for the query, best first, the first top_n (Jina's and Cohere's shape)."""
+        reply = call_engine(self.client, wire.Rank(call.query, call.documents), IDLE_EVENT_TIMEOUT_S, client_gone)
+        order = sorted(range(len(reply.scores)), key=lambda i: -reply.scores[i])[:call.top_n]
+        results = [{"index": i, "relevance_score": reply.scores[i],
+                    **({"document": {"text": call.documents[i]}} if call.return_documents else {})} for i in order]
+        return {"object": "list", "model": model_id, "results": results,
+                "usage": {"prompt_tokens": reply.prompt_tokens, "total_tokens": reply.prompt_tokens}}
 
     def embed(self, call: EmbeddingCall, model_id: str, client_gone=None) -> dict:
         reply = call_engine(self.client, wire.Embed(call.inputs), IDLE_EVENT_TIMEOUT_S, client_gone)

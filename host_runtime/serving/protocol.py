@@ -486,6 +486,40 @@ def parse_embeddings(body: dict, served_model: str) -> EmbeddingCall:
     return EmbeddingCall(inputs, fmt)
 
 
+@dataclass(frozen=True)
+class RerankCall:
+    query: str
+    documents: list[str]
+    top_n: int
+    return_documents: bool
+
+
+def parse_rerank(body: dict, served_model: str) -> RerankCall:
+    """llama-server's /v1/rerank, in Jina's and Cohere's shape: a query, documents (strings, or objects with a
+    `text`), top_n (default: all), return_documents (default false)."""
+    check_model(body, served_model)
+    query = field_of(body, "query", str)
+    if not query:
+        raise bad("'query' is required and must not be empty", "query", "missing_required_parameter")
+    documents = body.get("documents")
+    if not isinstance(documents, list) or not documents:
+        raise bad("'documents' must be a non-empty array of strings", "documents",
+                  "missing_required_parameter" if documents is None else "invalid_type")
+    if len(documents) > MAX_EMBEDDING_INPUTS:
+        raise bad(f"'documents' has {len(documents)} items; at most {MAX_EMBEDDING_INPUTS} are allowed", "documents")
+    texts = []
+    for i, doc in enumerate(documents):
+        text = doc.get("text") if isinstance(doc, dict) else doc
+        if not isinstance(text, str):
+            raise bad(f"'documents[{i}]' must be a string (or an object with a string 'text')", f"documents[{i}]",
+                      "invalid_type")
+        texts.append(text)
+    top_n = field_of(body, "top_n", int, len(texts))
+    if top_n < 1:
+        raise bad(f"'top_n' must be at least 1, got {top_n}", "top_n")
+    return RerankCall(query, texts, min(top_n, len(texts)), field_of(body, "return_documents", bool, False))
+
+
 MAX_DETOKENIZE = 1 << 16
 
 
