@@ -603,33 +603,23 @@ class Ollama:
                      "prompt_eval_count": doc["usage"]["prompt_tokens"]})
 
 
-class Embeddings:
-    def __init__(self, router: Router, config: AppConfig):
+class Pooled:
+    """The endpoints of a pooling model, answered whole: /v1/embeddings (ServingLogic.embed) and /v1/rerank
+    (ServingLogic.rerank, llama-server's, for a reranker GGUF). `parse(body, model_id)` checks the body, and
+    `answer(logic, call, model_id, client_gone)` is the ServingLogic method that answers it."""
+
+    def __init__(self, router: Router, config: AppConfig, parse, answer):
         self._router = router
         self._config = config
+        self._parse = parse
+        self._answer = answer
 
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         check_model_allowed(req.context.get("key_policy"), body.get("model"), self._router)
         client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
-        model_id = info.model_id
-        _json(resp, ServingLogic(client).embed(protocol.parse_embeddings(body, model_id), model_id,
-                                               client_watch(req)))
-
-
-class Rerank:
-    """llama-server's /v1/rerank (and /rerank): a reranker GGUF's scores of documents for a query."""
-
-    def __init__(self, router: Router, config: AppConfig):
-        self._router = router
-        self._config = config
-
-    def on_post(self, req, resp):
-        body = read_json(req, self._config.max_body_bytes)
-        check_model_allowed(req.context.get("key_policy"), body.get("model"), self._router)
-        client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
-        _json(resp, ServingLogic(client).rerank(protocol.parse_rerank(body, info.model_id), info.model_id,
-                                                client_watch(req)))
+        _json(resp, self._answer(ServingLogic(client), self._parse(body, info.model_id), info.model_id,
+                                 client_watch(req)))
 
 
 def create_app(config: AppConfig) -> falcon.App:
@@ -656,8 +646,8 @@ def create_app(config: AppConfig) -> falcon.App:
     app.add_route("/v1/chat/completions", Generation(router, config, "chat"))
     app.add_route("/v1/completions", Generation(router, config, "completion"))
     app.add_route("/infill", Infill(router, config))
-    app.add_route("/v1/embeddings", Embeddings(router, config))
-    rerank = Rerank(router, config)
+    app.add_route("/v1/embeddings", Pooled(router, config, protocol.parse_embeddings, ServingLogic.embed))
+    rerank = Pooled(router, config, protocol.parse_rerank, ServingLogic.rerank)
     app.add_route("/v1/rerank", rerank)
     app.add_route("/rerank", rerank)
     messages = Messages(router, config)
