@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from host_runtime.serving.errors import APIError
-from host_runtime.engine.tool_format import prepare, template_format
+from host_runtime.engine.tool_format import prepare, template_format, wants_argument_text
 from host_runtime.serving.tool_calls import (ToolCallStream, ToolChoice, grammar_for, parse_output, parse_tool_choice,
                                              parse_tools)
 
@@ -316,20 +316,30 @@ def test_deepseek_v31_calls_are_read_whole_streamed_and_cut():
 
 def test_deepseek_v31_gets_its_tools_in_the_system_message_and_arguments_as_text():
     """Its template renders no tool list and concatenates a call's arguments as a string."""
-    import jinja2
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
                     {"role": "assistant", "content": None, "tool_calls": [
                         {"id": "call_1", "type": "function",
                          "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}}]},
                     {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
-    messages, tools = prepare(conversation, "deepseek_v31", [WEATHER, TIME])
-    assert tools is None and messages[0]["content"].startswith("Be brief.\n\n## Tools")
-    assert "### get_weather" in messages[0]["content"] and "<｜tool▁sep｜>tool_call_arguments" in messages[0]["content"]
-    rendered = jinja2.Environment().from_string(DS_TEMPLATE).render(messages=messages, bos_token="<s>",
-                                                                   add_generation_prompt=True)
-    assert ('<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", "unit": "c"}<｜tool▁call▁end｜>'
-            in rendered) and "<｜tool▁output▁begin｜>18 C<｜tool▁output▁end｜>" in rendered
+    # DeepSeek's own template joins the arguments' string; llama.cpp's edited copy writes an object with tojson.
+    edited = (Path(__file__).parent / "templates" / "deepseek-ai-DeepSeek-V3.1-tojson.jinja").read_text()
+    assert wants_argument_text(DS_TEMPLATE) and not wants_argument_text(edited) and template_format(edited) == \
+        "deepseek_v31"
+    for template in (DS_TEMPLATE, edited):
+        messages, tools = prepare(conversation, "deepseek_v31", [WEATHER, TIME], argument_text=wants_argument_text(
+            template))
+        assert tools is None and messages[0]["content"].startswith("Be brief.\n\n## Tools")
+        assert "### get_weather" in messages[0]["content"]
+        assert "<｜tool▁sep｜>tool_call_arguments" in messages[0]["content"]
+        rendered = Jinja2ChatFormatter(template=template, eos_token="</s>", bos_token="<s>",
+                                       add_generation_prompt=True)(messages=messages).prompt  # the engine's renderer
+        at = rendered.rindex("<｜tool▁call▁begin｜>")  # the conversation's call, after the instructions' example
+        call = rendered[at:rendered.index("<｜tool▁call▁end｜>", at)]
+        assert call.startswith("<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{")  # JSON, never a quoted string
+        assert json.loads(call.split("<｜tool▁sep｜>")[1]) == {"city": "Paris", "unit": "c"}
+        assert "<｜tool▁output▁begin｜>18 C<｜tool▁output▁end｜>" in rendered
 
 
 def test_the_deepseek_grammar_chains_calls_with_each_tools_own_arguments():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from host_runtime.engine.errors import RequestRejected
-from host_runtime.engine.tool_format import prepare, template_format
+from host_runtime.engine.tool_format import prepare, template_format, wants_argument_text
 
 # What the template is rendered with: a request's own variables may not replace these.
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "eos_token", "bos_token", "raise_exception",
@@ -44,7 +44,8 @@ class PromptBuilder:
         """The conversation rendered with the template (and the request's own template variables), tokenized."""
         from host_runtime.serving.reasoning import prompt_thinking
 
-        messages, tools = prepare(messages, self.tool_format, tools, parallel_tool_calls)
+        messages, tools = prepare(messages, self.tool_format, tools, parallel_tool_calls,
+                                  wants_argument_text(self._model.chat_template))
         if template_kwargs is not None and not isinstance(template_kwargs, dict):
             raise RequestRejected(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
         extra = dict(template_kwargs or {})

@@ -8,7 +8,7 @@ Formats, chosen from the GGUF's chat template as llama-server's --jinja mode doe
   mistral  Mistral/Nemo: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
   deepseek_v31  DeepSeek V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
            <｜tool▁calls▁end｜>; its template lists no tools, so they are described in the system message (in the
-           words of DeepSeek's own tool prompt), and it takes a call's arguments as the JSON string
+           words of DeepSeek's own tool prompt)
   generic  any other template (SmolLM2's ChatML included): the tools are described in the system message and
            the model answers {"tool_calls": [{"name": ..., "arguments": {...}}]}
 The serving side (serving/tool_calls.py) builds the grammar and parses answers for the same formats.
@@ -17,6 +17,7 @@ The serving side (serving/tool_calls.py) builds the grammar and parses answers f
 from __future__ import annotations
 
 import json
+import re
 
 FORMATS = ("hermes", "qwen3_coder", "glm45", "llama3", "mistral", "deepseek_v31", "generic")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -71,6 +72,15 @@ def deepseek_instructions(functions: list[dict]) -> str:
     return "\n".join(parts)
 
 
+# A template that joins a call's arguments into its text with `+` (DeepSeek V3.1's own) needs them as the JSON
+# string; one that writes them with `| tojson` (most, and llama.cpp's edited copy of DeepSeek's) as an object.
+_JOINS_ARGUMENTS = re.compile(r"""(\[['"]arguments['"]\]|\.arguments)\s*\+""")
+
+
+def wants_argument_text(template: str) -> bool:
+    return bool(_JOINS_ARGUMENTS.search(template or ""))
+
+
 def _arguments(text):
     """A call's arguments as the templates want them (an object; HF's convention), from the wire's string."""
     if isinstance(text, str):
@@ -85,17 +95,18 @@ def _arguments_text(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def prepare(messages: list[dict], fmt: str, tools: list[dict] | None, parallel: bool = True) -> tuple[list[dict], list[dict] | None]:
+def prepare(messages: list[dict], fmt: str, tools: list[dict] | None, parallel: bool = True,
+            argument_text: bool = False) -> tuple[list[dict], list[dict] | None]:
     """(messages, tools) to render with the template. Templates that know tools get them, with assistant calls'
-    arguments as objects and tool results as 'tool' messages; the generic format writes both into the text."""
+    arguments as objects (as JSON text where `argument_text`: wants_argument_text) and tool results as 'tool'
+    messages; the generic format writes both into the text."""
     names = {c.get("id"): c.get("function", {}).get("name")
              for m in messages for c in (m.get("tool_calls") or [])}
     out: list[dict] = []
     for m in messages:
         m = dict(m)
         if m.get("tool_calls"):
-            # DeepSeek's template writes the arguments as they came (a JSON string); the others take an object.
-            convert = _arguments_text if fmt == "deepseek_v31" else _arguments
+            convert = _arguments_text if argument_text else _arguments
             calls = [{"id": c.get("id"), "type": "function",
                       "function": {"name": c["function"]["name"], "arguments": convert(c["function"]["arguments"])}}
                      for c in m["tool_calls"]]
