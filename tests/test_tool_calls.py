@@ -95,6 +95,26 @@ def deepseek_tiny(tmp_path_factory):
     yield from _tiny_server(tmp_path_factory.mktemp("deepseek"), "tiny-deepseek", template, ctx=4096)
 
 
+@pytest.fixture(scope="module")
+def harmony_tiny(tmp_path_factory):
+    """gpt-oss's own template (tests/templates, from llama.cpp) and its harmony markers as the vocabulary's control
+    tokens: llama.cpp renders the channel markers as text and ends a generation at <|return|> or <|call|>."""
+    from tests.tiny_gguf import HARMONY_SPECIALS
+
+    d = tmp_path_factory.mktemp("harmony")
+    template = (Path(__file__).parent / "templates" / "openai-gpt-oss-120b.jinja").read_text()
+    model = write_tiny_llama(d / "tiny-harmony.gguf", n_ctx=4096, chat_template=template, specials=HARMONY_SPECIALS)
+    port = free_port()
+    proc = Proc(everycycle("serve", "--port", str(port), "--model", str(model), "--threads", "2", "--workers", "1",
+                           "--parallel", "4", "--ctx-size", "4096", "--run-dir", str(d)), d / "serve.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(base), 60, "the harmony server", proc)
+        yield openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    finally:
+        proc.stop()
+
+
 def _required_calls(client, model: str, seeds, **extra):
     def one(seed):
         return client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
@@ -212,6 +232,38 @@ def test_a_required_call_always_parses_with_deepseek_v31s_template(deepseek_tiny
         finish = chunk.choices[0].finish_reason or finish
     assert calls and "tool" not in content and finish in ("tool_calls", "length")
     assert all(c["name"] in ("get_weather", "get_time") for c in calls.values())
+
+
+def test_a_required_call_always_parses_with_gpt_oss_harmony(harmony_tiny):
+    """gpt-oss's calls came back as plain text (#34): constrained to one commentary message to a function, every
+    answer of a random-weight model with gpt-oss's template and markers is a call of an offered tool whose JSON
+    arguments fit its schema, whole and streamed; no channel marker reaches the content."""
+    # Strings checked as raw ones (RAW_STRING_ARGS above): this model writes byte tokens that are not UTF-8.
+    names = [_check_call(r, raw_strings=True) for r in _required_calls(harmony_tiny, "tiny-harmony", range(40))]
+    assert set(names) <= {"get_weather", "get_time"}
+    stream = harmony_tiny.chat.completions.create(model="tiny-harmony", messages=ASK, tools=TOOLS,
+                                                  tool_choice="required", temperature=1.0, seed=5, max_tokens=300,
+                                                  stream=True)
+    calls, content, finish = {}, "", None
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for tc in delta.tool_calls or []:
+            entry = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            entry["name"] += tc.function.name or ""
+            entry["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert calls and "<|" not in content and finish in ("tool_calls", "length")
+    assert all(c["name"] in ("get_weather", "get_time") for c in calls.values())
+    # A conversation with a call and its result renders with the template, and the answer holds no marker.
+    conversation = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_abc", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": "18 degrees, sunny"}]
+    resp = harmony_tiny.chat.completions.create(model="tiny-harmony", messages=conversation, tools=TOOLS,
+                                                temperature=0, max_tokens=8)
+    assert resp.choices[0].finish_reason in ("stop", "length", "tool_calls") and resp.usage.prompt_tokens > 100
 
 
 def test_a_named_call_is_that_function(client):

@@ -349,11 +349,11 @@ def test_the_deepseek_grammar_chains_calls_with_each_tools_own_arguments():
     lines = grammar.splitlines()
     assert lines[0] == (f'root ::= "<｜tool▁calls▁begin｜>" call call{{0,{MAX_PARALLEL_CALLS - 1}}} '
                         '"<｜tool▁calls▁end｜>"')
-    assert lines[1] == ('call ::= "<｜tool▁call▁begin｜>" ( "get_weather" "<｜tool▁sep｜>" ds0x-root | '
-                        '"get_time" "<｜tool▁sep｜>" ds1x-root ) "<｜tool▁call▁end｜>"')
+    assert lines[1] == ('call ::= "<｜tool▁call▁begin｜>" ( "get_weather" "<｜tool▁sep｜>" args0x-root | '
+                        '"get_time" "<｜tool▁sep｜>" args1x-root ) "<｜tool▁call▁end｜>"')
     defined = [line.split(" ::=")[0] for line in lines if " ::=" in line]
     assert len(defined) == len(set(defined))  # each tool's converted rules renamed apart
-    assert any(name.startswith("ds0x-") for name in defined) and any(name.startswith("ds1x-") for name in defined)
+    assert any(name.startswith("args0x-") for name in defined) and any(name.startswith("args1x-") for name in defined)
     named = grammar_for("deepseek_v31", TOOLS, ToolChoice("named", "get_time"))
     assert named.splitlines()[0] == 'root ::= "<｜tool▁calls▁begin｜>" call "<｜tool▁calls▁end｜>"'
     assert "get_weather" not in named

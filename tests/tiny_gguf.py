@@ -72,12 +72,17 @@ def _llama_blocks(w, t, n_layer: int, n_embd: int, n_ff: int, kv_width: int | No
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
 
 
+# gpt-oss's harmony markers: llama.cpp renders the first five as text and ends a generation at the last two.
+HARMONY_SPECIALS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
+
+
 def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: int = 2, n_head: int = 4,
                      n_ff: int = 64, seed: int = 0, chat_template: str | None = None,
-                     pooling_type: int | None = None, fim: bool = False) -> Path:
+                     pooling_type: int | None = None, fim: bool = False, specials: tuple[str, ...] = ()) -> Path:
     """pooling_type (gguf.PoolingType): an embedding model's, as an embedding GGUF declares it. fim: the
     vocabulary gets fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>), named in the metadata as
-    a code model's GGUF names them."""
+    a code model's GGUF names them. specials: more control tokens, by their text (a model family's markers, which
+    llama.cpp recognises by that text: HARMONY_SPECIALS)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -88,6 +93,9 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
             fim_ids[role] = len(tokens)
             tokens.append(text)
             types.append(gguf.TokenType.CONTROL)
+    for text in specials:
+        tokens.append(text.encode())
+        types.append(gguf.TokenType.CONTROL)
     n_vocab = len(tokens)
 
     w = _llama_writer(path, "tiny-random-llama", n_ctx, n_embd, n_layer, n_head, n_ff)

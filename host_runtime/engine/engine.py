@@ -31,6 +31,7 @@ from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected, Sampl
 from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLength, NgramIndex, SpeculationConfig,
                                              share_drafts)
 from host_runtime.engine.step_plan import next_cut, plan_step
+from host_runtime.engine.harmony import HarmonyText
 from host_runtime.engine.stop_matcher import StopMatcher
 from host_runtime.engine.throttle import ThrottleReader
 from host_runtime.engine.wire import PRIORITIES, Done, Error, Finish, Token, TokenLogprob
@@ -62,6 +63,7 @@ class GenerationRequest:
     key_tokens_per_minute: int = 0  # its key's token limits (0: none): engine/key_ledger.py
     key_tokens_per_day: int = 0
     thinking: str = ""  # how its answer starts, for a template that thinks (wire.Accepted.thinking)
+    harmony: bool = False  # a chat answer in gpt-oss's channels: rewritten as it streams (engine/harmony.py)
     settled: bool = False  # answered or dropped: no longer counted against its key
     generated: int = 0  # tokens generated over its choices (its key's usage)
     arrived: float = field(default_factory=time.monotonic)
@@ -119,6 +121,7 @@ class Sequence:
         self.generated = 0
         self.stop = StopMatcher(request.stops)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.harmony = HarmonyText() if request.harmony else None
         self.sampler = engine.runner.sampler(request.sampling, index, request.grammar)
         self.model = engine.model
         self.last_token_at: float | None = None
@@ -775,6 +778,8 @@ class Engine:
         return token
 
     def _emit_text(self, seq: Sequence, text: str, logprob_entry: TokenLogprob | None) -> None:
+        if seq.harmony is not None:
+            text = seq.harmony.feed(text)
         if text or logprob_entry is not None:
             seq.request.sink(Token(seq.index, text, logprob_entry))
 
@@ -788,6 +793,8 @@ class Engine:
                 request.cancel()
                 request.sink(Error(error))
             return
+        if seq.harmony is not None and (rest := seq.harmony.finish()):
+            request.sink(Token(seq.index, rest, None))
         request.sink(Finish(seq.index, reason, seq.generated, stop_string))
         request.open_choices -= 1
         if request.open_choices == 0:

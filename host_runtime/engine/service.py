@@ -248,6 +248,7 @@ class EngineService:
         prompt = request.prompt
         stops = list(request.stop)
         thinking = ""
+        harmony = isinstance(prompt, wire.ChatPrompt) and self.prompts.tool_format == "harmony"
         if isinstance(prompt, wire.ChatPrompt):
             rendered = self._chat(prompt)
             # A grammar (a required call, response_format) shapes the answer from its first token: no think block.
@@ -277,7 +278,8 @@ class EngineService:
                                  priority=request.priority, key=request.key,
                                  key_max_concurrent=int(request.key_max_concurrent or 0),
                                  key_tokens_per_minute=int(request.key_tokens_per_minute or 0),
-                                 key_tokens_per_day=int(request.key_tokens_per_day or 0), thinking=thinking)
+                                 key_tokens_per_day=int(request.key_tokens_per_day or 0), thinking=thinking,
+                                 harmony=harmony)
 
     def count_tokens(self, request: wire.CountTokens) -> wire.TokenCount:
         """The prompt's length as the model sees it: the template rendered, then tokenized."""

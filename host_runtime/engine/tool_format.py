@@ -6,6 +6,9 @@ Formats, chosen from the GGUF's chat template as llama-server's --jinja mode doe
   glm45    GLM 4.5 and later: <tool_call>NAME<arg_key>KEY</arg_key><arg_value>raw value</arg_value></tool_call>
   llama3   Llama 3.1-3.3: {"name": ..., "parameters": {...}}, optionally after <|python_tag|>
   mistral  Mistral/Nemo: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+  harmony  gpt-oss (OpenAI's harmony channels): a call is a commentary message to=functions.NAME with JSON
+           arguments; the engine rewrites the channels as it streams (engine/harmony.py): reasoning as a think block,
+           a call as a Hermes one, so the readers of those read them
   deepseek_v31  DeepSeek V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
            <｜tool▁calls▁end｜>; its template lists no tools, so they are described in the system message (in the
            words of DeepSeek's own tool prompt)
@@ -19,7 +22,8 @@ from __future__ import annotations
 import json
 import re
 
-FORMATS = ("hermes", "qwen3_coder", "glm45", "llama3", "mistral", "deepseek_v31", "generic")
+FORMATS = ("hermes", "qwen3_coder", "glm45", "llama3", "mistral", "deepseek_v31", "harmony", "generic")
+HARMONY_MARKERS = ("<|channel|>", "<|start|>", "<|message|>")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 DS_CALLS_BEGIN, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 DS_CALL_BEGIN, DS_SEP, DS_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
@@ -28,6 +32,8 @@ PYTHON_TAG = "<|python_tag|>"
 
 
 def template_format(template: str) -> str:
+    if all(marker in template for marker in HARMONY_MARKERS):
+        return "harmony"
     # DeepSeek V3.1 writes NAME<｜tool▁sep｜>arguments; R1's older templates write a type and a ```json block there
     # (not read: they stay generic).
     if DS_CALL_BEGIN in template and DS_SEP in template and "```json" not in template:
@@ -128,6 +134,9 @@ def prepare(messages: list[dict], fmt: str, tools: list[dict] | None, parallel: 
         out.append(m)
     if not tools:
         return out, None
+    if fmt == "harmony":  # its template writes each tool's description as text: one is needed, if empty
+        return out, [{**t, "function": {**t["function"], "description": t["function"].get("description") or ""}}
+                     for t in tools]
     if fmt not in ("generic", "deepseek_v31"):
         return out, tools
     functions = [t["function"] for t in tools]

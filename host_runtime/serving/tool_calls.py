@@ -192,6 +192,8 @@ def _call_grammar(fmt: str, tools: list[Tool], choice: ToolChoice) -> str:
         return tool_calls_xml.grammar(fmt, allowed, parallel, MAX_PARALLEL_CALLS)
     if fmt == "deepseek_v31":
         return _deepseek_grammar(allowed, parallel)
+    if fmt == "harmony":
+        return _harmony_grammar(allowed)
     # mistral (its [TOOL_CALLS] marker is a special token a grammar cannot write) and generic: JSON
     items = {"type": "array", "items": _call_schema(allowed, fmt), "minItems": 1,
              "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
@@ -203,22 +205,41 @@ def _call_grammar(fmt: str, tools: list[Tool], choice: ToolChoice) -> str:
 _RULE_NAME = re.compile(r"^([\w-]+) ::=", re.M)
 
 
-def _deepseek_grammar(tools: list[Tool], parallel: bool) -> str:
-    """NAME<｜tool▁sep｜>{arguments} per call, the arguments by each tool's own schema: one converted grammar per tool,
-    its rules renamed apart (the converter names them alike: root, space, value...)."""
-    rules, bodies = [], []
+def _arguments_grammars(tools: list[Tool]) -> tuple[list[str], list[str]]:
+    """Each tool's arguments by its own schema: one converted grammar per tool, its rules renamed apart (the
+    converter names them alike: root, space, value...). (the rules, each tool's root rule's name)"""
+    rules, roots = [], []
     for i, tool in enumerate(tools):
         grammar = _schema_grammar(tool.parameters or {"type": "object"})
         for name in _RULE_NAME.findall(grammar):
-            grammar = _rename_rule(grammar, name, f"ds{i}x-{name}")
+            grammar = _rename_rule(grammar, name, f"args{i}x-{name}")
         rules.append(grammar.strip())
-        bodies.append(f"{json.dumps(tool.name)} {json.dumps(DS_SEP, ensure_ascii=False)} ds{i}x-root")
-    call = (f"call ::= {json.dumps(DS_CALL_BEGIN, ensure_ascii=False)} ( {' | '.join(bodies)} ) "
-            f"{json.dumps(DS_CALL_END, ensure_ascii=False)}")
-    root = (f"root ::= {json.dumps(DS_CALLS_BEGIN, ensure_ascii=False)} call"
-            + (f" call{{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else "")
-            + f" {json.dumps(DS_CALLS_END, ensure_ascii=False)}")
+        roots.append(f"args{i}x-root")
+    return rules, roots
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _deepseek_grammar(tools: list[Tool], parallel: bool) -> str:
+    """NAME<｜tool▁sep｜>{arguments} per call, chained between DeepSeek's markers."""
+    rules, roots = _arguments_grammars(tools)
+    bodies = [f"{_literal(t.name)} {_literal(DS_SEP)} {root}" for t, root in zip(tools, roots)]
+    call = f"call ::= {_literal(DS_CALL_BEGIN)} ( {' | '.join(bodies)} ) {_literal(DS_CALL_END)}"
+    root = (f"root ::= {_literal(DS_CALLS_BEGIN)} call" + (f" call{{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else "")
+            + f" {_literal(DS_CALLS_END)}")
     return "\n".join([root, call, *rules]) + "\n"
+
+
+def _harmony_grammar(tools: list[Tool]) -> str:
+    """One commentary message to a function, its JSON arguments by the tool's schema; <|call|> ends it (the
+    model's end-of-generation token, which the grammar lets through once it is complete). One call: gpt-oss
+    makes one a turn."""
+    rules, roots = _arguments_grammars(tools)
+    bodies = [f'{_literal("to=functions." + t.name)} " <|constrain|>json<|message|>" {root}'
+              for t, root in zip(tools, roots)]
+    return "\n".join([f'root ::= "<|channel|>commentary " ( {" | ".join(bodies)} )', *rules]) + "\n"
 
 
 _DS_CALL = re.compile(re.escape(DS_CALL_BEGIN) + r"(.*?)" + re.escape(DS_SEP) + r"(.*?)" + re.escape(DS_CALL_END), re.S)
