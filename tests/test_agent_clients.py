@@ -1,6 +1,7 @@
 """The agent frameworks people point at a box, pinned and unmodified, against the session's real server (default
 model): the OpenAI Agents SDK (`openai-agents`) through the Responses API and through chat completions, and
-LangChain's `ChatOpenAI` (`langchain-openai`) with tools bound, streamed, and structured output. The model is
+LangChain's `ChatOpenAI` (`langchain-openai`) with tools bound, streamed, and structured output; `instructor` in
+its tools and JSON-schema modes (from a venv of its own: its pins and the suite's openai do not meet). The model is
 small: the tests prove the protocol (a call the framework parses and runs, an answer it accepts), not wisdom."""
 
 from __future__ import annotations
@@ -84,3 +85,61 @@ def test_langchain_chat_openai_binds_tools_streams_and_gives_structured_output(s
     assert isinstance(trip, Trip)
     text = "".join(c.content for c in chat.stream("Say hello."))
     assert text.strip()
+
+
+# instructor caps jiter below 0.15, which the openai pinned for the suite (3.51.0) needs from 0.16: it runs from a
+# venv of its own, with the newest openai it accepts, both pinned.
+INSTRUCTOR = ("instructor==1.17.0", "openai==3.3.0")
+INSTRUCTOR_SCRIPT = r'''
+import json, sys
+import instructor
+from openai import OpenAI
+from pydantic import BaseModel
+
+class Trip(BaseModel):
+    city: str
+    days: int
+
+base, key, model = sys.argv[1:4]
+out = {}
+for mode in ("TOOLS", "JSON_SCHEMA"):
+    client = instructor.from_openai(OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120),
+                                    mode=getattr(instructor.Mode, mode))
+    trip = client.chat.completions.create(model=model, response_model=Trip, max_retries=0, max_tokens=64,
+                                          temperature=0, messages=[{"role": "user",
+                                                                    "content": "Plan a trip: a city and a number of days."}])
+    out[mode] = trip.model_dump()
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def instructor_python() -> str:
+    """The Python of a venv holding the pinned instructor (created once per pin set, in ~/.cache/everycycle)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cache = Path(os.environ.get("EVERYCYCLE_CACHE", Path.home() / ".cache" / "everycycle"))
+    venv = cache / "py-clients" / "-".join(p.replace("==", "-") for p in INSTRUCTOR)
+    python = venv / "bin" / "python"
+    if not (venv / "ready").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *INSTRUCTOR], check=True, timeout=900)
+        (venv / "ready").touch()
+    return str(python)
+
+
+def test_instructor_gets_a_validated_model_in_tools_and_json_schema_modes(server, api_key, instructor_python):
+    """instructor (pinned, unmodified, in its own venv) asks for a pydantic model through a forced tool call and
+    through response_format json_schema: both come back as a Trip it validated."""
+    import json
+    import subprocess
+
+    done = subprocess.run([instructor_python, "-c", INSTRUCTOR_SCRIPT, server + "/v1", api_key[1], MODEL_ID],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trips = json.loads(done.stdout)
+    for mode in ("TOOLS", "JSON_SCHEMA"):
+        assert isinstance(trips[mode]["city"], str) and isinstance(trips[mode]["days"], int), trips
