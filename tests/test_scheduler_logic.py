@@ -485,3 +485,60 @@ def test_each_keys_usage_is_counted_by_its_name(make):
     assert samples[("everycycle_key_errors_total", "nightly")] == 1  # the cancelled one
     assert samples[("everycycle_key_errors_total", "alice")] == 0
     assert {k for _, k in samples} == {"alice", "nightly"}
+
+
+def test_a_parked_state_past_the_ram_bound_waits_on_disk_and_comes_back_whole(make, tmp_path):
+    """Disk parking (#38): past park_ram_bytes a parked sequence's KV goes to a 0600 file beside the prefix cache's,
+    counted in everycycle_parked_bytes{tier="disk"} while it waits; it resumes with the output it would have had,
+    and the file is gone. One a stopped engine left is removed when the next starts; a cancelled one's at once."""
+    import os
+
+    from host_runtime.engine.options import PrefixCacheConfig
+
+    cache = PrefixCacheConfig(directory=str(tmp_path / "prefix-cache"))
+    alone, _ = make(FakeModel(n_parallel=1, n_ctx_per_seq=512))
+    events = Events()
+    alone.start()
+    ask(alone, events, "reference", "m" * 20 + "abc", max_tokens=60)
+    events.wait("reference")
+    (tmp_path / "prefix-cache" / "parked").mkdir(parents=True)
+    (tmp_path / "prefix-cache" / "parked" / "left-behind.parked").write_bytes(b"x")
+    engine, _ = make(FakeModel(n_parallel=1, n_ctx_per_seq=512), runner_kw={"next_token": _slow}, prefix_cache=cache,
+                     park_ram_bytes=0)
+    parked_dir = tmp_path / "prefix-cache" / "parked"
+    assert list(parked_dir.iterdir()) == []  # the last engine's leftovers
+    engine.start()
+    ask(engine, events, "batch", "m" * 20 + "abc", max_tokens=60, priority="batch")
+    while len(events.of("batch")) < 10:
+        threading.Event().wait(0.001)
+    seen: list[tuple[int, list]] = []
+
+    def watch():  # while the chat runs, the batch's state is a file
+        while not any(isinstance(e, wire.Done) for e in events.of("chat")):
+            files = list(parked_dir.iterdir())
+            if files:
+                seen.append((engine.metrics.snapshot()["parked_bytes_disk"], [oct(os.stat(f).st_mode & 0o777)
+                                                                               for f in files]))
+            threading.Event().wait(0.0005)
+    watcher = threading.Thread(target=watch)
+    ask(engine, events, "chat", "xyz", max_tokens=100, priority="interactive")  # 100 ms at least, parked meanwhile
+    watcher.start()
+    events.wait("chat", "batch")
+    watcher.join()
+    # (the gauge follows the file's writing: the first looks may see it at 0)
+    assert seen and any(n > 0 for n, _ in seen) and all(modes == ["0o600"] for _, modes in seen)
+    assert events.text("batch") == events.text("reference")
+    assert list(parked_dir.iterdir()) == [] and engine.metrics.snapshot()["parked_bytes_disk"] == 0
+    assert 'everycycle_parked_bytes{model="m",tier="disk"} 0.0' in engine.metrics.render("m", "ready")
+    # A parked request cancelled: its file goes with it.
+    batch = ask(engine, events, "batch2", "abc", max_tokens=400, priority="batch")
+    while len(events.of("batch2")) < 3:
+        threading.Event().wait(0.001)
+    ask(engine, events, "chat2", "xyz", max_tokens=200, priority="interactive")
+    while not engine._parked:
+        threading.Event().wait(0.001)
+    assert len(list(parked_dir.iterdir())) == 1
+    batch.cancel()
+    events.wait("chat2")
+    threading.Event().wait(0.05)
+    assert list(parked_dir.iterdir()) == [] and not engine._parked

@@ -23,6 +23,7 @@ from host_runtime.engine.key_ledger import KeyLedger
 from host_runtime.engine.kv_store import KVStore, disk_budget
 from host_runtime.engine.metrics import EngineMetrics
 from host_runtime.engine.options import PrefixCacheConfig
+from host_runtime.engine.parking import PARK_RAM_BYTES, ParkedState, ParkingSpace
 from host_runtime.engine.progress import DecodeProgress
 from host_runtime.engine.prefix_cache import (Admission, Copy, DropDisk, DropRam, Demote, PrefixCache, Restore,
                                               Running, Spill, Trim)
@@ -102,7 +103,7 @@ class _Parked:
     (sampler chain and its RNG, stop matcher, decoder, drafts' state) in the Sequence itself, so that it resumes
     where it stopped and its output is what it would have been."""
     seq: "Sequence"
-    state: bytes
+    state: ParkedState  # where its KV waits (engine/parking.py: RAM, then disk)
 
     @property
     def request(self) -> GenerationRequest:
@@ -153,9 +154,10 @@ class Sequence:
 class Engine:
     def __init__(self, model, *, max_waiting: int = 64, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
                  governor_state: str | None = None, speculation: SpeculationConfig = SpeculationConfig(),
-                 drafter=None, runner=None):
+                 drafter=None, runner=None, park_ram_bytes: int = PARK_RAM_BYTES):
         """model: its shape (engine.model.LoadedModel: n_parallel, n_batch, n_ctx_per_seq, prefill_chunk, ...);
-        runner: what calls llama.cpp (runner.LlamaRunner on that model, unless a test gives a fake)."""
+        runner: what calls llama.cpp (runner.LlamaRunner on that model, unless a test gives a fake);
+        park_ram_bytes: parked sequences' states held in RAM, the rest on disk beside the prefix cache's files."""
         self.model = model
         self.runner = runner if runner is not None else LlamaRunner(model)
         self.speculation = speculation
@@ -179,6 +181,7 @@ class Engine:
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._active: list[Sequence] = []
         self._parked: list[_Parked] = []  # the loop thread's, like _active
+        self._parking = ParkingSpace(prefix_cache.directory if prefix_cache.enabled else None, park_ram_bytes)
         self._live_per_key: collections.Counter[str] = collections.Counter()  # under _cv (an RLock)
         self._ledger = KeyLedger()  # under _cv: tokens each key used, for its per-minute and per-day limits
         self.store = KVStore(prefix_cache.directory if prefix_cache.enabled else None, model.cache_fingerprint)
@@ -470,8 +473,9 @@ class Engine:
         self._active.remove(seq)
         self.cache.release(seq.seq_id, [], cacheable=False)
         self.runner.forget(seq.seq_id)
-        self._parked.append(_Parked(seq, state))
+        self._parked.append(_Parked(seq, self._parking.put(state)))
         self.metrics.add("requests_preempted_total")
+        self.metrics.parked_bytes = self._parking.bytes_by_tier()
         self._publish_cache()
 
     def _resume(self, parked: _Parked) -> None:
@@ -479,10 +483,12 @@ class Engine:
         seq, request = parked.seq, parked.request
         slot_id = None
         try:
+            state = self._parking.take(parked.state)
+            self.metrics.parked_bytes = self._parking.bytes_by_tier()
             admission = self.cache.admit(None, request.cache_scope)
             slot_id = admission.slot_id
             self._apply(admission)
-            if not self.runner.restore(slot_id, parked.state):
+            if not self.runner.restore(slot_id, state):
                 raise RuntimeError("llama.cpp refused the parked sequence's state")
         except Exception:  # this request's alone: it cannot go on, the others do
             log.exception("resuming a parked request failed")
@@ -603,6 +609,8 @@ class Engine:
             self.metrics.add("requests_cancelled_total")
         for parked in [p for p in self._parked if p.request.cancelled.is_set()]:
             self._parked.remove(parked)
+            self._parking.drop(parked.state)
+            self.metrics.parked_bytes = self._parking.bytes_by_tier()
             parked.seq.sampler.close()
             self._settle(parked.request)
             self.metrics.add("requests_cancelled_total")
