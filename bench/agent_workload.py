@@ -62,28 +62,41 @@ def tool_result(session: int, turn: int, tag: str, words: int) -> str:
 
 
 def run_sessions(stream_chat, percentile, port: int, model_id: str, system: str, *, sessions: int, turns: int,
-                 max_tokens: int, bias: dict, tag: str, user_words: int) -> dict:
+                 max_tokens: int, bias: dict, tag: str, user_words: int, turn_interval_s: float = 0.0) -> dict:
     """Every session's turns in order, the sessions at once; stream_chat(port, body) -> its timing dict (with
     "text"), percentile(values, q) the benchmark's own. TTFT p50/p95 over every request, output tok/s over the
-    whole run's wall time."""
+    whole run's wall time.
+
+    turn_interval_s > 0: an arrival schedule the same for every server (open loop as far as it holds): session s
+    sends turn t at s * interval / sessions + t * interval from the start, or when its last answer ends if that is
+    later (then the turn is "late": the server could not keep the schedule). 0: each turn as soon as the last
+    answer ends (closed loop: a server's own speed then shapes when sessions meet)."""
     results: list[dict] = []
     lock = threading.Lock()
+    started = time.perf_counter()
 
     def session(si: int) -> None:
         messages = [{"role": "system", "content": system}]
         for turn in range(turns):
+            if turn_interval_s > 0:
+                due = started + si * turn_interval_s / sessions + turn * turn_interval_s
+                wait = due - time.perf_counter()
+                late = wait < 0
+                if wait > 0:
+                    time.sleep(wait)
+            else:
+                late = False
             messages.append({"role": "user", "content": tool_result(si, turn, tag, user_words)})
             body = {"model": model_id, "stream": True, "temperature": 0, "max_tokens": max_tokens,
                     "logit_bias": bias, "messages": messages}
             r = stream_chat(port, body)
-            r["turn"], r["session"] = turn, si
+            r["turn"], r["session"], r["late"] = turn, si, late
             with lock:
                 results.append(r)
             if "error" in r:
                 return
             messages.append({"role": "assistant", "content": r.get("text", "")})
 
-    started = time.perf_counter()
     threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
     for t in threads:
         t.start()
@@ -99,7 +112,8 @@ def run_sessions(stream_chat, percentile, port: int, model_id: str, system: str,
             "ttft_p50_s": percentile([r["ttft"] for r in ok], 0.5), "ttft_p95_s": percentile([r["ttft"] for r in ok], 0.95),
             "ttft_first_turn_p50_s": percentile(first, 0.5), "ttft_later_turns_p50_s": percentile(later, 0.5),
             "itl_p50_s": percentile([g for r in ok for g in r["gaps"]], 0.5),
-            "requests": len(results), "errors": len(errors), **({"error_sample": errors[:2]} if errors else {})}
+            "requests": len(results), "errors": len(errors), **({"error_sample": errors[:2]} if errors else {}),
+            **({"late_turns": sum(1 for r in results if r.get("late"))} if turn_interval_s > 0 else {})}
 
 
 _LLAMA_KV = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")

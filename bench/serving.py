@@ -497,7 +497,8 @@ def agent_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> di
             for s in (servers if rep % 2 == 0 else list(reversed(servers))):
                 result = run_sessions(stream_chat, percentile, s.port, model_id, system, sessions=args.sessions,
                                       turns=args.turns, max_tokens=args.max_tokens, bias=bias,
-                                      tag=f"{rep}-{s.name}", user_words=args.turn_words)
+                                      tag=f"{rep}-{s.name}", user_words=args.turn_words,
+                                      turn_interval_s=args.turn_interval)
                 raw[s.name].append(result)
                 print(f"  rep {rep + 1} agent {s.name:<17} {result['tok_s']:7.1f} tok/s  ttft p50 "
                       f"{fmt(result['ttft_p50_s'])}  first turns {fmt(result['ttft_first_turn_p50_s'])}  later "
@@ -509,6 +510,8 @@ def agent_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> di
                            else None for k in ("tok_s", "ttft_p50_s", "ttft_p95_s", "ttft_first_turn_p50_s",
                                                "ttft_later_turns_p50_s", "itl_p50_s", "wall_s")}
             table[name]["errors"] = sum(r["errors"] for r in runs)
+            if args.turn_interval > 0:
+                table[name]["late_turns"] = sum(r.get("late_turns", 0) for r in runs)
         kv_per_token = {}
         for s in servers:
             if s.name.startswith("everycycle"):
@@ -536,7 +539,8 @@ def agent_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> di
                 spreads[f"everycycle_{label}_vs_llama_server"] = paired_ratio(raw["everycycle"], raw["llama-server"], key)
         return {"workload": "agent",
                 "agent": {"sessions": args.sessions, "turns": args.turns, "system_prompt_tokens": system_tokens,
-                          "turn_words": args.turn_words, "answer_tokens": args.max_tokens,
+                          "turn_words": args.turn_words, "turn_interval_s": args.turn_interval,
+                          "answer_tokens": args.max_tokens,
                           "cache_type": kv, "flash_attention": kv != "f16", "servers": table,
                           "kv_bytes_per_token": kv_per_token, "runs": raw_summary(raw)},
                 "ratios": {"agent": ratios}, "ratio_spreads": {"agent": spreads}}
@@ -648,6 +652,9 @@ def main() -> int:
                         "32,768, answers of 128 tokens)")
     p.add_argument("--sessions", type=int, default=4, help="agent: concurrent sessions")
     p.add_argument("--turns", type=int, default=5, help="agent: turns per session")
+    p.add_argument("--turn-interval", type=float, default=0.0, metavar="S",
+                   help="agent: send turns on a schedule the same for every server (session s's turn t at "
+                        "s*S/sessions + t*S seconds, or when its last answer ends if later); 0: closed loop")
     p.add_argument("--system-tokens", type=int, default=12000, help="agent: the shared system prompt's size")
     p.add_argument("--turn-words", type=int, default=520,
                    help="agent: words of each turn's tool result (about 870 tokens with SmolLM2's tokenizer)")
