@@ -421,16 +421,23 @@ def test_no_class_parks_its_own_nor_a_request_aged_past_it(make):
     assert request.rank(request.arrived + 1000) == 0
 
 
+def _parked_behind_a_chat(engine, events, batch: str, chat: str, *, batch_tokens: int,
+                          chat_tokens: int) -> GenerationRequest:
+    """A batch request running, then an interactive one that parks it: the batch request, once parked."""
+    request = ask(engine, events, batch, "abc", max_tokens=batch_tokens, priority="batch")
+    while len(events.of(batch)) < 3:
+        threading.Event().wait(0.001)
+    ask(engine, events, chat, "xyz", max_tokens=chat_tokens, priority="interactive")
+    while not engine._parked:
+        threading.Event().wait(0.001)
+    return request
+
+
 def test_a_parked_request_cancelled_is_dropped(make):
     engine, runner = make(FakeModel(n_parallel=1, n_ctx_per_seq=4096), runner_kw={"next_token": _slow})
     events = Events()
     engine.start()
-    batch = ask(engine, events, "batch", "abc", max_tokens=3000, priority="batch")
-    while len(events.of("batch")) < 3:
-        threading.Event().wait(0.001)
-    ask(engine, events, "chat", "xyz", max_tokens=400, priority="interactive")
-    while not engine._parked:
-        threading.Event().wait(0.001)
+    batch = _parked_behind_a_chat(engine, events, "batch", "chat", batch_tokens=3000, chat_tokens=400)
     batch.cancel()
     events.wait("chat")
     threading.Event().wait(0.05)
@@ -531,12 +538,7 @@ def test_a_parked_state_past_the_ram_bound_waits_on_disk_and_comes_back_whole(ma
     assert list(parked_dir.iterdir()) == [] and engine.metrics.snapshot()["parked_bytes_disk"] == 0
     assert 'everycycle_parked_bytes{model="m",tier="disk"} 0.0' in engine.metrics.render("m", "ready")
     # A parked request cancelled: its file goes with it.
-    batch = ask(engine, events, "batch2", "abc", max_tokens=400, priority="batch")
-    while len(events.of("batch2")) < 3:
-        threading.Event().wait(0.001)
-    ask(engine, events, "chat2", "xyz", max_tokens=200, priority="interactive")
-    while not engine._parked:
-        threading.Event().wait(0.001)
+    batch = _parked_behind_a_chat(engine, events, "batch2", "chat2", batch_tokens=400, chat_tokens=200)
     assert len(list(parked_dir.iterdir())) == 1
     batch.cancel()
     events.wait("chat2")

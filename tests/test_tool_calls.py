@@ -55,8 +55,8 @@ Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
 {% endif %}"""
 
 
-def _tiny_server(d, name: str, template: str, ctx: int = 1024):
-    model = write_tiny_llama(d / f"{name}.gguf", n_ctx=max(2048, ctx), chat_template=template)
+def _tiny_server(d, name: str, template: str, ctx: int = 1024, specials: tuple[str, ...] = ()):
+    model = write_tiny_llama(d / f"{name}.gguf", n_ctx=max(2048, ctx), chat_template=template, specials=specials)
     port = free_port()
     proc = Proc(everycycle("serve", "--port", str(port), "--model", str(model), "--threads", "2", "--workers", "1",
                            "--parallel", "4", "--ctx-size", str(ctx), "--run-dir", str(d)), d / "serve.log")
@@ -101,18 +101,9 @@ def harmony_tiny(tmp_path_factory):
     tokens: llama.cpp renders the channel markers as text and ends a generation at <|return|> or <|call|>."""
     from tests.tiny_gguf import HARMONY_SPECIALS
 
-    d = tmp_path_factory.mktemp("harmony")
     template = (Path(__file__).parent / "templates" / "openai-gpt-oss-120b.jinja").read_text()
-    model = write_tiny_llama(d / "tiny-harmony.gguf", n_ctx=4096, chat_template=template, specials=HARMONY_SPECIALS)
-    port = free_port()
-    proc = Proc(everycycle("serve", "--port", str(port), "--model", str(model), "--threads", "2", "--workers", "1",
-                           "--parallel", "4", "--ctx-size", "4096", "--run-dir", str(d)), d / "serve.log")
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: ready(base), 60, "the harmony server", proc)
-        yield openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
-    finally:
-        proc.stop()
+    yield from _tiny_server(tmp_path_factory.mktemp("harmony"), "tiny-harmony", template, ctx=4096,
+                            specials=HARMONY_SPECIALS)
 
 
 def _required_calls(client, model: str, seeds, **extra):
@@ -212,15 +203,10 @@ def test_a_required_call_always_parses_with_xml_call_templates(request, server, 
         jsonschema.validate(use.input, RAW_STRING_ARGS)
 
 
-def test_a_required_call_always_parses_with_deepseek_v31s_template(deepseek_tiny):
-    """DeepSeek V3.1's own format end to end (#34; its parsing: test_tool_calls_logic): constrained by its grammar
-    (NAME<｜tool▁sep｜>JSON), every answer of a random-weight model is a call of an offered tool whose arguments fit
-    its schema; streamed, the calls arrive as tool_call deltas and no marker leaks into the content."""
-    names = [_check_call(r) for r in _required_calls(deepseek_tiny, "tiny-deepseek", range(40))]
-    assert set(names) <= {"get_weather", "get_time"}
-    stream = deepseek_tiny.chat.completions.create(model="tiny-deepseek", messages=ASK, tools=TOOLS,
-                                                   tool_choice="required", temperature=1.0, seed=5, max_tokens=300,
-                                                   stream=True)
+def _streamed_required_call(client, model: str) -> tuple[dict, str, str | None]:
+    """A streamed required call's (calls by index, {name, arguments} as the deltas built them; content; finish)."""
+    stream = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
+                                            temperature=1.0, seed=5, max_tokens=300, stream=True)
     calls, content, finish = {}, "", None
     for chunk in stream:
         delta = chunk.choices[0].delta
@@ -230,6 +216,16 @@ def test_a_required_call_always_parses_with_deepseek_v31s_template(deepseek_tiny
             entry["name"] += tc.function.name or ""
             entry["arguments"] += tc.function.arguments or ""
         finish = chunk.choices[0].finish_reason or finish
+    return calls, content, finish
+
+
+def test_a_required_call_always_parses_with_deepseek_v31s_template(deepseek_tiny):
+    """DeepSeek V3.1's own format end to end (#34; its parsing: test_tool_calls_logic): constrained by its grammar
+    (NAME<｜tool▁sep｜>JSON), every answer of a random-weight model is a call of an offered tool whose arguments fit
+    its schema; streamed, the calls arrive as tool_call deltas and no marker leaks into the content."""
+    names = [_check_call(r) for r in _required_calls(deepseek_tiny, "tiny-deepseek", range(40))]
+    assert set(names) <= {"get_weather", "get_time"}
+    calls, content, finish = _streamed_required_call(deepseek_tiny, "tiny-deepseek")
     assert calls and "tool" not in content and finish in ("tool_calls", "length")
     assert all(c["name"] in ("get_weather", "get_time") for c in calls.values())
 
@@ -241,18 +237,7 @@ def test_a_required_call_always_parses_with_gpt_oss_harmony(harmony_tiny):
     # Strings checked as raw ones (RAW_STRING_ARGS above): this model writes byte tokens that are not UTF-8.
     names = [_check_call(r, raw_strings=True) for r in _required_calls(harmony_tiny, "tiny-harmony", range(40))]
     assert set(names) <= {"get_weather", "get_time"}
-    stream = harmony_tiny.chat.completions.create(model="tiny-harmony", messages=ASK, tools=TOOLS,
-                                                  tool_choice="required", temperature=1.0, seed=5, max_tokens=300,
-                                                  stream=True)
-    calls, content, finish = {}, "", None
-    for chunk in stream:
-        delta = chunk.choices[0].delta
-        content += delta.content or ""
-        for tc in delta.tool_calls or []:
-            entry = calls.setdefault(tc.index, {"name": "", "arguments": ""})
-            entry["name"] += tc.function.name or ""
-            entry["arguments"] += tc.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
+    calls, content, finish = _streamed_required_call(harmony_tiny, "tiny-harmony")
     assert calls and "<|" not in content and finish in ("tool_calls", "length")
     assert all(c["name"] in ("get_weather", "get_time") for c in calls.values())
     # A conversation with a call and its result renders with the template, and the answer holds no marker.

@@ -19,17 +19,11 @@ from __future__ import annotations
 import json
 import re
 
+from host_runtime.engine.stop_matcher import partial_suffix
+
 CHANNEL, MESSAGE, START, END, CONSTRAIN = "<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>"
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"(\w+)")
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """The longest end of `text` that is a proper start of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class HarmonyText:
@@ -75,7 +69,7 @@ class HarmonyText:
             else:  # body: up to <|end|>, or a <|start|> the model wrote without one
                 ends = [(i, m) for m in (END, START) if (i := self._held.find(m)) >= 0]
                 if not ends:
-                    keep = max(_partial_suffix(self._held, END), _partial_suffix(self._held, START))
+                    keep = max(partial_suffix(self._held, END), partial_suffix(self._held, START))
                     out.append(self._held[:len(self._held) - keep])
                     self._held = self._held[len(self._held) - keep:]
                     break

@@ -8,6 +8,15 @@ never sees part of a stop string.
 from __future__ import annotations
 
 
+def partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `marker`: what to hold back while a marker
+    (a stop string, a think tag, a harmony header) may be arriving."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
 class StopMatcher:
     def __init__(self, stops: list[str]):
         self._stops = [s for s in stops if s]
@@ -25,13 +34,7 @@ class StopMatcher:
             self.matched = next(s for s in self._stops if buf.find(s) == first)
             self._held = ""
             return buf[:first], True
-        keep = 0
-        for stop in self._stops:
-            # Longest suffix of buf that is a proper prefix of this stop string.
-            for n in range(min(len(stop) - 1, len(buf)), 0, -1):
-                if buf.endswith(stop[:n]):
-                    keep = max(keep, n)
-                    break
+        keep = max(partial_suffix(buf, stop) for stop in self._stops)
         self._held = buf[len(buf) - keep:] if keep else ""
         return buf[: len(buf) - keep], False
 

@@ -12,6 +12,8 @@ Pure: fed text as the engine streams it, it holds back only what may be the star
 
 from __future__ import annotations
 
+from host_runtime.engine.stop_matcher import partial_suffix
+
 OPEN_TAG = "<think>"
 CLOSE_TAG = "</think>"
 MODES = ("", "open", "may-open")
@@ -28,14 +30,6 @@ def prompt_thinking(template: str | None, rendered: str) -> str:
     if not template_thinks(template):
         return ""
     return "open" if rendered.rfind(OPEN_TAG) > rendered.rfind(CLOSE_TAG) else "may-open"
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class ReasoningSplit:
@@ -67,7 +61,7 @@ class ReasoningSplit:
                     self._held = self._held[end + len(CLOSE_TAG):].lstrip("\n")
                     self.state = "after"
                     continue
-                keep = _partial_suffix(self._held, CLOSE_TAG)
+                keep = partial_suffix(self._held, CLOSE_TAG)
                 reasoning += self._held[:len(self._held) - keep]
                 self._held = self._held[len(self._held) - keep:]
                 break
