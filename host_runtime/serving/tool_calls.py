@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from host_runtime.engine.tool_format import (DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP,
                                              HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, PYTHON_TAG)
 from host_runtime.serving import tool_calls_xml
+from host_runtime.serving.tool_calls_xml import gbnf_literal
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_TOOLS_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
 
@@ -218,17 +219,13 @@ def _arguments_grammars(tools: list[Tool]) -> tuple[list[str], list[str]]:
     return rules, roots
 
 
-def _literal(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
-
-
 def _deepseek_grammar(tools: list[Tool], parallel: bool) -> str:
     """NAME<｜tool▁sep｜>{arguments} per call, chained between DeepSeek's markers."""
     rules, roots = _arguments_grammars(tools)
-    bodies = [f"{_literal(t.name)} {_literal(DS_SEP)} {root}" for t, root in zip(tools, roots)]
-    call = f"call ::= {_literal(DS_CALL_BEGIN)} ( {' | '.join(bodies)} ) {_literal(DS_CALL_END)}"
-    root = (f"root ::= {_literal(DS_CALLS_BEGIN)} call" + (f" call{{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else "")
-            + f" {_literal(DS_CALLS_END)}")
+    bodies = [f"{gbnf_literal(t.name)} {gbnf_literal(DS_SEP)} {root}" for t, root in zip(tools, roots)]
+    call = f"call ::= {gbnf_literal(DS_CALL_BEGIN)} ( {' | '.join(bodies)} ) {gbnf_literal(DS_CALL_END)}"
+    root = (f"root ::= {gbnf_literal(DS_CALLS_BEGIN)} call" + (f" call{{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else "")
+            + f" {gbnf_literal(DS_CALLS_END)}")
     return "\n".join([root, call, *rules]) + "\n"
 
 
@@ -237,7 +234,7 @@ def _harmony_grammar(tools: list[Tool]) -> str:
     model's end-of-generation token, which the grammar lets through once it is complete). One call: gpt-oss
     makes one a turn."""
     rules, roots = _arguments_grammars(tools)
-    bodies = [f'{_literal("to=functions." + t.name)} " <|constrain|>json<|message|>" {root}'
+    bodies = [f'{gbnf_literal("to=functions." + t.name)} " <|constrain|>json<|message|>" {root}'
               for t, root in zip(tools, roots)]
     return "\n".join([f'root ::= "<|channel|>commentary " ( {" | ".join(bodies)} )', *rules]) + "\n"
 

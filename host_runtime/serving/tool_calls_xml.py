@@ -41,7 +41,7 @@ json-number ::= "-"? [0-9]{1,16} ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
 ws ::= [ \t\n]{0,8}'''
 
 
-def _literal(text: str) -> str:
+def gbnf_literal(text: str) -> str:
     """A GBNF string literal (its escapes are JSON's)."""
     return json.dumps(text, ensure_ascii=False)
 
@@ -63,7 +63,7 @@ def _value_rule(schema) -> str:
         return "json-value"
     values = schema.get("enum") if "enum" in schema else ([schema["const"]] if "const" in schema else None)
     if values:
-        return "( " + " | ".join(_literal(v if isinstance(v, str) else json.dumps(v)) for v in values) + " )"
+        return "( " + " | ".join(gbnf_literal(v if isinstance(v, str) else json.dumps(v)) for v in values) + " )"
     kind = schema.get("type")
     if _is_string(schema):
         most = schema.get("maxLength")
@@ -90,11 +90,11 @@ def grammar(fmt: str, tools: list, parallel: bool, most_calls: int) -> str:
         parts = []
         for name, schema in props.items():
             if fmt == "glm45":
-                one = f'"\\n<arg_key>" {_literal(name)} "</arg_key>\\n<arg_value>" {_value_rule(schema)} "</arg_value>"'
+                one = f'"\\n<arg_key>" {gbnf_literal(name)} "</arg_key>\\n<arg_value>" {_value_rule(schema)} "</arg_value>"'
             else:
-                one = f'"<parameter=" {_literal(name)} ">\\n" {_value_rule(schema)} "\\n</parameter>\\n"'
+                one = f'"<parameter=" {gbnf_literal(name)} ">\\n" {_value_rule(schema)} "\\n</parameter>\\n"'
             parts.append(one if name in required else f"( {one} )?")
-        opener = _literal(tool.name) if fmt == "glm45" else f'{_literal(tool.name)} ">\\n"'
+        opener = gbnf_literal(tool.name) if fmt == "glm45" else f'{gbnf_literal(tool.name)} ">\\n"'
         rules.append(f"fn-{i} ::= {opener} " + (" ".join(parts) if parts else '""'))
         bodies.append(f"fn-{i}")
     if fmt == "glm45":
