@@ -56,10 +56,11 @@ run: $(STAMP)
 	done; \
 	curl -sfk -o /dev/null https://$(HOST):$(HTTPS_PORT)/ready || echo "!! not ready yet; see var/log/serving.log and front.log" >&2; \
 	echo ""; \
-	echo "  EveryCycle is serving on  https://$(HOST):$(HTTPS_PORT)/v1  (self-signed: $(VAR)/state/tls/self-signed.crt)"; \
-	echo "  certificate SHA-256:      $$($(VENV)/bin/everycycle front fingerprint --state-dir $(VAR)/state | cut -d' ' -f1)"; \
+	trust=$$($(VENV)/bin/everycycle front ca --state-dir $(VAR)/state | head -1 | awk '{print $$NF}'); \
+	echo "  EveryCycle is serving on  https://$(HOST):$(HTTPS_PORT)/v1  (clients trust $$trust: the box's local CA)"; \
+	echo "  its SHA-256:              $$($(VENV)/bin/everycycle front ca --state-dir $(VAR)/state | sed -n 2p | cut -d' ' -f3)"; \
 	echo "  development API key:      $$key"; \
-	echo "  try: curl --cacert $(VAR)/state/tls/self-signed.crt https://localhost:$(HTTPS_PORT)/v1/chat/completions -H \"Authorization: Bearer $$key\" \\"; \
+	echo "  try: curl --cacert $$trust https://localhost:$(HTTPS_PORT)/v1/chat/completions -H \"Authorization: Bearer $$key\" \\"; \
 	echo "         -d '{\"model\": \"SmolLM2-135M-Instruct.Q4_1\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'"; \
 	echo "  status: $(VENV)/bin/supervisorctl -s unix://$(VAR)/run/supervisor.sock status   (Ctrl-C stops everything)"; \
 	echo ""; \

@@ -254,12 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     front = sub.add_parser("front", help="the LAN-facing front: nginx with TLS and slow-client limits before the API",
                            description="Run nginx in front of the serving API (TLS, timeouts, per-client limits), "
-                                       "or show the certificate's fingerprint.")
-    front.add_argument("action", choices=["run", "fingerprint"],
+                                       "or show the certificate clients trust and how to trust it.")
+    front.add_argument("action", choices=["run", "fingerprint", "ca"],
                        help="run: write nginx's config and run it in the foreground; fingerprint: print the "
-                            "certificate's SHA-256 fingerprint")
+                            "served certificate's SHA-256 fingerprint; ca: the certificate clients trust (the "
+                            "box's local CA), its fingerprint, where to fetch it and how each client trusts it")
+    front.add_argument("--adopt", action="store_true",
+                       help="ca: retire the self-signed certificate a box made before it had a local CA")
     front.add_argument("--settings", metavar="FILE", help="the front's settings (front.toml; defaults without it)")
-    front.add_argument("--state-dir", required=True, metavar="DIR", help="where a self-signed certificate is kept")
+    front.add_argument("--state-dir", required=True, metavar="DIR",
+                       help="where the box's local CA and the front's certificate are kept")
     front.add_argument("--run-dir", metavar="DIR", help="nginx's config, pid and temp files (run)")
     front.add_argument("--upstream-socket", metavar="PATH", help="the serving API's Unix socket (run)")
     front.add_argument("--fleet-settings", metavar="FILE", help="fleet.toml: on the fleet's gateway, /v1/ goes to the "
@@ -347,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="read the API on its own Unix socket (as on the box) instead of --serving-url")
         c.add_argument("--front-settings", metavar="FILE",
                        help="the front's settings (front.toml): the URLs shown are its HTTPS ones")
-        c.add_argument("--state-dir", metavar="DIR", help="where the front keeps a self-signed certificate")
+        c.add_argument("--state-dir", metavar="DIR", help="where the front keeps its certificate and the box's local CA")
         c.add_argument("--new-keys-file", metavar="FILE",
                        help="API keys first boot made: shown once on the screen, then the file is removed")
         c.add_argument("--bmc-url", default="http://127.0.0.1:9290/telemetry", metavar="URL")
@@ -700,8 +704,8 @@ def _engine_pool(run_dir: Path, socket_path: str, options, engine, args):
 
 def cmd_front(parser, args) -> int:
     from host_runtime.front import settings as front_settings
-    from host_runtime.front.run import FrontError, exec_nginx, prepare
-    from host_runtime.front.tls import TLSError, certificate_pair, fingerprint
+    from host_runtime.front.run import FrontError, prepare, run_nginx
+    from host_runtime.front.tls import TLSError, fingerprint
 
     try:
         settings = front_settings.load(args.settings)
@@ -709,14 +713,8 @@ def cmd_front(parser, args) -> int:
         parser.error(f"--settings: {exc}")
     state_dir = Path(args.state_dir)
     try:
-        if args.action == "fingerprint":
-            pair = certificate_pair(settings, state_dir)
-            if not pair.certificate.exists():
-                print("no certificate yet: the front makes one when it first starts", file=sys.stderr)
-                return 1
-            print(f"{fingerprint(pair.certificate)}  {pair.certificate}"
-                  + ("  (self-signed)" if pair.self_signed else ""))
-            return 0
+        if args.action in ("fingerprint", "ca"):
+            return _front_trust(args, settings, state_dir)
         if not args.run_dir or not args.upstream_socket:
             parser.error("front run: --run-dir and --upstream-socket are required")
         gateway_port = None
@@ -731,13 +729,45 @@ def cmd_front(parser, args) -> int:
             gateway_port = fleet.router_port if fleet.role == "gateway" else None
         conf, pair = prepare(settings, state_dir, Path(args.run_dir), Path(args.upstream_socket), gateway_port)
         logging.getLogger("everycycle.front").info(
-            "front on %s: HTTPS port %d (certificate %s, SHA-256 %s), HTTP port %d %s, /metrics %s",
-            settings.listen, settings.https_port, pair.certificate, fingerprint(pair.certificate),
+            "front on %s: HTTPS port %d (certificate %s, %s, SHA-256 %s), HTTP port %d %s, /metrics %s",
+            settings.listen, settings.https_port, pair.certificate, pair.kind, fingerprint(pair.trust_anchor),
             settings.http_port, settings.http, settings.metrics)
-        exec_nginx(conf, Path(args.run_dir))
+        return run_nginx(conf, Path(args.run_dir), settings, pair)
     except (FrontError, TLSError) as exc:
         print(f"everycycle front: {exc}", file=sys.stderr)
         return 1
+
+
+def _front_trust(args, settings, state_dir: Path) -> int:
+    """`front fingerprint`: the served certificate's; `front ca`: what a client trusts, and how."""
+    from host_runtime.front.tls import certificate_pair, fingerprint, self_signed_paths
+    from host_runtime.front.trust import trust_anchor, trust_lines
+
+    pair = certificate_pair(settings, state_dir)
+    if args.action == "ca" and args.adopt:
+        if pair.kind != "self-signed":
+            print(f"everycycle front ca --adopt: nothing to adopt: this box serves "
+                  f"{'its local CA' if pair.ca else 'its owner'}'s certificate", file=sys.stderr)
+            return 1
+        legacy = self_signed_paths(state_dir)
+        for path in (legacy.certificate, legacy.private_key):
+            path.replace(path.with_name(path.name + ".retired"))
+        print("the self-signed certificate is retired; restart the front (supervisorctl restart front) to make "
+              "the local CA and serve its certificate, then trust the CA on each client (everycycle front ca)")
+        return 0
+    shown = pair.trust_anchor if args.action == "ca" else pair.certificate
+    if not shown.exists():
+        print("no certificate yet: the front makes one when it first starts", file=sys.stderr)
+        return 1
+    if args.action == "fingerprint":
+        print(f"{fingerprint(shown)}  {shown}  ({pair.kind})")
+        return 0
+    print(f"{'local CA' if pair.ca else pair.kind + ' certificate'}  {shown}")
+    print(f"SHA-256  {fingerprint(shown)}")
+    if pair.kind == "self-signed":
+        print("this box made a self-signed certificate before it had a local CA, and its clients trust that one; "
+              "`everycycle front ca --adopt` moves it to the CA (which survives address changes)")
+    print("\n".join(trust_lines(trust_anchor(settings, pair), fingerprint(shown))))
     return 0
 
 
@@ -955,21 +985,28 @@ def cmd_console(parser, args) -> int:
     from host_runtime.models.store import default_root as default_store_root
 
     run_dir = _run_dir(args.run_dir)
+    import socket
+
     api_scheme, api_port, api_listen, certificate = "http", urlparse(args.serving_url).port or 8080, "0.0.0.0", None
+    anchor = lan_name = None
     if args.front_settings:
         from host_runtime.front import settings as front_settings
         from host_runtime.front.tls import certificate_pair
+        from host_runtime.front.trust import trust_anchor
 
         try:
             front = front_settings.load(args.front_settings)
         except front_settings.SettingsError as exc:
             parser.error(f"--front-settings: {exc}")
         api_scheme, api_port, api_listen = "https", front.https_port, front.listen
-        certificate = certificate_pair(front, Path(args.state_dir or os.path.dirname(args.front_settings))).certificate
+        pair = certificate_pair(front, Path(args.state_dir or os.path.dirname(args.front_settings)))
+        certificate, anchor = pair.trust_anchor, trust_anchor(front, pair)
+        lan_name = f"{socket.gethostname().split('.')[0]}.local" if front.lan_name else None
     config = ConsoleConfig(run_dir=run_dir, serving_url=args.serving_url.rstrip("/"), bmc_url=args.bmc_url,
                            serving_socket=Path(args.serving_socket) if args.serving_socket else None,
                            keys_file=Path(args.keys) if args.keys else None,
                            api_port=api_port, api_scheme=api_scheme, api_listen=api_listen, tls_certificate=certificate,
+                           tls_anchor=anchor, lan_name=lan_name,
                            provision_root=Path(args.provision_root), bundle_dir=Path(args.bundle_dir),
                            new_keys_file=Path(args.new_keys_file) if args.new_keys_file else None,
                            model_store=default_store_root(),

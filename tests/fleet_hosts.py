@@ -2,7 +2,7 @@
 with a veth on one bridge in the root namespace (which has an address there too, so the test reaches every box),
 each running `everycycle serve` on 1 thread; the first box is the gateway (its API behind the front, plus the
 router and its controller). The boxes in `behind_front` are members as shipped: their API behind their own front
-(HTTPS, a self-signed certificate the gateway is given, the gateway's address exempt from per-client limits); the
+(HTTPS, their local CA's certificate the gateway is given, the gateway's address exempt from per-client limits); the
 others expose `serve` on plain HTTP. Everything is removed at the end, processes first."""
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Fleet:
 
     @property
     def certificate(self) -> Path:
-        return self.workdir / "gw-state" / "tls" / "self-signed.crt"
+        return self.workdir / "gw-state" / "tls" / "ca.crt"
 
     def tls(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.certificate))
@@ -178,7 +178,7 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
                 member_toml = workdir / f"box{i}_front.toml"
                 member_toml.write_text(f'listen = "{net.address(i)}"\nhttp = "off"\n'
                                        f'fleet_gateway = "{net.address(0)}"\n')
-                box.certificate = workdir / f"box{i}_state" / "tls" / "self-signed.crt"
+                box.certificate = workdir / f"box{i}_state" / "tls" / "ca.crt"  # its local CA
                 box.front = Proc(net.run_in(i, everycycle(
                     "front", "run", "--settings", str(member_toml), "--state-dir", str(workdir / f"box{i}_state"),
                     "--run-dir", str(workdir / f"box{i}_front"),

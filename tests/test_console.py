@@ -262,15 +262,26 @@ def test_the_connect_screen_says_how_to_trust_the_certificate_and_set_up_each_to
 
     from host_runtime.console.connect import connect_lines
 
+    from host_runtime.front.trust import TrustAnchor
+
     fp = "AB:CD:" + ":".join(["00"] * 30)
-    lines = "\n".join(connect_lines(["https://10.0.0.5:8443"], fp))
-    assert "curl -k -o everycycle.crt https://10.0.0.5:8443/everycycle.crt" in lines
+    anchor = TrustAnchor("local-ca", "http://box-1.local:8080/ca.crt")
+    lines = "\n".join(connect_lines(["https://10.0.0.5:8443/v1", "https://box-1.local:8443/v1"], fp, anchor))
+    assert "curl -fsSk -o everycycle-ca.crt http://box-1.local:8080/ca.crt" in lines
     assert f"SHA256 Fingerprint={fp}" in lines and "NODE_EXTRA_CA_CERTS" in lines and "SSL_CERT_FILE" in lines
-    assert "ANTHROPIC_BASE_URL=https://10.0.0.5:8443" in lines and "https://10.0.0.5:8443/v1" in lines
-    assert "curl" not in "\n".join(connect_lines(["http://127.0.0.1:8080"], None))  # nothing to trust in clear
+    assert "update-ca-certificates" in lines and "also: https://box-1.local:8443" in lines
+    # The status's URLs end in /v1: each tool gets the root it appends its own path to (not /v1/v1).
+    assert "ANTHROPIC_BASE_URL=https://10.0.0.5:8443 " in lines and "base URL https://10.0.0.5:8443/v1," in lines
+    assert "/v1/v1" not in lines
+    legacy = "\n".join(connect_lines(["https://10.0.0.5:8443/v1"], fp,
+                                     TrustAnchor("self-signed", "http://box-1.local:8080/everycycle.crt")))
+    assert "curl -fsSk -o everycycle.crt http://box-1.local:8080/everycycle.crt" in legacy
+    assert "curl" not in "\n".join(connect_lines(["http://127.0.0.1:8080/v1"], None))  # nothing to trust in clear
     assert connect_lines([], None)[0].startswith("no address yet")
 
     class HttpsReader(FixedReader):
+        config = dataclasses.replace(FixedReader.config, tls_anchor=anchor)
+
         def read(self):
             return dataclasses.replace(super().read(), api_urls=["https://10.0.0.5:8443"], tls_fingerprint=fp)
 

@@ -37,7 +37,7 @@ def fleet(tmp_path_factory):
 
 
 def client(fleet, key: str | None = None, **kw) -> openai.OpenAI:
-    # The front's self-signed certificate names its listen address: verified against that certificate.
+    # The front's certificate names its listen address: verified against the local CA that issued it.
     return openai.OpenAI(base_url=fleet.url + "/v1", api_key=key or fleet.client_key, max_retries=0, timeout=120,
                          http_client=httpx.Client(verify=fleet.tls()), **kw)
 

@@ -61,11 +61,11 @@ zc.close()
 def test_every_box_is_name_dot_local_on_the_lan(tmp_path):
     """A new DHCP lease broke clients that connect by IP, and the box had no .local name (#37): the fleet program,
     on every box whatever its role, announces HOSTNAME.local and the API as an _https._tcp service; the
-    self-signed certificate names HOSTNAME.local."""
+    front's certificate names HOSTNAME.local."""
     import socket
     import sys
 
-    from host_runtime.front.tls import make_self_signed, self_signed_paths
+    from host_runtime.front.tls import issue_leaf, leaf_paths, make_local_ca
 
     net = Net(2)
     box = None
@@ -99,8 +99,9 @@ def test_every_box_is_name_dot_local_on_the_lan(tmp_path):
         if box:
             box.stop()
         net.remove()
-    pair = self_signed_paths(tmp_path / "state")
-    make_self_signed(pair, "shed-box", "10.0.0.5")
+    pair = leaf_paths(tmp_path / "state")
+    make_local_ca(pair.ca, "shed-box")
+    issue_leaf(pair.ca, pair, set(), "shed-box")
     from cryptography import x509
 
     names = x509.load_pem_x509_certificate(pair.certificate.read_bytes()).extensions.get_extension_for_class(

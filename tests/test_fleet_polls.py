@@ -39,10 +39,10 @@ def test_a_poll_does_not_follow_a_redirect_with_the_fleet_key():
 
 
 def test_named_peer_certificates_are_the_only_ones_trusted(tmp_path):
-    from host_runtime.front.tls import make_self_signed, self_signed_paths
+    from host_runtime.front.settings import FrontSettings
+    from host_runtime.front.tls import ensure_certificate
 
-    pair = self_signed_paths(tmp_path)
-    make_self_signed(pair, "box1")
-    pinned = tls_context((str(pair.certificate),))
+    pair = ensure_certificate(FrontSettings(listen="127.0.0.1"), tmp_path)
+    pinned = tls_context((str(pair.trust_anchor),))
     assert pinned.verify_mode == ssl.CERT_REQUIRED and pinned.check_hostname
-    assert pinned.cert_store_stats()["x509"] == 1   # the peer's certificate, and not the system's CAs
+    assert pinned.cert_store_stats()["x509"] == 1   # the peer's CA, and not the system's CAs

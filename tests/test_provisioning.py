@@ -707,12 +707,9 @@ def test_a_fleet_gateway_and_a_member_read_back_what_provisioning_wrote(tmp_path
     from host_runtime.fleet import router_process
     from host_runtime.fleet.settings import FleetSettings, load, read_key
     from host_runtime.front import settings as front_settings
-    from host_runtime.front.tls import make_self_signed, self_signed_paths
     from host_runtime.serving.settings import ServingSettings
 
-    pair = self_signed_paths(tmp_path / "peer")
-    make_self_signed(pair, "box-8", "10.20.0.6")  # the member's own front certificate, carried to the gateway
-    cert = pair.certificate.read_bytes()
+    cert = _peer_ca(tmp_path / "peer")  # the member's own local CA, carried to the gateway
     files = {"files/bmc.pass": b"s3cret\n", "files/fleet.key": FLEET_KEY_TEXT.encode() + b"\n", "files/box-8.pem": cert}
     gateway = _with("fleet", {"role": "gateway", "key_file": "files/fleet.key", "peers": ["https://10.20.0.6:8443"],
                               "peer_certificates": ["files/box-8.pem"], "policy": "round_robin"})
@@ -762,17 +759,14 @@ def test_a_member_keeps_only_the_fleet_keys_hash_valid_from_its_gateway_and_noth
     import falcon.testing
 
     from host_runtime.fleet.settings import BOX_KEY_FILE, BOX_PEER_CERT_DIR
-    from host_runtime.front.tls import make_self_signed, self_signed_paths
     from host_runtime.engine.errors import RequestRejected
     from host_runtime.serving.app import AuthMiddleware, handle_api_error
 
     root = tmp_path / "root"
     etc = root / "etc/everycycle"
     key_file = root / BOX_KEY_FILE.lstrip("/")
-    pair = self_signed_paths(tmp_path / "peer")
-    make_self_signed(pair, "box-8", "10.20.0.6")
     files = {"files/bmc.pass": b"s3cret\n", "files/fleet.key": FLEET_KEY_TEXT.encode() + b"\n",
-             "files/box-8.pem": pair.certificate.read_bytes()}
+             "files/box-8.pem": _peer_ca(tmp_path / "peer")}
     gateway = _with("fleet", {"role": "gateway", "key_file": "files/fleet.key", "peers": ["https://10.20.0.6:8443"],
                               "peer_certificates": ["files/box-8.pem"]})
     apply(open_bundle(make_bundle(tmp_path / "gateway", gateway, files)), root)
@@ -824,3 +818,11 @@ def test_key_policies_in_box_toml_reach_the_keys(tmp_path):
         bad = _with("api", {"port": 8443, "generate_keys": ["alice"], "policies": policies})
         errors = validate(open_bundle(make_bundle(tmp_path / f"bad-{field}", bad)))
         assert field in [e.field for e in errors], (field, errors)
+
+
+def _peer_ca(state_dir: Path) -> bytes:
+    """A member's local CA certificate, as an owner carries it to the gateway's bundle."""
+    from host_runtime.front.settings import FrontSettings
+    from host_runtime.front.tls import ensure_certificate
+
+    return ensure_certificate(FrontSettings(listen="10.20.0.6"), state_dir).trust_anchor.read_bytes()

@@ -41,7 +41,7 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
     sup = Proc([str(BIN / "supervisord"), "-c", conf], tmp_path / "supervisord.out", env=env)
     ctl = [str(BIN / "supervisorctl"), "-s", f"unix://{run}/supervisor.sock"]
     base = f"https://127.0.0.1:{port}"
-    cert = state / "tls" / "self-signed.crt"
+    cert = state / "tls" / "ca.crt"  # the box's local CA
     https = ssl.create_default_context(cafile=None)
 
     def ready_https() -> bool:

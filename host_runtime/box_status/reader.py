@@ -19,6 +19,7 @@ from host_runtime.box_status.rows import BoxStatus, Serving, Source, models_from
 from host_runtime.box_status.sources import serving_get, supervisor_programs
 from host_runtime.common import http_client
 from host_runtime.common.prometheus_text import histogram_quantile, metric_samples, parse_prometheus
+from host_runtime.front.trust import TrustAnchor
 
 TIMEOUT_S = 1.0
 SERVING_TIMEOUT_S = 2.0   # /health and /metrics: cheap even under load
@@ -36,7 +37,9 @@ class ConsoleConfig:
     api_port: int = 8080
     api_scheme: str = "http"
     api_listen: str = "0.0.0.0"  # the front's address: a specific one is the only URL shown
-    tls_certificate: Path | None = None  # the front's: its fingerprint is shown for clients meeting a self-signed one
+    tls_certificate: Path | None = None  # what clients trust (the local CA's): its fingerprint is shown
+    tls_anchor: TrustAnchor | None = None  # where clients fetch it (front/trust.py)
+    lan_name: str | None = None  # NAME.local, announced by mDNS: shown beside the addresses
     box_name: str | None = None
     provision_root: Path = Path("/")          # what the wizard configures ("/" on the box)
     new_keys_file: Path | None = None  # first boot's generated keys, shown once (host_runtime/auth/new_keys.py)
@@ -125,6 +128,8 @@ class StatusReader:
                 if a.get("scope") == "global":
                     host = a["address"] if a["family"] == "ipv4" else f"[{a['address']}]"
                     urls.append(f"{self.config.api_scheme}://{host}:{port}/v1")
+        if urls and self.config.lan_name:  # the name outlives a DHCP lease; the address works without mDNS
+            urls.append(f"{self.config.api_scheme}://{self.config.lan_name}:{port}/v1")
         return urls or [f"{self.config.api_scheme}://127.0.0.1:{port}/v1"]
 
     def governor(self) -> tuple[Source, list[dict], int | None, list[dict]]:

@@ -381,7 +381,8 @@ class Dashboard(App):
 
         status = self.status
         self.push_screen(Connect(connect_lines(status.api_urls if status else [],
-                                               status.tls_fingerprint if status else None)))
+                                               status.tls_fingerprint if status else None,
+                                               self.reader.config.tls_anchor)))
 
     def action_gpu_details(self) -> None:
         self.push_screen(GpuDetails(self.status.gpus if self.status else []))

@@ -1,29 +1,23 @@
 """How to point a client at this box (UI-free: the console's connect screen and `everycycle status --connect` both
-show it): its address, how to trust its certificate (self-signed: fetched, then checked against the fingerprint
-shown on the box), and the settings of the tools people use."""
+show it): its addresses, how to trust its certificate (front/trust.py: the local CA's, fetched, then checked
+against the fingerprint shown on the box), and the settings of the tools people use."""
 
 from __future__ import annotations
 
-from host_runtime.front.nginx_conf import CERTIFICATE_PATH
+from host_runtime.front.trust import TrustAnchor, trust_lines
 
 
-def connect_lines(api_urls: list[str], fingerprint: str | None, key_hint: str = "KEY") -> list[str]:
+def connect_lines(api_urls: list[str], fingerprint: str | None, anchor: TrustAnchor | None = None,
+                  key_hint: str = "KEY") -> list[str]:
     if not api_urls:
         return ["no address yet: the box has no network address the front listens on"]
-    base = api_urls[0].rstrip("/")
+    roots = [_root(u) for u in api_urls]  # the status's URLs end in /v1; each tool below adds its own path
+    base = roots[0]
     lines = [f"Address: {base}   (API key: {key_hint})"]
-    if base.startswith("https://") and fingerprint:
-        lines += [
-            "Trust this box's certificate once, on each client machine:",
-            f"  curl -k -o everycycle.crt {base}{CERTIFICATE_PATH}",
-            "  openssl x509 -noout -fingerprint -sha256 -in everycycle.crt",
-            f"  must print SHA256 Fingerprint={fingerprint}",
-            "  Node tools (opencode, Claude Code, Continue):  export NODE_EXTRA_CA_CERTS=$PWD/everycycle.crt",
-            "  Python tools (openai, anthropic, LangChain, aider):  export SSL_CERT_FILE=$PWD/everycycle.crt"
-            "  (this box's only)",
-            "  Open WebUI in Docker:  -v $PWD/everycycle.crt:/box.crt:ro -e SSL_CERT_FILE=/box.crt "
-            "-e REQUESTS_CA_BUNDLE=/box.crt",
-        ]
+    if len(roots) > 1:
+        lines.append("  also: " + "  ".join(roots[1:]))
+    if base.startswith("https://") and fingerprint and anchor:
+        lines += trust_lines(anchor, fingerprint)
     lines += [
         "Tools:",
         f"  Claude Code:  ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN={key_hint} claude",
@@ -33,3 +27,8 @@ def connect_lines(api_urls: list[str], fingerprint: str | None, key_hint: str = 
         f"  Editor autocomplete (llama.vim, llama.vscode):  {base}/infill (a code model with FIM tokens)",
     ]
     return lines
+
+
+def _root(url: str) -> str:
+    url = url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url

@@ -52,7 +52,7 @@ def render(s: BoxStatus) -> str:
     if line := system_line(s.system):
         lines.append(f"System   {line}")
     if s.tls_fingerprint:
-        lines.append(f"TLS      certificate SHA-256 {s.tls_fingerprint}")
+        lines.append(f"TLS      clients trust SHA-256 {s.tls_fingerprint}  (`everycycle front ca` says how)")
     if sv.source.ok:
         lines.append(f"Serving  {sv.model or '?'}: {'ready' if sv.ready else 'NOT READY'} ({sv.ready_reason}); "
                      f"{sv.running:.0f} running, {sv.waiting:.0f} waiting; {fmt(sv.tokens_per_s, '.1f')} tok/s; "

@@ -1,6 +1,6 @@
 """The box's name on the LAN (I/O): NAME.local by mDNS (python-zeroconf), with its API announced as an
 `_https._tcp` service, so clients reach it by name whatever address DHCP gives it. The addresses are read again
-every few seconds and the announcement follows them; the self-signed certificate names NAME.local too."""
+every few seconds and the announcement follows them; the front's certificate names NAME.local too."""
 
 from __future__ import annotations
 

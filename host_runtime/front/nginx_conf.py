@@ -118,6 +118,7 @@ def _server_body(s: FrontSettings, *, metrics_location: bool = True, gateway: bo
 
 
 CERTIFICATE_PATH = "/everycycle.crt"  # the front's certificate, served for clients to trust (console/connect.py)
+CA_CERTIFICATE_PATH = "/ca.crt"        # the local CA's, which clients trust once (front/trust.py)
 
 
 def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
@@ -178,6 +179,9 @@ def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
     # to compare: fetched in clear or with -k, the fingerprint is what proves it). Public: every handshake sends it.
     certificate = (f"        location = {CERTIFICATE_PATH} {{ default_type application/x-pem-file; "
                    f"alias {pair.certificate}; }}")
+    if pair.ca:  # the CA too, in clear where HTTP is on: a client fetches it before it can check any certificate
+        certificate += (f"\n        location = {CA_CERTIFICATE_PATH} {{ default_type application/x-pem-file; "
+                        f"alias {pair.ca.certificate}; }}")
     out += _server_body(s, gateway=paths.gateway_port is not None) + [certificate]
     out.append("    }")
     if s.http != "off":

@@ -1,18 +1,26 @@
 """Starting the front (I/O): the certificate, nginx's config from the settings, a config test, then nginx itself
-in the foreground (supervisord's child; exec, so signals reach nginx directly)."""
+in the foreground, watched: where the local CA issued the certificate, it is issued again when the box's
+addresses change (a new DHCP lease) or it nears its end, and nginx reloads it (SIGHUP) without dropping a
+connection. Stop signals reach nginx as sent (QUIT: its graceful stop); the front exits with it."""
 
 from __future__ import annotations
 
 import os
 import pwd
+import logging
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.front.nginx_conf import FrontPaths, render
 from host_runtime.front.settings import FrontSettings
-from host_runtime.front.tls import CertificatePair, ensure_certificate
+from host_runtime.front.tls import CertificatePair, TLSError, ensure_certificate, refresh_leaf
+
+log = logging.getLogger("everycycle.front")
+
+ADDRESS_CHECK_S = 5.0  # a netlink dump: cheap, and a client that moved with the box waits at most this long
 
 
 class FrontError(Exception):
@@ -42,6 +50,30 @@ def prepare(settings: FrontSettings, state_dir: Path, run_dir: Path,
     return conf, pair
 
 
-def exec_nginx(conf: Path, run_dir: Path) -> None:
+def run_nginx(conf: Path, run_dir: Path, settings: FrontSettings, pair: CertificatePair,
+              check_s: float = ADDRESS_CHECK_S) -> int:
+    """nginx in the foreground until it exits (its exit status is returned); its certificate kept current."""
     binary = nginx_binary()
-    os.execv(binary, [binary, "-e", "stderr", "-p", str(run_dir), "-c", str(conf)])
+    nginx = subprocess.Popen([binary, "-e", "stderr", "-p", str(run_dir), "-c", str(conf)])
+
+    def forward(signum, _frame):
+        if nginx.poll() is None:
+            nginx.send_signal(signum)
+
+    for signum in (signal.SIGQUIT, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    while True:
+        try:
+            return nginx.wait(timeout=check_s)
+        except subprocess.TimeoutExpired:
+            pass
+        if pair.ca is None:
+            continue  # the owner's certificate, or the self-signed one clients already trust: left as it is
+        try:
+            reason = refresh_leaf(settings, pair)
+        except (OSError, TLSError) as exc:  # a full disk, say: nginx serves on with the certificate it has
+            log.warning("front: cannot issue the front's certificate again: %s", exc)
+            continue
+        if reason:
+            log.info("front: certificate issued again (%s); nginx reloads it", reason)
+            nginx.send_signal(signal.SIGHUP)

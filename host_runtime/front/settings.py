@@ -26,7 +26,7 @@ class FrontSettings:
     # on the LAN (keys and prompts readable on the network) for clients that cannot use TLS at all.
     http: str = "redirect"
     metrics: str = "key"             # /metrics: "open", "key" (an API key), or "loopback" (this machine only)
-    certificate: str = ""            # PEM paths from the bundle; empty: a self-signed pair made at first start
+    certificate: str = ""            # PEM paths from the bundle; empty: one issued by the box's local CA
     private_key: str = ""
     # Slow-client limits (nginx). Idle and slow-header connections cost nginx a few hundred bytes each, never a
     # gunicorn thread: these close them, and cap what one client address can hold or ask.
