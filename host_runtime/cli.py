@@ -600,10 +600,12 @@ def cmd_serve(parser, args) -> int:
     also = args.also_listen or settings.fleet_listen
     bind += [also] if also else []
     if args.unix_socket:
-        # Only the services' user (the front) and root (the console) reach the API's socket: the box's own
-        # readers get /metrics there without a key.
-        Path(args.unix_socket).parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(Path(args.unix_socket).parent, 0o700)
+        # Only the front and root (the console) reach the API's socket: the box's own readers get /metrics there
+        # without a key. The image gives its directory the front's group (everycycle-api, tmpfiles.d), which
+        # may pass; a directory of the serving user's own group (make run, the tests) is the user's alone.
+        sock_dir = Path(args.unix_socket).parent
+        sock_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(sock_dir, 0o750 if sock_dir.stat().st_gid != os.getegid() else 0o700)
     threads = args.http_threads
     if threads is None:
         from host_runtime.serving.http_threads import http_threads

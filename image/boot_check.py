@@ -88,7 +88,7 @@ def parse_supervisor_status(text: str) -> dict[str, str]:
 # ---- the box: one started with nspawn or qemu, reached over HTTP and SSH ----
 
 class Box:
-    http_base: str   # plain HTTP: only /health answers, everything else redirects
+    http_base: str   # plain HTTP: only /health and the certificates answer, everything else redirects
     https_base: str  # the API, behind the front's TLS
     ssh_host: str
     ssh_port: int
@@ -272,13 +272,11 @@ def http_get(url: str, timeout: float = 5, *, context=None, key: str | None = No
     return answer.status, answer.text()
 
 
-def pinned_context(cert_pem: str):
-    """Trust exactly the box's own certificate (self-signed; its names do not include the test's address)."""
+def trusting(ca_pem: str):
+    """Trust exactly the box's local CA, as a client told to by `everycycle front ca` does (names checked)."""
     import ssl
 
-    context = ssl.create_default_context(cadata=cert_pem)
-    context.check_hostname = False
-    return context
+    return ssl.create_default_context(cadata=ca_pem)
 
 
 def pem_fingerprint(pem: str) -> str:
@@ -289,18 +287,31 @@ def pem_fingerprint(pem: str) -> str:
 
 
 def check_front(box: Box, result: dict) -> None:
-    """HTTPS with the certificate whose fingerprint the box shows; plain HTTP only redirects; /metrics needs a
-    key. Sets box.tls (the pinned context) for the checks that follow."""
+    """As an owner's client: the box's local CA fetched over plain HTTP and checked against the fingerprint the box
+    shows (`everycycle front ca`), then HTTPS trusting that CA alone, names checked (the certificate it issued names
+    the address the box has); the served certificate is the one `everycycle front fingerprint` shows; plain HTTP
+    only redirects; /metrics needs a key. Sets box.tls (the trusting context) for the checks that follow."""
     import ssl
     from urllib.parse import urlsplit
 
-    shown = box.ssh("everycycle front fingerprint --state-dir /etc/everycycle").stdout.split()
+    shown = box.ssh("everycycle front ca --state-dir /etc/everycycle").stdout.splitlines()
+    ca_print = next((line.split()[-1] for line in shown if line.startswith("SHA-256")), None)
+    status, ca_pem = http_get(box.http_base + "/ca.crt")
+    result["ca_fingerprint"] = pem_fingerprint(ca_pem) if status == 200 else None
+    if status != 200 or result["ca_fingerprint"] != ca_print:
+        raise CheckFailed(f"the CA fetched in clear ({status}, {result['ca_fingerprint']}) is not the one the box "
+                          f"shows ({ca_print})")
+    box.tls = trusting(ca_pem)
+    # The certificate names the box's addresses as the front last saw them: one given after it started is
+    # named within its next check (5 s).
+    wait_until(box, "HTTPS trusting the box's CA", time.monotonic() + 20,
+               lambda: http_get(box.https_base + "/health", context=box.tls)[0] == 200)
     served = urlsplit(box.https_base)
     pem = ssl.get_server_certificate((served.hostname, served.port), timeout=10)
     result["tls_fingerprint"] = pem_fingerprint(pem)
-    if not shown or shown[0] != result["tls_fingerprint"]:
-        raise CheckFailed(f"the front serves certificate {result['tls_fingerprint']}, the box shows {shown}")
-    box.tls = pinned_context(pem)
+    leaf = box.ssh("everycycle front fingerprint --state-dir /etc/everycycle").stdout.split()
+    if not leaf or leaf[0] != result["tls_fingerprint"]:
+        raise CheckFailed(f"the front serves certificate {result['tls_fingerprint']}, the box shows {leaf}")
     status, _ = http_get(box.http_base + "/v1/models")
     result["http_redirects"] = status == 308
     if status != 308:
@@ -308,7 +319,8 @@ def check_front(box: Box, result: dict) -> None:
     status, _ = http_get(box.https_base + "/metrics", context=box.tls)
     if status != 401:
         raise CheckFailed(f"/metrics without a key answered {status}, not 401")
-    say(f"front: HTTPS with certificate {result['tls_fingerprint'][:23]}..., HTTP redirects, /metrics needs a key")
+    say(f"front: HTTPS trusting the box's CA {ca_print[:23]}... fetched in clear (names checked), certificate "
+        f"{result['tls_fingerprint'][:23]}..., HTTP redirects, /metrics needs a key")
 
 
 def wait_until(box: Box, what: str, deadline: float, probe, explain=None):
@@ -435,13 +447,12 @@ def check_nvidia(box: Box, result: dict, required: bool) -> None:
 
 def box_system(box: Box) -> dict:
     """The running version, slot and last update, as /health shows them to a key (without one it says only that
-    the box is up): over HTTPS, pinned to the box's own certificate."""
+    the box is up): over HTTPS, trusting the box's local CA (fetched in clear, as check_front checks)."""
     if getattr(box, "tls", None) is None:
-        import ssl
-        from urllib.parse import urlsplit
-
-        served = urlsplit(box.https_base)
-        box.tls = pinned_context(ssl.get_server_certificate((served.hostname, served.port), timeout=10))
+        status, ca_pem = http_get(box.http_base + "/ca.crt", timeout=10)
+        if status != 200:
+            raise OSError(f"the box's CA: HTTP {status}")
+        box.tls = trusting(ca_pem)
     status, body = http_get(box.https_base + "/health", context=box.tls, key=box.api_key, timeout=10)
     return json.loads(body).get("system", {}) if status == 200 else {}
 
@@ -473,8 +484,42 @@ def parse_service_processes(text: str) -> list[tuple[str, str]]:
     return rows
 
 
+def expected_user(args: str) -> str | None:
+    """The user a program of the box's services must run as (common/service_user.py), from its command line;
+    None for one this check does not know."""
+    from host_runtime.common import service_user as u
+
+    if any(a in args for a in ROOT_ALLOWED):
+        return "root"
+    if "nginx:" in args or " front run" in args:
+        return u.FRONT_USER
+    if " bmc " in args or args.endswith(" bmc"):
+        return u.BMC_USER
+    if " fleet gateway" in args or "host_runtime.fleet.router_main" in args:
+        return u.FLEET_USER
+    if any(f" {c} " in f"{args} " or f"host_runtime.cli {c}" in args for c in ("serve", "engine", "discover", "governor")):
+        return u.SERVICE_USER  # the governor too: the test bundle observes
+    return None
+
+
+def secret_owners(stat_lines: str) -> list[str]:
+    """`stat -c '%n %U %a'` of the box's secrets: what is wrong (another owner than common/service_user.py's, or
+    a mode that lets others read)."""
+    from host_runtime.common.service_user import owner_of
+
+    wrong = []
+    for line in stat_lines.splitlines():
+        path, user, mode = line.rsplit(" ", 2)
+        want = owner_of(path.lstrip("/"))
+        if want and (user != want or int(mode, 8) & 0o077):
+            wrong.append(f"{path}: {user} {mode}, expected {want} 600")
+    return wrong
+
+
 def check_users(box: Box, result: dict) -> None:
-    """No program of the box's services runs as root but supervisord (the governor too, only to enforce)."""
+    """No program of the box's services runs as root but supervisord (the governor too, only to enforce), each
+    runs as its own service's user, each secret is its reader's alone, and the engines' user reads none of the
+    others' (hardening #35 item 6)."""
     out = box.ssh("for p in $(ls /proc | grep -E '^[0-9]+$'); do grep -qs everycycle-supervisord.service "
                   "/proc/$p/cgroup && ps -o user:32=,args= -p $p; done")
     rows = parse_service_processes(out.stdout)
@@ -482,8 +527,21 @@ def check_users(box: Box, result: dict) -> None:
     as_root = [args for user, args in rows if user == "root" and not any(a in args for a in ROOT_ALLOWED)]
     if not rows or as_root:
         raise CheckFailed(f"programs running as root that need not: {as_root or out.stdout + out.stderr}")
-    say(f"service users: {result['service_users']}; as root: supervisord only "
-        f"({len(rows)} processes)")
+    misplaced = [f"{args} as {user} (expected {expected_user(args)})" for user, args in rows
+                 if expected_user(args) not in (None, user)]
+    if misplaced:
+        raise CheckFailed("programs running as another service's user: " + "; ".join(misplaced))
+    stats = box.ssh("stat -c '%n %U %a' /etc/everycycle/tls/*.key /etc/everycycle/api_keys.json "
+                    "/etc/everycycle/bmc.password /etc/everycycle/fleet.key 2>/dev/null").stdout
+    result["secrets"] = stats.splitlines()
+    if wrong := secret_owners(stats):
+        raise CheckFailed("secrets not their service's alone: " + "; ".join(wrong))
+    leaked = box.ssh("runuser -u everycycle -- cat /etc/everycycle/tls/box.key")
+    if leaked.returncode == 0 or "BEGIN" in leaked.stdout:
+        raise CheckFailed("the engines' user (everycycle) reads the front's TLS key")
+    result["engine_user_reads_tls_key"] = False
+    say(f"service users: {result['service_users']}, each program its own service's; as root: supervisord only "
+        f"({len(rows)} processes); secrets: {', '.join(result['secrets'])}; everycycle cannot read the TLS key")
 
 
 def check(box: Box, t0: float, timeout: float, nvidia_required: bool = False) -> dict:

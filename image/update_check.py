@@ -114,10 +114,11 @@ def update_status(box: QemuBox) -> dict:
 
 
 def identity(box: QemuBox) -> dict:
-    """What must survive an update: hostname, SSH host key, the API's key file, TLS certificate, provisioning."""
+    """What must survive an update: hostname, SSH host key, the API's key file, the local CA clients trust (the
+    certificate it issues follows the box's addresses, so may be issued again at a boot), provisioning."""
     out = box.ssh("hostname; sha256sum /etc/ssh/ssh_host_ed25519_key.pub /etc/everycycle/api_keys.json "
                   "/etc/everycycle/box.toml /var/lib/everycycle/provisioned.json; "
-                  "everycycle front fingerprint --state-dir /etc/everycycle | cut -d' ' -f1", timeout=60)
+                  "everycycle front ca --state-dir /etc/everycycle | grep '^SHA-256'", timeout=60)
     if out.returncode != 0:
         raise CheckFailed(f"could not read the box's identity: {out.stderr}")
     return {"lines": out.stdout.split("\n")}

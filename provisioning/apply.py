@@ -19,7 +19,7 @@ from host_runtime.common import settings_file
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.settings_file import SettingsError
 from host_runtime.governor.settings import process_environment
-from host_runtime.common.service_user import service_owner
+from host_runtime.common.service_user import owner_of, service_owner
 from host_runtime.fleet.settings import BOX_KEY_FILE, box_peer_certificate
 from provisioning.bundle import MAX_MODEL_BYTES, Bundle, BundleError, StagedCopy
 from provisioning.signing import manifest
@@ -27,8 +27,8 @@ from provisioning.validate import FLEET_KEY_NAME, SECRET_FIELDS, field_value, va
 
 
 FLEET_KEY = BOX_KEY_FILE.lstrip("/")
-# Secrets the unprivileged services read (serving: the keys; the front: the TLS key; the BMC agent: its password;
-# the fleet's gateway: the fleet key).
+# Secrets the unprivileged services read, each owned by the one that reads it (common/service_user.py: serving the
+# keys, the front the TLS key, the BMC agent its password, the fleet program the fleet key).
 SERVICE_READ_FILES = ("etc/everycycle/api_keys.json", "etc/everycycle/tls/api.key", "etc/everycycle/bmc.password",
                       FLEET_KEY)
 
@@ -310,7 +310,7 @@ def _apply_checked(bundle: Bundle, root: Path, live_network: bool, require_signa
                 # The services' secrets are theirs from the open file on: a chown by path after the write, in a
                 # directory they own (tls/), could be sent through a link they put there.
                 atomic_write(staged[rel], data, mode=mode,
-                             owner=service_owner() if rel in SERVICE_READ_FILES else None)
+                             owner=service_owner(owner_of(rel)) if rel in SERVICE_READ_FILES else None)
         _commit(staged, root, tag, stale_files(root, files))
     except BaseException:
         _undo_live(undo)

@@ -118,6 +118,27 @@ def test_the_boot_check_reads_which_user_each_service_runs_as():
         "everycycle /opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/everycycle governor run --state y\n")
     assert [u for u, _ in rows] == ["root", "everycycle", "everycycle"]
     assert all(any(a in args for a in boot_check.ROOT_ALLOWED) for u, args in rows if u == "root")
+    # Each program runs as its own service's user (#35 item 6): nginx as the front's, not everycycle.
+    expected = {
+        "/opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/supervisord -c x": "root",
+        "nginx: master process /usr/sbin/nginx -e stderr": "everycycle-front",
+        "/opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/everycycle front run --settings f": "everycycle-front",
+        "/opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/everycycle bmc --settings b": "everycycle-bmc",
+        "/opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/everycycle fleet gateway --if-gateway": "everycycle-fleet",
+        "/opt/everycycle/venv/bin/python3 -m host_runtime.fleet.router_main --host 127.0.0.1": "everycycle-fleet",
+        "/opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/everycycle serve --settings s": "everycycle",
+        "/opt/everycycle/venv/bin/python3 -m host_runtime.cli engine --socket e": "everycycle",
+        "/opt/everycycle/venv/bin/python3 /opt/everycycle/venv/bin/everycycle governor run --state y": "everycycle",
+    }
+    assert {args: boot_check.expected_user(args) for args in expected} == expected
+    mismatched = [args for u, args in rows if boot_check.expected_user(args) not in (None, u)]
+    assert mismatched == ["nginx: master process /usr/sbin/nginx -e stderr"]
+    assert boot_check.secret_owners("/etc/everycycle/tls/box.key everycycle-front 600\n"
+                                    "/etc/everycycle/api_keys.json everycycle 600\n") == []
+    assert boot_check.secret_owners("/etc/everycycle/tls/ca.key everycycle 600\n"
+                                    "/etc/everycycle/bmc.password everycycle-bmc 640\n") == [
+        "/etc/everycycle/tls/ca.key: everycycle 600, expected everycycle-front 600",
+        "/etc/everycycle/bmc.password: everycycle-bmc 640, expected everycycle-bmc 600"]
 
 
 class _StillBox:

@@ -532,3 +532,30 @@ def test_carried_files_keep_their_owner_by_name_when_the_new_image_numbers_users
     assert "etc/everycycle/api_keys.json" in carry.restore(tmp_path / "carry", new)
     st = os.stat(new / "etc/everycycle/api_keys.json")
     assert (st.st_uid, st.st_gid) == (991, 991) and st.st_mode & 0o777 == 0o600
+
+
+@pytest.mark.root
+def test_secrets_carried_from_a_release_with_one_service_user_go_to_the_service_that_reads_each(tmp_path):
+    """Hardening #35 item 6: one uid for every service meant one GGUF bug in an engine read the TLS key, the BMC
+    password and the fleet key. A release that splits the users carries the old slot's files (all owned by
+    everycycle) to their new owners, by name; what no service owns keeps its owner."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    (old / "etc/everycycle/tls").mkdir(parents=True)
+    (old / "etc/passwd").write_text("root:x:0:0::/root:/bin/sh\neverycycle:x:990:990::/var/lib:/bin/false\n")
+    (old / "etc/group").write_text("root:x:0:\neverycycle:x:990:\n")
+    (new / "etc").mkdir(parents=True)
+    users = {"everycycle": 991, "everycycle-front": 992, "everycycle-bmc": 993, "everycycle-fleet": 994}
+    (new / "etc/passwd").write_text("root:x:0:0::/root:/bin/sh\n" + "".join(
+        f"{name}:x:{uid}:{uid}::/:/bin/false\n" for name, uid in users.items()))
+    (new / "etc/group").write_text("root:x:0:\n" + "".join(f"{name}:x:{uid}:\n" for name, uid in users.items()))
+    files = {"etc/everycycle/api_keys.json": 991, "etc/everycycle/tls/ca.key": 992, "etc/everycycle/tls/box.key": 992,
+             "etc/everycycle/bmc.password": 993, "etc/everycycle/fleet.key": 994, "etc/everycycle/serving.toml": 991}
+    for rel in files:
+        (old / rel).write_bytes(b"secret")
+        os.chmod(old / rel, 0o600)
+        os.chown(old / rel, 990, 990)
+    carry.snapshot(old, tmp_path / "carry")
+    assert set(files) <= set(carry.restore(tmp_path / "carry", new))
+    for rel, uid in files.items():
+        st = os.stat(new / rel)
+        assert (rel, st.st_uid, st.st_gid, st.st_mode & 0o777) == (rel, uid, uid, 0o600)

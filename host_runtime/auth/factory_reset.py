@@ -63,7 +63,7 @@ def how_to_show_presence(bundle_dir: Path) -> str:
 
 def describe() -> str:
     return ("Factory reset erases: this box's API keys, its box.toml and every service's settings, the TLS "
-            "certificate and key, the BMC password, the fleet key and peers, the admin passphrase, the admin SSH "
+            "certificate and key and the box's local CA (clients trust the new one afterwards), the BMC password, the fleet key and peers, the admin passphrase, the admin SSH "
             "keys, the network settings, the provisioning bundle on the boot disk, the update's carried copy of "
             "all of these, the prompts kept in the prefix cache, per-key usage and the logs' contents. "
             "Models and the system stay.")

@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write, replace_directory
+from host_runtime.common.service_user import owner_of
 
 # Relative to the root. The image's own files in /etc/everycycle (the service environment, the bundle key it was
 # built to trust) come with each slot and are never carried.
@@ -118,15 +119,18 @@ def restore(dest: Path, root: Path) -> list[str]:
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, data, mode=entry["mode"])
         if os.geteuid() == 0:
-            os.chown(target, *_owner(entry, users, groups))
+            os.chown(target, *_owner(entry, users, groups, owner_of(rel)))
         written.append(rel)
     atomic_write(marker, ident.encode() + b"\n", mode=0o644)
     return written
 
 
-def _owner(entry: dict, users: dict[str, int], groups: dict[str, int]) -> tuple[int, int]:
+def _owner(entry: dict, users: dict[str, int], groups: dict[str, int], policy: str | None = None) -> tuple[int, int]:
     """The new root's ids for a carried file's owner, by name; a name the new root lacks gives root's (nobody else
-    reads it), and a snapshot from before names were kept gives its numbers."""
+    reads it), and a snapshot from before names were kept gives its numbers. A secret the new image gives to one
+    service's user (`policy`: a release that split the services' users) goes to that user where the root has it."""
+    if policy and policy in users:
+        return users[policy], groups.get(policy, 0)
     uid = users.get(entry["user"], 0) if entry.get("user") else entry["uid"]
     gid = groups.get(entry["group"], 0) if entry.get("group") else entry["gid"]
     return uid, gid
