@@ -65,6 +65,11 @@ def _networkd(iface: dict) -> str:
 
 
 MODELS_DIR = "var/lib/everycycle/models"
+
+
+def store_model(name: str) -> str:
+    """A store model's file, relative to the root (models/store.py's layout: ROOT/<name>/<name>.gguf)."""
+    return f"{MODELS_DIR}/{name}/{name}.gguf"
 USAGE_DIR = "var/lib/everycycle/usage"  # per-key usage, kept across restarts and updates (the data partition)
 
 
@@ -80,6 +85,8 @@ def service_settings(box: dict) -> dict:
 
     model = box["model"]
     path = f"/{MODELS_DIR}/{Path(model['path']).name}" if model["source"] == "bundle" and model.get("path") else ""
+    if model["source"] == "store" and model.get("name"):
+        path = f"/{store_model(model['name'])}"
     try:
         pull = {"pull_url": model.get("url", ""), "pull_sha256": model.get("sha256", ""),
                 "pull_name": model.get("name", "")} if model["source"] == "pull" else {}
@@ -282,6 +289,10 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
 def _apply_checked(bundle: Bundle, root: Path, live_network: bool, require_signature_pem: bytes | None,
                    link_wait_s: float, digest: str, previous: dict | None, record_path: Path) -> ApplyResult:
     errors = validate(bundle, require_signature_pem)
+    model = bundle.box["model"]
+    if not errors and model["source"] == "store" and not (root / store_model(model["name"])).is_file():
+        errors = [BundleError("model.name", f"no model {model['name']!r} in this box's store "
+                                            f"(/{MODELS_DIR}): add it first (everycycle models add FILE)")]
     if errors:
         raise BundleInvalid(errors)
     generated = {name: "ec-" + pysecrets.token_urlsafe(32) for name in bundle.box.get("api", {}).get("generate_keys", [])}

@@ -119,9 +119,12 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
                 model_quant = model_quantization(file_type, model["path"]) or ""
     elif model["source"] == "pull" and not model.get("url"):
         errors.append(BundleError("model.url", "is required when model.source is 'pull'"))
+    elif model["source"] == "store" and not model.get("name"):
+        errors.append(BundleError("model.name", "is required when model.source is 'store'"))
     for key in ("url", "sha256", "name"):
-        if model["source"] != "pull" and model.get(key):
-            errors.append(BundleError(f"model.{key}", "is only used when model.source is 'pull'"))
+        if model["source"] != "pull" and model.get(key) and not (key == "name" and model["source"] == "store"):
+            errors.append(BundleError(f"model.{key}", "is only used when model.source is 'pull'"
+                                                      + (" or 'store'" if key == "name" else "")))
     bmc = box["bmc"]
     if bmc["mode"] == "ipmi":
         for key in ("address", "user", "password_file"):

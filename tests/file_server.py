@@ -1,4 +1,4 @@
-"""A test-made HTTP file server on 127.0.0.1: Range requests, an optional delay per 256 KiB, and the Hugging Face
+"""A test-made HTTP file server on 127.0.0.1: Range requests (bytes=A- and bytes=A-B), an optional delay per 256 KiB, and the Hugging Face
 Hub's /OWNER/REPO/resolve/REV/PATH form, for the model store's pulls."""
 
 from __future__ import annotations
@@ -38,14 +38,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         path = self.server.root / (m.group(1) if m else self.path.lstrip("/"))
         return path if path.is_file() else None
 
-    def _headers(self, path: Path, start: int, size: int, partial: bool) -> None:
+    def _headers(self, path: Path, start: int, size: int, partial: bool, end: int | None = None) -> None:
+        end = size - 1 if end is None else end
         self.send_response(206 if partial else 200)
-        self.send_header("Content-Length", str(size - start))
+        self.send_header("Content-Length", str(end + 1 - start))
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("ETag", '"' + hashlib.sha256(path.read_bytes()).hexdigest() + '"')
         self.send_header("X-Repo-Commit", COMMIT)
         if partial:
-            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.end_headers()
 
     def do_HEAD(self):
@@ -67,13 +68,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(503)
             return
         size = path.stat().st_size
-        start = int(rng.split("=")[1].split("-")[0]) if rng else 0
-        self._headers(path, start, size, bool(rng))
+        first, _, last = rng.split("=")[1].partition("-") if rng else ("0", "", "")
+        start, end = int(first), min(int(last), size - 1) if last else size - 1  # bytes=A-B as nginx reads it
+        self._headers(path, start, size, bool(rng), end)
         with open(path, "rb") as f:
             f.seek(start)
+            left = end + 1 - start
             try:
-                while chunk := f.read(256 << 10):
+                while left > 0 and (chunk := f.read(min(256 << 10, left))):
                     self.wfile.write(chunk)
+                    left -= len(chunk)
                     time.sleep(self.server.delay_s)
             except (BrokenPipeError, ConnectionResetError):
                 pass

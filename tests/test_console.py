@@ -343,6 +343,12 @@ def test_the_models_screen_pulls_switches_and_removes_models(tmp_path):
             screen = app.screen
             assert screen.__class__.__name__ == "Models" and screen.names == ["tiny-a"]
             assert "built-in model" in str(screen.query_one("#models-status").render())
+            for _ in range(100):  # the selected model's verdict, planned off the UI thread
+                if "fits:" in str(screen.query_one("#models-verdict").render()):
+                    break
+                await pilot.pause(0.1)
+            verdict = str(screen.query_one("#models-verdict").render())
+            assert verdict.startswith("tiny-a: ") and "fits: 256-token context of 256 trained" in verdict
             await pilot.press("p")
             await pilot.pause(0.2)  # the input line takes the focus
             await pilot.press(*f"{server.base}/tiny-pulled.gguf", "enter")

@@ -111,6 +111,9 @@ BAD = [
      "model.sha256"),
     ("bad model name", _with("model", {"source": "pull", "url": "http://10.20.0.2/m.gguf", "sha256": "ab" * 32,
                                        "name": "../etc"}), {}, "model.name"),
+    ("a store model without its name", _with("model", {"source": "store"}), {}, "model.name"),
+    ("a url with a store model", _with("model", {"source": "store", "name": "m", "url": "http://10.20.0.2/m.gguf"}),
+     {}, "model.url"),
     ("url with the image's model", _with("model", {"source": "image", "url": "http://10.20.0.2/m.gguf"}), {},
      "model.url"),
     ("fleet member without the key", _with("fleet", {"role": "member"}), {}, "fleet.key_file"),
@@ -826,3 +829,24 @@ def _peer_ca(state_dir: Path) -> bytes:
     from host_runtime.front.tls import ensure_certificate
 
     return ensure_certificate(FrontSettings(listen="10.20.0.6"), state_dir).trust_anchor.read_bytes()
+
+
+def test_a_store_model_is_served_from_the_store_and_one_not_there_is_refused_by_name(tmp_path):
+    """The wizard copies a USB stick's GGUF into the store, then names it (model.source = 'store', #37)."""
+    from host_runtime.common import settings_file
+    from host_runtime.engine.model import default_model_path
+    from host_runtime.serving.settings import ServingSettings
+
+    root = tmp_path / "root"
+    bundle = make_bundle(tmp_path / "b", _with("model", {"source": "store", "name": "smol"}))
+    with pytest.raises(BundleInvalid) as refused:
+        apply(open_bundle(bundle), root)
+    assert [e.field for e in refused.value.errors] == ["model.name"]
+    assert "no model 'smol' in this box's store" in str(refused.value)
+    assert not (root / "etc/everycycle/serving.toml").exists()  # nothing half-applied
+    stored = root / "var/lib/everycycle/models/smol/smol.gguf"
+    stored.parent.mkdir(parents=True)
+    stored.write_bytes(default_model_path().read_bytes())
+    apply(open_bundle(bundle), root)
+    served = settings_file.load(ServingSettings, root / "etc/everycycle/serving.toml")
+    assert served.model == "/var/lib/everycycle/models/smol/smol.gguf"

@@ -7,10 +7,13 @@ import json
 import time
 import tomllib
 
+import pytest
+
 from host_runtime.auth.keystore import KeyVerifier
 from host_runtime.console.app import Dashboard
 from host_runtime.box_status.reader import ConsoleConfig, StatusReader
 from host_runtime.console.wizard import box_from_answers, context_for_memory
+from tests.file_server import serve_files
 
 HAND_WRITTEN = """
 schema_version = 1
@@ -416,3 +419,165 @@ def test_the_wizard_takes_an_ssh_key_for_the_admin(tmp_path):
     asyncio.run(drive())
     written = tmp_path / "root" / "root/.ssh/authorized_keys"
     assert written.read_text() == key + "\n" and written.stat().st_mode & 0o777 == 0o600
+
+
+# ---- the model page: the built-in model, a GGUF file, a URL; its size and the planner's verdict first (#37) -----
+
+
+TOPOLOGY_16G = {"gpus": {"llama_devices": []},
+                "memory": {"available_bytes": 12 << 30, "total_bytes": 16 << 30}}
+
+
+def test_the_model_answers_make_box_toml_model_tables():
+    from host_runtime.console.wizard import model_from_answers
+
+    base = {"context_length": "8192"}
+    assert model_from_answers(base) == {"source": "image", "context_length": 8192}
+    assert model_from_answers({**base, "model_source": "pull", "model_location": " hf://o/r/m.gguf ",
+                               "model_sha256": "ab" * 32}) == {
+        "source": "pull", "url": "hf://o/r/m.gguf", "sha256": "ab" * 32, "context_length": 8192}
+    assert model_from_answers({**base, "model_source": "file", "model_location": "/media/usb/Qwen3 8B.Q4_K_M.gguf"}) \
+        == {"source": "store", "name": "Qwen3-8B.Q4_K_M", "context_length": 8192}
+
+
+def test_a_models_verdict_comes_from_its_header_alone_and_says_why_it_does_not_fit(tmp_path):
+    from host_runtime.engine.model import default_model_path
+    from host_runtime.models.verdict import HEADER_BYTES, Verdict, VerdictError, verdict_for
+
+    model = default_model_path()
+    topology = tmp_path / "topology.json"
+    topology.write_text(json.dumps(TOPOLOGY_16G))
+    local = verdict_for(str(model), topology, 4096)
+    assert local.fits and local.size_bytes == model.stat().st_size
+    assert "fits: 4,096-token context of 8,192 trained" in local.text and "all on the CPU" in local.text
+    server = serve_files(model.parent)
+    try:
+        remote = verdict_for(f"{server.base}/{model.name}", topology, 4096)
+        assert remote == Verdict(True, model.stat().st_size, local.text)
+        assert server.ranges == [f"bytes=0-{HEADER_BYTES[0] - 1}"]  # the header, never the whole file
+        assert HEADER_BYTES[0] < model.stat().st_size
+    finally:
+        server.shutdown()
+    topology.write_text(json.dumps({"gpus": {"llama_devices": []},
+                                    "memory": {"available_bytes": 1 << 30, "total_bytes": 2 << 30}}))
+    short = verdict_for(str(model), topology, 4096)
+    assert not short.fits and "does not fit" in short.text and "host RAM would need" in short.text
+    with pytest.raises(VerdictError, match="no such file"):
+        verdict_for(str(tmp_path / "missing.gguf"), topology, 4096)
+    (tmp_path / "notes.gguf").write_bytes(b"not a model at all")
+    with pytest.raises(VerdictError):
+        verdict_for(str(tmp_path / "notes.gguf"), topology, 4096)
+
+
+def _wizard_app(tmp_path, topology: dict = TOPOLOGY_16G):
+    from textual.app import App
+
+    from host_runtime.console.wizard import Wizard
+
+    (tmp_path / "run").mkdir(exist_ok=True)
+    (tmp_path / "run" / "topology.json").write_text(json.dumps(topology))
+
+    class WizardApp(App):
+        def on_mount(self):
+            self.push_screen(Wizard([{"name": "eth0", "state": "up", "addresses": [{"address": "10.9.0.20"}]}],
+                                    16 << 30, tmp_path / "bundle", tmp_path / "root", tmp_path / "run" / "topology.json"))
+
+    return WizardApp()
+
+
+async def _verdict_shown(pilot, wizard, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await pilot.pause(0.2)
+        shown = str(wizard.query_one("#model_verdict").render())
+        if shown and not shown.startswith("reading"):
+            return shown
+    raise AssertionError("no verdict shown")
+
+
+def test_a_gguf_file_is_judged_then_copied_into_the_store_and_served(tmp_path):
+    from host_runtime.common import settings_file
+    from host_runtime.engine.model import default_model_path
+    from host_runtime.serving.settings import ServingSettings
+
+    model = default_model_path()
+    app = _wizard_app(tmp_path)
+
+    async def drive():
+        async with app.run_test(size=(120, 60)) as pilot:
+            await pilot.pause(0.3)
+            wizard = app.screen
+            for wid, value in {"admin_passphrase": "correct horse", "admin_passphrase_again": "correct horse",
+                               "model_location": str(model)}.items():
+                wizard.query_one(f"#{wid}").value = value
+            wizard.query_one("#model_source").value = "file"
+            shown = await _verdict_shown(pilot, wizard)
+            assert "SmolLM2-135M-Instruct.Q4_1: 94 MiB; fits: 8,192-token context" in shown
+            assert str(wizard.query_one("#problems").render()) == "no problems"
+            await _apply(pilot, wizard)
+            deadline = time.monotonic() + 30
+            while "applied bundle" not in str(wizard.query_one("#result").render()) and time.monotonic() < deadline:
+                await pilot.pause(0.2)
+            assert "applied bundle" in str(wizard.query_one("#result").render())
+
+    asyncio.run(drive())
+    root = tmp_path / "root"
+    stored = root / "var/lib/everycycle/models/SmolLM2-135M-Instruct.Q4_1/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert stored.read_bytes() == model.read_bytes()
+    served = settings_file.load(ServingSettings, root / "etc/everycycle/serving.toml")
+    assert served.model == "/var/lib/everycycle/models/SmolLM2-135M-Instruct.Q4_1/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert tomllib.loads((tmp_path / "bundle" / "box.toml").read_text())["model"] == {
+        "source": "store", "name": "SmolLM2-135M-Instruct.Q4_1", "context_length": 8192}
+
+
+def test_a_url_that_does_not_fit_is_refused_before_anything_is_written(tmp_path):
+    from host_runtime.engine.model import default_model_path
+
+    server = serve_files(default_model_path().parent)
+    url = f"{server.base}/{default_model_path().name}"
+    app = _wizard_app(tmp_path, {"gpus": {"llama_devices": []},
+                                 "memory": {"available_bytes": 1 << 30, "total_bytes": 2 << 30}})
+
+    async def drive():
+        async with app.run_test(size=(120, 60)) as pilot:
+            await pilot.pause(0.3)
+            wizard = app.screen
+            for wid, value in {"admin_passphrase": "correct horse", "admin_passphrase_again": "correct horse",
+                               "model_location": url}.items():
+                wizard.query_one(f"#{wid}").value = value
+            wizard.query_one("#model_source").value = "pull"
+            await pilot.pause(0.3)
+            assert "model.sha256" in str(wizard.query_one("#problems").render())  # a URL's pull needs its hash
+            wizard.query_one("#model_sha256").value = "ab" * 32
+            shown = await _verdict_shown(pilot, wizard)
+            assert "does not fit" in shown and "94 MiB" in shown
+            assert "model: it does not fit this box" in str(wizard.query_one("#problems").render())
+            await _apply(pilot, wizard)
+            assert not (tmp_path / "bundle" / "box.toml").exists()
+
+    try:
+        asyncio.run(drive())
+    finally:
+        server.shutdown()
+
+
+def test_the_wizards_model_page_snapshot(snap_compare, tmp_path):
+    """The model page as the owner sees it, with the verdict (a fixed topology: 16 GiB, no GPU; the file at a
+    fixed path, as a USB stick's would be)."""
+    from pathlib import Path
+
+    from host_runtime.engine.model import default_model_path
+
+    usb = Path("/tmp/everycycle-snapshot-usb")
+    usb.mkdir(exist_ok=True)
+    stick = usb / default_model_path().name
+    if not stick.is_symlink():
+        stick.symlink_to(default_model_path())
+
+    async def judged(pilot):
+        wizard = pilot.app.screen
+        wizard.query_one("#model_source").value = "file"
+        wizard.query_one("#model_location").value = str(stick)
+        await _verdict_shown(pilot, wizard)
+
+    assert snap_compare(_wizard_app(tmp_path), terminal_size=(120, 50), run_before=judged)

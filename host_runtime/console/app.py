@@ -365,7 +365,7 @@ class Dashboard(App):
         links = configurable_links((topo or {}).get("network"))
         memory = ((topo or {}).get("memory") or {}).get("total_bytes") or psutil.virtual_memory().total
         cfg = self.reader.config
-        self.push_screen(Wizard(links, memory, cfg.bundle_dir, cfg.provision_root))
+        self.push_screen(Wizard(links, memory, cfg.bundle_dir, cfg.provision_root, cfg.run_dir / "topology.json"))
 
     def on_provisioned(self, result) -> None:
         self.notice(f"provisioned (bundle {result.digest[:12]}); Esc returns to the dashboard")

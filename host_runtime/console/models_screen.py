@@ -27,6 +27,7 @@ class Models(ModalScreen):
         yield Static("Models (d: make the selected one the default and restart serving, x: remove, p: pull a URL, "
                      "Esc: close)", id="models-help")
         yield OptionList(id="models")
+        yield Static("", id="models-verdict")
         yield Input(placeholder="", id="models-input")
         yield Static("", id="models-status")
 
@@ -71,6 +72,48 @@ class Models(ModalScreen):
             self.say("no models in the store: p pulls one (an http(s) URL or hf://OWNER/REPO/FILE.gguf)")
         elif not default:
             self.say("serving starts with the image's built-in model (* marks a store model it starts with)")
+
+    # ---- the selected model's verdict: does it fit this box, at which context, how many sequences ------------
+
+    def on_option_list_option_highlighted(self, event) -> None:
+        name = self.selected()
+        if name is None:
+            return
+        cached = getattr(self, "_verdicts", {}).get(name)
+        if cached:
+            self.query_one("#models-verdict", Static).update(cached)
+            return
+        self.query_one("#models-verdict", Static).update(f"{name}: planning…")
+        self.run_worker(lambda: self._judge(name), thread=True, exclusive=True, group="verdict")
+
+    def _judge(self, name: str) -> None:
+        """In a worker thread: the planner's verdict for a store model with the serving settings' context cap and
+        the devices and free memory discovery last saw (the served model's own memory counts as used)."""
+        from host_runtime.cli import DEFAULT_CTX
+        from host_runtime.models.errors import StoreError
+        from host_runtime.models.verdict import VerdictError, verdict_for
+
+        try:
+            store = self._store()
+            text = verdict_for(str(store.path_of(store.get(name))), self.run_dir / "topology.json",
+                               self._context_cap() or DEFAULT_CTX).text
+        except (StoreError, VerdictError, OSError) as exc:
+            text = f"{name}: no verdict: {exc}"
+        self.app.call_from_thread(self._show_verdict, name, text)
+
+    def _show_verdict(self, name: str, text: str) -> None:
+        self._verdicts = {**getattr(self, "_verdicts", {}), name: text}
+        if self.selected() == name:
+            self.query_one("#models-verdict", Static).update(text)
+
+    def _context_cap(self) -> int:
+        from host_runtime.common import settings_file
+        from host_runtime.serving.settings import ServingSettings
+
+        try:
+            return settings_file.load(ServingSettings, self.settings_path).context_length if self.settings_path else 0
+        except Exception:  # an unreadable serving.toml: the default cap
+            return 0
 
     def selected(self) -> str | None:
         index = self.query_one("#models", OptionList).highlighted

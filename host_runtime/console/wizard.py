@@ -43,7 +43,7 @@ def box_from_answers(a: dict) -> tuple[dict, dict[str, bytes]]:
         interfaces.append(iface)
     box = {"schema_version": 1, "hostname": a["hostname"], "network": {"interfaces": interfaces},
            "api": {"port": int(a.get("port") or 8443), "generate_keys": ["owner"]},
-           "model": {"source": "image", "context_length": int(a["context_length"])},
+           "model": model_from_answers(a),
            "bmc": {"mode": a["bmc_mode"]},
            "power": {"target_c": float(a["target_c"]), "ceiling_c": float(a["ceiling_c"])}}
     files: dict[str, bytes] = {}
@@ -57,6 +57,26 @@ def box_from_answers(a: dict) -> tuple[dict, dict[str, bytes]]:
     if files:
         box["files"] = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
     return box, files
+
+
+MODEL_SOURCES = [("the image's SmolLM2-135M (built in)", "image"),
+                 ("a GGUF file: a USB stick or the boot disk", "file"),
+                 ("a URL on the LAN, or hf://OWNER/REPO/FILE.gguf", "pull")]
+
+
+def model_from_answers(a: dict) -> dict:
+    """box.toml's [model]: the image's model, a URL pulled at first boot (its sha256 checked), or a file the wizard
+    copies into the store when it applies (source 'store', by the name the store gives it)."""
+    source, location = a.get("model_source") or "image", (a.get("model_location") or "").strip()
+    model: dict = {"source": {"file": "store"}.get(source, source)}
+    if source == "pull":
+        model.update(url=location, sha256=(a.get("model_sha256") or "").strip())
+    elif source == "file":
+        from host_runtime.models.manifest import name_for_file
+
+        model["name"] = name_for_file(Path(location).name) if location else ""
+    model["context_length"] = int(a["context_length"])
+    return model
 
 
 def write_bundle(directory: Path, box: dict, files: dict[str, bytes]) -> Path:
@@ -95,8 +115,11 @@ class Wizard(Screen):
 
     BINDINGS = [("escape", "app.pop_screen", "back to the dashboard")]
 
-    def __init__(self, links: list[dict], total_memory: int, bundle_dir: Path, root: Path):
+    def __init__(self, links: list[dict], total_memory: int, bundle_dir: Path, root: Path,
+                 topology: Path | None = None):
         super().__init__()
+        self.topology = topology  # discovery's: the devices and free memory the model's verdict is judged on
+        self._verdict: tuple[tuple, object] | None = None  # (what was judged, its Verdict or why not)
         self.links = links or [{"name": "eth0"}]
         self.total_memory = total_memory
         self.bundle_dir = bundle_dir
@@ -121,7 +144,16 @@ class Wizard(Screen):
                 yield Input(placeholder="address/prefix, e.g. 192.168.1.20/24", id=f"address-{i}")
                 yield Input(placeholder="gateway", id=f"gateway-{i}")
                 yield Input(placeholder="DNS servers, comma-separated", id=f"dns-{i}")
-            yield Label(f"Model: the image's SmolLM2-135M; context for {self.total_memory / 2**30:.0f} GiB of RAM")
+            yield Label("Model: the built-in one, a GGUF file, or a URL (the size and whether it fits are shown "
+                        "before Apply)")
+            yield Select(MODEL_SOURCES, value="image", id="model_source", allow_blank=False)
+            yield Input(placeholder="/media/usb/model.gguf, http://nas.lan/model.gguf or hf://owner/repo/file.gguf",
+                        id="model_location")
+            yield Input(placeholder="its sha256, 64 hex digits (a URL's is required: the pull is refused unless it "
+                                    "matches; a file's is checked if given)", id="model_sha256")
+            yield Static("", id="model_verdict")
+            yield Label(f"Context per sequence, at most (for {self.total_memory / 2**30:.0f} GiB of RAM; the "
+                        "planner lowers it where memory is short, and says so)")
             yield Input(str(context_for_memory(self.total_memory)), id="context_length")
             yield Label("API port, HTTPS (an API key named 'owner' is generated and shown once)")
             yield Input("8443", id="port")
@@ -165,7 +197,8 @@ class Wizard(Screen):
         return {"hostname": val("hostname"), "links": links, "port": val("port"), "context_length": val("context_length"),
                 "bmc_mode": val("bmc_mode"), "bmc_address": val("bmc_address"), "bmc_user": val("bmc_user"),
                 "bmc_password": val("bmc_password"), "target_c": val("target_c"), "ceiling_c": val("ceiling_c"),
-                "ssh_key": val("ssh_key")}
+                "ssh_key": val("ssh_key"), "model_source": val("model_source"),
+                "model_location": val("model_location"), "model_sha256": val("model_sha256")}
 
     def candidate(self) -> tuple[dict | None, dict, list[str]]:
         try:
@@ -176,12 +209,66 @@ class Wizard(Screen):
         errors = validate(Bundle(Path("/nonexistent"), box, tomli_w.dumps(box).encode(),
                                  _files={rel: (data, 0o600) for rel, data in files.items()}))
         problems = [f"{e.field}: {e.message}" for e in errors]
+        problems += self._model_problems()
         passphrase, again = self._passphrases()
         if passphrase or again or not self.has_passphrase:
             wrong = admin_passphrase.problem(passphrase, again)
             if wrong:
                 problems.append(f"admin passphrase: {wrong}")
         return box, files, problems
+
+    # ---- the model: its verdict, judged off the UI thread --------------------------------------------------
+
+    def _model_key(self) -> tuple:
+        a = self.answers()
+        return a["model_source"], a["model_location"].strip(), a["context_length"]
+
+    def _model_problems(self) -> list[str]:
+        source, location, _ = key = self._model_key()
+        if source == "image":
+            return []
+        if not location:
+            return ["model: give the file's path" if source == "file" else "model: give the URL"]
+        if self._verdict is None or self._verdict[0] != key:
+            return ["model: reading its header to see whether it fits"]
+        verdict = self._verdict[1]
+        if isinstance(verdict, str):
+            return [f"model: {verdict}"]
+        return [] if verdict.fits else ["model: it does not fit this box (see above)"]
+
+    def _judge_soon(self) -> None:
+        """After typing pauses: a URL is asked once, not per keystroke."""
+        key = self._model_key()
+        if self._verdict is None or self._verdict[0] != key:
+            self.set_timer(0.6, lambda: self._judge(key))
+
+    def _judge(self, key: tuple) -> None:
+        if key != self._model_key() or (self._verdict and self._verdict[0] == key):
+            return
+        self.query_one("#model_verdict", Static).update("reading the model's header…")
+        self.run_worker(lambda: self._judged(key), thread=True, exclusive=True, group="verdict")
+
+    def _judged(self, key: tuple) -> None:
+        """In a worker thread: the verdict (a header over the network can take seconds)."""
+        from host_runtime.engine.model import default_model_path
+        from host_runtime.models.verdict import VerdictError, verdict_for
+
+        source, location, context = key
+        try:
+            cap = int(context) if context.strip() else 0
+            verdict = verdict_for(str(default_model_path()) if source == "image" else location, self.topology,
+                                  cap or context_for_memory(self.total_memory))
+        except ValueError:
+            verdict = "the context is not a number"
+        except (VerdictError, OSError) as exc:
+            verdict = f"cannot read it: {exc}"
+        self.app.call_from_thread(self._show_verdict, key, verdict)
+
+    def _show_verdict(self, key: tuple, verdict) -> None:
+        self._verdict = (key, verdict)
+        if key == self._model_key():
+            self.query_one("#model_verdict", Static).update(verdict if isinstance(verdict, str) else verdict.text)
+            self.recheck()
 
     def _passphrases(self) -> tuple[str, str]:
         return (str(self.query_one("#admin_passphrase").value or ""),
@@ -196,9 +283,11 @@ class Wizard(Screen):
 
     def on_input_changed(self, event) -> None:
         self.recheck()
+        self._judge_soon()
 
     def on_select_changed(self, event) -> None:
         self.recheck()
+        self._judge_soon()
 
     def _revoke_ticked(self) -> list[str]:
         """Re-provisioning keeps the keys already on the box (plan_files): the owner revokes the ones ticked."""
@@ -230,6 +319,37 @@ class Wizard(Screen):
             self.query_one("#result", Static).update(SIGNED_ONLY)
             return
         box, files, _ = self.candidate()
+        if self.answers()["model_source"] == "file":
+            self.query_one("#apply", Button).disabled = True
+            self.run_worker(lambda: self._copy_then_apply(box, files), thread=True, exclusive=True, group="apply")
+            return
+        self._apply(box, files)
+
+    def _copy_then_apply(self, box: dict, files: dict[str, bytes]) -> None:
+        """In a worker thread: the GGUF file copied into the store (hashed, read as a GGUF, then copied: a minute
+        for a large one, said as it goes), then the bundle applied on the UI thread."""
+        from host_runtime.models import pull
+        from host_runtime.models.store import Store, StoreError
+        from provisioning.apply import MODELS_DIR
+
+        say = lambda line: self.app.call_from_thread(self.query_one("#result", Static).update, line)  # noqa: E731
+        store, name = Store(self.root / MODELS_DIR), box["model"]["name"]
+        location = Path(self.answers()["model_location"].strip())
+        try:
+            try:
+                store.get(name)
+                say(f"{name} is already in the model store: using it")
+            except StoreError:
+                say(f"copying {location} ({location.stat().st_size / 2**30:.1f} GiB) into the model store as {name}…")
+                pull.add(store, location, name, sha256=self.answers()["model_sha256"].strip() or None, say=say)
+        except (StoreError, OSError) as exc:
+            say(f"refused: the model could not be added: {exc}")
+            self.app.call_from_thread(setattr, self.query_one("#apply", Button), "disabled", False)
+            return
+        self.app.call_from_thread(self._apply, box, files)
+
+    def _apply(self, box: dict, files: dict[str, bytes]) -> None:
+        self.query_one("#apply", Button).disabled = False
         bundle = open_bundle(write_bundle(self.bundle_dir, box, files))
         try:
             result = apply(bundle, self.root)
