@@ -549,6 +549,122 @@ def agent_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> di
             s.stop()
 
 
+class ParkedPeak:
+    """The most bytes parked per tier while a run goes (the gauge is back to 0 once every parked request resumed),
+    read from /metrics twice a second."""
+
+    def __init__(self, server: Server):
+        self.server, self.peak, self._stop = server, {}, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                m = self.server.metrics()
+            except OSError:
+                continue
+            for key, value in m.items():
+                if key.startswith("everycycle_parked_bytes{"):
+                    tier = key.split('tier="', 1)[1].split('"', 1)[0] if 'tier="' in key else key
+                    self.peak[tier] = max(self.peak.get(tier, 0), value)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join(5)
+        return self.peak
+
+
+def team_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> dict:
+    """A team's box (bench/team_workload.py): a batch flood while people chat, with EveryCycle's priority classes
+    on and off (the same server, the batch's `priority` field given or not) and against llama-server; the
+    people's idle TTFT as the floor."""
+    from bench.team_workload import run_team
+
+    servers = start_servers(args, model, model_id, workdir)
+    try:
+        for s in servers:  # warm-up: page faults and thread start-up
+            run_level(s, 1, 1, lambda ci, ri: {"model": model_id, "stream": True, "max_tokens": 8,
+                                                "messages": [{"role": "user", "content": "hello"}]})
+        runs = [(s, classes) for s in servers for classes in ((True, False) if s.name == "everycycle" else (False,))]
+        raw: dict[str, list[dict]] = {}
+        floor: dict[str, list[dict]] = {}
+        for rep in range(args.repeats):
+            for s, classes in (runs if rep % 2 == 0 else list(reversed(runs))):
+                name = s.name if classes or s.name != "everycycle" else "everycycle-no-priority"
+                before = s.metrics() if s.name.startswith("everycycle") else None
+                sampler = ParkedPeak(s) if before is not None else None
+                result = run_team(stream_chat, percentile, s.port, model_id, batch=args.team_batch, users=args.sessions,
+                                  turns=args.turns, batch_tokens=args.max_tokens, chat_tokens=args.team_chat_tokens,
+                                  bias=bias, tag=f"{rep}-{name}", classes=classes)
+                if before is not None:
+                    after = s.metrics()
+                    result["preempted"] = after.get("everycycle_requests_preempted_total", 0) - before.get(
+                        "everycycle_requests_preempted_total", 0)
+                    result["parked_bytes_peak"] = sampler.stop()
+                raw.setdefault(name, []).append(result)
+                print(f"  rep {rep + 1} team {name:<24} people during the flood ({result['interactive_during_flood']}):"
+                      f" ttft p50 {fmt(result['interactive_ttft_p50_s'])} p95 {fmt(result['interactive_ttft_p95_s'])}"
+                      f"  all {fmt(result['interactive_all_ttft_p50_s'])}  batch {result['batch_tok_s'] or 0:.1f}"
+                      f" tok/s in {result['batch_wall_s']} s  preempted {result.get('preempted', '-')}  errors "
+                      f"{result['errors']}", file=sys.stderr)
+            for s in servers:  # the floor: the people alone
+                floor.setdefault(s.name, []).append(run_team(
+                    stream_chat, percentile, s.port, model_id, batch=0, users=args.sessions, turns=args.turns,
+                    batch_tokens=args.max_tokens, chat_tokens=args.team_chat_tokens, bias=bias,
+                    tag=f"{rep}-{s.name}-idle", flood=False))
+
+        def med(runs_: list[dict], key: str):
+            values = [r[key] for r in runs_ if r.get(key) is not None]
+            return statistics.median(values) if values else None
+
+        table = {name: {k: med(rs, k) for k in ("interactive_ttft_p50_s", "interactive_ttft_p95_s",
+                                                 "interactive_all_ttft_p50_s", "interactive_during_flood",
+                                                 "batch_tok_s", "flood_all_tok_s", "batch_wall_s", "preempted")}
+                 | {"errors": sum(r["errors"] for r in rs)}
+                 for name, rs in raw.items()}
+        for name, rs in raw.items():
+            peaks = [r["parked_bytes_peak"] for r in rs if r.get("parked_bytes_peak") is not None]
+            if peaks:
+                table[name]["parked_bytes_peak"] = {t: max(p.get(t, 0) for p in peaks) for p in peaks for t in p}
+        idle = {name: med(rs, "interactive_ttft_p50_s") for name, rs in floor.items()}
+
+        def ratio(a, b):
+            return a / b if a is not None and b else None
+
+        on, off, ref = table.get("everycycle"), table.get("everycycle-no-priority"), table.get("llama-server")
+        ratios = {}
+        if on and off:
+            ratios["interactive_ttft_p50_vs_no_priority"] = ratio(on["interactive_ttft_p50_s"],
+                                                                  off["interactive_ttft_p50_s"])
+            ratios["batch_tok_s_vs_no_priority"] = ratio(on["batch_tok_s"], off["batch_tok_s"])
+            # The batch's share shrinks by what the people get; this one counts both.
+            ratios["flood_all_tok_s_vs_no_priority"] = ratio(on["flood_all_tok_s"], off["flood_all_tok_s"])
+        if on and ref:
+            ratios["interactive_ttft_p50_vs_llama_server"] = ratio(on["interactive_ttft_p50_s"],
+                                                                   ref["interactive_ttft_p50_s"])
+            ratios["batch_tok_s_vs_llama_server"] = ratio(on["batch_tok_s"], ref["batch_tok_s"])
+        if on:
+            ratios["interactive_ttft_p50_vs_idle"] = ratio(on["interactive_ttft_p50_s"], idle.get("everycycle"))
+        spreads = {}
+        if raw.get("everycycle") and raw.get("everycycle-no-priority"):
+            spreads["interactive_ttft_p50_vs_no_priority"] = paired_ratio(raw["everycycle"],
+                                                                          raw["everycycle-no-priority"],
+                                                                          "interactive_ttft_p50_s")
+        if raw.get("everycycle") and raw.get("llama-server"):
+            spreads["interactive_ttft_p50_vs_llama_server"] = paired_ratio(raw["everycycle"], raw["llama-server"],
+                                                                           "interactive_ttft_p50_s")
+        return {"workload": "team",
+                "team": {"batch_requests": args.team_batch, "batch_answer_tokens": args.max_tokens,
+                         "users": args.sessions, "turns_per_user": args.turns,
+                         "chat_answer_tokens": args.team_chat_tokens, "servers": table,
+                         "idle_interactive_ttft_p50_s": idle, "runs": raw_summary(raw)},
+                "ratios": {"team": ratios}, "ratio_spreads": {"team": spreads}}
+    finally:
+        for s in servers:
+            s.stop()
+
+
 def raw_summary(raw: dict[str, list[dict]]) -> dict:
     return {name: [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in runs]
             for name, runs in raw.items()}
@@ -645,13 +761,17 @@ def main() -> int:
     p.add_argument("--draft-model", metavar="PATH",
                    help="the draft model of everycycle-draft and llama-server-draft (default: --model itself, "
                         "which measures the mechanism's cost, not a speed-up)")
-    p.add_argument("--workload", choices=["chat", "code-edit", "agent"], default="chat",
+    p.add_argument("--team-batch", type=int, default=64, help="team: the batch job's requests, sent at once")
+    p.add_argument("--team-chat-tokens", type=int, default=32, help="team: the people's answer tokens")
+    p.add_argument("--workload", choices=["chat", "code-edit", "agent", "team"], default="chat",
                    help="chat: a short paragraph and its answer; code-edit: a file and the whole edited file back; "
                         "agent: coding-agent sessions sharing a long system prompt (bench/agent_workload.py; "
                         "defaults to a random-weight SmolLM2-shaped model trained for 32,768 tokens, 4 sequences of "
-                        "32,768, answers of 128 tokens)")
-    p.add_argument("--sessions", type=int, default=4, help="agent: concurrent sessions")
-    p.add_argument("--turns", type=int, default=5, help="agent: turns per session")
+                        "32,768, answers of 128 tokens); team: a batch flood (--team-batch requests, answers of "
+                        "--max-tokens, default 128) while --sessions people chat, --turns requests each "
+                        "(bench/team_workload.py)")
+    p.add_argument("--sessions", type=int, default=4, help="agent: concurrent sessions; team: people chatting")
+    p.add_argument("--turns", type=int, default=5, help="agent: turns per session; team: requests per person")
     p.add_argument("--turn-interval", type=float, default=0.0, metavar="S",
                    help="agent: send turns on a schedule the same for every server (session s's turn t at "
                         "s*S/sessions + t*S seconds, or when its last answer ends if later); 0: closed loop")
@@ -686,7 +806,7 @@ def main() -> int:
             p.error("--llama-server: give the binary's path (make bench-ref builds it), or leave it out of --servers")
     agent = args.workload == "agent"
     if args.max_tokens is None:
-        args.max_tokens = 128 if agent else 64
+        args.max_tokens = 128 if agent or args.workload == "team" else 64
     if args.parallel is None:
         args.parallel = args.sessions if agent else 16
     if args.ctx_size is None:
@@ -711,9 +831,11 @@ def main() -> int:
                                            "(its text is nonsense; its work per token is real)" if not args.model
                                            else "given by --model")
             doc.update(agent_mode(args, model, model_id, bias, workdir))
+        elif args.workload == "team":
+            doc.update(team_mode(args, model, model_id, bias, workdir))
         elif args.mode in ("all", "serving"):
             doc.update(serving_mode(args, model, model_id, bias, workdir))
-        if args.mode in ("all", "prefix") and not agent:
+        if args.mode in ("all", "prefix") and not agent and args.workload != "team":
             doc["prefix_cache"] = prefix_mode(args, model, model_id, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -30,3 +30,39 @@ def test_the_cpus_instruction_sets_and_repacking_are_recorded():
     assert bench.repacked("load_tensors:   CPU_REPACK model buffer size =  40.00 MiB") and not bench.repacked("CPU_Mapped")
     assert bench.repacked("m.gguf: weights repacked for this CPU")
     assert not bench.repacked("m.gguf: weights not repacked for this CPU")
+
+
+def test_the_team_workload_marks_only_the_batch_as_batch_and_counts_each_side_apart():
+    """bench/team_workload.py (#38): the flood's requests lower their own class (EveryCycle's `priority` field),
+    the people's never; with classes off none does; the floor run sends no flood."""
+    import threading
+
+    from bench.team_workload import run_team
+
+    seen, lock = [], threading.Lock()
+
+    def fake_stream(port, body):
+        with lock:
+            seen.append(body)
+        batch = "Document" in body["messages"][0]["content"]
+        now = bench.time.perf_counter()
+        return {"start": now, "end": now + (0.5 if batch else 0.05), "ttft": 0.3 if batch else 0.02,
+                "tokens": body["max_tokens"], "gaps": []}
+
+    # The flood (instant here) is over before the people start: they send their turns and no more.
+    r = run_team(fake_stream, bench.percentile, 0, "m", batch=6, users=2, turns=3, batch_tokens=40, chat_tokens=5,
+                 bias={}, tag="t", head_start_s=0.2, think_s=0.0)
+    batch = [b for b in seen if "Document" in b["messages"][0]["content"]]
+    chats = [b for b in seen if b not in batch]
+    assert len(batch) == 6 and all(b["priority"] == "batch" for b in batch)
+    assert len(chats) == 6 and not any("priority" in b for b in chats)
+    assert r["interactive_requests"] == 6 and r["batch_requests"] == 6 and r["batch_tokens"] == 240
+    assert r["interactive_ttft_p50_s"] == 0.02 and r["errors"] == 0 and r["batch_tok_s"] > 0
+    seen.clear()
+    run_team(fake_stream, bench.percentile, 0, "m", batch=6, users=2, turns=1, batch_tokens=40, chat_tokens=5,
+             bias={}, tag="t", classes=False, head_start_s=0.2, think_s=0.0)
+    assert not any("priority" in b for b in seen) and len(seen) == 8
+    seen.clear()
+    floor = run_team(fake_stream, bench.percentile, 0, "m", batch=6, users=2, turns=1, batch_tokens=40,
+                     chat_tokens=5, bias={}, tag="t", flood=False, think_s=0.0)
+    assert len(seen) == 2 and floor["batch_tok_s"] is None and floor["batch_requests"] == 0
