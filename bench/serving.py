@@ -262,10 +262,15 @@ def cpu_flags(cpuinfo: str | None = None) -> list[str]:
     return [f for f in CPU_FLAGS if f in have]
 
 
-def repacked(log_text: str) -> bool:
+def repacked(log_text: str) -> bool | None:
     """Whether llama.cpp repacked the weights for this CPU: llama-server's log names the CPU_REPACK buffer it
-    allocates; EveryCycle's engine says it in words (engine/model.py)."""
-    return "CPU_REPACK model buffer" in log_text or "weights repacked for this CPU" in log_text
+    allocates; EveryCycle's engine says it in words (engine/model.py). None where the log does not say: a newer
+    llama-server at its default verbosity prints no buffer lines (recorded as unknown, not as no)."""
+    if "CPU_REPACK model buffer" in log_text or "weights repacked for this CPU" in log_text:
+        return True
+    if "model buffer size" in log_text or "weights not repacked for this CPU" in log_text:
+        return False
+    return None
 
 
 def median_of(runs: list[dict]) -> dict:
