@@ -255,12 +255,17 @@ def build_parser() -> argparse.ArgumentParser:
     front = sub.add_parser("front", help="the LAN-facing front: nginx with TLS and slow-client limits before the API",
                            description="Run nginx in front of the serving API (TLS, timeouts, per-client limits), "
                                        "or show the certificate clients trust and how to trust it.")
-    front.add_argument("action", choices=["run", "fingerprint", "ca"],
+    front.add_argument("action", choices=["run", "fingerprint", "ca", "import"],
                        help="run: write nginx's config and run it in the foreground; fingerprint: print the "
                             "served certificate's SHA-256 fingerprint; ca: the certificate clients trust (the "
-                            "box's local CA), its fingerprint, where to fetch it and how each client trusts it")
+                            "box's local CA), its fingerprint, where to fetch it and how each client trusts it; "
+                            "import: serve the owner's own certificate (--certificate, --private-key), or the "
+                            "local CA's again (--local-ca), and restart the front")
     front.add_argument("--adopt", action="store_true",
                        help="ca: retire the self-signed certificate a box made before it had a local CA")
+    front.add_argument("--certificate", metavar="PEM", help="import: the owner's certificate (its chain after it)")
+    front.add_argument("--private-key", metavar="PEM", help="import: its private key (unencrypted PEM)")
+    front.add_argument("--local-ca", action="store_true", help="import: serve the local CA's certificate again")
     front.add_argument("--settings", metavar="FILE", help="the front's settings (front.toml; defaults without it)")
     front.add_argument("--state-dir", required=True, metavar="DIR",
                        help="where the box's local CA and the front's certificate are kept")
@@ -717,6 +722,8 @@ def cmd_front(parser, args) -> int:
     try:
         if args.action in ("fingerprint", "ca"):
             return _front_trust(args, settings, state_dir)
+        if args.action == "import":
+            return _front_import(parser, args, state_dir)
         if not args.run_dir or not args.upstream_socket:
             parser.error("front run: --run-dir and --upstream-socket are required")
         gateway_port = None
@@ -738,6 +745,21 @@ def cmd_front(parser, args) -> int:
     except (FrontError, TLSError) as exc:
         print(f"everycycle front: {exc}", file=sys.stderr)
         return 1
+
+
+def _front_import(parser, args, state_dir: Path) -> int:
+    from host_runtime.front.owner_certificate import import_pair, restart_front, use_local_ca
+
+    if not args.settings:
+        parser.error("front import: --settings (front.toml) is required: it is what names the certificate")
+    if args.local_ca == bool(args.certificate or args.private_key):
+        parser.error("front import: give --certificate and --private-key, or --local-ca")
+    if not args.local_ca and not (args.certificate and args.private_key):
+        parser.error("front import: --certificate and --private-key go together")
+    done = (use_local_ca(Path(args.settings)) if args.local_ca else
+            import_pair(Path(args.settings), state_dir, Path(args.certificate), Path(args.private_key)))
+    print(f"{done}; {restart_front(_run_dir())}")
+    return 0
 
 
 def _front_trust(args, settings, state_dir: Path) -> int:

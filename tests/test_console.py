@@ -349,6 +349,12 @@ def test_the_models_screen_pulls_switches_and_removes_models(tmp_path):
                 await pilot.pause(0.1)
             verdict = str(screen.query_one("#models-verdict").render())
             assert verdict.startswith("tiny-a: ") and "fits: 256-token context of 256 trained" in verdict
+            await pilot.press("n")
+            await wait_for_status(pilot, screen, "tiny-a pinned")
+            assert store.get("tiny-a").pinned and "pinned" in str(screen.query_one("#models").get_option_at_index(0).prompt)
+            await pilot.press("n")
+            await wait_for_status(pilot, screen, "tiny-a unpinned")
+            assert not store.get("tiny-a").pinned
             await pilot.press("p")
             await pilot.pause(0.2)  # the input line takes the focus
             await pilot.press(*f"{server.base}/tiny-pulled.gguf", "enter")

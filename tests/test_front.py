@@ -265,6 +265,60 @@ def test_a_box_made_before_the_local_ca_keeps_its_self_signed_certificate_until_
     assert again.returncode == 1 and "nothing to adopt" in again.stderr
 
 
+
+def test_an_owners_certificate_is_imported_checked_first_and_the_local_ca_can_be_taken_back(tmp_path):
+    """#37: an owner's own certificate and key could be given only in the bundle: now imported later too."""
+    import datetime as dt
+    import os
+    import subprocess
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    state, settings_path = tmp_path / "state", tmp_path / "state" / "front.toml"
+    state.mkdir()
+    front_settings.save(FrontSettings(), settings_path)
+    owner = ensure_certificate(FrontSettings(), tmp_path / "owner")   # any valid pair: the owner's, say
+    other = ensure_certificate(FrontSettings(), tmp_path / "other")
+    env = {**os.environ, "EVERYCYCLE_RUN_DIR": str(tmp_path / "run")}  # no supervisord there
+
+    def front_import(*extra):
+        return subprocess.run(everycycle("front", "import", "--settings", str(settings_path), "--state-dir",
+                                         str(state), *extra), capture_output=True, text=True, env=env)
+
+    before = settings_path.read_bytes()
+    wrong = front_import("--certificate", str(owner.certificate), "--private-key", str(other.private_key))
+    assert wrong.returncode == 1 and "does not belong to the certificate" in wrong.stderr
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old")])
+    past = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
+    expired = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+               .serial_number(1).not_valid_before(past).not_valid_after(past + dt.timedelta(days=30))
+               .sign(key, hashes.SHA256()))
+    (tmp_path / "old.crt").write_bytes(expired.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "old.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    old = front_import("--certificate", str(tmp_path / "old.crt"), "--private-key", str(tmp_path / "old.key"))
+    assert old.returncode == 1 and "not now" in old.stderr
+    assert front_import("--local-ca", "--certificate", "x").returncode == 2  # one or the other
+    assert settings_path.read_bytes() == before and not (state / "tls" / "api.key").exists()  # nothing changed
+    done = front_import("--certificate", str(owner.certificate), "--private-key", str(owner.private_key))
+    assert done.returncode == 0 and "no supervisord" in done.stdout, done.stderr
+    pair = ensure_certificate(front_settings.load(settings_path), state)
+    assert pair.kind == "bundle" and pair.certificate == state / "tls" / "api.crt"
+    assert pair.private_key.read_bytes() == owner.private_key.read_bytes()
+    assert pair.private_key.stat().st_mode & 0o777 == 0o600
+    back = front_import("--local-ca")
+    assert back.returncode == 0 and _pair_kind(settings_path, state) == "local-ca"
+
+
+def _pair_kind(settings_path, state) -> str:
+    from host_runtime.front.tls import certificate_pair
+
+    return certificate_pair(front_settings.load(settings_path), state).kind
+
 # ---- the real front before the real API ------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from textual.widgets import Input, OptionList, Static
 
 class Models(ModalScreen):
     BINDINGS = [Binding("escape", "app.pop_screen", "close"), Binding("d", "make_default", "make default"),
-                Binding("x", "remove", "remove"), Binding("p", "pull", "pull")]
+                Binding("x", "remove", "remove"), Binding("p", "pull", "pull"), Binding("n", "pin", "pin/unpin")]
 
     def __init__(self, store_root: Path | None, settings_path: Path | None, run_dir: Path):
         super().__init__()
@@ -24,8 +24,8 @@ class Models(ModalScreen):
         self._asking: str | None = None  # "pull" or "remove:NAME": what the input line is for
 
     def compose(self) -> ComposeResult:
-        yield Static("Models (d: make the selected one the default and restart serving, x: remove, p: pull a URL, "
-                     "Esc: close)", id="models-help")
+        yield Static("Models (d: make the selected one the default and restart serving, n: pin or unpin (kept "
+                     "loaded, kept from removal), x: remove, p: pull a URL, Esc: close)", id="models-help")
         yield OptionList(id="models")
         yield Static("", id="models-verdict")
         yield Input(placeholder="", id="models-input")
@@ -64,7 +64,8 @@ class Models(ModalScreen):
         for m in models:
             mark = "*" if default and str(store.path_of(m).resolve()) == default else " "
             kind = f"embedding ({m.pooling})" if m.pooling else f"context {m.context_length:,}"
-            listing.add_option(Text(f"{mark} {m.name:32} {m.size / 2**20:9,.1f} MiB  {m.quantization:8} {kind}"))
+            pinned = "  pinned" if m.pinned else ""
+            listing.add_option(Text(f"{mark} {m.name:32} {m.size / 2**20:9,.1f} MiB  {m.quantization:8} {kind}{pinned}"))
         self.names = [m.name for m in models]
         if models:  # the same model stays selected (else the first)
             listing.highlighted = self.names.index(was) if was in self.names else 0
@@ -143,6 +144,20 @@ class Models(ModalScreen):
 
         self.say(f"making {name} the default…")
         self.run_worker(work, thread=True, group="models")
+
+    def action_pin(self) -> None:
+        """Pin (kept loaded once loaded, and from `rm`) or unpin the selected model, as `everycycle models pin`."""
+        name = self.selected()
+        if name is None:
+            self.say("select a model first")
+            return
+
+        def job(store, say):
+            pinned = not store.get(name).pinned
+            store.set_pinned(name, pinned)
+            return f"{name} {'pinned: kept loaded and from removal' if pinned else 'unpinned'}"
+
+        self._run(job, f"changing {name}'s pin…")
 
     def action_remove(self) -> None:
         name = self.selected()
