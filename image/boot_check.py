@@ -143,6 +143,7 @@ class NspawnBox(Box):
         self.netns, self.host_if = f"ecboot-{tag}", f"ecb{tag}h"
         subnet = 20 + tag % 200
         host_ip, box_ip = f"10.231.{subnet}.1", f"10.231.{subnet}.2"
+        self.box_ip, self.moved = box_ip, (f"10.232.{subnet}.1", f"10.232.{subnet}.2")  # host, box: a new lease
         bundle = self.work / "bundle"
         self.write_bundle(bundle, {"name": "eth0", "mode": "static", "address": f"{box_ip}/30"})
         run = lambda *a: subprocess.run(list(a), check=True, capture_output=True, text=True)  # noqa: E731
@@ -614,7 +615,29 @@ def check(box: Box, t0: float, timeout: float, nvidia_required: bool = False) ->
     if record.returncode != 0 or box.hostname not in record.stdout.splitlines()[-1:]:
         raise CheckFailed(f"the first boot did not apply the bundle: {record.stdout}{record.stderr}")
     result["first_boot_applied"] = True
+    if isinstance(box, NspawnBox):
+        check_address_change(box, result)  # last: the box's first address (SSH's) is gone after it
     return result
+
+
+def check_address_change(box: NspawnBox, result: dict) -> None:
+    """As a new DHCP lease would: the box's address changes (the new one given, the old one taken away, in the
+    box's own network namespace), and a client that trusts only the box's local CA connects at the new address,
+    names checked, within the front's address check and a reload (#37: a new lease broke every client that
+    connected by IP)."""
+    from host_runtime.front.run import ADDRESS_CHECK_S
+
+    host_ip, box_ip = box.moved
+    run = lambda *a: subprocess.run(list(a), check=True, capture_output=True, text=True)  # noqa: E731
+    run("ip", "addr", "add", f"{host_ip}/30", "dev", box.host_if)
+    run("ip", "netns", "exec", box.netns, "ip", "addr", "add", f"{box_ip}/30", "dev", "eth0")
+    run("ip", "netns", "exec", box.netns, "ip", "addr", "del", f"{box.box_ip}/30", "dev", "eth0")
+    started = time.monotonic()
+    wait_until(box, "HTTPS at the box's new address, trusting its CA", started + ADDRESS_CHECK_S + 25,
+               lambda: http_get(f"https://{box_ip}:{HTTPS_PORT}/health", context=box.tls)[0] == 200)
+    result["address_change"] = {"from": box.box_ip, "to": box_ip, "trusted_after_s": round(time.monotonic() - started, 1)}
+    say(f"address {box.box_ip} -> {box_ip}: a client trusting only the box's CA connects there after "
+        f"{result['address_change']['trusted_after_s']} s (names checked)")
 
 
 def main(argv: list[str]) -> int:

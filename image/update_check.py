@@ -215,7 +215,7 @@ def step_update(box: QemuBox, server: ReleaseServer, v2: str, result: dict) -> N
     result["identity_kept"] = before == after
     if before != after:
         raise CheckFailed(f"the update lost the box's identity:\nbefore {before}\nafter  {after}")
-    say("kept: hostname, SSH host key, API keys, box.toml, the provisioning record, the TLS certificate")
+    say("kept: hostname, SSH host key, API keys, box.toml, the provisioning record, the local CA clients trust")
     # The old key still works through the front: a real request, as a client would make it.
     check_health = check(box, time.monotonic(), 600)
     result["v2_completion"] = check_health.get("completion")
