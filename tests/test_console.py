@@ -400,3 +400,41 @@ def test_the_top_users_come_from_the_per_key_usage_of_every_model():
     line = users_line(Serving(Source(True, ""), top_users=top_users(metrics)))
     assert line == "top users: nightly 5,000 tok (40 req), alice 1,100 tok (5 req), bob 10 tok (2 req)"
     assert users_line(Serving(Source(True, ""))) is None and top_users("") == []
+
+
+def test_the_models_screen_snapshot(snap_compare, tmp_path):
+    """The models panel as the owner sees it: the store's models, the default marked, a pinned one, and the
+    selected model's verdict (a fixed topology: 16 GiB, no GPU)."""
+    import json
+
+    from host_runtime.common import settings_file
+    from host_runtime.console.models_screen import Models
+    from host_runtime.models import pull as pulling
+    from host_runtime.models.store import Store
+    from host_runtime.serving.settings import ServingSettings
+    from tests.tiny_gguf import write_tiny_llama
+    from textual.app import App
+
+    store = Store(tmp_path / "store")
+    for name, seed in (("tiny-chat", 0), ("tiny-code", 1)):
+        pulling.add(store, write_tiny_llama(tmp_path / f"{name}.gguf", n_ctx=256, seed=seed), say=lambda line: None)
+    store.set_pinned("tiny-code", True)
+    settings = tmp_path / "serving.toml"
+    settings_file.save(ServingSettings(model=str(store.path_of(store.get("tiny-chat")).resolve()),
+                                       context_length=2048), settings)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "topology.json").write_text(json.dumps(
+        {"gpus": {"llama_devices": []}, "memory": {"available_bytes": 12 << 30, "total_bytes": 16 << 30}}))
+
+    class ModelsApp(App):
+        def on_mount(self):
+            self.push_screen(Models(store.root, settings, tmp_path / "run"))
+
+    async def judged(pilot):
+        for _ in range(100):
+            if "fits:" in str(pilot.app.screen.query_one("#models-verdict").render()):
+                return
+            await pilot.pause(0.1)
+        raise AssertionError("no verdict shown")
+
+    assert snap_compare(ModelsApp(), terminal_size=(120, 16), run_before=judged)

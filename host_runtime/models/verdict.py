@@ -95,7 +95,7 @@ def judge(table, size_bytes: int | None, devices, host, context_cap: int) -> Ver
     from host_runtime.placement.planner import PlacementError, PlanRequest, plan
 
     size = ("size unknown" if not size_bytes else f"{size_bytes / 2**30:.1f} GiB" if size_bytes >= 2**30
-            else f"{size_bytes / 2**20:.0f} MiB")
+            else f"{size_bytes / 2**20:.0f} MiB" if size_bytes >= 2**20 else f"{size_bytes / 2**10:.0f} KiB")
     try:
         placed = plan(table, devices, host, PlanRequest(n_ctx_per_seq=context_cap))
     except PlacementError as exc:
