@@ -183,6 +183,7 @@ class Wizard(Screen):
             yield Static("", id="result")
 
     def on_mount(self) -> None:
+        self._show_model_fields()
         self.recheck()
         if self.trusted_key is not None:
             self.query_one("#apply", Button).disabled = True
@@ -286,8 +287,15 @@ class Wizard(Screen):
         self._judge_soon()
 
     def on_select_changed(self, event) -> None:
+        self._show_model_fields()
         self.recheck()
         self._judge_soon()
+
+    def _show_model_fields(self) -> None:
+        """The file's path or URL and its sha256 only where the model is not the image's own."""
+        chosen = self.query_one("#model_source", Select).value != "image"
+        for wid in ("model_location", "model_sha256"):
+            self.query_one(f"#{wid}", Input).display = chosen
 
     def _revoke_ticked(self) -> list[str]:
         """Re-provisioning keeps the keys already on the box (plan_files): the owner revokes the ones ticked."""
