@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import ipaddress
 import logging
 import shutil
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.front.nginx_conf import FrontPaths, render
 from host_runtime.front.settings import FrontSettings
-from host_runtime.front.tls import CertificatePair, TLSError, ensure_certificate, refresh_leaf
+from host_runtime.front.tls import CertificatePair, TLSError, ensure_certificate, leaf_addresses, refresh_leaf
 
 log = logging.getLogger("everycycle.front")
 
@@ -39,6 +40,11 @@ def prepare(settings: FrontSettings, state_dir: Path, run_dir: Path,
     """Write the config (and make the certificate if needed); check it with `nginx -t`. Returns its path and the
     certificate pair it serves."""
     pair = ensure_certificate(settings, state_dir)
+    if pair.ca and settings.listen not in ("0.0.0.0", "::") and not leaf_addresses(settings.listen) >= {
+            ipaddress.ip_address(settings.listen)}:
+        log.warning("front: the local CA vouches for LAN addresses only, not %s: clients there will not trust "
+                    "this certificate; give the box a certificate of your own (everycycle front import)",
+                    settings.listen)
     run_dir.mkdir(parents=True, exist_ok=True)
     conf = run_dir / "nginx.conf"
     worker_user = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() == 0 else None
