@@ -786,12 +786,13 @@ def _front_trust(args, settings, state_dir: Path) -> int:
     if args.action == "fingerprint":
         print(f"{fingerprint(shown)}  {shown}  ({pair.kind})")
         return 0
+    shown_print = fingerprint(shown)
     print(f"{'local CA' if pair.ca else pair.kind + ' certificate'}  {shown}")
-    print(f"SHA-256  {fingerprint(shown)}")
+    print(f"SHA-256  {shown_print}")
     if pair.kind == "self-signed":
         print("this box made a self-signed certificate before it had a local CA, and its clients trust that one; "
               "`everycycle front ca --adopt` moves it to the CA (which survives address changes)")
-    print("\n".join(trust_lines(trust_anchor(settings, pair), fingerprint(shown))))
+    print("\n".join(trust_lines(trust_anchor(settings, pair), shown_print)))
     return 0
 
 
@@ -1009,8 +1010,6 @@ def cmd_console(parser, args) -> int:
     from host_runtime.models.store import default_root as default_store_root
 
     run_dir = _run_dir(args.run_dir)
-    import socket
-
     api_scheme, api_port, api_listen, certificate = "http", urlparse(args.serving_url).port or 8080, "0.0.0.0", None
     anchor = lan_name = None
     if args.front_settings:
@@ -1025,7 +1024,7 @@ def cmd_console(parser, args) -> int:
         api_scheme, api_port, api_listen = "https", front.https_port, front.listen
         pair = certificate_pair(front, Path(args.state_dir or os.path.dirname(args.front_settings)))
         certificate, anchor = pair.trust_anchor, trust_anchor(front, pair)
-        lan_name = f"{socket.gethostname().split('.')[0]}.local" if front.lan_name else None
+        lan_name = f"{front_settings.short_hostname()}.local" if front.lan_name else None
     config = ConsoleConfig(run_dir=run_dir, serving_url=args.serving_url.rstrip("/"), bmc_url=args.bmc_url,
                            serving_socket=Path(args.serving_socket) if args.serving_socket else None,
                            keys_file=Path(args.keys) if args.keys else None,
@@ -1255,7 +1254,6 @@ def cmd_fleet(parser, args) -> int:
 
 def _start_lan_name(parser, args):
     """NAME.local announced by mDNS where front.toml says lan_name (the default); None where it does not."""
-    import socket as socket_module
 
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.front import settings as front_settings
@@ -1269,7 +1267,7 @@ def _start_lan_name(parser, args):
         parser.error(f"fleet gateway: --front-settings: {exc}")
     if not front.lan_name or front.loopback_only:
         return None
-    name = socket_module.gethostname().split(".")[0]
+    name = front_settings.short_hostname()
     lan = LanName(name, front.https_port, lambda: lan_addresses(front.listen))
     try:
         lan.start()
@@ -1327,7 +1325,6 @@ def _fleet_program(parser, args, settings, stop) -> int:
 
 def _announce_until(stop, parser, args) -> int:
     """A member with mdns = true: its front announced on the LAN until supervisord stops the program."""
-    import socket as socket_module
 
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.fleet.mdns import Announcer, MDNSError
@@ -1347,7 +1344,7 @@ def _announce_until(stop, parser, args) -> int:
         print("everycycle fleet gateway: no LAN address to announce yet; waiting", file=sys.stderr, flush=True)
         stop.wait()
         return 0
-    name = socket_module.gethostname().split(".")[0]
+    name = front_settings.short_hostname()
     announcer = Announcer(name, addresses, front.https_port,
                           {"role": "member", "version": str(status(with_entries=False).get("version", ""))[:60]})
     try:

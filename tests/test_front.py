@@ -236,6 +236,15 @@ def test_the_fronts_certificate_is_issued_again_when_the_addresses_change(tmp_pa
     assert leaf_facts(pair.certificate)[0] == {loopback, second}
     assert fingerprint(pair.ca.certificate) == ca_print  # what clients trust never changes
     _handshake(pair, pair.trust_anchor, "10.0.0.77")  # names it; the handshake itself is on loopback
+    # The runner's keeper reads the files once: its checks every few seconds compare addresses only.
+    from host_runtime.front.tls import LeafKeeper
+
+    keeper = LeafKeeper(settings, pair, lambda: {second})
+    assert keeper.refresh() is None
+    pair.certificate.write_bytes(b"not read again")
+    assert keeper.refresh() is None
+    keeper.current = lambda: {first}
+    assert "now 10.0.0.5" in keeper.refresh() and leaf_facts(pair.certificate)[0] == {loopback, first}
 
 
 def test_a_box_made_before_the_local_ca_keeps_its_self_signed_certificate_until_the_owner_adopts_the_ca(tmp_path):

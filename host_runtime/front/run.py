@@ -17,7 +17,7 @@ from pathlib import Path
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.front.nginx_conf import FrontPaths, render
 from host_runtime.front.settings import FrontSettings
-from host_runtime.front.tls import CertificatePair, TLSError, ensure_certificate, leaf_addresses, refresh_leaf
+from host_runtime.front.tls import CertificatePair, LeafKeeper, TLSError, ensure_certificate, lan_address
 
 log = logging.getLogger("everycycle.front")
 
@@ -40,8 +40,7 @@ def prepare(settings: FrontSettings, state_dir: Path, run_dir: Path,
     """Write the config (and make the certificate if needed); check it with `nginx -t`. Returns its path and the
     certificate pair it serves."""
     pair = ensure_certificate(settings, state_dir)
-    if pair.ca and settings.listen not in ("0.0.0.0", "::") and not leaf_addresses(settings.listen) >= {
-            ipaddress.ip_address(settings.listen)}:
+    if pair.ca and not ipaddress.ip_address(settings.listen).is_unspecified and not lan_address(settings.listen):
         log.warning("front: the local CA vouches for LAN addresses only, not %s: clients there will not trust "
                     "this certificate; give the box a certificate of your own (everycycle front import)",
                     settings.listen)
@@ -68,15 +67,16 @@ def run_nginx(conf: Path, run_dir: Path, settings: FrontSettings, pair: Certific
 
     for signum in (signal.SIGQUIT, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
+    keeper = LeafKeeper(settings, pair) if pair.ca else None
     while True:
         try:
             return nginx.wait(timeout=check_s)
         except subprocess.TimeoutExpired:
             pass
-        if pair.ca is None:
+        if keeper is None:
             continue  # the owner's certificate, or the self-signed one clients already trust: left as it is
         try:
-            reason = refresh_leaf(settings, pair)
+            reason = keeper.refresh()
         except (OSError, TLSError) as exc:  # a full disk, say: nginx serves on with the certificate it has
             log.warning("front: cannot issue the front's certificate again: %s", exc)
             continue

@@ -4,6 +4,7 @@ runner and by the serving API (which enforces the /metrics access it names). Bot
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,12 @@ class FrontSettings:
             return ipaddress.ip_address(self.listen).is_loopback
         except ValueError:
             return False
+
+
+def short_hostname(hostname: str | None = None) -> str:
+    """The box's name on the LAN: its host name's first label (NAME in NAME.local, as mDNS announces it and the
+    front's certificate names it)."""
+    return (hostname or socket.gethostname()).split(".")[0]
 
 
 def check(s: FrontSettings) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
-from host_runtime.front.settings import FrontSettings
+from host_runtime.front.settings import FrontSettings, short_hostname
 
 CA_DAYS = 3650         # trusted once by every client: replacing it would mean trusting a new one everywhere
 LEAF_DAYS = 397        # issued again by the box itself, so it can be short (and stays within what Apple accepts)
@@ -89,10 +89,6 @@ def _write_pair(key, cert, private_key: Path, certificate: Path) -> None:
     atomic_write(certificate, cert.public_bytes(serialization.Encoding.PEM), 0o644)
 
 
-def _short_name(hostname: str) -> str:
-    return hostname.split(".")[0]
-
-
 def make_local_ca(ca: LocalCA, hostname: str | None = None) -> None:
     """An EC P-256 CA for this box alone: name-constrained to its host name, .local, localhost and LAN address
     ranges. Key 0600, written atomically."""
@@ -103,7 +99,7 @@ def make_local_ca(ca: LocalCA, hostname: str | None = None) -> None:
 
     hostname = hostname or socket.gethostname()
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"EveryCycle box {_short_name(hostname)} local CA"),
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"EveryCycle box {short_hostname(hostname)} local CA"),
                       x509.NameAttribute(NameOID.ORGANIZATION_NAME, "EveryCycle box")])
     now = dt.datetime.now(dt.timezone.utc)
     dns = sorted({*LAN_DNS, hostname})
@@ -132,7 +128,13 @@ def leaf_addresses(listen: str, current=None) -> set:
         ips.add(ipaddress.ip_address(listen))
     else:
         ips |= (current or addresses_now)()
-    return {ip for ip in ips if any(ip in net for net in LAN_NETWORKS if net.version == ip.version)}
+    return {ip for ip in ips if lan_address(ip)}
+
+
+def lan_address(ip) -> bool:
+    """Whether the local CA may vouch for this address (its name constraints: LAN ranges only)."""
+    ip = ipaddress.ip_address(ip)
+    return any(ip in net for net in LAN_NETWORKS if net.version == ip.version)
 
 
 def issue_leaf(ca: LocalCA, pair: CertificatePair, addresses: set, hostname: str | None = None) -> None:
@@ -150,7 +152,7 @@ def issue_leaf(ca: LocalCA, pair: CertificatePair, addresses: set, hostname: str
     except (OSError, ValueError, TypeError) as exc:
         raise TLSError(f"the local CA ({ca.certificate}) cannot be read: {exc}") from None
     permitted = _permitted_dns(ca_cert)
-    local = f"{_short_name(hostname)}.local"
+    local = f"{short_hostname(hostname)}.local"
     dns = [d for d in dict.fromkeys((local, hostname, "localhost")) if _dns_permitted(d, permitted)]
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.timezone.utc)
@@ -213,30 +215,49 @@ def addresses_now() -> set:
 
 def ensure_certificate(settings: FrontSettings, state_dir: Path) -> CertificatePair:
     """The pair nginx serves, checked to load and to match. With no certificate of the owner's, the local CA is
-    made when there is none, and its certificate for the front issued as refresh_leaf says."""
+    made when there is none, and its certificate for the front issued as LeafKeeper says."""
     pair = certificate_pair(settings, state_dir)
     if pair.ca:
         if not (pair.ca.certificate.exists() and pair.ca.private_key.exists()):
             make_local_ca(pair.ca)
         check_pair(CertificatePair(pair.ca.certificate, pair.ca.private_key, "local-ca"))
-        refresh_leaf(settings, pair)
-    check_pair(pair)
+        LeafKeeper(settings, pair).refresh()
+    else:
+        check_pair(pair)
     return pair
 
 
+class LeafKeeper:
+    """The local CA's certificate for the front, kept current: its files read and checked once, then only the
+    box's addresses at each check (the front's runner asks every few seconds), the files again after an issue."""
+
+    def __init__(self, settings: FrontSettings, pair: CertificatePair, current=None):
+        self.settings, self.pair, self.current = settings, pair, current
+        self._facts: tuple[set, dt.datetime] | None = None  # what the certificate on disk names, and its end
+
+    def refresh(self) -> str | None:
+        """Issue the certificate again where there is none, it does not match its key, it names other addresses
+        than the box has, or it ends soon; returns why it did (None: the certificate stands)."""
+        wanted = leaf_addresses(self.settings.listen, self.current)
+        if self._facts is None:
+            try:
+                check_pair(self.pair)
+                self._facts = leaf_facts(self.pair.certificate)
+            except (TLSError, ValueError) as exc:
+                reason = f"the one there cannot be used ({exc})"
+        if self._facts is not None:
+            named, not_after = self._facts
+            reason = reissue_reason(named, wanted, not_after, dt.datetime.now(dt.timezone.utc))
+        if reason:
+            self._facts = None
+            issue_leaf(self.pair.ca, self.pair, wanted)
+            self._facts = leaf_facts(self.pair.certificate)
+        return reason
+
+
 def refresh_leaf(settings: FrontSettings, pair: CertificatePair, current=None) -> str | None:
-    """Issue the front's certificate again where there is none, it does not match its key, it names other
-    addresses than the box has, or it ends soon; returns why it did (None: the certificate stands)."""
-    try:
-        check_pair(pair)
-        named, not_after = leaf_facts(pair.certificate)
-        wanted = leaf_addresses(settings.listen, current)
-        reason = reissue_reason(named, wanted, not_after, dt.datetime.now(dt.timezone.utc))
-    except (TLSError, ValueError) as exc:
-        wanted, reason = leaf_addresses(settings.listen, current), f"the one there cannot be used ({exc})"
-    if reason:
-        issue_leaf(pair.ca, pair, wanted)
-    return reason
+    """One check of LeafKeeper's, files read afresh."""
+    return LeafKeeper(settings, pair, current).refresh()
 
 
 def check_pair(pair: CertificatePair) -> None:

@@ -5,11 +5,10 @@ fingerprint to check it against, and the one line each kind of client needs."""
 from __future__ import annotations
 
 import ipaddress
-import socket
 from dataclasses import dataclass
 
 from host_runtime.front.nginx_conf import CA_CERTIFICATE_PATH, CERTIFICATE_PATH
-from host_runtime.front.settings import FrontSettings
+from host_runtime.front.settings import FrontSettings, short_hostname
 from host_runtime.front.tls import CertificatePair
 
 
@@ -22,7 +21,7 @@ class TrustAnchor:
 def trust_anchor(settings: FrontSettings, pair: CertificatePair, hostname: str | None = None) -> TrustAnchor:
     """Plain HTTP where the front answers in clear (before a client trusts anything, TLS proves nothing; the
     fingerprint does), else HTTPS fetched without checking; by NAME.local where the box announces it."""
-    short = (hostname or socket.gethostname()).split(".")[0]
+    short = short_hostname(hostname)
     if not ipaddress.ip_address(settings.listen).is_unspecified:  # the one address it answers on
         name = settings.listen if ":" not in settings.listen else f"[{settings.listen}]"
     else:  # NAME.local where announced, else the name the LAN's DHCP server usually registers
