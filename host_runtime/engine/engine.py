@@ -182,6 +182,7 @@ class Engine:
         self._active: list[Sequence] = []
         self._parked: list[_Parked] = []  # the loop thread's, like _active
         self._parking = ParkingSpace(prefix_cache.directory if prefix_cache.enabled else None, park_ram_bytes)
+        self.metrics.parked_bytes = self._parking.bytes_by_tier
         self._live_per_key: collections.Counter[str] = collections.Counter()  # under _cv (an RLock)
         self._ledger = KeyLedger()  # under _cv: tokens each key used, for its per-minute and per-day limits
         self.store = KVStore(prefix_cache.directory if prefix_cache.enabled else None, model.cache_fingerprint)
@@ -475,7 +476,6 @@ class Engine:
         self.runner.forget(seq.seq_id)
         self._parked.append(_Parked(seq, self._parking.put(state)))
         self.metrics.add("requests_preempted_total")
-        self.metrics.parked_bytes = self._parking.bytes_by_tier()
         self._publish_cache()
 
     def _resume(self, parked: _Parked) -> None:
@@ -484,7 +484,6 @@ class Engine:
         slot_id = None
         try:
             state = self._parking.take(parked.state)
-            self.metrics.parked_bytes = self._parking.bytes_by_tier()
             admission = self.cache.admit(None, request.cache_scope)
             slot_id = admission.slot_id
             self._apply(admission)
@@ -610,7 +609,6 @@ class Engine:
         for parked in [p for p in self._parked if p.request.cancelled.is_set()]:
             self._parked.remove(parked)
             self._parking.drop(parked.state)
-            self.metrics.parked_bytes = self._parking.bytes_by_tier()
             parked.seq.sampler.close()
             self._settle(parked.request)
             self.metrics.add("requests_cancelled_total")

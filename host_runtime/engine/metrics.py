@@ -77,7 +77,8 @@ class EngineMetrics:
         self.throttle_level = 0
         self.sequences_allowed = 0
         self.canary_seconds = 0.0
-        self.parked_bytes: dict[str, int] = {"ram": 0, "disk": 0}  # parked sequences' KV, by where it waits
+        # Parked sequences' KV by where it waits: the engine's ParkingSpace.bytes_by_tier, read when asked.
+        self.parked_bytes = lambda: {"ram": 0, "disk": 0}
         self.placement_lines: list[str] = []  # fixed at load: where the model lives (placement/render.py)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.time_per_token = Histogram(TOKEN_BUCKETS)
@@ -175,7 +176,7 @@ class EngineMetrics:
                 **self.counters,
                 "requests_processing": self.requests_processing,
                 "requests_deferred": self.requests_deferred,
-                **{f"parked_bytes_{tier}": n for tier, n in self.parked_bytes.items()},
+                **{f"parked_bytes_{tier}": n for tier, n in self.parked_bytes().items()},
             }
 
     def render(self, model_id: str, state: str) -> str:
@@ -215,7 +216,7 @@ class EngineMetrics:
             out += [gauge(name, help_text, value) for name, (value, help_text) in gauges.items()]
             parked = GaugeMetricFamily(p + "parked_bytes", "Parked sequences' KV (taken off their slot for a higher "
                                        "class), by where it waits.", labels=["model", "tier"])
-            for tier, n in self.parked_bytes.items():
+            for tier, n in self.parked_bytes().items():
                 parked.add_metric([model_id, tier], n)
             out.append(parked)
             out.append(_model_info(model_id, state))

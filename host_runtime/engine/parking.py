@@ -35,6 +35,7 @@ class ParkingSpace:
         self.directory = Path(directory) / "parked" if directory is not None else None
         self.ram_bytes = ram_bytes
         self._held: list[ParkedState] = []
+        self._bytes = {"ram": 0, "disk": 0}  # by tier, kept as states come and go (read by /metrics)
         if self.directory is not None:
             for stale in self.directory.glob(f"*{SUFFIX}"):
                 stale.unlink(missing_ok=True)
@@ -42,18 +43,18 @@ class ParkingSpace:
     def put(self, data: bytes) -> ParkedState:
         """The state kept: in RAM while the RAM bound holds it, else on disk (in RAM after all where the write
         fails: the disk full, say; the request goes on either way)."""
-        in_ram = sum(p.nbytes for p in self._held if p.data is not None)
         state = None
-        if self.directory is not None and in_ram + len(data) > self.ram_bytes:
+        if self.directory is not None and self._bytes["ram"] + len(data) > self.ram_bytes:
             state = self._write(data)
         if state is None:
             state = ParkedState(len(data), data=data)
         self._held.append(state)
+        self._bytes[state.tier] += state.nbytes
         return state
 
     def take(self, state: ParkedState) -> bytes:
         """The state's bytes, and it is gone from here. OSError where its file cannot be read."""
-        self._held.remove(state)
+        self._forget(state)
         if state.data is not None:
             return state.data
         try:
@@ -62,15 +63,16 @@ class ParkingSpace:
             state.path.unlink(missing_ok=True)
 
     def drop(self, state: ParkedState) -> None:
-        self._held.remove(state)
+        self._forget(state)
         if state.path is not None:
             state.path.unlink(missing_ok=True)
 
     def bytes_by_tier(self) -> dict[str, int]:
-        out = {"ram": 0, "disk": 0}
-        for state in self._held:
-            out[state.tier] += state.nbytes
-        return out
+        return dict(self._bytes)
+
+    def _forget(self, state: ParkedState) -> None:
+        self._held.remove(state)
+        self._bytes[state.tier] -= state.nbytes
 
     def _write(self, data: bytes) -> ParkedState | None:
         path = self.directory / f"{uuid.uuid4().hex}{SUFFIX}"
