@@ -22,6 +22,7 @@ class Models(ModalScreen):
         self.settings_path = settings_path
         self.run_dir = run_dir
         self._asking: str | None = None  # "pull" or "remove:NAME": what the input line is for
+        self._verdicts: dict[str, str] = {}  # store model -> its verdict line, planned once per screen
 
     def compose(self) -> ComposeResult:
         yield Static("Models (d: make the selected one the default and restart serving, n: pin or unpin (kept "
@@ -42,14 +43,20 @@ class Models(ModalScreen):
 
         return Store(self.store_root) if self.store_root is not None else None
 
-    def _default_path(self) -> str | None:
+    def _serving_settings(self):
+        """serving.toml's settings; None where there is none or it cannot be read (no default shown, the default
+        context cap: the status line says what is wrong on use)."""
         from host_runtime.common import settings_file
         from host_runtime.serving.settings import ServingSettings
 
         try:
-            return settings_file.load(ServingSettings, self.settings_path).model if self.settings_path else None
-        except Exception:  # an unreadable serving.toml: no default shown (the status line says so on use)
+            return settings_file.load(ServingSettings, self.settings_path) if self.settings_path else None
+        except Exception:
             return None
+
+    def _default_path(self) -> str | None:
+        settings = self._serving_settings()
+        return settings.model if settings else None
 
     def refresh_list(self) -> None:
         listing = self.query_one("#models", OptionList)
@@ -80,7 +87,7 @@ class Models(ModalScreen):
         name = self.selected()
         if name is None:
             return
-        cached = getattr(self, "_verdicts", {}).get(name)
+        cached = self._verdicts.get(name)
         if cached:
             self.query_one("#models-verdict", Static).update(cached)
             return
@@ -103,18 +110,13 @@ class Models(ModalScreen):
         self.app.call_from_thread(self._show_verdict, name, text)
 
     def _show_verdict(self, name: str, text: str) -> None:
-        self._verdicts = {**getattr(self, "_verdicts", {}), name: text}
+        self._verdicts[name] = text
         if self.selected() == name:
             self.query_one("#models-verdict", Static).update(text)
 
     def _context_cap(self) -> int:
-        from host_runtime.common import settings_file
-        from host_runtime.serving.settings import ServingSettings
-
-        try:
-            return settings_file.load(ServingSettings, self.settings_path).context_length if self.settings_path else 0
-        except Exception:  # an unreadable serving.toml: the default cap
-            return 0
+        settings = self._serving_settings()
+        return settings.context_length if settings else 0
 
     def selected(self) -> str | None:
         index = self.query_one("#models", OptionList).highlighted

@@ -327,34 +327,42 @@ class Wizard(Screen):
             self.query_one("#result", Static).update(SIGNED_ONLY)
             return
         box, files, _ = self.candidate()
-        if self.answers()["model_source"] == "file":
+        answers = self.answers()
+        if answers["model_source"] == "file":  # the widgets read here, on the UI thread, not in the worker
+            location, sha256 = Path(answers["model_location"].strip()), answers["model_sha256"].strip() or None
             self.query_one("#apply", Button).disabled = True
-            self.run_worker(lambda: self._copy_then_apply(box, files), thread=True, exclusive=True, group="apply")
+            self.run_worker(lambda: self._copy_then_apply(box, files, location, sha256), thread=True,
+                            exclusive=True, group="apply")
             return
         self._apply(box, files)
 
-    def _copy_then_apply(self, box: dict, files: dict[str, bytes]) -> None:
+    def _copy_then_apply(self, box: dict, files: dict[str, bytes], location: Path, sha256: str | None) -> None:
         """In a worker thread: the GGUF file copied into the store (hashed, read as a GGUF, then copied: a minute
         for a large one, said as it goes), then the bundle applied on the UI thread."""
         from host_runtime.models import pull
         from host_runtime.models.store import Store, StoreError
         from provisioning.apply import MODELS_DIR
 
-        say = lambda line: self.app.call_from_thread(self.query_one("#result", Static).update, line)  # noqa: E731
+        def say(line: str, enable_apply: bool = False) -> None:  # widgets touched on the UI thread only
+            self.app.call_from_thread(self._show_result, line, enable_apply)
+
         store, name = Store(self.root / MODELS_DIR), box["model"]["name"]
-        location = Path(self.answers()["model_location"].strip())
         try:
             try:
                 store.get(name)
                 say(f"{name} is already in the model store: using it")
             except StoreError:
                 say(f"copying {location} ({location.stat().st_size / 2**30:.1f} GiB) into the model store as {name}…")
-                pull.add(store, location, name, sha256=self.answers()["model_sha256"].strip() or None, say=say)
+                pull.add(store, location, name, sha256=sha256, say=say)
         except (StoreError, OSError) as exc:
-            say(f"refused: the model could not be added: {exc}")
-            self.app.call_from_thread(setattr, self.query_one("#apply", Button), "disabled", False)
+            say(f"refused: the model could not be added: {exc}", enable_apply=True)
             return
         self.app.call_from_thread(self._apply, box, files)
+
+    def _show_result(self, line: str, enable_apply: bool) -> None:
+        self.query_one("#result", Static).update(line)
+        if enable_apply:
+            self.query_one("#apply", Button).disabled = False
 
     def _apply(self, box: dict, files: dict[str, bytes]) -> None:
         self.query_one("#apply", Button).disabled = False
