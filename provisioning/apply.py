@@ -65,11 +65,6 @@ def _networkd(iface: dict) -> str:
 
 
 MODELS_DIR = "var/lib/everycycle/models"
-
-
-def store_model(name: str) -> str:
-    """A store model's file, relative to the root (models/store.py's layout: ROOT/<name>/<name>.gguf)."""
-    return f"{MODELS_DIR}/{name}/{name}.gguf"
 USAGE_DIR = "var/lib/everycycle/usage"  # per-key usage, kept across restarts and updates (the data partition)
 
 
@@ -86,7 +81,9 @@ def service_settings(box: dict) -> dict:
     model = box["model"]
     path = f"/{MODELS_DIR}/{Path(model['path']).name}" if model["source"] == "bundle" and model.get("path") else ""
     if model["source"] == "store" and model.get("name"):
-        path = f"/{store_model(model['name'])}"
+        from host_runtime.models.store import Store
+
+        path = str(Store(Path("/") / MODELS_DIR).file_for(model["name"]))
     try:
         pull = {"pull_url": model.get("url", ""), "pull_sha256": model.get("sha256", ""),
                 "pull_name": model.get("name", "")} if model["source"] == "pull" else {}
@@ -286,13 +283,24 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
         bundle.drop_copies()  # a model copy apply did not install (a refused bundle, a failure) goes
 
 
+def _store_model_errors(root: Path, name: str) -> list[BundleError]:
+    """A store model is one the store admitted (its manifest written last), not a file that happens to be there."""
+    from host_runtime.models.store import Store, StoreError
+
+    try:
+        Store(root / MODELS_DIR).get(name)
+    except StoreError:
+        return [BundleError("model.name", f"no model {name!r} in this box's store (/{MODELS_DIR}): add it first "
+                                          "(everycycle models add FILE)")]
+    return []
+
+
 def _apply_checked(bundle: Bundle, root: Path, live_network: bool, require_signature_pem: bytes | None,
                    link_wait_s: float, digest: str, previous: dict | None, record_path: Path) -> ApplyResult:
     errors = validate(bundle, require_signature_pem)
     model = bundle.box["model"]
-    if not errors and model["source"] == "store" and not (root / store_model(model["name"])).is_file():
-        errors = [BundleError("model.name", f"no model {model['name']!r} in this box's store "
-                                            f"(/{MODELS_DIR}): add it first (everycycle models add FILE)")]
+    if not errors and model["source"] == "store":
+        errors = _store_model_errors(root, model["name"])
     if errors:
         raise BundleInvalid(errors)
     generated = {name: "ec-" + pysecrets.token_urlsafe(32) for name in bundle.box.get("api", {}).get("generate_keys", [])}

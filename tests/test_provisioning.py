@@ -835,6 +835,8 @@ def test_a_store_model_is_served_from_the_store_and_one_not_there_is_refused_by_
     """The wizard copies a USB stick's GGUF into the store, then names it (model.source = 'store', #37)."""
     from host_runtime.common import settings_file
     from host_runtime.engine.model import default_model_path
+    from host_runtime.models import pull as pulling
+    from host_runtime.models.store import Store
     from host_runtime.serving.settings import ServingSettings
 
     root = tmp_path / "root"
@@ -847,6 +849,10 @@ def test_a_store_model_is_served_from_the_store_and_one_not_there_is_refused_by_
     stored = root / "var/lib/everycycle/models/smol/smol.gguf"
     stored.parent.mkdir(parents=True)
     stored.write_bytes(default_model_path().read_bytes())
+    with pytest.raises(BundleInvalid):  # a file there is not a model until the store admits it (its manifest)
+        apply(open_bundle(bundle), root)
+    stored.unlink()
+    pulling.add(Store(root / "var/lib/everycycle/models"), default_model_path(), "smol", say=lambda line: None)
     apply(open_bundle(bundle), root)
     served = settings_file.load(ServingSettings, root / "etc/everycycle/serving.toml")
     assert served.model == "/var/lib/everycycle/models/smol/smol.gguf"

@@ -62,6 +62,10 @@ class Store:
     def path_of(self, manifest: Manifest) -> Path:
         return self.root / manifest.name / manifest.file
 
+    def file_for(self, name: str) -> Path:
+        """Where a model of this name keeps its GGUF (admit puts it there, and its manifest then names it)."""
+        return self.root / name / (name + ".gguf")
+
     # ---- writing -------------------------------------------------------------------------------------------
 
     def partial_dir(self) -> Path:
@@ -97,9 +101,8 @@ class Store:
         check_name(name)
         self.refuse_existing(name)
         info = read_info(file)
-        target_dir = self.root / name
-        target_dir.mkdir(parents=True, exist_ok=True)
-        target = target_dir / (name + ".gguf")
+        target = self.file_for(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
         if move:
             os.replace(file, target)
         else:
@@ -108,7 +111,7 @@ class Store:
             os.replace(staged, target)
         manifest = Manifest(name=name, file=target.name, sha256=sha256, size=target.stat().st_size,
                             source=source, added_at=_now(), **info)
-        atomic_write(target_dir / MANIFEST, manifest.to_json().encode(), mode=0o644)
+        atomic_write(target.parent / MANIFEST, manifest.to_json().encode(), mode=0o644)
         return manifest
 
     def remove(self, name: str) -> Manifest:
