@@ -248,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--usage-dir", metavar="DIR",
                        help="keep per-key usage here across restarts (default: serving.toml's usage_dir; without "
                             "one, in memory only)")
+    serve.add_argument("--trace-endpoint", metavar="URL",
+                       help="send each request's trace (OpenTelemetry spans) to this OTLP/HTTP collector, e.g. "
+                            "http://10.0.0.5:4318 (default: serving.toml's trace_endpoint; without one, no tracing)")
     serve.add_argument("--engine-socket", metavar="PATH",
                        help="use an engine already running at this socket instead of starting one")
     _add_engine_options(serve)
@@ -554,6 +557,13 @@ def cmd_serve(parser, args) -> int:
         settings = load_settings(ServingSettings, args.settings)
     except SettingsError as exc:
         parser.error(f"--settings: {exc}")
+    if args.trace_endpoint:
+        from host_runtime.serving.settings import check_trace_endpoint
+
+        try:
+            check_trace_endpoint(args.trace_endpoint, "--trace-endpoint")
+        except SettingsError as exc:
+            parser.error(str(exc))
     model_arg = args.model or settings.model or _pulled_model(args, settings) or None
     args = serve_arguments(args, settings, _own_settings(parser, args, model_arg))
 
@@ -598,7 +608,9 @@ def cmd_serve(parser, args) -> int:
                        fleet_router=args.fleet_router or settings.fleet_router or None,
                        prefix_cache_shared=args.prefix_cache_shared or settings.prefix_cache_shared,
                        aliases=tuple(settings.aliases.items()),
-                       model_store=str(pool.store.root) if pool else None)
+                       model_store=str(pool.store.root) if pool else None,
+                       trace_endpoint=args.trace_endpoint or settings.trace_endpoint or None,
+                       trace_sample_ratio=settings.trace_sample_ratio)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = [f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"]

@@ -93,6 +93,7 @@ def service_settings(box: dict) -> dict:
     except SettingsError as exc:
         raise SettingsError(f"model.{exc.field}", exc.message) from None
     serving = _serving_table(box.get("serving", {}), serving, model)
+    serving = _tracing_table(box.get("tracing", {}), serving)
     fleet = fleet_from_box(box)
     if fleet.role == "gateway":
         serving = dataclasses.replace(serving, fleet_listen=OWN_API, fleet_router=f"127.0.0.1:{fleet.router_port}")
@@ -117,6 +118,18 @@ def _serving_table(table: dict, serving, model: dict):
         return dataclasses.replace(serving, **values)
     except SettingsError as exc:
         raise SettingsError(f"serving.{exc.field}", exc.message) from None
+
+
+def _tracing_table(table: dict, serving):
+    """box.toml's [tracing] onto the serving settings (the API sends the spans); errors name the box.toml field."""
+    names = {"endpoint": "trace_endpoint", "sample_ratio": "trace_sample_ratio"}
+    values = {names[k]: (float(v) if k == "sample_ratio" and not isinstance(v, bool) else v)
+              for k, v in table.items() if k in names}
+    try:
+        return dataclasses.replace(serving, **values)
+    except SettingsError as exc:
+        field = next((k for k, v in names.items() if v == exc.field), exc.field)
+        raise SettingsError(f"tracing.{field}", exc.message) from None
 
 
 def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[dict] = ()) -> dict[str, tuple]:

@@ -134,9 +134,11 @@ def _key_file(path: Path, key: str) -> Path:
 
 def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "cache_aware", parallel: int = 4,
                 max_queue: int = 64, ctx_size: int = 1024, poll_interval: float = 0.5,
-                governor_state: bool = False, behind_front: tuple[int, ...] = ()) -> Fleet:
+                governor_state: bool = False, behind_front: tuple[int, ...] = (),
+                trace_port: int | None = None) -> Fleet:
     """Boxes in namespaces; box_models[i] is a GGUF path box i serves (None: the built-in model). Box 0 is the
-    gateway. Returns once every box is ready and the router has a worker for each box's model."""
+    gateway. Returns once every box is ready and the router has a worker for each box's model. With `trace_port`,
+    every box's API sends its spans to an OTLP collector on that port of the root namespace."""
     net = Net(len(box_models))
     fleet = None
     try:
@@ -158,6 +160,8 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
                       "--model-store", str(workdir / f"box{i}_store"), "--run-dir", str(workdir / f"box{i}_run")]
             if model:
                 common += ["--model", model]
+            if trace_port is not None:  # the root namespace's address on the bridge
+                common += ["--trace-endpoint", f"http://{net.prefix}.1:{trace_port}"]
             if governor_state:  # a file the test writes to play the governor
                 common += ["--governor-state", str(workdir / f"box{i}_governor.json")]
             if i == 0:

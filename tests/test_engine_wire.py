@@ -58,6 +58,15 @@ def test_every_reply_and_event_comes_back_as_itself(event):
         assert back == event
 
 
+def test_done_carries_the_engines_timings_which_do_not_make_two_answers_differ():
+    timings = wire.Timings(queued_s=0.5, restore_s=0.01, prefill_s=1.25, decode_s=3.0, parked_s=0.75, preemptions=1,
+                           cache_hit="ram")
+    back = wire.event_from_wire(_through_json(wire.event_to_wire(wire.Done(17, 16, timings))))
+    assert back.timings == timings and back == wire.Done(17, 16)
+    with pytest.raises(wire.WireError, match="done.timings"):
+        wire.event_from_wire({"type": "done", "prompt_tokens": 1, "timings": {"queued": 1}})
+
+
 def test_every_request_has_its_reply_type():
     assert set(wire.REPLY_OF) == set(wire.REQUESTS.values())
 

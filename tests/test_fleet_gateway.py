@@ -5,6 +5,7 @@ it from the capability maps). Box 2 has only its own model. The tests run in fil
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import subprocess
 import threading
@@ -17,6 +18,7 @@ import pytest
 
 from host_runtime.engine.model import default_model_path
 from tests.fleet_hosts import SMOL, box_metric, start_fleet
+from tests.otlp_receiver import OTLPReceiver
 from tests.servers import Proc, everycycle, http_get, wait_for
 
 pytestmark = pytest.mark.root  # ip netns and a bridge
@@ -24,14 +26,22 @@ SOLO = "Solo-Model"
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def collector():
+    """Every box's API sends its spans here (an OTLP/HTTP collector in the root namespace, on the bridge)."""
+    receiver = OTLPReceiver(host="0.0.0.0")
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, collector):
     work = tmp_path_factory.mktemp("fleet")
     solo = work / f"{SOLO}.gguf"
     shutil.copy(default_model_path(), solo)
     # Box 2 is a member as shipped (its API behind its own front, reached over HTTPS with the fleet key); box 1 is
     # plain HTTP, so that the killed box's front does not outlive its API.
     f = start_fleet(work, [None, None, str(solo)], parallel=4, max_queue=256, governor_state=True,
-                    behind_front=(2,))
+                    behind_front=(2,), trace_port=collector.port)
     yield f
     f.stop()
 
@@ -103,6 +113,31 @@ def test_the_clients_key_works_at_the_gateway_and_never_travels_to_the_boxes(fle
     assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
     assert f"'No-Such-Model' is served by no box in the fleet; it has: {', '.join(sorted([SMOL, SOLO]))}" in \
         err.value.body["message"]
+
+
+def test_a_request_through_the_gateway_is_one_trace_from_its_key_check_to_the_box_that_answers(fleet, collector):
+    """The gateway's front gives a request without a traceparent one (and passes a client's on): its key check on
+    the gateway and the member's answer are spans of that one trace."""
+    ask(client(fleet), SOLO, "hi")  # box 2's model: the answer comes from a member behind its own front
+    answered = "POST /v1/chat/completions"
+
+    def gateway_made_trace():
+        for span in collector.spans:
+            if span.name == answered and span.attributes.get("everycycle.model") == SOLO:
+                checks = [s for s in collector.trace(span.trace_id) if s.name == "GET /v1/everycycle/auth"]
+                if checks:
+                    return span, checks[0]
+        return None
+
+    member, check = wait_for(gateway_made_trace, 30, "a member's span and the gateway's key check in one trace")
+    assert member.parent_id == check.parent_id != ""  # both children of the span the gateway's front named
+    assert member.attributes["everycycle.key"] == "fleet" and check.attributes["everycycle.key"] == "client"
+    # A client's own traceparent goes through the gateway to the member as it is
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    traced = client(fleet, default_headers={"traceparent": f"00-{trace_id}-{span_id}-01"})
+    assert ask(traced, SOLO, "hello") == SOLO
+    spans = collector.wait_for_trace(trace_id, {answered, "GET /v1/everycycle/auth", "decode"})
+    assert {s.parent_id for s in spans if s.name in (answered, "GET /v1/everycycle/auth")} == {span_id}
 
 
 def test_two_hundred_concurrent_streams_across_the_boxes_get_no_5xx(fleet):

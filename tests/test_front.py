@@ -93,6 +93,10 @@ def test_on_the_fleet_gateway_v1_goes_to_the_router_after_the_box_accepts_the_ke
                  "/workers", "/v1/workers", "/v1/chat/completionsX", "/v1/everycycle/capabilities"):
         assert not routes.match(path), path
     assert "auth_request /_fleet_auth;" in fleet and "proxy_pass http://fleet_router;" in fleet
+    # One trace from the key check to the box that answers: both get the traceparent the gateway's maps choose
+    auth = next(line for line in conf.splitlines() if "location = /_fleet_auth" in line)
+    assert "proxy_set_header traceparent $fleet_traceparent;" in fleet and "$fleet_traceparent;" in auth
+    assert "map $http_traceparent $fleet_traceparent" in conf
     assert 'proxy_set_header Authorization "";' in fleet and 'proxy_set_header X-Api-Key "";' in fleet
     assert "proxy_pass http://serving/v1/everycycle/auth;" in conf
     assert "location @unauthorized" in conf and '"code": "invalid_api_key"' in conf

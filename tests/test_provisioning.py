@@ -672,6 +672,7 @@ def test_every_box_toml_field_has_an_owner():
         "fleet.role": "fleet.toml", "fleet.key_file": "fleet.key + api_keys.json", "fleet.peers": "fleet.toml",
         "fleet.peer_certificates": "fleet.toml + fleet-peers/", "fleet.policy": "fleet.toml",
         "fleet.gateway_address": "front.toml", "fleet.mdns": "fleet.toml",
+        "tracing.endpoint": "serving.toml", "tracing.sample_ratio": "serving.toml",
         **{f"serving.{k}": "serving.toml" for k in ("context_length", "parallel", "kv_budget_mib", "speculation",
                                                      "keep_alive", "models_memory_mib", "aliases", "cache_type_k",
                                                      "cache_type_v")},
@@ -681,7 +682,7 @@ def test_every_box_toml_field_has_an_owner():
     }
     fields = set()
     for top, node in schema["properties"].items():
-        if top in ("api", "ssh", "model", "serving", "bmc", "power", "fleet", "requirement"):
+        if top in ("api", "ssh", "model", "serving", "bmc", "power", "fleet", "requirement", "tracing"):
             fields |= {f"{top}.{k}" for k in node["properties"]}
         else:
             fields.add(top)
@@ -701,6 +702,22 @@ def test_a_shared_prefix_cache_reaches_serving_toml_and_per_key_is_the_default(t
         assert load_settings(ServingSettings, root / "etc/everycycle/serving.toml").prefix_cache_shared is shared
     errors = validate(open_bundle(make_bundle(tmp_path / "bad", _with("api.prefix_cache", "everyone"))))
     assert "api.prefix_cache" in [e.field for e in errors]
+
+
+def test_tracing_reaches_serving_toml_and_a_bad_endpoint_is_refused_naming_the_field(tmp_path):
+    from host_runtime.common.settings_file import load as load_settings
+    from host_runtime.serving.settings import ServingSettings
+
+    root = tmp_path / "root"
+    apply(open_bundle(make_bundle(tmp_path / "bundle", _with("tracing", {"endpoint": "http://10.0.0.5:4318",
+                                                                         "sample_ratio": 0.25}))), root)
+    settings = load_settings(ServingSettings, root / "etc/everycycle/serving.toml")
+    assert (settings.trace_endpoint, settings.trace_sample_ratio) == ("http://10.0.0.5:4318", 0.25)
+    assert load_settings(ServingSettings, None).trace_endpoint == ""  # no [tracing]: off
+    for field, value in (("endpoint", "10.0.0.5:4318"), ("endpoint", "http://:4318"), ("endpoint", "http://h:x"),
+                         ("sample_ratio", 0), ("sample_ratio", 1.5)):
+        errors = validate(open_bundle(make_bundle(tmp_path / f"bad-{field}-{value}", _with("tracing", {field: value}))))
+        assert f"tracing.{field}" in [e.field for e in errors], (field, value, [str(e) for e in errors])
 
 
 def test_a_fleet_gateway_and_a_member_read_back_what_provisioning_wrote(tmp_path):

@@ -227,6 +227,22 @@ def test_a_repeated_prompt_reuses_the_cached_prefix_and_answers_the_same(make):
     assert events.of("cold")[-1].cached_tokens == 0
     assert events.of("warm")[-1].cached_tokens == 32  # whole chunks of the shared prefix
     assert engine.cache.hits["ram"] == 1
+    # The trace's phases (wire.Timings): where each prefix came from
+    assert events.of("cold")[-1].timings.cache_hit == "" and events.of("warm")[-1].timings.cache_hit == "ram"
+
+
+def test_done_says_where_the_time_went_waiting_prefilling_and_decoding(make):
+    engine, _ = make(FakeModel(n_parallel=1), runner_kw={"next_token": _slow})
+    events = Events()
+    for name in ("first", "second"):  # both waiting before the loop starts: the second waits for the first's slot
+        ask(engine, events, name, "xyz", max_tokens=30)
+    engine.start()
+    events.wait("first", "second")
+    first, second = (events.of(n)[-1].timings for n in ("first", "second"))
+    # 30 tokens at a millisecond each (_slow): the second's wait is the first's whole answer
+    assert first.decode_s >= 0.025 and second.queued_s >= first.decode_s
+    assert first.queued_s < second.queued_s and first.preemptions == second.preemptions == 0
+    assert all(t.prefill_s >= 0 and t.restore_s >= 0 and t.parked_s == 0 for t in (first, second))
 
 
 def test_a_prefix_the_runner_cannot_restore_is_recomputed(make):
@@ -402,6 +418,9 @@ def test_an_interactive_request_parks_a_batch_one_and_each_answers_as_if_alone(m
     figures = engine.metrics.snapshot()
     assert figures["requests_preempted_total"] == 1 and figures["requests_resumed_total"] == 1
     assert engine.cache.free_slots() == 1 and not engine._parked
+    batch, chat = events.of("batch")[-1].timings, events.of("chat")[-1].timings
+    # The batch's trace says it was parked, and for about as long as the chat took (5 tokens at a millisecond)
+    assert batch.preemptions == 1 and 0.004 <= batch.parked_s <= batch.decode_s and chat.preemptions == 0
 
 
 def test_no_class_parks_its_own_nor_a_request_aged_past_it(make):

@@ -26,10 +26,13 @@ class GenerationStream:
         self._lines = lines
         self.prompt_tokens = accepted.prompt_tokens
         self.thinking = accepted.thinking  # how the answer starts (serving/reasoning.py MODES)
+        self.on_event: Callable[[object], None] | None = None  # sees each event first (serving/tracing.py)
 
     def __iter__(self) -> Iterator[wire.Token | wire.Finish | wire.Done | wire.Error]:
         while True:
             event = _decode(self._lines.next_line())
+            if self.on_event is not None:
+                self.on_event(event)
             yield event
             if isinstance(event, wire.FINAL):
                 return

@@ -35,7 +35,7 @@ from host_runtime.engine.step_plan import next_cut, plan_step
 from host_runtime.engine.harmony import HarmonyText
 from host_runtime.engine.stop_matcher import StopMatcher
 from host_runtime.engine.throttle import ThrottleReader
-from host_runtime.engine.wire import PRIORITIES, Done, Error, Finish, Token, TokenLogprob
+from host_runtime.engine.wire import PRIORITIES, Done, Error, Finish, Timings, Token, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,28 @@ class GenerationRequest:
     generated: int = 0  # tokens generated over its choices (its key's usage)
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    first_token_seen: bool = False
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied
     open_choices: int = 0
+    # Its phases (wire.Timings), on the monotonic clock: given a slot, restored, first token; time parked.
+    admitted: float | None = None
+    restored: float | None = None
+    first_token_at: float | None = None
+    parked_at: float | None = None
+    parked_s: float = 0.0
+    preemptions: int = 0
+    cache_hit: str = ""  # wire.Timings.cache_hit
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def timings(self, now: float) -> Timings:
+        """Its phases as wire.Timings, ending now; a phase it never reached lasts no time."""
+        admitted = self.admitted if self.admitted is not None else now
+        restored = self.restored if self.restored is not None else admitted
+        first = self.first_token_at if self.first_token_at is not None else now
+        return Timings(queued_s=admitted - self.arrived, restore_s=restored - admitted,
+                       prefill_s=max(0.0, first - restored), decode_s=max(0.0, now - max(first, restored)),
+                       parked_s=self.parked_s, preemptions=self.preemptions, cache_hit=self.cache_hit)
 
     def rank(self, now: float) -> int:
         """Its class as the queue sees it now (0 first), raised one class per AGING_S of waiting."""
@@ -82,6 +98,19 @@ class GenerationRequest:
 
 
 EMBED_CANCEL_POLL_S = 0.05
+
+
+def cache_hit(admission: Admission, reuse: int) -> str:
+    """Where an admitted prompt's reused prefix came from (wire.Timings.cache_hit): a RAM or disk entry restored,
+    a running sequence's cells copied, or the slot's own context; "" where nothing was reused."""
+    if not reuse:
+        return ""
+    for action in admission.actions:
+        if isinstance(action, Restore):
+            return action.tier
+        if isinstance(action, Copy):
+            return "running"
+    return "context"
 
 
 class EmbeddingCancelled(Exception):
@@ -475,6 +504,8 @@ class Engine:
         self.cache.release(seq.seq_id, [], cacheable=False)
         self.runner.forget(seq.seq_id)
         self._parked.append(_Parked(seq, self._parking.put(state)))
+        seq.request.parked_at = now
+        seq.request.preemptions += 1
         self.metrics.add("requests_preempted_total")
         self._publish_cache()
 
@@ -502,6 +533,9 @@ class Engine:
             return
         seq.seq_id = slot_id
         self._active.append(seq)
+        if request.parked_at is not None:
+            request.parked_s += time.monotonic() - request.parked_at
+            request.parked_at = None
         self.metrics.add("requests_resumed_total")
         self._publish_cache()
 
@@ -514,6 +548,7 @@ class Engine:
         # Only single-choice requests use the cache: n choices would each want the same slot content.
         prompt = request.prompt_tokens if request.n == 1 else None
         taken: list[int] = []
+        request.admitted = time.monotonic()
         try:
             for index in range(request.n):
                 admission = self.cache.admit(prompt, request.cache_scope,
@@ -522,6 +557,8 @@ class Engine:
                 reuse = self._apply(admission)
                 if index == 0:
                     request.cached_tokens = reuse
+                    request.cache_hit = cache_hit(admission, reuse)
+                    request.restored = time.monotonic()
                 self._active.append(Sequence(self, request, index, admission.slot_id, n_past=reuse))
         except Exception:
             # A failure here is this request's alone: free what it took, tell its client, keep the batch.
@@ -758,8 +795,8 @@ class Engine:
         seq.generated += 1
         request.generated += 1
         self.metrics.add("tokens_predicted_total")
-        if not request.first_token_seen:
-            request.first_token_seen = True
+        if request.first_token_at is None:
+            request.first_token_at = now
             self.metrics.observe_ttft(now - request.arrived)
         if seq.last_token_at is not None:
             self.metrics.observe_token_gap(now - seq.last_token_at)
@@ -805,4 +842,4 @@ class Engine:
         request.open_choices -= 1
         if request.open_choices == 0:
             self._settle(request, failed=False)
-            request.sink(Done(len(request.prompt_tokens), request.cached_tokens))
+            request.sink(Done(len(request.prompt_tokens), request.cached_tokens, request.timings(time.monotonic())))

@@ -256,11 +256,33 @@ class Finish:
 
 
 @dataclass(frozen=True)
+class Timings:
+    """Where a generation's time went in the engine, in seconds from its arrival there, one phase after another:
+    waiting for a slot, the prefix cache's restore, the prompt's prefill, then decoding to the end (which includes
+    the time it spent parked by a higher class). For the serving API's trace (serving/tracing.py)."""
+    queued_s: float = 0.0
+    restore_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    parked_s: float = 0.0   # of decode_s: parked (engine.py _park_one_below), its KV in RAM or on disk
+    preemptions: int = 0
+    cache_hit: str = ""     # where its reused prefix came from: context, running, ram or disk; "" none
+
+
+@dataclass(frozen=True)
 class Done:
     """Every choice ended."""
     type: ClassVar[str] = "done"
     prompt_tokens: int
     cached_tokens: int = 0
+    # Measurements, not the answer: two runs that answer alike are equal whatever their timings.
+    timings: Timings | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_wire(cls, doc: dict) -> "Done":
+        timings = doc.get("timings")
+        return _build(cls, doc, "done",
+                      timings=None if timings is None else _build(Timings, timings, "done.timings"))
 
 
 @dataclass(frozen=True)

@@ -76,10 +76,23 @@ PROXY_HEADERS = ("proxy_set_header Connection \"\"; proxy_set_header Host $host;
                  "proxy_set_header X-Forwarded-For $remote_addr; proxy_set_header X-Forwarded-Proto $scheme;")
 
 
+# On the gateway every request the router passes on carries a W3C traceparent: the client's where it sent a valid
+# one, else one made from nginx's $request_id (16 random bytes: a trace id), so that the gateway's key check and the
+# box that answers are one trace (serving/tracing.py; sglang-router passes the header through as it is). A trace the
+# gateway starts is sampled: the boxes' own sample ratio decides only for requests that reach them directly.
+TRACE_MAPS = (
+    '    map $request_id $fleet_parent_id { "~(?<half>[0-9a-f]{16})$" $half; }',
+    '    map $http_traceparent $fleet_traceparent { "~^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$" $http_traceparent; '
+    'default 00-$request_id-$fleet_parent_id-01; }',
+)
+TRACE_HEADER = "proxy_set_header traceparent $fleet_traceparent;"
+
+
 def _gateway_locations() -> list[str]:
     return [
         "        location = /_fleet_auth { internal; proxy_pass http://serving/v1/everycycle/auth; "
-        f"proxy_method GET; proxy_pass_request_body off; {PROXY_HEADERS} proxy_set_header Content-Length \"\"; }}",
+        f"proxy_method GET; proxy_pass_request_body off; {PROXY_HEADERS} {TRACE_HEADER} "
+        "proxy_set_header Content-Length \"\"; }",
         # proxy_intercept_errors: the router's (and a box's) 4xx/5xx with a page below become that page: an
         # OpenAI-style error body instead of the router's plain text. The request's body goes to
         # @fleet_unroutable as the client sent it (nginx has it buffered), so the API there sees the model named.
@@ -88,7 +101,8 @@ def _gateway_locations() -> list[str]:
         # box's own API (location /), which answers what it does not serve with its own 404.
         f"        location ~ {FLEET_ROUTES} {{ auth_request /_fleet_auth; proxy_intercept_errors on; "
         f"{' '.join(_error_pages(GATEWAY_ERROR_PAGES))} proxy_pass http://fleet_router; "
-        f"{PROXY_HEADERS} proxy_set_header Authorization \"\"; proxy_set_header X-Api-Key \"\"; proxy_buffering off; }}",
+        f"{PROXY_HEADERS} {TRACE_HEADER} proxy_set_header Authorization \"\"; proxy_set_header X-Api-Key \"\"; "
+        "proxy_buffering off; }",
         "        location /v1/everycycle/ { proxy_pass http://serving; }  # this box's own map and key check",
         "        location @fleet_unroutable { rewrite ^ /v1/everycycle/fleet/unroutable break; proxy_pass http://serving; }",
         # sglang-router has no Anthropic route for HTTP workers: Messages are this box's own models.
@@ -159,7 +173,7 @@ def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
         "    limit_conn_log_level warn;",
         "    limit_req_log_level warn;",
         f"    upstream serving {{ server unix:{paths.upstream_socket}; }}",
-        *([f"    upstream fleet_router {{ server 127.0.0.1:{paths.gateway_port}; keepalive 32; }}"]
+        *([f"    upstream fleet_router {{ server 127.0.0.1:{paths.gateway_port}; keepalive 32; }}", *TRACE_MAPS]
           if paths.gateway_port else []),
         "    proxy_http_version 1.1;",
         f"    {PROXY_HEADERS}",

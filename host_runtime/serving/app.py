@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import falcon
 
@@ -49,6 +49,8 @@ class AppConfig:
     # [serving] aliases: (name or pattern a client may ask for, the store model that answers it), in box.toml's order
     aliases: tuple[tuple[str, str], ...] = ()
     model_store: str | None = None  # the store /api/pull adds to (None: pulls are refused)
+    trace_endpoint: str | None = None  # an OTLP/HTTP collector: requests are traced (serving/tracing.py)
+    trace_sample_ratio: float = 1.0
 
 
 FLEET_PREFIX = "/fleet/"
@@ -426,6 +428,10 @@ def generation_call(req, router: Router, config: AppConfig, parse, model_of=lamb
     check_model_allowed(policy, model_of(body), router)
     client, info = router.engine_for(model_of(body), keep_alive_of(body))
     call = parse(body, info.model_id, info.tool_format or "generic")
+    trace = req.context.get("trace")
+    if trace is not None:
+        trace.model(info.model_id)
+        call = replace(call, trace=trace)
     return body, client, info, call.scoped(cache_scope(req, config), priority_for(req, body),
                                            req.context.get("key_name"), req.context.get("key_max_concurrent") or 0,
                                            policy.tokens_per_minute if policy else 0,
@@ -630,6 +636,10 @@ def create_app(config: AppConfig) -> falcon.App:
 
     client = EngineClient(config.engine_socket)
     middleware = [FleetPrefix()]
+    if config.trace_endpoint:  # first: every request is traced, a refused key's too
+        from host_runtime.serving.tracing import TraceMiddleware, Tracing
+
+        middleware.insert(0, TraceMiddleware(Tracing(config.trace_endpoint, config.trace_sample_ratio)))
     if config.keys_file:
         middleware.append(AuthMiddleware(KeyVerifier(config.keys_file), config.metrics_access))
     app = falcon.App(middleware=middleware)

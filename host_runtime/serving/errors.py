@@ -64,6 +64,8 @@ def handle_falcon_error(req, resp, err: falcon.HTTPError, params) -> None:
 
 def handle_unexpected(req, resp, err: Exception, params) -> None:
     """A bug must not leak a traceback to the client, nor take the worker down."""
-    log.exception("unhandled error on %s %s", req.method, req.path)
+    trace = req.context.get("trace")
+    log.exception("unhandled error on %s %s%s", req.method, req.path,
+                  f" (trace_id={trace.trace_id})" if trace is not None else "")
     _write(resp, APIError(500, "internal server error; the server log has the details", error_type="server_error"),
            req)

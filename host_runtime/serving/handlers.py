@@ -125,12 +125,16 @@ class ServingLogic:
 
     def _open(self, call: GenerationCall, client_gone=None) -> GenerationStream:
         """Start the generation and wait for the engine to accept it (its refusal raised as the API's error)."""
+        sent = time.time_ns()
         try:
-            return self.client.generate(call.request, FIRST_EVENT_TIMEOUT_S, IDLE_EVENT_TIMEOUT_S, client_gone)
+            stream = self.client.generate(call.request, FIRST_EVENT_TIMEOUT_S, IDLE_EVENT_TIMEOUT_S, client_gone)
         except ClientGone:
             raise client_left() from None
         except EngineUnavailable as exc:
             raise engine_down(exc) from None
+        if call.trace is not None:
+            call.trace.watch(stream, sent)
+        return stream
 
     def complete(self, call: GenerationCall, kind: str, model_id: str, client_gone=None) -> dict:
         """The whole answer at once. `client_gone` is polled while waiting: a client that hangs up cancels the

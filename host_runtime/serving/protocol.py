@@ -129,6 +129,7 @@ class GenerationCall:
     stop_sequences: list[str] = field(default_factory=list)  # the caller's own (Anthropic reports them)
     reasoning: bool = True  # a thinking model's reasoning apart from its answer (reasoning_format not "none")
     show_reasoning: bool = True  # whether the answer carries it (the Messages API: only when thinking was asked for)
+    trace: object = field(default=None, compare=False)  # serving/tracing.RequestTrace, where requests are traced
 
     @property
     def n(self) -> int:

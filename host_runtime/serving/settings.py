@@ -12,6 +12,19 @@ MAX_PARALLEL = 256
 SPECULATION = ("off", "ngram")  # a draft model is a file of its own: `serve --speculation draft --draft-model`
 
 
+def check_trace_endpoint(url: str, name: str) -> None:
+    """An OTLP/HTTP collector's URL: http(s)://HOST[:PORT][/PATH] (its /v1/traces is added where PATH is empty)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise SettingsError(name, f"must be an OTLP/HTTP collector's http(s)://HOST[:PORT] URL, got {url!r}")
+
+
 @dataclass(frozen=True)
 class ServingSettings:
     model: str = ""            # a GGUF path; empty: the image's default model
@@ -45,6 +58,10 @@ class ServingSettings:
     # Where per-key usage is kept across restarts (engine/usage_file.py): the box's data partition, written by
     # provisioning; empty: counted in memory only.
     usage_dir: str = ""
+    # box.toml's [tracing]: the OTLP/HTTP collector the API sends its request spans to (serving/tracing.py);
+    # empty: no tracing. The share of requests traced where the client's traceparent does not decide.
+    trace_endpoint: str = ""
+    trace_sample_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         if self.model and not self.model.startswith("/"):
@@ -76,6 +93,10 @@ class ServingSettings:
         for name in ("fleet_listen", "fleet_router"):
             if getattr(self, name):
                 self._check_loopback(name)
+        if self.trace_endpoint:
+            check_trace_endpoint(self.trace_endpoint, "trace_endpoint")
+        if not 0.0 < self.trace_sample_ratio <= 1.0:
+            raise SettingsError("trace_sample_ratio", f"must be above 0 and at most 1, got {self.trace_sample_ratio}")
         if self.pull_url:
             self._check_pull()
         elif self.pull_sha256 or self.pull_name:
