@@ -297,12 +297,13 @@ def check_front(box: Box, result: dict) -> None:
 
     shown = box.ssh("everycycle front ca --state-dir /etc/everycycle").stdout.splitlines()
     ca_print = next((line.split()[-1] for line in shown if line.startswith("SHA-256")), None)
-    status, ca_pem = http_get(box.http_base + "/ca.crt")
-    result["ca_fingerprint"] = pem_fingerprint(ca_pem) if status == 200 else None
-    if status != 200 or result["ca_fingerprint"] != ca_print:
-        raise CheckFailed(f"the CA fetched in clear ({status}, {result['ca_fingerprint']}) is not the one the box "
-                          f"shows ({ca_print})")
-    box.tls = trusting(ca_pem)
+    try:
+        result["ca_fingerprint"] = pem_fingerprint(trust_box_ca(box))
+    except OSError as exc:
+        raise CheckFailed(str(exc)) from None
+    if result["ca_fingerprint"] != ca_print:
+        raise CheckFailed(f"the CA fetched in clear ({result['ca_fingerprint']}) is not the one the box shows "
+                          f"({ca_print})")
     # The certificate names the box's addresses as the front last saw them: one given after it started is
     # named within its next check (5 s).
     wait_until(box, "HTTPS trusting the box's CA", time.monotonic() + 20,
@@ -446,14 +447,21 @@ def check_nvidia(box: Box, result: dict, required: bool) -> None:
     say(f"NVIDIA: module {' '.join(result['nvidia']['kernel_module'])}; the CUDA build's libraries resolve")
 
 
+def trust_box_ca(box: Box) -> str:
+    """The box's local CA as an owner's client first gets it, over plain HTTP (its PEM); box.tls then trusts it
+    alone. OSError where the box does not serve it."""
+    status, ca_pem = http_get(box.http_base + "/ca.crt", timeout=10)
+    if status != 200:
+        raise OSError(f"the box's CA fetched in clear: HTTP {status}")
+    box.tls = trusting(ca_pem)
+    return ca_pem
+
+
 def box_system(box: Box) -> dict:
     """The running version, slot and last update, as /health shows them to a key (without one it says only that
     the box is up): over HTTPS, trusting the box's local CA (fetched in clear, as check_front checks)."""
     if getattr(box, "tls", None) is None:
-        status, ca_pem = http_get(box.http_base + "/ca.crt", timeout=10)
-        if status != 200:
-            raise OSError(f"the box's CA: HTTP {status}")
-        box.tls = trusting(ca_pem)
+        trust_box_ca(box)
     status, body = http_get(box.https_base + "/health", context=box.tls, key=box.api_key, timeout=10)
     return json.loads(body).get("system", {}) if status == 200 else {}
 
@@ -526,6 +534,11 @@ def check_users(box: Box, result: dict) -> None:
     rows = parse_service_processes(out.stdout)
     result["service_users"] = sorted({user for user, _ in rows})
     as_root = [args for user, args in rows if user == "root" and not any(a in args for a in ROOT_ALLOWED)]
+    from host_runtime.common.service_user import SERVICE_USERS
+
+    strangers = sorted(set(result["service_users"]) - {*SERVICE_USERS, "root"})
+    if strangers:
+        raise CheckFailed(f"service programs running as users the image does not make for them: {strangers}")
     if not rows or as_root:
         raise CheckFailed(f"programs running as root that need not: {as_root or out.stdout + out.stderr}")
     misplaced = [f"{args} as {user} (expected {expected_user(args)})" for user, args in rows
