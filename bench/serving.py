@@ -601,7 +601,7 @@ def team_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> dic
                 sampler = ParkedPeak(s) if before is not None else None
                 result = run_team(stream_chat, percentile, s.port, model_id, batch=args.team_batch, users=args.sessions,
                                   turns=args.turns, batch_tokens=args.max_tokens, chat_tokens=args.team_chat_tokens,
-                                  bias=bias, tag=f"{rep}-{name}", classes=classes)
+                                  bias=bias, tag=f"{rep}-{name}", classes=classes, think_s=args.team_think_s)
                 if before is not None:
                     after = s.metrics()
                     result["preempted"] = after.get("everycycle_requests_preempted_total", 0) - before.get(
@@ -617,7 +617,7 @@ def team_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> dic
                 floor.setdefault(s.name, []).append(run_team(
                     stream_chat, percentile, s.port, model_id, batch=0, users=args.sessions, turns=args.turns,
                     batch_tokens=args.max_tokens, chat_tokens=args.team_chat_tokens, bias=bias,
-                    tag=f"{rep}-{s.name}-idle", flood=False))
+                    tag=f"{rep}-{s.name}-idle", flood=False, think_s=args.team_think_s))
 
         def med(runs_: list[dict], key: str):
             values = [r[key] for r in runs_ if r.get(key) is not None]
@@ -625,7 +625,8 @@ def team_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> dic
 
         table = {name: {k: med(rs, k) for k in ("interactive_ttft_p50_s", "interactive_ttft_p95_s",
                                                  "interactive_all_ttft_p50_s", "interactive_during_flood",
-                                                 "batch_tok_s", "flood_all_tok_s", "batch_wall_s", "preempted")}
+                                                 "batch_tok_s", "flood_all_tok_s", "people_token_share",
+                                                 "batch_wall_s", "preempted")}
                  | {"errors": sum(r["errors"] for r in rs)}
                  for name, rs in raw.items()}
         for name, rs in raw.items():
@@ -656,12 +657,14 @@ def team_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> dic
             spreads["interactive_ttft_p50_vs_no_priority"] = paired_ratio(raw["everycycle"],
                                                                           raw["everycycle-no-priority"],
                                                                           "interactive_ttft_p50_s")
+            for key in ("batch_tok_s", "flood_all_tok_s"):
+                spreads[f"{key}_vs_no_priority"] = paired_ratio(raw["everycycle"], raw["everycycle-no-priority"], key)
         if raw.get("everycycle") and raw.get("llama-server"):
             spreads["interactive_ttft_p50_vs_llama_server"] = paired_ratio(raw["everycycle"], raw["llama-server"],
                                                                            "interactive_ttft_p50_s")
         return {"workload": "team",
                 "team": {"batch_requests": args.team_batch, "batch_answer_tokens": args.max_tokens,
-                         "users": args.sessions, "turns_per_user": args.turns,
+                         "users": args.sessions, "turns_per_user": args.turns, "think_s": args.team_think_s,
                          "chat_answer_tokens": args.team_chat_tokens, "servers": table,
                          "idle_interactive_ttft_p50_s": idle, "runs": raw_summary(raw)},
                 "ratios": {"team": ratios}, "ratio_spreads": {"team": spreads}}
@@ -768,6 +771,8 @@ def main() -> int:
                         "which measures the mechanism's cost, not a speed-up)")
     p.add_argument("--team-batch", type=int, default=64, help="team: the batch job's requests, sent at once")
     p.add_argument("--team-chat-tokens", type=int, default=32, help="team: the people's answer tokens")
+    p.add_argument("--team-think-s", type=float, default=1.0,
+                   help="team: a person's pause between an answer and their next request (default 1 s)")
     p.add_argument("--workload", choices=["chat", "code-edit", "agent", "team"], default="chat",
                    help="chat: a short paragraph and its answer; code-edit: a file and the whole edited file back; "
                         "agent: coding-agent sessions sharing a long system prompt (bench/agent_workload.py; "

@@ -78,6 +78,7 @@ def run_team(stream_chat, percentile, port: int, model_id: str, *, batch: int, u
     during = [r for r in ok_chat if flood_end is not None and r["start"] < flood_end]
     batch_wall = (flood_end - started) if ok_batch else None
     batch_tokens_done = sum(r["tokens"] for r in ok_batch)
+    people_tokens = sum(r["tokens"] for r in during)
     errors = [r["error"] for r in chat_results + batch_results if "error" in r]
 
     def ttft(rs: list[dict], q: float):
@@ -87,8 +88,10 @@ def run_team(stream_chat, percentile, port: int, model_id: str, *, batch: int, u
             "interactive_ttft_p95_s": ttft(during if flood else ok_chat, 0.95),
             "interactive_during_flood": len(during),
             # Everything generated while the flood ran, the people's answers too: what the box did in that time.
-            "flood_all_tok_s": ((batch_tokens_done + sum(r["tokens"] for r in during)) / batch_wall
-                                if batch_wall else None),
+            "flood_all_tok_s": (batch_tokens_done + people_tokens) / batch_wall if batch_wall else None,
+            # The people's part of it: the batch's tok/s against a run where they waited is at most 1 - this.
+            "people_token_share": (people_tokens / (batch_tokens_done + people_tokens)
+                                   if batch_tokens_done + people_tokens else None),
             "interactive_all_ttft_p50_s": ttft(ok_chat, 0.5),
             "interactive_requests": len(chat_results),
             "batch_tok_s": batch_tokens_done / batch_wall if batch_wall else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -96,6 +97,21 @@ def ready(base: str, context=None) -> bool:
         return http_get(base + "/ready", context=context)[0] == 200
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def running_serve(args: list[str], run_dir: Path, what: str, env: dict | None = None):
+    """`everycycle serve ARGS` on a free loopback port (its engine's socket and log in run_dir), ready: yields
+    (base URL, Proc), stopped at the end."""
+    port = free_port()
+    proc = Proc(everycycle("serve", "--port", str(port), "--run-dir", str(run_dir), *args), run_dir / "serve.log",
+                env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(base), 120, what, proc)
+        yield base, proc
+    finally:
+        proc.stop()
 
 
 def serve_unsized(directory: Path, endless_suffix: str):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import Proc, everycycle, free_port, http_get, metric_value, ready, wait_for
+from tests.servers import everycycle, http_get, metric_value, running_serve
 from tests.tiny_gguf import write_long_context_llama
 
 pytestmark = pytest.mark.system
@@ -47,16 +47,10 @@ def long_box(tmp_path_factory, npm_bin):
     keys = d / "api_keys.json"
     key = subprocess.run(everycycle("keys", "create", "--keys", str(keys), "agents"), capture_output=True,
                          text=True, check=True).stdout.strip()
-    port = free_port()
-    proc = Proc(everycycle("serve", "--port", str(port), "--model", str(model), "--keys", str(keys), "--threads", "2",
-                           "--parallel", "1", "--metrics-access", "open", "--run-dir", str(d / "run")),
-                d / "serve.log")
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: ready(base), 120, "the long-context server", proc)
+    (d / "run").mkdir()
+    with running_serve(["--model", str(model), "--keys", str(keys), "--threads", "2", "--parallel", "1",
+                        "--metrics-access", "open"], d / "run", "the long-context server") as (base, _):
         yield base, key, d
-    finally:
-        proc.stop()
 
 
 def _figures(base: str) -> tuple[float, float]:

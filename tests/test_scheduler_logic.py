@@ -428,7 +428,7 @@ def test_no_class_parks_its_own_nor_a_request_aged_past_it(make):
     events = Events()
     engine.start()
     old = ask(engine, events, "old-batch", "abc", max_tokens=40, priority="batch")
-    old.arrived -= 2 * 60.0 + 1  # waited past two classes' worth: it ranks as interactive now
+    old.shut_out_s = 2 * 60.0 + 1  # shut out past two classes' worth: it ranks as interactive now
     while len(events.of("old-batch")) < 3:
         threading.Event().wait(0.001)
     ask(engine, events, "chat", "xyz", max_tokens=3, priority="interactive")
@@ -436,8 +436,52 @@ def test_no_class_parks_its_own_nor_a_request_aged_past_it(make):
     assert [n for n, e in events.log if isinstance(e, wire.Done)] == ["old-batch", "chat"]
     assert engine.metrics.snapshot()["requests_preempted_total"] == 0
     request = GenerationRequest(prompt_tokens=[1], max_tokens=1, sink=lambda e: None, priority="batch")
-    assert request.rank(request.arrived) == 2 and request.rank(request.arrived + 61) == 1
-    assert request.rank(request.arrived + 1000) == 0
+    assert request.rank() == 2
+    request.shut_out_s = 61
+    assert request.rank() == 1
+    request.shut_out_s = 1000
+    assert request.rank() == 0
+
+
+def test_a_batch_job_that_has_run_for_minutes_is_still_parked_for_a_person(make):
+    """Aging counts the time a request was shut out, not its age: a long job's requests wait behind each other,
+    and must not all rank as interactive after two minutes (nobody could preempt them then)."""
+    engine, _ = make(FakeModel(n_parallel=1, n_ctx_per_seq=512), runner_kw={"next_token": _slow})
+    events = Events()
+    engine.start()
+    job = ask(engine, events, "job", "abc", max_tokens=200, priority="batch")
+    job.arrived -= 10 * 60.0  # sent ten minutes ago
+    while len(events.of("job")) < 3:
+        threading.Event().wait(0.001)
+    ask(engine, events, "chat", "xyz", max_tokens=3, priority="interactive")
+    events.wait("job", "chat")
+    assert [n for n, e in events.log if isinstance(e, wire.Done)] == ["chat", "job"]
+    assert engine.metrics.snapshot()["requests_preempted_total"] == 1
+
+
+def test_only_a_request_that_higher_classes_alone_keep_out_ages():
+    from types import SimpleNamespace
+
+    engine = Engine(FakeModel(n_parallel=2), runner=FakeRunner(FakeModel(n_parallel=2)))
+
+    def request(priority: str) -> GenerationRequest:
+        return GenerationRequest(prompt_tokens=[1], max_tokens=1, sink=lambda e: None, priority=priority)
+
+    running = [SimpleNamespace(request=request("batch")), SimpleNamespace(request=request("interactive"))]
+    behind_its_own = request("batch")      # a batch request runs: it waits its turn in its class
+    default = request("default")           # only a lower class (batch) and a higher one run: it would park the batch
+    engine._active, engine._waiting = running, [behind_its_own, default]
+    engine._aged_at -= 61
+    engine._age_locked()
+    assert behind_its_own.shut_out_s == 0 and default.shut_out_s == 0
+    engine._active = [SimpleNamespace(request=request("interactive"))] * 2  # people hold every slot
+    engine._aged_at -= 61
+    engine._age_locked()
+    assert behind_its_own.shut_out_s >= 61 and behind_its_own.rank() == 1 and default.rank() == 0
+    engine._active = []  # nothing runs (the governor holds every sequence back): nobody is passed over
+    engine._aged_at -= 600
+    engine._age_locked()
+    assert behind_its_own.rank() == 1
 
 
 def _parked_behind_a_chat(engine, events, batch: str, chat: str, *, batch_tokens: int,

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.otlp_receiver import OTLPReceiver
-from tests.servers import Proc, everycycle, free_port, ready, wait_for
+from tests.servers import everycycle, running_serve, wait_for
 
 pytestmark = pytest.mark.system
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -24,18 +24,13 @@ SLACK_NS = 5_000_000  # the engine's phases are measured on its clock from when 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory, api_key):
     receiver = OTLPReceiver()
-    work = tmp_path_factory.mktemp("traced")
-    port = free_port()
-    proc = Proc(everycycle("serve", "--port", str(port), "--keys", api_key[0], "--threads", "1", "--workers", "1",
-                           "--ctx-size", "1024", "--parallel", "2", "--run-dir", str(work),
-                           "--trace-endpoint", f"http://127.0.0.1:{receiver.port}"), work / "serve.log",
-                env={**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "200"})  # spans sent within 0.2 s, not 5
-    base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: ready(base), 120, "the traced server", proc)
-        yield base, receiver, proc
+        with running_serve(["--keys", api_key[0], "--threads", "1", "--workers", "1", "--ctx-size", "1024",
+                            "--parallel", "2", "--trace-endpoint", f"http://127.0.0.1:{receiver.port}"],
+                           tmp_path_factory.mktemp("traced"), "the traced server",
+                           env={**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "200"}) as (base, proc):  # sent in 0.2 s
+            yield base, receiver, proc
     finally:
-        proc.stop()
         receiver.close()
 
 

@@ -42,8 +42,11 @@ log = logging.getLogger(__name__)
 EventSink = Callable[[Token | Finish | Done | Error], None]  # wire events, from the loop thread
 # A test hook, named as such: seconds added to every decode call, to show readiness on a slow box.
 TEST_DECODE_DELAY_S = float(os.environ.get("EVERYCYCLE_TEST_DECODE_DELAY_S") or 0)
-# A request waiting or parked rises one class per AGING_S: a batch request is never passed over for longer than
-# two of them (it then ranks as interactive, and nothing may park it).
+# A request waiting or parked rises one class per AGING_S of being shut out: waiting while every running sequence
+# is of a higher class (none of its own class or a lower one runs). A batch request is never shut out for longer than
+# two of them (it then ranks as interactive, and nothing may park it); while its class runs, it waits its turn there.
+# Counted this way, not from its arrival: a long batch job's requests, which wait behind each other, would
+# otherwise all rank as interactive after two minutes and nobody could preempt them.
 AGING_S = 60.0
 
 
@@ -79,6 +82,7 @@ class GenerationRequest:
     parked_s: float = 0.0
     preemptions: int = 0
     cache_hit: str = ""  # wire.Timings.cache_hit
+    shut_out_s: float = 0.0  # time it waited or was parked while only higher classes ran (AGING_S)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -92,9 +96,13 @@ class GenerationRequest:
                        prefill_s=max(0.0, first - restored), decode_s=max(0.0, now - max(first, restored)),
                        parked_s=self.parked_s, preemptions=self.preemptions, cache_hit=self.cache_hit)
 
-    def rank(self, now: float) -> int:
-        """Its class as the queue sees it now (0 first), raised one class per AGING_S of waiting."""
-        return max(0, PRIORITIES.index(self.priority) - int((now - self.arrived) // AGING_S))
+    @property
+    def class_index(self) -> int:
+        return PRIORITIES.index(self.priority)
+
+    def rank(self) -> int:
+        """Its class as the queue sees it now (0 first), raised one class per AGING_S shut out."""
+        return max(0, self.class_index - int(self.shut_out_s // AGING_S))
 
 
 EMBED_CANCEL_POLL_S = 0.05
@@ -210,6 +218,7 @@ class Engine:
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._active: list[Sequence] = []
         self._parked: list[_Parked] = []  # the loop thread's, like _active
+        self._aged_at = time.monotonic()  # the last look of _age_locked
         self._parking = ParkingSpace(prefix_cache.directory if prefix_cache.enabled else None, park_ram_bytes)
         self.metrics.parked_bytes = self._parking.bytes_by_tier
         self._live_per_key: collections.Counter[str] = collections.Counter()  # under _cv (an RLock)
@@ -421,8 +430,9 @@ class Engine:
                         job.done.set()
                     return
                 self._drop_cancelled_locked()
+                self._age_locked()
                 admitted = self._pop_admissible_locked()
-                waiting_rank = min((r.rank(time.monotonic()) for r in self._waiting), default=None)
+                waiting_rank = min((r.rank() for r in self._waiting), default=None)
                 self._publish_queue_locked()
             try:
                 for entry in admitted:
@@ -452,6 +462,18 @@ class Engine:
                 self._publish_queue_locked()
                 self.progress.pending(bool(self._active or self._waiting))
 
+    def _age_locked(self) -> None:
+        """Waiting and parked requests that only higher classes' sequences kept out since the last look age by the
+        time between (AGING_S): a class that has one running is served, in its turn, and does not age."""
+        now = time.monotonic()
+        elapsed, self._aged_at = now - self._aged_at, now
+        if not (self._waiting or self._parked) or not self._active:
+            return
+        lowest_running = max(s.request.class_index for s in self._active)
+        for request in [*self._waiting, *(p.request for p in self._parked)]:
+            if request.class_index > lowest_running:
+                request.shut_out_s += elapsed
+
     def _pop_admissible_locked(self) -> list:
         """Requests (and parked sequences) that get their slots now, strictly in order of class, then arrival."""
         if not self._waiting and not self._parked:
@@ -462,11 +484,10 @@ class Engine:
         busy = self.model.n_parallel - self.cache.free_slots()
         free = min(self.cache.free_slots(), max(0, allowed - busy))
         self.metrics.set_throttle(level, allowed)
-        now = time.monotonic()
 
         def order(entry) -> tuple[int, float]:
             request = entry.request if isinstance(entry, _Parked) else entry
-            return request.rank(now), request.arrived
+            return request.rank(), request.arrived
         running = self._running_prompts()
         for entry in sorted([*self._waiting, *self._parked], key=order):
             n = 1 if isinstance(entry, _Parked) else entry.n
@@ -495,10 +516,10 @@ class Engine:
             return
         now = time.monotonic()
         candidates = [s for s in self._active if s.request.n == 1 and not s.request.cancelled.is_set()
-                      and s.request.rank(now) > rank]
+                      and s.request.rank() > rank]
         if not candidates:
             return
-        seq = max(candidates, key=lambda s: (s.request.rank(now), s.request.arrived))
+        seq = max(candidates, key=lambda s: (s.request.rank(), s.request.arrived))
         state = self.runner.save(seq.seq_id)
         self._active.remove(seq)
         self.cache.release(seq.seq_id, [], cacheable=False)
