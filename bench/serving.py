@@ -586,6 +586,10 @@ def team_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> dic
     people's idle TTFT as the floor."""
     from bench.team_workload import run_team
 
+    # Room in the queue for the whole flood and the people (by default 4 a sequence: a 64-request job on 8
+    # sequences would be refused in part, 503 queue_full); llama-server queues without bound.
+    args.everycycle_extra = [*getattr(args, "everycycle_extra", []), "--max-queue",
+                             str(max(4 * args.parallel, args.team_batch + args.sessions))]
     servers = start_servers(args, model, model_id, workdir)
     try:
         for s in servers:  # warm-up: page faults and thread start-up
