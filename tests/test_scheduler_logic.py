@@ -423,18 +423,25 @@ def test_an_interactive_request_parks_a_batch_one_and_each_answers_as_if_alone(m
     assert batch.preemptions == 1 and 0.004 <= batch.parked_s <= batch.decode_s and chat.preemptions == 0
 
 
-def test_no_class_parks_its_own_nor_a_request_aged_past_it(make):
+def _chat_beside_a_batch(make, adjust, batch_tokens: int) -> tuple[list[str], float]:
+    """One slot: a batch request (`adjust`ed once submitted) running, then an interactive chat: which finished
+    first, and how many were parked."""
     engine, _ = make(FakeModel(n_parallel=1, n_ctx_per_seq=512), runner_kw={"next_token": _slow})
     events = Events()
     engine.start()
-    old = ask(engine, events, "old-batch", "abc", max_tokens=40, priority="batch")
-    old.shut_out_s = 2 * 60.0 + 1  # shut out past two classes' worth: it ranks as interactive now
-    while len(events.of("old-batch")) < 3:
+    adjust(ask(engine, events, "batch", "abc", max_tokens=batch_tokens, priority="batch"))
+    while len(events.of("batch")) < 3:
         threading.Event().wait(0.001)
     ask(engine, events, "chat", "xyz", max_tokens=3, priority="interactive")
-    events.wait("old-batch", "chat")
-    assert [n for n, e in events.log if isinstance(e, wire.Done)] == ["old-batch", "chat"]
-    assert engine.metrics.snapshot()["requests_preempted_total"] == 0
+    events.wait("batch", "chat")
+    return ([n for n, e in events.log if isinstance(e, wire.Done)],
+            engine.metrics.snapshot()["requests_preempted_total"])
+
+
+def test_no_class_parks_its_own_nor_a_request_aged_past_it(make):
+    # shut out past two classes' worth: it ranks as interactive now
+    order, parked = _chat_beside_a_batch(make, lambda r: setattr(r, "shut_out_s", 2 * 60.0 + 1), 40)
+    assert order == ["batch", "chat"] and parked == 0
     request = GenerationRequest(prompt_tokens=[1], max_tokens=1, sink=lambda e: None, priority="batch")
     assert request.rank() == 2
     request.shut_out_s = 61
@@ -446,17 +453,9 @@ def test_no_class_parks_its_own_nor_a_request_aged_past_it(make):
 def test_a_batch_job_that_has_run_for_minutes_is_still_parked_for_a_person(make):
     """Aging counts the time a request was shut out, not its age: a long job's requests wait behind each other,
     and must not all rank as interactive after two minutes (nobody could preempt them then)."""
-    engine, _ = make(FakeModel(n_parallel=1, n_ctx_per_seq=512), runner_kw={"next_token": _slow})
-    events = Events()
-    engine.start()
-    job = ask(engine, events, "job", "abc", max_tokens=200, priority="batch")
-    job.arrived -= 10 * 60.0  # sent ten minutes ago
-    while len(events.of("job")) < 3:
-        threading.Event().wait(0.001)
-    ask(engine, events, "chat", "xyz", max_tokens=3, priority="interactive")
-    events.wait("job", "chat")
-    assert [n for n, e in events.log if isinstance(e, wire.Done)] == ["chat", "job"]
-    assert engine.metrics.snapshot()["requests_preempted_total"] == 1
+    # sent ten minutes ago
+    order, parked = _chat_beside_a_batch(make, lambda r: setattr(r, "arrived", r.arrived - 10 * 60.0), 200)
+    assert order == ["chat", "batch"] and parked == 1
 
 
 def test_only_a_request_that_higher_classes_alone_keep_out_ages():
