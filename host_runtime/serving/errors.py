@@ -64,8 +64,10 @@ def handle_falcon_error(req, resp, err: falcon.HTTPError, params) -> None:
 
 def handle_unexpected(req, resp, err: Exception, params) -> None:
     """A bug must not leak a traceback to the client, nor take the worker down."""
-    trace = req.context.get("trace")
+    from host_runtime.serving.tracing import trace_id_of
+
+    trace_id = trace_id_of(req)
     log.exception("unhandled error on %s %s%s", req.method, req.path,
-                  f" (trace_id={trace.trace_id})" if trace is not None else "")
+                  f" (trace_id={trace_id})" if trace_id is not None else "")
     _write(resp, APIError(500, "internal server error; the server log has the details", error_type="server_error"),
            req)

@@ -53,10 +53,6 @@ class Tracing:
         self.tracer = self.provider.get_tracer(TRACER_NAME)
         self.propagator = TraceContextTextMapPropagator()
 
-    def shutdown(self) -> None:
-        """Send what is batched, then stop (tests; a worker's exit does this through the SDK's atexit)."""
-        self.provider.shutdown()
-
 
 class _HeaderGetter:
     """The propagator's view of a falcon request's headers."""
