@@ -124,7 +124,7 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited; log: {self.log.name}")
+                raise SystemExit(f"{self.name} exited; log: {self.log.name}; its end:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=5) as r:
                     if r.status == 200:
@@ -133,6 +133,12 @@ class Server:
                 pass
             time.sleep(0.3)
         raise SystemExit(f"{self.name} not ready after {timeout}s; log: {self.log.name}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The log's last lines without the readiness polls: the reason a server died, where the log itself
+        stays behind (a lent machine)."""
+        text = Path(self.log.name).read_text(errors="replace").splitlines()
+        return "\n".join([line for line in text if f"GET {self.ready_path}" not in line][-lines:])
 
     def metrics(self) -> dict[str, float]:
         from host_runtime.common.prometheus_text import parse_prometheus

@@ -137,6 +137,38 @@ def test_nvml_translation_on_recorded_rtx3090_values():
     assert g["temperature_thresholds_c"] == {"slowdown": 95, "shutdown": 98}
 
 
+# Read from NVML on the lent H200 by bench/gpu_check.py's fixture (2026-12-04; driver 580.159.04, CUDA 13.0):
+# a four-digit PCI domain, and NVLink queries NVML does not support on that single-GPU machine.
+H200_NVML = {
+    "index": 0, "name": "NVIDIA H200", "uuid": "GPU-43d821bf-ba08-3d7f-96ee-94a8698b54d4",
+    "pci_bus_id": "0000:00:06.0", "memory_total": 150754820096, "memory_free": 150109880320,
+    "compute_capability": [9, 0], "power_limit_constraints": [200000, 700000], "power_limit_default": 700000,
+    "power_limit": 700000, "temp_slowdown": 89, "temp_shutdown": 95,
+    "nvlink_peers": {"unavailable": "NVML: Not Supported"},
+}
+
+
+def test_nvml_translation_on_values_read_from_a_real_h200():
+    g = nvml.translate(H200_NVML)
+    assert g["pci_address"] == "0000:00:06.0"
+    assert g["compute_capability"] == "9.0"
+    assert g["power_limit_w"] == {"min": 200.0, "max": 700.0, "default": 700.0, "current": 700.0}
+    assert g["temperature_thresholds_c"] == {"slowdown": 89, "shutdown": 95}
+    assert is_unavailable(g["nvlink_peers"])
+
+
+def test_a_topology_with_the_recorded_h200_validates(doc, monkeypatch):
+    """The H200's readings through discovery (a card NVML sees and udev here does not) into the schema."""
+    from host_runtime.discovery import gpus
+
+    status = {"available": True, "driver_version": "580.159.04", "cuda_driver_version": 13000}
+    monkeypatch.setattr(nvml, "snapshot", lambda: ([H200_NVML], status))
+    with_h200 = dict(doc, gpus=gpus.collect_gpus())
+    [card] = [d for d in with_h200["gpus"]["devices"] if d["vendor"] == "nvidia"]
+    assert card["pci_address"] == "0000:00:06.0" and card["details"]["name"] == "NVIDIA H200"
+    topology.validate(with_h200)
+
+
 def test_nvml_translation_keeps_unsupported_readings_as_unavailable():
     raw = dict(RTX3090_NVML, power_limit_constraints={"unavailable": "NVML: Not Supported"},
                compute_capability={"unavailable": "NVML: Not Supported"})

@@ -34,3 +34,20 @@ def test_what_is_not_a_gguf_is_refused(tmp_path):
     bad.write_bytes(b"GGUF" + b"\xff" * 64)
     with pytest.raises(ModelTableError, match="not a readable GGUF"):
         read_table(bad)
+
+
+def test_the_reader_loads_the_libggml_base_llama_cpp_python_loads(tmp_path, monkeypatch):
+    """LLAMA_CPP_LIB_PATH (a CUDA build) is where llama-cpp-python loads from; a second libggml-base from the
+    wheel beside it is not what the engine's llama.cpp uses. A folder without one: the `gguf` package reads."""
+    import llama_cpp.llama_cpp as bindings
+
+    try:
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(tmp_path))
+        gguf_c._lib.cache_clear()
+        assert not gguf_c.available()
+        assert read_table(default_model_path()) == _read_table_gguf_package(default_model_path())
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(bindings._base_path))
+        gguf_c._lib.cache_clear()
+        assert gguf_c.available()
+    finally:
+        gguf_c._lib.cache_clear()

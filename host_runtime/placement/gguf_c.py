@@ -36,7 +36,10 @@ def _lib():
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         raise OSError("llama_cpp is not installed")
-    lib = ctypes.CDLL(str(Path(list(spec.submodule_search_locations)[0]) / "lib" / "libggml-base.so"))
+    # The folder llama-cpp-python itself loads from (its own LLAMA_CPP_LIB_PATH rule), so that the reader is the
+    # libggml-base the engine's llama.cpp uses, not a second one (the wheel's, beside the image's CUDA build).
+    base = os.environ.get("LLAMA_CPP_LIB_PATH") or Path(list(spec.submodule_search_locations)[0]) / "lib"
+    lib = ctypes.CDLL(str(Path(base) / "libggml-base.so"))
     vp, i64, cs = ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p
     sigs = {
         "gguf_init_from_file": (vp, [cs, _InitParams]), "gguf_init_from_file_ptr": (vp, [vp, _InitParams]),
