@@ -3,7 +3,10 @@
 Three boxes (network namespaces, `everycycle serve` on 1 thread each, the built-in model) behind the gateway
 (tests/fleet_hosts.py), run twice on fresh boxes: once with the router's cache_aware policy fed by our
 controller (the gateway as shipped), once with round_robin (the reference). Several conversations run at once,
-each turn extending the last (a long system prompt of its own, then user and assistant turns). Measured:
+each turn extending the last (a long system prompt of its own, then user and assistant turns).
+`--fleet hetero`: boxes that are not equal (HETERO: CPU quotas make box 1 several times faster than the others,
+box 2 holds another model, which only it serves) and a mixed workload (fleet_workload.mixed_session: chats, one-shot
+long prompts, chats with the other model). Measured:
 - prefix hit ratio: prompt tokens the boxes' prefix caches served / all prompt tokens (everycycle_prompt_tokens_
   cached_total and everycycle_prompt_tokens_total, summed over the boxes, before and after);
 - TTFT p50 and p95 (client side, streaming), and generated tokens per second over the run.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,9 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx2  # noqa: E402
 import openai  # noqa: E402
 
+from host_runtime.engine.model import default_model_path  # noqa: E402
 from tests.fleet_hosts import SMOL, box_metric, start_fleet  # noqa: E402
 
-from fleet_workload import conversation  # noqa: E402
+from fleet_workload import conversation, mixed_session  # noqa: E402
+
+OTHER = "Other-Model"  # the hetero fleet's second model: the built-in GGUF under another name, on box 2 only
+# The hetero fleet: each box's share of one CPU (a cgroup quota) and the model it holds (None: the built-in one).
+# Box 0 is also the gateway (its front, router and controller beside its API), so the fast box is box 1.
+HETERO = {"cpu_percent": [30, 100, 30], "models": [None, None, OTHER]}
 
 LITELLM = "litellm==1.110.2"   # the release router_vocab.py already checks by hash; not one of the two bad ones
 LITELLM_VENV = Path(__file__).resolve().parents[1] / "var" / "bench-litellm-venv"
@@ -56,23 +66,31 @@ def counters(fleet) -> tuple[float, float, float]:
     return cached, computed, generated
 
 
-def run(policy: str, conversations: int, turns: int, max_tokens: int) -> dict:
+def run(policy: str, conversations: int, turns: int, max_tokens: int, hetero: bool = False) -> dict:
     """policy: one of the gateway's (its router's policy, clients through the gateway's front); "litellm"
     (LiteLLM's Router, least-busy, straight to the same boxes with the fleet key from the gateway's namespace);
-    or "sticky" (no router: conversation n always on box n mod 3, the ceiling of this workload's hit ratio)."""
+    or "sticky" (no router: conversation n always on one box that holds its model, n mod their number: the
+    ceiling of this workload's hit ratio)."""
     litellm = litellm_python() if policy == "litellm" else None
     direct = litellm or policy == "sticky"
     with tempfile.TemporaryDirectory(prefix=f"bench-fleet-{policy}-") as tmp:
-        fleet = start_fleet(Path(tmp), [None, None, None], policy="round_robin" if direct else policy, parallel=4,
-                            max_queue=256, ctx_size=2048)
+        models = [None, None, None]
+        if hetero:
+            other = Path(tmp) / f"{OTHER}.gguf"
+            shutil.copy(default_model_path(), other)
+            models = [str(other) if m == OTHER else m for m in HETERO["models"]]
+        fleet = start_fleet(Path(tmp), models, policy="round_robin" if direct else policy, parallel=4,
+                            max_queue=256, ctx_size=2048, cpu_percent=HETERO["cpu_percent"] if hetero else None)
+        holders = {m: [i for i, b in enumerate(fleet.boxes) if m in b.models] for m in (SMOL, OTHER)}
         try:
             before = counters(fleet)
             results: list[dict] = []
             if litellm:
                 argv = [str(litellm), str(Path(__file__).resolve().parent / "fleet_litellm.py"),
-                        *[a for b in fleet.boxes for a in ("--box", b.base)], "--key", fleet.fleet_key,
-                        "--model", SMOL, "--conversations", str(conversations), "--turns", str(turns),
-                        "--max-tokens", str(max_tokens)]
+                        *[a for b in fleet.boxes for a in ("--box", f"{b.base}={','.join(b.models)}")],
+                        "--key", fleet.fleet_key, "--model", SMOL, "--conversations", str(conversations),
+                        "--turns", str(turns), "--max-tokens", str(max_tokens),
+                        *(["--other-model", OTHER] if hetero else [])]
                 out = subprocess.run(fleet.net.run_in(0, argv), capture_output=True, text=True)
                 if out.returncode != 0:
                     raise SystemExit(f"bench: the LiteLLM client failed:\n{out.stderr[-3000:]}")
@@ -90,10 +108,10 @@ def run(policy: str, conversations: int, turns: int, max_tokens: int) -> dict:
                                              timeout=300, http_client=httpx2.Client(verify=fleet.tls()))]
 
                 def sender(n: int):
-                    c = clients[n % len(clients)]
-
-                    def send(messages):
-                        for chunk in c.chat.completions.create(model=SMOL, messages=messages, max_tokens=max_tokens,
+                    def send(messages, model=SMOL):
+                        # sticky: the session's box among those that hold its model; else the one client
+                        c = clients[holders[model][n % len(holders[model])]] if len(clients) > 1 else clients[0]
+                        for chunk in c.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
                                                                temperature=0, stream=True):
                             if chunk.choices:
                                 yield chunk.choices[0].delta.content
@@ -102,7 +120,12 @@ def run(policy: str, conversations: int, turns: int, max_tokens: int) -> dict:
                 lock = threading.Lock()
                 start = time.monotonic()
                 with ThreadPoolExecutor(max_workers=conversations) as pool:
-                    list(pool.map(lambda n: conversation(sender(n), n, turns, results, lock), range(conversations)))
+                    if hetero:
+                        list(pool.map(lambda n: mixed_session(sender(n), n, turns, results, lock, SMOL, OTHER),
+                                      range(conversations)))
+                    else:
+                        list(pool.map(lambda n: conversation(sender(n), n, turns, results, lock),
+                                      range(conversations)))
                 wall = time.monotonic() - start
             after = counters(fleet)
             per_box = [box_metric(fleet, i, "everycycle_requests_total") for i in range(len(fleet.boxes))]
@@ -110,7 +133,12 @@ def run(policy: str, conversations: int, turns: int, max_tokens: int) -> dict:
             fleet.stop()
     cached, computed, generated = (a - b for a, b in zip(after, before))
     ttfts = sorted(r["ttft_s"] for r in results if r["ttft_s"] is not None)
+    by_kind = {}
+    for kind in sorted({r.get("kind") for r in results if r.get("kind")}):
+        kind_ttfts = [r["ttft_s"] for r in results if r.get("kind") == kind and r["ttft_s"] is not None]
+        by_kind[kind] = round(statistics.median(kind_ttfts), 4) if kind_ttfts else None
     return {"policy": "litellm least-busy" if litellm else policy, "requests": len(results), "wall_s": round(wall, 2),
+            **({"ttft_p50_s_by_kind": by_kind} if by_kind else {}),
             "prefix_hit_ratio": round(cached / (cached + computed), 4) if cached + computed else 0.0,
             "prompt_tokens_cached": int(cached), "prompt_tokens_computed": int(computed),
             "ttft_p50_s": round(statistics.median(ttfts), 4),
@@ -122,6 +150,7 @@ def ratios(gateway: dict, other: dict, name: str) -> dict:
     return {f"prefix_hit_ratio_vs_{name}": round(gateway["prefix_hit_ratio"] / other["prefix_hit_ratio"], 3)
             if other["prefix_hit_ratio"] else None,
             f"ttft_p50_vs_{name}": round(gateway["ttft_p50_s"] / other["ttft_p50_s"], 3),
+            f"ttft_p95_vs_{name}": round(gateway["ttft_p95_s"] / other["ttft_p95_s"], 3),
             f"tok_s_vs_{name}": round(gateway["tok_s"] / other["tok_s"], 3)}
 
 
@@ -148,6 +177,9 @@ def measure_doc(bench_json: Path, out_dir: Path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fleet", choices=["equal", "hetero"], default="equal",
+                   help="equal: three equal boxes, one model; hetero: HETERO's unequal boxes, two models, a mixed "
+                        "workload")
     p.add_argument("--conversations", type=int, default=9)
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=24)
@@ -161,14 +193,18 @@ def main() -> int:
     args = p.parse_args()
     if args.doc and not args.json:
         p.error("--doc: needs --json (the document cites that file)")
-    gateway = run("cache_aware", args.conversations, args.turns, args.max_tokens)
-    round_robin = run("round_robin", args.conversations, args.turns, args.max_tokens)
-    litellm = run("litellm", args.conversations, args.turns, args.max_tokens) if args.litellm else None
-    sticky = run("sticky", args.conversations, args.turns, args.max_tokens) if args.sticky else None
+    hetero = args.fleet == "hetero"
+    gateway = run("cache_aware", args.conversations, args.turns, args.max_tokens, hetero)
+    round_robin = run("round_robin", args.conversations, args.turns, args.max_tokens, hetero)
+    litellm = run("litellm", args.conversations, args.turns, args.max_tokens, hetero) if args.litellm else None
+    sticky = run("sticky", args.conversations, args.turns, args.max_tokens, hetero) if args.sticky else None
     doc = {"bench": "fleet", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
-           "workload": {"boxes": 3, "threads_per_box": 1, "conversations": args.conversations,
-                        "turns": args.turns, "max_tokens": args.max_tokens, "model": SMOL},
+           "workload": {"fleet": args.fleet, "boxes": 3, "threads_per_box": 1, "conversations": args.conversations,
+                        "turns": args.turns, "max_tokens": args.max_tokens, "model": SMOL,
+                        **({"cpu_percent": HETERO["cpu_percent"], "box_models": [m or SMOL for m in HETERO["models"]],
+                            "sessions": "chat, one-shot long prompts, chat with the other model (by n mod 3)"}
+                           if hetero else {})},
            "gateway": gateway, "round_robin": round_robin,
            "ratios": {**ratios(gateway, round_robin, "round_robin"),
                       **(ratios(gateway, litellm, "litellm") if litellm else {})}}

@@ -16,12 +16,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import litellm  # noqa: E402
 
-from fleet_workload import conversation  # noqa: E402
+from fleet_workload import conversation, mixed_session  # noqa: E402
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--box", action="append", required=True, help="a box's API base URL (repeatable)")
+    p.add_argument("--box", action="append", required=True,
+                   help="a box's API base URL, =MODEL,MODEL for the models it holds (repeatable)")
+    p.add_argument("--other-model", help="the hetero fleet's mixed workload, with this as its second model")
     p.add_argument("--key", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--strategy", default="least-busy")
@@ -30,12 +32,16 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=24)
     a = p.parse_args()
     litellm.telemetry = False
-    router = litellm.Router(model_list=[{"model_name": "bench", "litellm_params": {
-        "model": f"openai/{a.model}", "api_base": box.rstrip("/") + "/v1", "api_key": a.key}} for box in a.box],
-        routing_strategy=a.strategy, num_retries=0)
+    deployments = []
+    for box in a.box:
+        base, _, held = box.partition("=")
+        for model in (held.split(",") if held else [a.model]):  # one deployment per (box, model), named by model
+            deployments.append({"model_name": model, "litellm_params": {
+                "model": f"openai/{model}", "api_base": base.rstrip("/") + "/v1", "api_key": a.key}})
+    router = litellm.Router(model_list=deployments, routing_strategy=a.strategy, num_retries=0)
 
-    def send(messages):
-        for chunk in router.completion(model="bench", messages=messages, max_tokens=a.max_tokens, temperature=0,
+    def send(messages, model=a.model):
+        for chunk in router.completion(model=model, messages=messages, max_tokens=a.max_tokens, temperature=0,
                                        stream=True):
             if chunk.choices:
                 yield chunk.choices[0].delta.content
@@ -43,7 +49,11 @@ def main() -> int:
     results, lock = [], threading.Lock()
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=a.conversations) as pool:
-        list(pool.map(lambda n: conversation(send, n, a.turns, results, lock), range(a.conversations)))
+        if a.other_model:
+            list(pool.map(lambda n: mixed_session(send, n, a.turns, results, lock, a.model, a.other_model),
+                          range(a.conversations)))
+        else:
+            list(pool.map(lambda n: conversation(send, n, a.turns, results, lock), range(a.conversations)))
     print(json.dumps({"litellm": litellm.__version__ if hasattr(litellm, "__version__") else "?",
                       "strategy": a.strategy, "wall_s": time.monotonic() - start, "results": results}))
     return 0

@@ -39,3 +39,40 @@ def conversation(send: Callable[[list[dict]], Iterable[str | None]], n: int, tur
         with lock:
             out.append({"ttft_s": first, "chars": len("".join(text)), "turn": t})
         messages.append({"role": "assistant", "content": "".join(text)})
+
+
+# The heterogeneous fleet's sessions (bench/fleet.py --fleet hetero), by session number: a multi-turn chat on the
+# common model, a run of one-shot long prompts on it (a document to summarise each time: no prefix to reuse but the
+# instructions), and a chat on the model that only some boxes hold.
+SESSION_KINDS = ("chat", "one-shot", "other-model")
+
+
+def long_document(n: int, t: int) -> str:
+    return " ".join(f"Paragraph {i}: the {TOPICS[(n + t + i) % 12]} report for week {t} lists item {n * 97 + i}, "
+                    f"which was checked, filed and sent on." for i in range(24))
+
+
+def mixed_session(send: Callable[[list[dict], str], Iterable[str | None]], n: int, turns: int, out: list,
+                  lock: threading.Lock, common_model: str, other_model: str) -> None:
+    """Session n of the mixed workload; `send(messages, model)` streams one answer through the router under test.
+    Each result says its session's kind."""
+    kind = SESSION_KINDS[n % len(SESSION_KINDS)]
+    if kind != "one-shot":
+        model = common_model if kind == "chat" else other_model
+        tagged: list = []
+        conversation(lambda messages: send(messages, model), n, turns, tagged, threading.Lock())
+        with lock:
+            out.extend({**r, "kind": kind} for r in tagged)
+        return
+    for t in range(turns):
+        messages = [{"role": "system", "content": "You summarise documents in one sentence."},
+                    {"role": "user", "content": f"{long_document(n, t)} Summarise this."}]
+        start = time.monotonic()
+        first, chars = None, 0
+        for piece in send(messages, common_model):
+            if piece:
+                if first is None:
+                    first = time.monotonic() - start
+                chars += len(piece)
+        with lock:
+            out.append({"ttft_s": first, "chars": chars, "turn": t, "kind": kind})
