@@ -459,6 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--vocab-dir", metavar="DIR", help="where o200k_base.tiktoken is (default: under the venv)")
     gw.add_argument("--front-settings", metavar="FILE",
                     help="front.toml: the HTTPS port (and listen address) a member announces by mDNS")
+    address = fleet_sub.add_parser("address", help="hold the fleet's virtual address with the other gateway "
+                                                   "(keepalived's VRRP, fleet.toml's virtual_address); idle "
+                                                   "where none is set")
+    address.add_argument("--settings", metavar="FILE", help="fleet.toml")
+    address.add_argument("--front-settings", metavar="FILE", help="front.toml: the HTTPS port the check connects to")
+    address.add_argument("--run-dir", required=True, metavar="DIR", help="where keepalived's configuration goes")
     peers = fleet_sub.add_parser("peers", help="the boxes the gateway would poll: fleet.toml's peers and, with "
                                                "mdns = true, the fronts announced on the LAN")
     peers.add_argument("--settings", metavar="FILE", help="fleet.toml")
@@ -1256,12 +1262,42 @@ def cmd_fleet(parser, args) -> int:
         return _fleet_peers(settings, args)
     stop = threading.Event()
     stop_on_signals(stop.set)
+    if args.fleet_command == "address":
+        return _fleet_address(parser, args, settings, stop)
     lan_name = _start_lan_name(parser, args)  # every box, whatever its fleet role: NAME.local on the LAN
     try:
         return _fleet_program(parser, args, settings, stop)
     finally:
         if lan_name is not None:
             lan_name.stop()
+
+
+def _fleet_address(parser, args, settings, stop) -> int:
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.fleet import vrrp_run
+    from host_runtime.fleet.vrrp import FailoverError
+    from host_runtime.front import settings as front_settings
+
+    if not settings.virtual_address:
+        # supervisord runs this program on every box, like the gateway's: without a virtual address it waits, as
+        # the fleet's user (root only for keepalived).
+        from host_runtime.common.service_user import FLEET_USER, become
+
+        become(FLEET_USER)
+        print(f"everycycle fleet address: no virtual_address in {args.settings}; nothing to hold", file=sys.stderr,
+              flush=True)
+        stop.wait()
+        return 0
+    try:
+        front = front_settings.load(args.front_settings)
+    except SettingsError as exc:
+        parser.error(f"fleet address: --front-settings: {exc}")
+    try:
+        vrrp_run.run(settings, front.https_port, Path(args.run_dir))
+    except FailoverError as exc:
+        print(f"everycycle fleet address: {exc}", file=sys.stderr)
+        return 1
+    return 0  # not reached: keepalived took this process's place
 
 
 def _start_lan_name(parser, args):

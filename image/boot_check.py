@@ -480,7 +480,7 @@ def check_slots(box: Box, result: dict) -> None:
 
 
 # Only supervisord: the governor is root only where governor.toml says enforce, and the test bundle observes.
-ROOT_ALLOWED = ("supervisord",)
+ROOT_ALLOWED = ("supervisord", "keepalived")  # keepalived: a gateway's virtual address
 
 
 def parse_service_processes(text: str) -> list[tuple[str, str]]:
@@ -504,7 +504,7 @@ def expected_user(args: str) -> str | None:
         return u.FRONT_USER
     if " bmc " in args or args.endswith(" bmc"):
         return u.BMC_USER
-    if " fleet gateway" in args or "host_runtime.fleet.router_main" in args:
+    if " fleet gateway" in args or " fleet address" in args or "host_runtime.fleet.router_main" in args:
         return u.FLEET_USER
     if any(f" {c} " in f"{args} " or f"host_runtime.cli {c}" in args for c in ("serve", "engine", "discover", "governor")):
         return u.SERVICE_USER  # the governor too: the test bundle observes

@@ -138,6 +138,7 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
     Keys already on the box (made there with `everycycle keys create`, or by an earlier bundle) stay unless the
     bundle names a key of the same name: re-provisioning never silently revokes a key."""
     from host_runtime.auth.keystore import FILE_VERSION, hash_key, key_hint
+    from host_runtime.front.settings import box_gateway_addresses
 
     box = bundle.box
     api = box.get("api", {})
@@ -146,8 +147,9 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
     fleet = box.get("fleet", {})
     fleet_key = bundle.read(fleet["key_file"]).decode().strip() if fleet.get("key_file") else None
     if fleet_key:
-        # A member is valid for the fleet key from its gateway's address alone, where box.toml names it.
-        allowed = [fleet["gateway_address"]] if fleet.get("role") == "member" and fleet.get("gateway_address") else []
+        # A member is valid for the fleet key from its gateway's address alone (both gateways' with two), where
+        # box.toml names it.
+        allowed = box_gateway_addresses(fleet) if fleet.get("role") == "member" else []
         keys.append({"name": FLEET_KEY_NAME, "sha256": hash_key(fleet_key), "hint": FLEET_KEY_NAME, "created": 0,
                      "allowed_from": allowed})
     named = {k["name"] for k in keys}

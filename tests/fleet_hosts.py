@@ -74,6 +74,7 @@ class Box:
     argv: list[str]      # to start it again
     front: Proc | None = None  # a member behind its own front
     certificate: Path | None = None
+    quota: object = None       # image.cpu_quota.CpuQuota: a slower box (bench/fleet.py --fleet hetero)
 
     def get(self, path: str, key: str) -> tuple[int, str]:
         """GET from the root namespace (not for the gateway's own box, whose API is on its loopback)."""
@@ -87,42 +88,89 @@ class Box:
 
 
 @dataclass
+class GatewaySide:
+    """One gateway's programs on its box: the front (the clients' door), the router and its controller, and with a
+    virtual address keepalived holding it (`everycycle fleet address`)."""
+
+    index: int
+    state_dir: Path      # the front's: its local CA is state_dir/tls/ca.crt
+    state_file: Path     # what the gateway sees and did, each poll
+    front: Proc | None = None
+    gateway: Proc | None = None
+    address: Proc | None = None
+    argv: dict = field(default_factory=dict)  # name -> (argv, log): to start each again
+
+    @property
+    def certificate(self) -> Path:
+        return self.state_dir / "tls" / "ca.crt"
+
+    def start(self, name: str) -> None:
+        argv, log = self.argv[name]
+        setattr(self, name, Proc(argv, log))
+
+    def stop(self) -> None:
+        for proc in (self.address, self.gateway, self.front):
+            if proc is not None:
+                proc.stop()
+
+
+@dataclass
 class Fleet:
     net: Net
     workdir: Path
     client_key: str
     fleet_key: str
     boxes: list[Box] = field(default_factory=list)
-    front: Proc | None = None
-    gateway: Proc | None = None
+    gateways: list[GatewaySide] = field(default_factory=list)
     https_port: int = 8443
-    state_file: Path | None = None
+    virtual_address: str | None = None   # with two gateways: the address they share
+
+    @property
+    def front(self) -> Proc | None:
+        return self.gateways[0].front if self.gateways else None
+
+    @property
+    def gateway(self) -> Proc | None:
+        return self.gateways[0].gateway if self.gateways else None
+
+    @property
+    def state_file(self) -> Path:
+        return self.gateways[0].state_file
 
     @property
     def url(self) -> str:
-        return f"https://{self.net.address(0)}:{self.https_port}"
+        return f"https://{self.virtual_address or self.net.address(0)}:{self.https_port}"
 
     @property
     def certificate(self) -> Path:
-        return self.workdir / "gw-state" / "tls" / "ca.crt"
+        return self.gateways[0].certificate
 
     def tls(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.certificate))
+        """Trusting every gateway's local CA: behind a virtual address either may answer."""
+        context = ssl.create_default_context(cafile=str(self.gateways[0].certificate))
+        for side in self.gateways[1:]:
+            context.load_verify_locations(cafile=str(side.certificate))
+        return context
 
-    def state(self) -> dict:
+    def state(self, side: int = 0) -> dict:
         try:
-            return json.loads(self.state_file.read_text())
+            return json.loads(self.gateways[side].state_file.read_text())
         except (OSError, ValueError):
             return {}
 
-    def registered(self) -> set[tuple[str, str]]:
+    def registered(self, side: int = 0) -> set[tuple[str, str]]:
         """(box base URL, model) pairs the router has as workers, from the gateway's state file."""
-        return {(r["url"].rsplit("/fleet/", 1)[0], r["model_id"]) for r in self.state().get("registered", [])}
+        return {(r["url"].rsplit("/fleet/", 1)[0], r["model_id"]) for r in self.state(side).get("registered", [])}
 
     def stop(self) -> None:
-        for proc in [self.gateway, self.front, *(b.front for b in self.boxes), *(b.proc for b in self.boxes)]:
+        for side in self.gateways:
+            side.stop()
+        for proc in [*(b.front for b in self.boxes), *(b.proc for b in self.boxes)]:
             if proc is not None:
                 proc.stop()
+        for box in self.boxes:
+            if box.quota is not None:
+                box.quota.lift()
         self.net.remove()
 
 
@@ -135,12 +183,17 @@ def _key_file(path: Path, key: str) -> Path:
 def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "cache_aware", parallel: int = 4,
                 max_queue: int = 64, ctx_size: int = 1024, poll_interval: float = 0.5,
                 governor_state: bool = False, behind_front: tuple[int, ...] = (),
-                trace_port: int | None = None) -> Fleet:
+                trace_port: int | None = None, cpu_percent: list[float | None] | None = None,
+                failover: bool = False) -> Fleet:
     """Boxes in namespaces; box_models[i] is a GGUF path box i serves (None: the built-in model). Box 0 is the
     gateway. Returns once every box is ready and the router has a worker for each box's model. With `trace_port`,
-    every box's API sends its spans to an OTLP collector on that port of the root namespace."""
+    every box's API sends its spans to an OTLP collector on that port of the root namespace. cpu_percent[i] caps box
+    i's processes at that share of one CPU (a cgroup quota, set before its engine and workers start: they inherit
+    it); None or a missing entry: no cap. With `failover`, box 1 is a gateway too and both hold the virtual address
+    PREFIX.200 by VRRP (box 0 first: the higher priority); returns once one of them holds it."""
     net = Net(len(box_models))
     fleet = None
+    gateways = (0, 1) if failover else (0,)
     try:
         client_keys = workdir / "client_keys.json"
         client_key = subprocess.run(everycycle("keys", "create", "--keys", str(client_keys), "client"),
@@ -148,10 +201,11 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
         fleet_key = subprocess.run(everycycle("keys", "create", "--keys", str(workdir / "fleet_made.json"), "fleet"),
                                    capture_output=True, text=True, check=True).stdout.strip()
         key_file = _key_file(workdir / "fleet.key", fleet_key)
-        fleet = Fleet(net, workdir, client_key, fleet_key, state_file=workdir / "fleet-state.json")
+        fleet = Fleet(net, workdir, client_key, fleet_key,
+                      virtual_address=f"{net.prefix}.200" if failover else None)
         for i, model in enumerate(box_models):
             keys = workdir / f"box{i}_keys.json"
-            if i == 0:  # the gateway's own API takes the clients' keys (the front asks it) and the fleet key
+            if i in gateways:  # a gateway's own API takes the clients' keys (the front asks it) and the fleet key
                 shutil.copy(client_keys, keys)
             subprocess.run(everycycle("keys", "import", "--keys", str(keys), "--key-file", str(key_file), "fleet"),
                            check=True, capture_output=True)
@@ -164,8 +218,8 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
                 common += ["--trace-endpoint", f"http://{net.prefix}.1:{trace_port}"]
             if governor_state:  # a file the test writes to play the governor
                 common += ["--governor-state", str(workdir / f"box{i}_governor.json")]
-            if i == 0:
-                listen = ["--unix-socket", str(workdir / "box0_api" / "http.sock"), "--also-listen", "127.0.0.1:8081",
+            if i in gateways:
+                listen = ["--unix-socket", str(workdir / f"box{i}_api" / "http.sock"), "--also-listen", "127.0.0.1:8081",
                           "--fleet-router", f"127.0.0.1:{FleetSettings().router_port}"]   # fleet.toml's default
                 base = "http://127.0.0.1:8081"
             elif i in behind_front:
@@ -178,7 +232,12 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
             name = Path(model).stem if model else SMOL
             box = Box(i, base, Proc(argv, workdir / f"box{i}.log"), [name], argv)
             fleet.boxes.append(box)
-            if i in behind_front and i != 0:
+            percent = (cpu_percent or [])[i] if i < len(cpu_percent or []) else None
+            if percent is not None:
+                from image.cpu_quota import CpuQuota
+
+                box.quota = CpuQuota(box.proc.popen.pid, percent, f"everycycle-fleet-box{i}-{os.getpid()}")
+            if i in behind_front and i not in gateways:
                 member_toml = workdir / f"box{i}_front.toml"
                 member_toml.write_text(f'listen = "{net.address(i)}"\nhttp = "off"\n'
                                        f'fleet_gateway = "{net.address(0)}"\n')
@@ -188,26 +247,23 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
                     "--run-dir", str(workdir / f"box{i}_front"),
                     "--upstream-socket", str(workdir / f"box{i}_api" / "http.sock"))), workdir / f"box{i}_front.log")
         for box in fleet.boxes:
-            check = (lambda b=box: _ready(net, 0, b.base)) if box.index == 0 else (lambda b=box: _ready_from_root(b))
+            check = ((lambda b=box: _ready(net, b.index, b.base)) if box.index in gateways
+                     else (lambda b=box: _ready_from_root(b)))
             wait_for(check, 120, f"box {box.index} ready", box.proc)
-        fleet_toml = workdir / "fleet.toml"
         certificates = [str(b.certificate) for b in fleet.boxes if b.certificate]
-        fleet_toml.write_text(f'role = "gateway"\npeers = {json.dumps([b.base for b in fleet.boxes])}\n'
-                              f'policy = "{policy}"\nkey_file = "{key_file}"\npoll_interval_s = {poll_interval}\n'
-                              f'peer_certificates = {json.dumps(certificates)}\n')
-        front_toml = workdir / "front.toml"
-        front_toml.write_text(f'listen = "{net.address(0)}"\nhttp = "off"\nconnections_per_client = 1024\n'
-                              f'requests_per_second_per_client = 1000\nrequest_burst_per_client = 1000\n')
-        fleet.front = Proc(net.run_in(0, everycycle("front", "run", "--settings", str(front_toml),
-                                                    "--state-dir", str(workdir / "gw-state"),
-                                                    "--run-dir", str(workdir / "gw-front"),
-                                                    "--upstream-socket", str(workdir / "box0_api" / "http.sock"),
-                                                    "--fleet-settings", str(fleet_toml))), workdir / "front.log")
-        fleet.gateway = Proc(net.run_in(0, everycycle("fleet", "gateway", "--settings", str(fleet_toml),
-                                                      "--state", str(fleet.state_file))), workdir / "gateway.log")
-        want = {(b.base, m) for b in fleet.boxes for m in b.models}
-        wait_for(lambda: want <= fleet.registered(), 60, f"the router's workers {sorted(want)}", fleet.gateway)
-        wait_for(lambda: fleet.certificate.exists(), 30, "the front's certificate", fleet.front)
+        # Each gateway routes to its own API and to every member (another gateway's API is on its loopback).
+        peers = ["http://127.0.0.1:8081", *(b.base for b in fleet.boxes if b.index not in gateways)]
+        for g in gateways:
+            fleet.gateways.append(_gateway_side(fleet, g, policy, key_file, poll_interval, certificates, peers))
+        for side in fleet.gateways:
+            want = {("http://127.0.0.1:8081", m) for m in fleet.boxes[side.index].models} | {
+                (b.base, m) for b in fleet.boxes if b.index not in gateways for m in b.models}
+            wait_for(lambda s=side.index: want <= fleet.registered(s), 60, f"gateway {side.index}'s router's workers "
+                     f"{sorted(want)}", side.gateway)
+            wait_for(lambda s=side: s.certificate.exists(), 30, "the front's certificate", side.front)
+        if failover:
+            wait_for(lambda: vip_holder(fleet) is not None, 30, "a gateway to hold the virtual address",
+                     fleet.gateways[0].address)
         return fleet
     except BaseException:
         if fleet is not None:
@@ -215,6 +271,54 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
         else:
             net.remove()
         raise
+
+
+def _gateway_side(fleet: Fleet, i: int, policy: str, key_file: Path, poll_interval: float, certificates: list[str],
+                  peers: list[str]) -> GatewaySide:
+    """Gateway i's front, router and controller, and with a virtual address its keepalived (box 0 the higher
+    priority, unicast adverts to the other gateway)."""
+    net, workdir = fleet.net, fleet.workdir
+    side = GatewaySide(i, workdir / f"gw{i}-state", workdir / f"fleet-state-{i}.json")
+    fleet_toml = workdir / f"fleet-{i}.toml"
+    text = (f'role = "gateway"\npeers = {json.dumps(peers)}\n'
+            f'policy = "{policy}"\nkey_file = "{key_file}"\npoll_interval_s = {poll_interval}\n'
+            f'peer_certificates = {json.dumps(certificates)}\n')
+    if fleet.virtual_address:
+        other = net.address(1 - i)
+        text += (f'virtual_address = "{fleet.virtual_address}/24"\nvrrp_priority = {150 if i == 0 else 100}\n'
+                 f'vrrp_peers = ["{other}"]\n')
+    fleet_toml.write_text(text)
+    front_toml = workdir / f"front-{i}.toml"
+    listen = "0.0.0.0" if fleet.virtual_address else net.address(i)
+    front_toml.write_text(f'listen = "{listen}"\nhttp = "off"\nconnections_per_client = 1024\n'
+                          f'requests_per_second_per_client = 1000\nrequest_burst_per_client = 1000\n'
+                          + (f'virtual_address = "{fleet.virtual_address}"\n' if fleet.virtual_address else ""))
+    side.argv["front"] = (net.run_in(i, everycycle("front", "run", "--settings", str(front_toml),
+                                                   "--state-dir", str(side.state_dir),
+                                                   "--run-dir", str(workdir / f"gw{i}-front"),
+                                                   "--upstream-socket", str(workdir / f"box{i}_api" / "http.sock"),
+                                                   "--fleet-settings", str(fleet_toml))), workdir / f"front-{i}.log")
+    side.argv["gateway"] = (net.run_in(i, everycycle("fleet", "gateway", "--settings", str(fleet_toml),
+                                                     "--state", str(side.state_file))), workdir / f"gateway-{i}.log")
+    side.start("front")
+    side.start("gateway")
+    if fleet.virtual_address:
+        side.argv["address"] = (net.run_in(i, everycycle("fleet", "address", "--settings", str(fleet_toml),
+                                                         "--front-settings", str(front_toml),
+                                                         "--run-dir", str(workdir / f"gw{i}-vrrp"))),
+                                workdir / f"address-{i}.log")
+        side.start("address")
+    return side
+
+
+def vip_holder(fleet: Fleet) -> int | None:
+    """Which gateway's box holds the virtual address now (None: neither)."""
+    for side in fleet.gateways:
+        out = subprocess.run(["ip", "-n", fleet.net.names[side.index], "-o", "-4", "addr", "show", "dev", "eth0"],
+                             capture_output=True, text=True)
+        if f" {fleet.virtual_address}/" in out.stdout:
+            return side.index
+    return None
 
 
 def _ready(net: Net, index: int, base: str) -> bool:

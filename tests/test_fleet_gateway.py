@@ -84,7 +84,7 @@ def test_measure_fleet_writes_a_document_whose_figures_come_from_every_box(fleet
     box_toml.write_text(SMALL)
     out, doc_path = tmp_path / "measurements.json", tmp_path / "architecture.md"
     run = subprocess.run(fleet.net.run_in(0, everycycle(
-        "measure", "--fleet", "--fleet-settings", str(fleet.workdir / "fleet.toml"), "--url", fleet.url,
+        "measure", "--fleet", "--fleet-settings", str(fleet.workdir / "fleet-0.toml"), "--url", fleet.url,
         "--ca-cert", str(fleet.certificate), "--box-toml", str(box_toml), "--json", str(out), "--doc", str(doc_path))),
         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

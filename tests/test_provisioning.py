@@ -125,6 +125,21 @@ BAD = [
                                                     "peers": ["https://10.20.0.5:8443"]}), FLEET_KEY, "fleet.peers[0]"),
     ("a peer that is not a URL", _with("fleet", {"role": "gateway", "key_file": "files/fleet.key",
                                                  "peers": ["10.20.0.6"]}), FLEET_KEY, "fleet.peers[0]"),
+    ("a virtual address on a member", _with("fleet", {"role": "member", "key_file": "files/fleet.key",
+                                                      "virtual_address": "10.20.0.50/24"}), FLEET_KEY,
+     "fleet.virtual_address"),
+    ("a virtual address without its prefix length",
+     _with("fleet", {"role": "gateway", "key_file": "files/fleet.key", "virtual_address": "10.20.0.50"}), FLEET_KEY,
+     "fleet.virtual_address"),
+    ("a VRRP priority out of range",
+     _with("fleet", {"role": "gateway", "key_file": "files/fleet.key", "virtual_address": "10.20.0.50/24",
+                     "vrrp_priority": 255}), FLEET_KEY, "fleet.vrrp_priority"),
+    ("a VRRP peer that is not an address",
+     _with("fleet", {"role": "gateway", "key_file": "files/fleet.key", "virtual_address": "10.20.0.50/24",
+                     "vrrp_peers": ["gateway-b"]}), FLEET_KEY, "fleet.vrrp_peers[0]"),
+    ("a gateway address that is not one", _with("fleet", {"role": "member", "key_file": "files/fleet.key",
+                                                          "gateway_address": ["10.20.0.5", "gw-b"]}), FLEET_KEY,
+     "fleet.gateway_address"),
     ("authorized_keys that are not SSH public keys", _with("ssh", {"authorized_keys": "files/keys"}),
      {"extra": {"files/keys": b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3Bl\n"}}, "ssh.authorized_keys"),
     ("a plain-HTTP peer (the fleet key would cross the LAN in clear)",
@@ -672,6 +687,8 @@ def test_every_box_toml_field_has_an_owner():
         "fleet.role": "fleet.toml", "fleet.key_file": "fleet.key + api_keys.json", "fleet.peers": "fleet.toml",
         "fleet.peer_certificates": "fleet.toml + fleet-peers/", "fleet.policy": "fleet.toml",
         "fleet.gateway_address": "front.toml", "fleet.mdns": "fleet.toml",
+        "fleet.virtual_address": "fleet.toml + front.toml",
+        **{f"fleet.{k}": "fleet.toml" for k in ("vrrp_priority", "vrrp_router_id", "vrrp_peers", "vrrp_interface")},
         "tracing.endpoint": "serving.toml", "tracing.sample_ratio": "serving.toml",
         **{f"serving.{k}": "serving.toml" for k in ("context_length", "parallel", "kv_budget_mib", "speculation",
                                                      "keep_alive", "models_memory_mib", "aliases", "cache_type_k",
@@ -751,6 +768,16 @@ def test_a_fleet_gateway_and_a_member_read_back_what_provisioning_wrote(tmp_path
     serving = load_settings(ServingSettings, etc / "serving.toml")
     assert serving.fleet_listen == "127.0.0.1:8081" and serving.fleet_router == f"127.0.0.1:{fleet.router_port}"
     assert front_settings.load(etc / "front.toml").fleet_gateway == ""
+    # One of two gateways: the shared address reaches keepalived's settings and the front's certificate.
+    pair = _with("fleet", {"role": "gateway", "key_file": "files/fleet.key", "peers": ["https://10.20.0.6:8443"],
+                           "virtual_address": "10.20.0.50/24", "vrrp_priority": 150, "vrrp_peers": ["10.20.0.7"]})
+    paired = tmp_path / "paired"
+    apply(open_bundle(make_bundle(tmp_path / "pair", pair, {"files/bmc.pass": b"s3cret\n",
+                                                            "files/fleet.key": FLEET_KEY_TEXT.encode() + b"\n"})),
+          paired)
+    fleet = load(paired / "etc/everycycle/fleet.toml")
+    assert (fleet.virtual_address, fleet.vrrp_priority, fleet.vrrp_peers) == ("10.20.0.50/24", 150, ("10.20.0.7",))
+    assert front_settings.load(paired / "etc/everycycle/front.toml").virtual_address == "10.20.0.50"
 
     member = _with("fleet", {"role": "member", "key_file": "files/fleet.key", "gateway_address": "10.20.0.5",
                              "mdns": True})
@@ -873,3 +900,19 @@ def test_a_store_model_is_served_from_the_store_and_one_not_there_is_refused_by_
     apply(open_bundle(bundle), root)
     served = settings_file.load(ServingSettings, root / "etc/everycycle/serving.toml")
     assert served.model == "/var/lib/everycycle/models/smol/smol.gguf"
+
+
+def test_a_member_of_a_fleet_with_two_gateways_takes_the_fleet_key_from_both_and_limits_neither(tmp_path):
+    from host_runtime.front import settings as front_settings
+    from host_runtime.front.nginx_conf import _per_client_key
+
+    member = _with("fleet", {"role": "member", "key_file": "files/fleet.key",
+                             "gateway_address": ["10.20.0.5", "10.20.0.15"]})
+    root = tmp_path / "root"
+    apply(open_bundle(make_bundle(tmp_path / "member", member, {"files/bmc.pass": b"s3cret\n",
+                                                                "files/fleet.key": FLEET_KEY_TEXT.encode()})), root)
+    etc = root / "etc/everycycle"
+    assert KeyVerifier(etc / "api_keys.json").policy_of("fleet").allowed_from == ("10.20.0.5", "10.20.0.15")
+    front = front_settings.load(etc / "front.toml")
+    assert front.fleet_gateway == "10.20.0.5,10.20.0.15"
+    assert "geo $fleet_gateway { default 0; 10.20.0.5 1; 10.20.0.15 1; }" in "\n".join(_per_client_key(front))

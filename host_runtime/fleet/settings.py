@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -41,10 +42,19 @@ class FleetSettings:
     # mDNS on the LAN (host_runtime/fleet/mdns.py): a member announces its front, the gateway adds the fronts it
     # finds to `peers` (trusted only as far as peer_certificates vouch for them)
     mdns: bool = False
+    # Two gateways, one address for clients (fleet/vrrp.py: keepalived's VRRP moves it to the standby when the
+    # active gateway stops): the address with its prefix length, like 192.168.1.50/24; empty: no failover.
+    virtual_address: str = ""
+    vrrp_priority: int = 100         # the higher holds the address first; the other is the standby
+    vrrp_router_id: int = 51         # the same on both gateways, unique on the LAN segment
+    vrrp_peers: tuple[str, ...] = ()  # the other gateway's address (unicast adverts); empty: VRRP's multicast
+    vrrp_interface: str = ""         # empty: the interface whose network holds virtual_address
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peers", tuple(self.peers))
         object.__setattr__(self, "peer_certificates", tuple(self.peer_certificates))
+        object.__setattr__(self, "vrrp_peers", tuple(self.vrrp_peers))
+        check_failover(self)
         if self.role not in ROLES:
             raise SettingsError("role", f"must be one of {', '.join(ROLES)}, got {self.role!r}")
         if self.policy not in POLICIES:
@@ -69,12 +79,50 @@ class FleetSettings:
                 raise SettingsError(f"peer_certificates[{i}]", f"must be an absolute path, got {cert!r}")
 
 
+def check_failover(s: FleetSettings) -> None:
+    """The VRRP settings: only on a gateway, an address with its network, sane numbers."""
+    if not s.virtual_address:
+        for name in ("vrrp_peers", "vrrp_interface"):
+            if getattr(s, name):
+                raise SettingsError(name, "is only used with virtual_address")
+        return
+    if s.role != "gateway":
+        raise SettingsError("virtual_address", "is only used on a gateway (role = \"gateway\")")
+    if not isinstance(s.virtual_address, str) or "/" not in s.virtual_address:
+        raise SettingsError("virtual_address", f"must be an address with its prefix length, like 192.168.1.50/24, "
+                                               f"got {s.virtual_address!r}")
+    try:
+        iface = ipaddress.ip_interface(s.virtual_address)
+    except ValueError:
+        raise SettingsError("virtual_address", f"{s.virtual_address!r} is not an address with its prefix "
+                                               "length") from None
+    if iface.version != 4:
+        raise SettingsError("virtual_address", "must be an IPv4 address (VRRP version 2)")
+    if iface.ip in (iface.network.network_address, iface.network.broadcast_address) and iface.network.prefixlen < 31:
+        raise SettingsError("virtual_address", f"{iface.ip} is its network's own or broadcast address")
+    for name, low, high in (("vrrp_priority", 1, 254), ("vrrp_router_id", 1, 255)):
+        value = getattr(s, name)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise SettingsError(name, f"must be a whole number from {low} to {high}, got {value!r}")
+    for i, peer in enumerate(s.vrrp_peers):
+        try:
+            ipaddress.IPv4Address(peer)
+        except (ValueError, TypeError):
+            raise SettingsError(f"vrrp_peers[{i}]", f"must be the other gateway's IPv4 address, got {peer!r}") from None
+    if s.vrrp_interface and (not isinstance(s.vrrp_interface, str) or "/" in s.vrrp_interface
+                             or len(s.vrrp_interface) > 15):
+        raise SettingsError("vrrp_interface", f"{s.vrrp_interface!r} is not an interface name")
+
+
 def check_peer(field: str, peer) -> None:
     if not isinstance(peer, str):
         raise SettingsError(field, "must be a URL string")
     parts = urlsplit(peer)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
         raise SettingsError(field, f"must be a box's base URL like http://10.0.0.2:8080, got {peer!r}")
+
+
+FAILOVER_FIELDS = ("virtual_address", "vrrp_priority", "vrrp_router_id", "vrrp_peers", "vrrp_interface")
 
 
 def from_box(box: dict) -> FleetSettings:
@@ -87,7 +135,7 @@ def from_box(box: dict) -> FleetSettings:
     if role != "none" and not fleet.get("key_file"):
         raise SettingsError("fleet.key_file", f"is required with role {role!r}: every box of a fleet holds the fleet key")
     if role != "gateway":
-        for name in ("peers", "peer_certificates", "policy"):
+        for name in ("peers", "peer_certificates", "policy", *FAILOVER_FIELDS):
             if name in fleet:
                 raise SettingsError(f"fleet.{name}", "is only used on the gateway (role = \"gateway\")")
     if role == "none" and "mdns" in fleet:
@@ -108,7 +156,8 @@ def from_box(box: dict) -> FleetSettings:
     try:
         return FleetSettings(role=role, peers=own + tuple(fleet.get("peers", ())),
                              policy=fleet.get("policy", FleetSettings.policy), peer_certificates=certs,
-                             mdns=fleet.get("mdns", False))
+                             mdns=fleet.get("mdns", False),
+                             **{name: fleet[name] for name in FAILOVER_FIELDS if name in fleet})
     except SettingsError as exc:
         raise SettingsError(f"fleet.{exc.field}", exc.message) from None
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from host_runtime.front.settings import FrontSettings, serves_plain_http
+from host_runtime.front.settings import FrontSettings, gateway_addresses, serves_plain_http
 from host_runtime.front.tls import CertificatePair
 
 
@@ -61,7 +61,8 @@ def _per_client_key(s: FrontSettings) -> list[str]:
     """On a fleet's member the gateway's address counts as no client (nginx does not limit an empty key)."""
     if not s.fleet_gateway:
         return []
-    return [f"    geo $fleet_gateway {{ default 0; {s.fleet_gateway} 1; }}",
+    listed = " ".join(f"{a} 1;" for a in gateway_addresses(s))
+    return [f"    geo $fleet_gateway {{ default 0; {listed} }}",
             "    map $fleet_gateway $per_client { 1 \"\"; default $binary_remote_addr; }"]
 
 

@@ -37,12 +37,16 @@ class FrontSettings:
     requests_per_second_per_client: int = 20
     request_burst_per_client: int = 100
     max_body_bytes: int = 1 << 20
-    # On a fleet's member: the gateway's address. Every client of the fleet reaches this box through that one
-    # address, so it is not held to the per-client limits (the gateway's own front holds each client to them).
+    # On a fleet's member: the gateway's address (two, comma-separated, where two gateways share a virtual
+    # address). Every client of the fleet reaches this box through them, so they are not held to the per-client
+    # limits (the gateway's own front holds each client to them).
     fleet_gateway: str = ""
     # NAME.local by mDNS, with the API announced as an _https._tcp service (front/lan_name.py): clients reach the
     # box by name whatever address DHCP gives it. The fleet program, which runs on every box, announces it.
     lan_name: bool = True
+    # On one of a fleet's two gateways: the address they share (fleet.toml's virtual_address, without its prefix
+    # length). The certificate names it; the front listens on every address (listen 0.0.0.0) to answer there.
+    virtual_address: str = ""
 
     def __post_init__(self) -> None:
         check(self)
@@ -81,11 +85,19 @@ def check(s: FrontSettings) -> None:
         raise SettingsError("metrics", f"must be one of {', '.join(METRICS_ACCESS)}, got {s.metrics!r}")
     if not isinstance(s.lan_name, bool):
         raise SettingsError("lan_name", f"must be true or false, got {s.lan_name!r}")
-    if s.fleet_gateway:
+    for address in gateway_addresses(s):
         try:
-            ipaddress.ip_address(s.fleet_gateway)
+            ipaddress.ip_address(address)
         except ValueError:
-            raise SettingsError("fleet_gateway", f"{s.fleet_gateway!r} is not an IP address") from None
+            raise SettingsError("fleet_gateway", f"{address!r} is not an IP address") from None
+    if s.virtual_address:
+        try:
+            ipaddress.IPv4Address(s.virtual_address)
+        except ValueError:
+            raise SettingsError("virtual_address", f"{s.virtual_address!r} is not an IPv4 address") from None
+        if not ipaddress.ip_address(s.listen).is_unspecified:
+            raise SettingsError("listen", f"a gateway holding a virtual address listens on every address "
+                                          f"(0.0.0.0), not only {s.listen}")
     if bool(s.certificate) != bool(s.private_key):
         raise SettingsError("certificate", "a certificate and its private_key come together")
     for name in ("header_timeout_s", "body_timeout_s", "connections_per_client", "requests_per_second_per_client",
@@ -103,19 +115,41 @@ def from_box(box: dict) -> FrontSettings:
     front.toml) and by bundle validation (so a bad combination is refused naming the box.toml field)."""
     api = box.get("api", {})
     fleet = box.get("fleet", {})
+    gateways = box_gateway_addresses(fleet) if fleet.get("role") == "member" else []
     try:
         return FrontSettings(https_port=api.get("port", FrontSettings.https_port),
                              http_port=api.get("http_port", FrontSettings.http_port),
                              http=api.get("http", FrontSettings.http), metrics=api.get("metrics", FrontSettings.metrics),
                              certificate=BOX_TLS_CERTIFICATE if api.get("tls_certificate") else "",
                              private_key=BOX_TLS_KEY if api.get("tls_key") else "",
-                             fleet_gateway=fleet.get("gateway_address", "") if fleet.get("role") == "member" else "",
-                             lan_name=api.get("lan_name", FrontSettings.lan_name))
+                             fleet_gateway=",".join(gateways),
+                             lan_name=api.get("lan_name", FrontSettings.lan_name),
+                             virtual_address=_virtual_ip(fleet))
     except SettingsError as exc:
         box_field = {"https_port": "api.port", "http_port": "api.http_port", "http": "api.http",
                      "metrics": "api.metrics", "certificate": "api.tls_certificate",
-                     "fleet_gateway": "fleet.gateway_address"}.get(exc.field, f"api.{exc.field}")
+                     "fleet_gateway": "fleet.gateway_address",
+                     "virtual_address": "fleet.virtual_address"}.get(exc.field, f"api.{exc.field}")
         raise SettingsError(box_field, exc.message) from None
+
+
+def gateway_addresses(s: FrontSettings) -> list[str]:
+    return [a.strip() for a in s.fleet_gateway.split(",")] if s.fleet_gateway else []
+
+
+def box_gateway_addresses(fleet: dict) -> list[str]:
+    """box.toml's fleet.gateway_address: one address, or a list of them (two gateways)."""
+    given = fleet.get("gateway_address") or []
+    given = [given] if isinstance(given, str) else given
+    if not isinstance(given, list) or not all(isinstance(a, str) for a in given):
+        raise SettingsError("fleet.gateway_address", "must be an IP address or a list of them")
+    return given
+
+
+def _virtual_ip(fleet: dict) -> str:
+    """box.toml's fleet.virtual_address without its prefix length, on a gateway (fleet/settings.py checks it)."""
+    vip = fleet.get("virtual_address") if fleet.get("role") == "gateway" else None
+    return vip.split("/")[0] if isinstance(vip, str) and vip else ""
 
 
 def from_mapping(doc: dict) -> FrontSettings:

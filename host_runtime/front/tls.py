@@ -119,11 +119,12 @@ def make_local_ca(ca: LocalCA, hostname: str | None = None) -> None:
     _write_pair(key, cert, ca.private_key, ca.certificate)
 
 
-def leaf_addresses(listen: str, current=None) -> set:
+def leaf_addresses(listen: str, current=None, also: tuple[str, ...] = ()) -> set:
     """The addresses the front's certificate names: loopback and the one it listens on, or, listening on every
     address, those the box has now (a fleet's gateway checks a member's certificate against the address it
-    reaches it at); only those a local CA may vouch for."""
-    ips = {ipaddress.ip_address("127.0.0.1")}
+    reaches it at), and `also` (a fleet's virtual address, named whether or not the box holds it now, so that the
+    standby's certificate is right the moment the address moves); only those a local CA may vouch for."""
+    ips = {ipaddress.ip_address("127.0.0.1"), *(ipaddress.ip_address(a) for a in also)}
     if not ipaddress.ip_address(listen).is_unspecified:
         ips.add(ipaddress.ip_address(listen))
     else:
@@ -238,7 +239,8 @@ class LeafKeeper:
     def refresh(self) -> str | None:
         """Issue the certificate again where there is none, it does not match its key, it names other addresses
         than the box has, or it ends soon; returns why it did (None: the certificate stands)."""
-        wanted = leaf_addresses(self.settings.listen, self.current)
+        wanted = leaf_addresses(self.settings.listen, self.current,
+                                (self.settings.virtual_address,) if self.settings.virtual_address else ())
         if self._facts is None:
             try:
                 check_pair(self.pair)

@@ -17,7 +17,7 @@ import tenacity
 
 from host_runtime.engine.readiness import QUIET_LIMIT_S, ReadyDeadline
 
-EXPECTED_PROGRAMS = frozenset({"front", "serving", "discovery", "governor", "bmc", "fleet"})
+EXPECTED_PROGRAMS = frozenset({"front", "serving", "discovery", "governor", "bmc", "fleet", "fleet-address"})
 # supervisord's states that will not become RUNNING without someone's help.
 DEAD_STATES = ("FATAL", "EXITED", "STOPPED")
 PASS, WAIT, FAIL = "pass", "wait", "fail"
