@@ -251,6 +251,23 @@ def test_the_fronts_certificate_is_issued_again_when_the_addresses_change(tmp_pa
     assert "now 10.0.0.5" in keeper.refresh() and leaf_facts(pair.certificate)[0] == {loopback, first}
 
 
+def test_a_gateways_certificate_names_the_fleets_virtual_address_whether_or_not_it_holds_it(tmp_path):
+    """The standby's certificate is right the moment the address moves to it: no reissue when it arrives."""
+    import ipaddress
+
+    own, vip = ipaddress.ip_address("10.0.0.2"), ipaddress.ip_address("10.0.0.50")
+    settings = FrontSettings(listen="0.0.0.0", virtual_address="10.0.0.50")
+    pair = ensure_certificate(settings, tmp_path)
+    refresh_leaf(settings, pair, lambda: {own})
+    assert vip in leaf_facts(pair.certificate)[0]
+    assert refresh_leaf(settings, pair, lambda: {own, vip}) is None   # the address arrived: nothing to do
+    _handshake(pair, pair.trust_anchor, "10.0.0.50")
+    with pytest.raises(SettingsError, match="listens on every address"):
+        FrontSettings(listen="10.0.0.2", virtual_address="10.0.0.50")
+    with pytest.raises(SettingsError, match="not an IPv4 address"):
+        FrontSettings(virtual_address="10.0.0.50/24")
+
+
 def test_a_box_made_before_the_local_ca_keeps_its_self_signed_certificate_until_the_owner_adopts_the_ca(tmp_path):
     """Clients of a box updated from a release without the CA trust its self-signed certificate: kept (never
     replaced behind the owner's back) until `everycycle front ca --adopt`."""
