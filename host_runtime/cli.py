@@ -465,6 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
     address.add_argument("--settings", metavar="FILE", help="fleet.toml")
     address.add_argument("--front-settings", metavar="FILE", help="front.toml: the HTTPS port the check connects to")
     address.add_argument("--run-dir", required=True, metavar="DIR", help="where keepalived's configuration goes")
+    status = fleet_sub.add_parser("status", help="each box as the gateway's last poll saw it: version, slot, "
+                                                 "serving or why not, models")
+    status.add_argument("--state", metavar="FILE", help="the gateway's state file (default: RUN_DIR/fleet/fleet.json)")
+    status.add_argument("--run-dir", metavar="DIR", help="where the services publish (default: $EVERYCYCLE_RUN_DIR "
+                                                         "or /run/everycycle)")
+    status.add_argument("--json", action="store_true", help="the state as JSON")
     peers = fleet_sub.add_parser("peers", help="the boxes the gateway would poll: fleet.toml's peers and, with "
                                                "mdns = true, the fronts announced on the LAN")
     peers.add_argument("--settings", metavar="FILE", help="fleet.toml")
@@ -1250,6 +1256,9 @@ def _keys_usage(args) -> int:
 def cmd_fleet(parser, args) -> int:
     import threading
 
+    if args.fleet_command == "status":
+        return _fleet_status(args)
+
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.common.stop_signal import stop_on_signals
     from host_runtime.fleet.settings import load
@@ -1406,6 +1415,29 @@ def _announce_until(stop, parser, args) -> int:
         stop.wait()
     finally:
         announcer.stop()
+    return 0
+
+
+def _fleet_status(args) -> int:
+    import json as json_module
+    import time as time_module
+
+    from host_runtime.fleet.state import GatewayState, render
+
+    path = Path(args.state) if args.state else _run_dir(args.run_dir) / "fleet" / "fleet.json"
+    try:
+        state = GatewayState.from_json(json_module.loads(path.read_text()))
+    except FileNotFoundError:
+        print(f"everycycle fleet status: no {path}: this box is not the fleet's gateway, or its gateway has not "
+              f"polled yet", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"everycycle fleet status: {path} cannot be read: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json_module.dumps(state.to_json(), indent=1))
+    else:
+        print("\n".join(render(state, time_module.time())))
     return 0
 
 

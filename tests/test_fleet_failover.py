@@ -92,58 +92,55 @@ def test_the_first_gateway_holds_the_address_and_the_fleet_answers_there(fleet):
     assert fleet.registered(0) == fleet.registered(1) and len(fleet.registered(1)) == 3
 
 
-def test_when_the_active_gateways_programs_stop_the_standby_answers_within_the_bound(fleet, record_property):
+def fails_over(fleet, cause, to: int, what: str, record_property) -> None:
+    """Three streams through the active gateway, then cause(): the first request through the virtual address
+    succeeds within the bound, gateway `to` holds it, and every stream has ended, at least one with an error."""
     c = client(fleet)
     threads, endings = streams(c, 3)
     time.sleep(1.5)
-    active = fleet.gateways[0]
-    killed = time.monotonic()
-    active.front.stop()     # nginx goes with its runner: the streams through it end now
-    active.gateway.stop()   # and the router
-    took = first_success_after(c, killed)
-    record_property("failover_after_programs_stopped_s", round(took, 2))
-    print(f"failover after the active gateway's programs stopped: {took:.2f} s")
+    since = time.monotonic()
+    cause()
+    took = first_success_after(c, since)
+    record_property(f"failover_after_{what.replace(' ', '_')}_s", round(took, 2))
+    print(f"failover after the active gateway's {what}: {took:.2f} s")
     assert took < FAILOVER_BOUND_S
-    assert vip_holder(fleet) == 1
+    assert vip_holder(fleet) == to
     for t in threads:
         t.join(30)
     assert not any(t.is_alive() for t in threads), "a stream hung"
     assert len(endings) == 3 and any(e.startswith("failed") for e in endings), endings
-    # It comes back as the standby: nopreempt keeps the address where it is (no second cut for the clients).
+
+
+def comes_back_as_standby(fleet, side: int, holder: int) -> None:
+    """Gateway `side` is a standby again (keepalived says so after its last fault) and, several adverts later,
+    `holder` still holds the address: nopreempt spares the clients a second cut."""
+    wait_for(lambda: "Entering BACKUP STATE" in vrrp_log(fleet, side).rsplit("Entering FAULT STATE", 1)[-1], 30,
+             f"gateway {side} back as the standby", fleet.gateways[side].address)
+    time.sleep(3)
+    assert vip_holder(fleet) == holder
+    assert ask(client(fleet), "still here") == SMOL
+
+
+def test_when_the_active_gateways_programs_stop_the_standby_answers_within_the_bound(fleet, record_property):
+    active = fleet.gateways[0]
+
+    def stop_programs() -> None:
+        active.front.stop()     # nginx goes with its runner: the streams through it end now
+        active.gateway.stop()   # and the router
+
+    fails_over(fleet, stop_programs, 1, "programs stopped", record_property)
     active.start("front")
     active.start("gateway")
-    wait_for(lambda: "Entering BACKUP STATE" in vrrp_log(fleet, 0).rsplit("Entering FAULT STATE", 1)[-1], 30,
-             "the first gateway back as the standby", active.address)
-    time.sleep(3)  # several adverts: it would have taken the address by now if it were going to
-    assert vip_holder(fleet) == 1
-    assert ask(c, "still here") == SMOL
+    comes_back_as_standby(fleet, 0, holder=1)
 
 
 def test_when_the_active_gateways_link_is_cut_the_standby_takes_over_and_streams_end(fleet, record_property):
     assert vip_holder(fleet) == 1
     wait_for(lambda: len(fleet.registered(0)) == 3, 60, "the first gateway's router to have every member again",
              fleet.gateways[0].gateway)
-    c = client(fleet)
-    threads, endings = streams(c, 3)
-    time.sleep(1.5)
-    ns = fleet.net.names[1]
-    cut = time.monotonic()
-    subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+    link = ["ip", "-n", fleet.net.names[1], "link", "set", "eth0"]
     try:
-        took = first_success_after(c, cut)
-        record_property("failover_after_link_cut_s", round(took, 2))
-        print(f"failover after the active gateway's link was cut: {took:.2f} s")
-        assert took < FAILOVER_BOUND_S
-        assert vip_holder(fleet) == 0
-        for t in threads:
-            t.join(30)
-        assert not any(t.is_alive() for t in threads), "a stream hung on the cut gateway"
-        assert len(endings) == 3 and any(e.startswith("failed") for e in endings), endings
+        fails_over(fleet, lambda: subprocess.run([*link, "down"], check=True), 0, "link cut", record_property)
     finally:
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
-    # Back on the LAN, it hears the new master's adverts and stays the standby.
-    wait_for(lambda: "Entering BACKUP STATE" in vrrp_log(fleet, 1).rsplit("Entering FAULT STATE", 1)[-1], 30,
-             "the second gateway back as the standby", fleet.gateways[1].address)
-    time.sleep(3)
-    assert vip_holder(fleet) == 0
-    assert ask(c, "after the link came back") == SMOL
+        subprocess.run([*link, "up"], check=True)
+    comes_back_as_standby(fleet, 1, holder=0)

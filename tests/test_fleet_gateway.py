@@ -178,6 +178,13 @@ def test_a_box_in_emergency_gets_no_new_work_and_returns_when_it_recovers(fleet)
     _governor(fleet, 1, 2, "emergency")
     wait_for(lambda: (box1, SMOL) not in fleet.registered(), 15, "box 1's worker removed")
     assert "emergency" in {b["box"]: b["left_out"] for b in fleet.state()["boxes"]}[box1]
+    # What an owner reads at the gateway: each box, its version and slot, and why box 1 gets no work.
+    status = subprocess.run(everycycle("fleet", "status", "--state", str(fleet.state_file)), capture_output=True,
+                            text=True, timeout=30)
+    rows = {line.split()[0]: line for line in status.stdout.splitlines()[1:]}
+    assert status.returncode == 0 and "3 boxes" in status.stdout.splitlines()[0]
+    assert "left out: the governor is in emergency" in rows[box1] and "slot unavailable" in rows[box1]
+    assert rows[fleet.boxes[0].base].endswith(f"serving  models: {SMOL}")
     before = requests_on(fleet, 1)
     c = client(fleet)
     for n in range(6):

@@ -45,6 +45,12 @@ class Capabilities:
     draining: bool = False              # an update is being applied, or waits for its reboot
     draining_reason: str = ""
     at_unix: float = 0.0
+    slot: str = ""                      # the A/B slot the box booted from (or why that cannot be read)
+    # The last update's record (update/record.py): its target, phase (staging ... blessed, rolled-back, failed)
+    # and reason; empty where the box has none. A fleet's rollout reads what became of each box's update here.
+    update_target: str = ""
+    update_phase: str = ""
+    update_reason: str = ""
     # host_memory_bytes, cpu_count, and accelerators: [{device, description, memory_bytes}] as the loaded
     # models' placements saw them (what `everycycle measure` reports per machine)
     hardware: dict = field(default_factory=dict)
@@ -69,14 +75,14 @@ class Capabilities:
         if not isinstance(doc, dict) or doc.get("object") != WIRE_OBJECT:
             raise ValueError(f"not a capability map (object {doc.get('object') if isinstance(doc, dict) else doc!r})")
         try:
-            models = tuple(ModelCapability(**_known(ModelCapability, m)) for m in doc["models"])
-            governor = GovernorView(**_known(GovernorView, doc["governor"]))
-            return cls(**{**_known(cls, doc), "models": models, "governor": governor})
+            models = tuple(ModelCapability(**known_fields(ModelCapability, m)) for m in doc["models"])
+            governor = GovernorView(**known_fields(GovernorView, doc["governor"]))
+            return cls(**{**known_fields(cls, doc), "models": models, "governor": governor})
         except (KeyError, TypeError) as exc:
             raise ValueError(f"a capability map lacks or mistypes a field: {exc}") from None
 
 
-def _known(cls, doc: dict) -> dict:
+def known_fields(cls, doc: dict) -> dict:
     """The fields this version knows (a newer box may say more)."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in doc.items() if k in names}
@@ -100,3 +106,10 @@ def draining_from_update(last_update: dict | None) -> tuple[bool, str]:
     if phase in IN_APPLY or phase == INSTALLED:
         return True, f"update to {last_update.get('target')} is {phase}"
     return False, ""
+
+
+def update_fields(last_update: dict | None) -> dict:
+    """The update record's target, phase and reason as the map's fields."""
+    last = last_update or {}
+    return {"update_target": str(last.get("target") or ""), "update_phase": str(last.get("phase") or ""),
+            "update_reason": str(last.get("reason") or "")}

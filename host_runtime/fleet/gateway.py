@@ -15,7 +15,6 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
@@ -24,6 +23,7 @@ from host_runtime.fleet.controller import BoxHealth, Decision, changes, decide, 
 from host_runtime.fleet.peers import peer_client, poll_all, tls_context
 from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
 from host_runtime.fleet.settings import FleetSettings
+from host_runtime.fleet.state import GatewayState, box_state
 
 log = logging.getLogger("everycycle.fleet")
 
@@ -131,12 +131,10 @@ class Gateway:
     def _write_state(self, reports, registered) -> None:
         if self.state_file is None:
             return
-        doc = {"at_unix": time.time(), "policy": self.settings.policy,
-               "boxes": [{"box": r.box, "answering": r.caps is not None, "error": r.error,
-                          "left_out": self.decision.left_out.get(r.box, "")} for r in reports],
-               "workers": [asdict(w) for w in self.decision.workers.values()],
-               "registered": [asdict(r) for r in registered]}
-        atomic_write(self.state_file, json.dumps(doc, indent=1).encode(), 0o644)
+        state = GatewayState(time.time(), self.settings.policy,
+                             tuple(box_state(r, self.decision.left_out.get(r.box, "")) for r in reports),
+                             tuple(self.decision.workers.values()), tuple(registered))
+        atomic_write(self.state_file, json.dumps(state.to_json(), indent=1).encode(), 0o644)
 
     def run(self, stop: threading.Event) -> int:
         self.start_router()

@@ -10,7 +10,8 @@ import time
 from host_runtime.engine.client import EngineClient
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.engine.wire import EngineInfo
-from host_runtime.fleet.capabilities import (Capabilities, ModelCapability, draining_from_update, governor_view)
+from host_runtime.fleet.capabilities import (Capabilities, ModelCapability, draining_from_update, governor_view,
+                                              update_fields)
 
 
 def _model(row, info: EngineInfo | None) -> ModelCapability:
@@ -69,7 +70,8 @@ def gather(router, governor_state: str | None) -> Capabilities:
     draining, why = draining_from_update(system.get("last_update"))
     return Capabilities(box=socket.gethostname(), version=system["version"],
                         governor=governor_view(governor.doc, governor.fresh, governor.reason), models=tuple(models),
-                        draining=draining, draining_reason=why, at_unix=time.time(), hardware=hardware(infos))
+                        draining=draining, draining_reason=why, at_unix=time.time(), hardware=hardware(infos),
+                        slot=system["slot"], **update_fields(system.get("last_update")))
 
 
 class CapabilitiesResource:

@@ -1,0 +1,77 @@
+"""What the fleet gateway sees and did, each poll (pure): the state file `everycycle fleet gateway --state` writes
+and `everycycle fleet status` reads, through these types, so that both sides agree on every field."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from host_runtime.fleet.capabilities import ROUTABLE_STATES, known_fields
+from host_runtime.fleet.controller import Registered, Worker
+
+
+@dataclass(frozen=True)
+class BoxState:
+    box: str                        # the box's API base URL, as fleet.toml (or mDNS) names it
+    answering: bool
+    error: str = ""                 # why it does not answer
+    left_out: str = ""              # why it gets no new work although it answers (emergency, draining)
+    name: str = ""                  # its host name, from its capability map
+    version: str = ""               # the system release it runs
+    slot: str = ""                  # the A/B slot it booted from
+    draining: bool = False
+    models: tuple[str, ...] = ()    # the models it holds loaded or in its store
+
+    def summary(self) -> str:
+        """One word or phrase for a person: serving, draining (why), left out (why), not answering (why)."""
+        if not self.answering:
+            return f"not answering ({self.error})" if self.error else "not answering"
+        if self.left_out:
+            return f"left out: {self.left_out}"
+        return "serving"
+
+
+@dataclass(frozen=True)
+class GatewayState:
+    at_unix: float
+    policy: str
+    boxes: tuple[BoxState, ...] = ()
+    workers: tuple[Worker, ...] = ()         # what the controller decided
+    registered: tuple[Registered, ...] = ()  # what the router lists
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "GatewayState":
+        def only(kind, row: dict):
+            return kind(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in known_fields(kind, row).items()})
+
+        return cls(at_unix=float(doc.get("at_unix", 0.0)), policy=str(doc.get("policy", "")),
+                   boxes=tuple(only(BoxState, b) for b in doc.get("boxes", [])),
+                   workers=tuple(only(Worker, w) for w in doc.get("workers", [])),
+                   registered=tuple(only(Registered, r) for r in doc.get("registered", [])))
+
+
+def box_state(report, left_out: str) -> BoxState:
+    """A poll's report (controller.Report) as the state file's row."""
+    caps = report.caps
+    if caps is None:
+        return BoxState(report.box, False, error=report.error)
+    return BoxState(report.box, True, left_out=left_out, name=caps.box, version=caps.version, slot=caps.slot,
+                    draining=caps.draining, models=tuple(m.id for m in caps.models if m.state in ROUTABLE_STATES))
+
+
+def render(state: GatewayState, now: float) -> list[str]:
+    """`everycycle fleet status`: a line per box (name, version, slot, state, models)."""
+    lines = [f"fleet gateway ({state.policy}), polled {max(0.0, now - state.at_unix):.0f} s ago: "
+             f"{sum(b.answering and not b.left_out for b in state.boxes)} of {len(state.boxes)} boxes serving, "
+             f"{len(state.registered)} workers in the router"]
+    for b in state.boxes:
+        lines.append(f"  {b.box}  {b.name or '?'}  {_short(b.version)}  slot {_short(b.slot)}  {b.summary()}"
+                     + (f"  models: {', '.join(b.models)}" if b.models else ""))
+    return lines
+
+
+def _short(value: str) -> str:
+    """A reading the box could not make says only so here (`--json` keeps its reason)."""
+    return "unavailable" if value.startswith("unavailable") else value or "?"
