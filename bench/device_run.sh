@@ -63,5 +63,7 @@ tar xJf "$stage/llama-src.tar.xz" -C "$work/py" llama_cpp
 say "installed"
 export PYTHONPATH="$work/site:$work/py:$PWD" LLAMA_CPP_LIB_PATH="$build/bin" PYTHON="$py" PYTHONFAULTHANDLER=1
 out=${OUT:-$work/out}
+# First, which import breaks a model load on this build, if one does (bench/cuda_load_probe.py): seconds.
+"$py" bench/cuda_load_probe.py --out "$out" >&2 || true
 bash bench/gpu_check.sh --backend cuda --llama-server "$build/bin/llama-server" --out "$out" "${@:2}"
 say "done"
