@@ -465,6 +465,23 @@ def build_parser() -> argparse.ArgumentParser:
     address.add_argument("--settings", metavar="FILE", help="fleet.toml")
     address.add_argument("--front-settings", metavar="FILE", help="front.toml: the HTTPS port the check connects to")
     address.add_argument("--run-dir", required=True, metavar="DIR", help="where keepalived's configuration goes")
+    upd = fleet_sub.add_parser("update", help="update the members one at a time (SSH as root: `everycycle update "
+                                              "apply --reboot` on each), each back and blessed before the next")
+    upd.add_argument("--from", dest="source", required=True, metavar="URL",
+                     help="the release's http(s) URL on the LAN, as each member's `update apply --from` takes it")
+    upd.add_argument("--ssh-key", required=True, metavar="FILE", help="the private key the members' bundles "
+                                                                     "authorize for root ([ssh] authorized_keys)")
+    upd.add_argument("--settings", metavar="FILE", help="fleet.toml: the members (peers), the fleet key, the peer "
+                                                       "certificates")
+    upd.add_argument("--box", action="append", metavar="URL", help="a member to update, in order (repeatable; "
+                                                                   "default: fleet.toml's peers but this box)")
+    upd.add_argument("--target", metavar="VERSION", help="the release's version (default: read from --from and "
+                                                        "verified with this box's update key)")
+    upd.add_argument("--known-hosts", metavar="FILE", help="ssh's known_hosts (default ~/.ssh/known_hosts; a new "
+                                                          "member's host key is remembered the first time)")
+    upd.add_argument("--timeout", type=_positive_float, default=1800.0, metavar="S",
+                     help="how long a box has to come back blessed on the new version (default 1800)")
+    upd.add_argument("--interval", type=_positive_float, default=5.0, metavar="S", help="seconds between polls")
     status = fleet_sub.add_parser("status", help="each box as the gateway's last poll saw it: version, slot, "
                                                  "serving or why not, models")
     status.add_argument("--state", metavar="FILE", help="the gateway's state file (default: RUN_DIR/fleet/fleet.json)")
@@ -1269,6 +1286,8 @@ def cmd_fleet(parser, args) -> int:
         parser.error(f"fleet {args.fleet_command}: --settings: {exc}")
     if args.fleet_command == "peers":
         return _fleet_peers(settings, args)
+    if args.fleet_command == "update":
+        return _fleet_update(parser, settings, args)
     stop = threading.Event()
     stop_on_signals(stop.set)
     if args.fleet_command == "address":
@@ -1416,6 +1435,59 @@ def _announce_until(stop, parser, args) -> int:
     finally:
         announcer.stop()
     return 0
+
+
+def _fleet_update(parser, settings, args) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.fleet import rollout_run
+    from host_runtime.fleet.peers import peer_client, tls_context
+    from host_runtime.fleet.rollout import Rollout
+    from host_runtime.fleet.settings import OWN_API, read_key
+
+    try:
+        key = read_key(settings.key_file)
+    except SettingsError as exc:
+        parser.error(f"fleet update: {exc}")
+    boxes = tuple(args.box or (p for p in settings.peers if p.rstrip("/") != f"http://{OWN_API}"))
+    if not boxes:
+        parser.error("fleet update: no members to update (fleet.toml's peers, or --box)")
+    if not Path(args.ssh_key).is_file():
+        parser.error(f"fleet update: --ssh-key: {args.ssh_key} is not a file")
+    target = args.target
+    if not target:
+        from host_runtime.update import service
+        from host_runtime.update.errors import UpdateError
+        from host_runtime.update.fetch import Source
+        from host_runtime.update.system import UpdatePaths
+
+        try:
+            target = service.check(Source(args.source), UpdatePaths())["available"]
+        except UpdateError as exc:
+            print(f"everycycle fleet update: {exc} (or name the version with --target)", file=sys.stderr)
+            return 1
+    known_hosts = args.known_hosts or rollout_run.default_known_hosts()
+    rollout = Rollout(target, boxes, timeout_s=args.timeout)
+    started: list = []
+
+    def start(box: str):
+        handle = rollout_run.SSHStart(rollout_run.ssh_argv(box, args.source, args.ssh_key, known_hosts))
+        started.append(handle)
+        return handle
+
+    def say(step) -> None:
+        print(f"{step.action} {step.box}: {step.why}".replace(" : ", ": ").rstrip(": "), flush=True)
+
+    try:
+        with peer_client(tls_context(settings.peer_certificates)) as client, ThreadPoolExecutor(len(boxes)) as pool:
+            last = rollout_run.drive(rollout, rollout_run.reader(boxes, key, client, pool), start, say,
+                                     interval_s=args.interval)
+    except KeyboardInterrupt:
+        print(f"everycycle fleet update: interrupted; {rollout.current or 'no box'} was updating, "
+              f"done: {', '.join(rollout.done) or 'none'}", file=sys.stderr)
+        return 130
+    return 0 if last.action == "done" else 1
 
 
 def _fleet_status(args) -> int:
