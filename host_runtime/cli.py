@@ -1307,11 +1307,7 @@ def _fleet_address(parser, args, settings, stop) -> int:
     from host_runtime.front import settings as front_settings
 
     if not settings.virtual_address:
-        # supervisord runs this program on every box, like the gateway's: without a virtual address it waits, as
-        # the fleet's user (root only for keepalived).
-        from host_runtime.common.service_user import FLEET_USER, become
-
-        become(FLEET_USER)
+        # supervisord runs this program on every box, like the gateway's: without a virtual address it waits.
         print(f"everycycle fleet address: no virtual_address in {args.settings}; nothing to hold", file=sys.stderr,
               flush=True)
         stop.wait()
@@ -1477,7 +1473,7 @@ def _fleet_update(parser, settings, args) -> int:
         return handle
 
     def say(step) -> None:
-        print(f"{step.action} {step.box}: {step.why}".replace(" : ", ": ").rstrip(": "), flush=True)
+        print(" ".join(filter(None, (step.action, step.box))) + (f": {step.why}" if step.why else ""), flush=True)
 
     try:
         with peer_client(tls_context(settings.peer_certificates)) as client, ThreadPoolExecutor(len(boxes)) as pool:

@@ -21,6 +21,7 @@ from host_runtime.common.settings_file import SettingsError
 from host_runtime.governor.settings import process_environment
 from host_runtime.common.service_user import owner_of, service_owner
 from host_runtime.fleet.settings import BOX_KEY_FILE, box_peer_certificate
+from host_runtime.fleet.settings import process_environment as fleet_process_environment
 from provisioning.bundle import MAX_MODEL_BYTES, Bundle, BundleError, StagedCopy
 from provisioning.signing import manifest
 from provisioning.validate import FLEET_KEY_NAME, SECRET_FIELDS, field_value, validate
@@ -192,6 +193,8 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
     for rel, settings in settings_by_file.items():
         files[rel] = (settings_file.dump(settings), 0o644)
     files["etc/everycycle/governor.env"] = (process_environment(settings_by_file["etc/everycycle/governor.toml"]), 0o644)
+    files["etc/everycycle/fleet-address.env"] = (fleet_process_environment(settings_by_file["etc/everycycle/fleet.toml"]),
+                                                 0o644)
     return files
 
 

@@ -778,6 +778,10 @@ def test_a_fleet_gateway_and_a_member_read_back_what_provisioning_wrote(tmp_path
     fleet = load(paired / "etc/everycycle/fleet.toml")
     assert (fleet.virtual_address, fleet.vrrp_priority, fleet.vrrp_peers) == ("10.20.0.50/24", 150, ("10.20.0.7",))
     assert front_settings.load(paired / "etc/everycycle/front.toml").virtual_address == "10.20.0.50"
+    # keepalived needs root; a box without a virtual address runs the program as the fleet's user.
+    assert (paired / "etc/everycycle/fleet-address.env").read_text() == "EVERYCYCLE_FLEET_ADDRESS_USER=root\n"
+    assert (root / "etc/everycycle/fleet-address.env").read_text() == \
+        "EVERYCYCLE_FLEET_ADDRESS_USER=everycycle-fleet\n"
 
     member = _with("fleet", {"role": "member", "key_file": "files/fleet.key", "gateway_address": "10.20.0.5",
                              "mdns": True})

@@ -35,6 +35,7 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
            "EVERYCYCLE_CACHE_DIR": str(tmp_path / "cache"), "EVERYCYCLE_SERVICE_USER": getpass.getuser(),
            "EVERYCYCLE_GOVERNOR_USER": getpass.getuser(), "EVERYCYCLE_FRONT_USER": getpass.getuser(),
            "EVERYCYCLE_BMC_USER": getpass.getuser(), "EVERYCYCLE_FLEET_USER": getpass.getuser(),
+           "EVERYCYCLE_FLEET_ADDRESS_USER": getpass.getuser(),
            "EVERYCYCLE_SERVE_ARGS": "--threads 2 --ctx-size 1024 --parallel 2",
            "EVERYCYCLE_GOVERNOR_ARGS": "--backend simulator --sim-speed 20",
            "EVERYCYCLE_BMC_ARGS": f"--backend local --listen 127.0.0.1:{free_port()}"}

@@ -55,15 +55,3 @@ def service_owner(name: str = SERVICE_USER) -> tuple[int, int] | None:
     """The (uid, gid) root gives the services' files (atomic_write's owner, set on the open file); None where root
     cannot or the user does not exist."""
     return service_ids(name) if os.geteuid() == 0 else None
-
-
-def become(name: str) -> bool:
-    """Drop this process from root to a services' user for good (its groups, then gid and uid); False where it is
-    not root or the user does not exist (a developer's machine, the tests), and nothing changes."""
-    ids = service_ids(name)
-    if ids is None or os.geteuid() != 0:
-        return False
-    os.setgroups([])
-    os.setgid(ids[1])
-    os.setuid(ids[0])
-    return True

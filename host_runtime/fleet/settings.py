@@ -114,6 +114,16 @@ def check_failover(s: FleetSettings) -> None:
         raise SettingsError("vrrp_interface", f"{s.vrrp_interface!r} is not an interface name")
 
 
+def process_environment(settings: FleetSettings) -> bytes:
+    """fleet-address.env, which systemd reads: the user supervisord's fleet-address program runs as. Root only where
+    this gateway holds a virtual address (keepalived adds it and sends VRRP and ARP); the fleet's user elsewhere,
+    where the program only waits. Fixed text, never a value from a bundle (as the governor's governor.env)."""
+    from host_runtime.common.service_user import FLEET_USER
+
+    user = "root" if settings.virtual_address else FLEET_USER
+    return f"EVERYCYCLE_FLEET_ADDRESS_USER={user}\n".encode()
+
+
 def check_peer(field: str, peer) -> None:
     if not isinstance(peer, str):
         raise SettingsError(field, "must be a URL string")

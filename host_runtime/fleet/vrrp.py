@@ -42,10 +42,12 @@ def interface_for(settings: FleetSettings, links: list[dict]) -> str:
     address's network (links as discovery's network source lists them)."""
     if settings.vrrp_interface:
         return settings.vrrp_interface
-    network = ipaddress.ip_interface(settings.virtual_address).network
+    vip = ipaddress.ip_interface(settings.virtual_address)
+    network = vip.network
+    # The box's own address on that network; the virtual address itself, held here already, does not count.
     found = sorted({link["name"] for link in links for a in link.get("addresses", [])
-                    if a.get("family") == "ipv4" and _in(a.get("address", ""), network)
-                    and a["address"] != str(ipaddress.ip_interface(settings.virtual_address).ip)})
+                    if a.get("family") == "ipv4" and a.get("address") != str(vip.ip)
+                    and _in(a.get("address", ""), network)})
     if not found:
         raise FailoverError(f"no interface has an address on {network} (virtual_address "
                             f"{settings.virtual_address}): name one with vrrp_interface")

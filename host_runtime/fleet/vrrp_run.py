@@ -19,7 +19,7 @@ CONF_NAME = "keepalived.conf"
 
 def keepalived_binary() -> str:
     """keepalived's path; FailoverError naming the package where it is missing."""
-    found = shutil.which("keepalived") or next((p for p in ("/usr/sbin/keepalived",) if os.access(p, os.X_OK)), None)
+    found = shutil.which("keepalived", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
     if not found:
         raise FailoverError("keepalived is not installed (Debian's package keepalived): the virtual address "
                             "cannot be held")
