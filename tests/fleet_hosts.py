@@ -262,8 +262,12 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
                      f"{sorted(want)}", side.gateway)
             wait_for(lambda s=side: s.certificate.exists(), 30, "the front's certificate", side.front)
         if failover:
-            wait_for(lambda: vip_holder(fleet) is not None, 30, "a gateway to hold the virtual address",
+            # keepalived once each gateway's front and router answer (its check would fail before), the first
+            # gateway's first: with nopreempt, whichever holds the address first keeps it, so the tests know which.
+            fleet.gateways[0].start("address")
+            wait_for(lambda: vip_holder(fleet) == 0, 30, "the first gateway to hold the virtual address",
                      fleet.gateways[0].address)
+            fleet.gateways[1].start("address")
         return fleet
     except BaseException:
         if fleet is not None:
@@ -307,7 +311,6 @@ def _gateway_side(fleet: Fleet, i: int, policy: str, key_file: Path, poll_interv
                                                          "--front-settings", str(front_toml),
                                                          "--run-dir", str(workdir / f"gw{i}-vrrp"))),
                                 workdir / f"address-{i}.log")
-        side.start("address")
     return side
 
 
