@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import json
-from importlib import resources
 from pathlib import Path
 
+from provisioning import box_model
 from provisioning.bundle import MAX_FILE_BYTES, MAX_MODEL_BYTES, Bundle, BundleError
 
 SECRET_FIELDS = ("api.tls_key", "bmc.password_file", "fleet.key_file")
@@ -25,31 +24,9 @@ def field_value(box: dict, dotted: str):
     return node
 
 
-def _where(path) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(top level)"
-
-
 def schema_errors(box: dict) -> list[BundleError]:
-    import jsonschema
-
-    schema = json.loads(resources.files("provisioning").joinpath("box_schema.json").read_text())
-    errors = []
-    for e in sorted(jsonschema.Draft202012Validator(schema).iter_errors(box), key=lambda e: list(e.absolute_path)):
-        field = _where(e.absolute_path)
-        if e.validator == "required":
-            missing = e.message.split("'")[1]
-            field = f"{field}.{missing}" if e.absolute_path else missing
-            errors.append(BundleError(field, "is required"))
-        elif e.validator == "additionalProperties":
-            errors.append(BundleError(field, f"unknown setting: {e.message}"))
-        elif e.validator == "pattern" and e.schema.get("description"):
-            errors.append(BundleError(field, f"{e.instance!r} is not {e.schema['description']}"))
-        else:
-            errors.append(BundleError(field, e.message))
-    return errors
+    """Where box.toml's shape or a value's own rule is broken (provisioning/box_model.py), each naming its field."""
+    return [BundleError(field, words) for field, words in box_model.errors(box)]
 
 
 def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list[BundleError]:

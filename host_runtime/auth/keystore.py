@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.engine.wire import PRIORITIES
 
 KEY_PREFIX = "ec-"
 FILE_VERSION = 1
@@ -29,7 +30,6 @@ class KeyStoreError(Exception):
 
 # A key's priority class (engine/wire.PRIORITIES): its requests' place in the engine's queue. A request may ask for
 # a lower class than its key's (a batch job says "batch"), never a higher one.
-PRIORITIES = ("interactive", "default", "batch")
 
 
 @dataclass(frozen=True)

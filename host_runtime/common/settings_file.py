@@ -9,19 +9,16 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TypeVar
 
+import tomli_w
+
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common.setting_rules import SettingsError, base_type
+
+__all__ = ["SettingsError", "from_mapping", "load", "dump", "save"]
 
 T = TypeVar("T")
-_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
-
-
-class SettingsError(ValueError):
-    """A settings value that cannot be used; names the field."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+_TYPES = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
+_WORDS = {int: "an integer", float: "a number", str: "a str", bool: "a bool"}
 
 
 def from_mapping(cls: type[T], doc: dict) -> T:
@@ -30,12 +27,12 @@ def from_mapping(cls: type[T], doc: dict) -> T:
     for key, value in doc.items():
         if key not in known:
             raise SettingsError(key, "unknown setting")
-        kind = str(known[key].type)
+        kind = base_type(cls, key)
         allowed = _TYPES.get(kind)
         if allowed is not None:
-            if (isinstance(value, bool) and kind != "bool") or not isinstance(value, allowed):
-                raise SettingsError(key, f"must be {'a number' if kind == 'float' else 'an integer' if kind == 'int' else 'a ' + kind}")
-            if kind == "float":
+            if (isinstance(value, bool) and kind is not bool) or not isinstance(value, allowed):
+                raise SettingsError(key, f"must be {_WORDS[kind]}")
+            if kind is float:
                 value = float(value)
         values[key] = value
     return cls(**values)
@@ -53,8 +50,6 @@ def load(cls: type[T], path: str | Path | None) -> T:
 
 
 def dump(settings) -> bytes:
-    import tomli_w
-
     return tomli_w.dumps(asdict(settings)).encode()
 
 

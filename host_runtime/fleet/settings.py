@@ -6,10 +6,13 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlsplit
 
+from pydantic import Field
+
 from host_runtime.common import settings_file
-from host_runtime.common.settings_file import SettingsError
+from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
 
 ROLES = ("none", "member", "gateway")
 # On the box (provisioning writes these from box.toml's [fleet]):
@@ -26,13 +29,23 @@ def box_peer_certificate(i: int) -> str:
 # listens here (serving.toml fleet_listen), loopback only, and the router reaches its own box's models there.
 OWN_API = "127.0.0.1:8081"
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
+# The rules box.toml's [fleet] shares (provisioning/box_model.py)
+Role = Annotated[one_of(ROLES), Field(description="none (default): a box on its own; member: a box the fleet's "
+                                                  "gateway routes to; gateway: runs the gateway (and serves too)")]
+Policy = Annotated[one_of(POLICIES), Field(description="gateway: the router's policy (default cache_aware)")]
+VrrpPriority = Annotated[int, Field(ge=1, le=254, description="gateway with virtual_address: the higher of the two "
+                                                              "holds the address first (default 100)")]
+VrrpRouterId = Annotated[int, Field(ge=1, le=255, description="gateway with virtual_address: the same on both "
+                                                              "gateways, unique on the LAN (default 51)")]
+Mdns = Annotated[bool, Field(description="member: announce this box's front on the LAN; gateway: add the fronts "
+                                         "announced there to peers (they must still pass peer_certificates)")]
 
 
 @dataclass(frozen=True)
 class FleetSettings:
-    role: str = "none"
+    role: Role = "none"
     peers: tuple[str, ...] = ()      # every box's API base URL, the gateway's own included
-    policy: str = "cache_aware"      # the router's: prefix-aware by default; round_robin for comparisons
+    policy: Policy = "cache_aware"      # the router's: prefix-aware by default; round_robin for comparisons
     router_port: int = 8090          # the router listens on loopback only; the front is the clients' door
     metrics_port: int = 8091         # the router's Prometheus exporter, loopback
     poll_interval_s: float = 1.0     # how often each box's capability map is read
@@ -41,12 +54,12 @@ class FleetSettings:
     peer_certificates: tuple[str, ...] = ()
     # mDNS on the LAN (host_runtime/fleet/mdns.py): a member announces its front, the gateway adds the fronts it
     # finds to `peers` (trusted only as far as peer_certificates vouch for them)
-    mdns: bool = False
+    mdns: Mdns = False
     # Two gateways, one address for clients (fleet/vrrp.py: keepalived's VRRP moves it to the standby when the
     # active gateway stops): the address with its prefix length, like 192.168.1.50/24; empty: no failover.
     virtual_address: str = ""
-    vrrp_priority: int = 100         # the higher holds the address first; the other is the standby
-    vrrp_router_id: int = 51         # the same on both gateways, unique on the LAN segment
+    vrrp_priority: VrrpPriority = 100         # the higher holds the address first; the other is the standby
+    vrrp_router_id: VrrpRouterId = 51         # the same on both gateways, unique on the LAN segment
     vrrp_peers: tuple[str, ...] = ()  # the other gateway's address (unicast adverts); empty: VRRP's multicast
     vrrp_interface: str = ""         # empty: the interface whose network holds virtual_address
 
@@ -54,11 +67,8 @@ class FleetSettings:
         object.__setattr__(self, "peers", tuple(self.peers))
         object.__setattr__(self, "peer_certificates", tuple(self.peer_certificates))
         object.__setattr__(self, "vrrp_peers", tuple(self.vrrp_peers))
+        check_fields(self)
         check_failover(self)
-        if self.role not in ROLES:
-            raise SettingsError("role", f"must be one of {', '.join(ROLES)}, got {self.role!r}")
-        if self.policy not in POLICIES:
-            raise SettingsError("policy", f"must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         for name in ("router_port", "metrics_port"):
             if not 1 <= getattr(self, name) <= 65535:
                 raise SettingsError(name, f"{getattr(self, name)} is not a TCP port")
@@ -70,8 +80,6 @@ class FleetSettings:
             check_peer(f"peers[{i}]", peer)
         if len(set(p.rstrip("/") for p in self.peers)) != len(self.peers):
             raise SettingsError("peers", "lists a box twice")
-        if not isinstance(self.mdns, bool):
-            raise SettingsError("mdns", f"must be true or false, got {self.mdns!r}")
         if self.role == "gateway" and not self.peers:
             raise SettingsError("peers", "a gateway needs at least one box (its own API included)")
         for i, cert in enumerate(self.peer_certificates):
@@ -100,10 +108,6 @@ def check_failover(s: FleetSettings) -> None:
         raise SettingsError("virtual_address", "must be an IPv4 address (VRRP version 2)")
     if iface.ip in (iface.network.network_address, iface.network.broadcast_address) and iface.network.prefixlen < 31:
         raise SettingsError("virtual_address", f"{iface.ip} is its network's own or broadcast address")
-    for name, low, high in (("vrrp_priority", 1, 254), ("vrrp_router_id", 1, 255)):
-        value = getattr(s, name)
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            raise SettingsError(name, f"must be a whole number from {low} to {high}, got {value!r}")
     for i, peer in enumerate(s.vrrp_peers):
         try:
             ipaddress.IPv4Address(peer)

@@ -7,12 +7,20 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
 
 from host_runtime.common import settings_file
-from host_runtime.common.settings_file import SettingsError
+from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
 
 HTTP_MODES = ("redirect", "off", "serve", "serve-lan")
+BOX_HTTP_MODES = ("redirect", "off", "serve-lan")  # "serve" is `make run`'s, on loopback: never a box's
 METRICS_ACCESS = ("open", "key", "loopback")
+# The rules box.toml's [api] shares (provisioning/box_model.py)
+Port = Annotated[int, Field(ge=1, le=65535)]
+MetricsAccess = Annotated[one_of(METRICS_ACCESS), Field(description="who may read /metrics: open, key (default), "
+                                                                    "or loopback")]
 
 
 
@@ -20,13 +28,13 @@ METRICS_ACCESS = ("open", "key", "loopback")
 @dataclass(frozen=True)
 class FrontSettings:
     listen: str = "0.0.0.0"          # the address LAN clients reach
-    https_port: int = 8443
-    http_port: int = 8080
+    https_port: Port = 8443
+    http_port: Port = 8080
     # Plain HTTP: "redirect" to HTTPS (only /health answers there), "off", "serve" (a loopback address only:
     # `make run` on a developer's machine), or "serve-lan": the owner's explicit choice of the whole API in clear
     # on the LAN (keys and prompts readable on the network) for clients that cannot use TLS at all.
-    http: str = "redirect"
-    metrics: str = "key"             # /metrics: "open", "key" (an API key), or "loopback" (this machine only)
+    http: one_of(HTTP_MODES) = "redirect"
+    metrics: MetricsAccess = "key"             # /metrics: "open", "key" (an API key), or "loopback" (this machine only)
     certificate: str = ""            # PEM paths from the bundle; empty: one issued by the box's local CA
     private_key: str = ""
     # Slow-client limits (nginx). Idle and slow-header connections cost nginx a few hundred bytes each, never a
@@ -43,7 +51,7 @@ class FrontSettings:
     fleet_gateway: str = ""
     # NAME.local by mDNS, with the API announced as an _https._tcp service (front/lan_name.py): clients reach the
     # box by name whatever address DHCP gives it. The fleet program, which runs on every box, announces it.
-    lan_name: bool = True
+    lan_name: Annotated[bool, Field()] = True
     # On one of a fleet's two gateways: the address they share (fleet.toml's virtual_address, without its prefix
     # length). The certificate names it; the front listens on every address (listen 0.0.0.0) to answer there.
     virtual_address: str = ""
@@ -66,25 +74,16 @@ def short_hostname(hostname: str | None = None) -> str:
 
 
 def check(s: FrontSettings) -> None:
+    check_fields(s)
     try:
         ipaddress.ip_address(s.listen)
     except ValueError:
         raise SettingsError("listen", f"{s.listen!r} is not an IP address") from None
-    for name in ("https_port", "http_port"):
-        port = getattr(s, name)
-        if not 1 <= port <= 65535:
-            raise SettingsError(name, f"{port} is not a TCP port")
     if s.https_port == s.http_port:
         raise SettingsError("http_port", "must differ from https_port")
-    if s.http not in HTTP_MODES:
-        raise SettingsError("http", f"must be one of {', '.join(HTTP_MODES)}, got {s.http!r}")
     if s.http == "serve" and not s.loopback_only:
         raise SettingsError("http", "'serve' (keys in clear text) is allowed only on a loopback address; "
                                  "use 'redirect' or 'off' on the LAN, or 'serve-lan' to choose clear text there")
-    if s.metrics not in METRICS_ACCESS:
-        raise SettingsError("metrics", f"must be one of {', '.join(METRICS_ACCESS)}, got {s.metrics!r}")
-    if not isinstance(s.lan_name, bool):
-        raise SettingsError("lan_name", f"must be true or false, got {s.lan_name!r}")
     for address in gateway_addresses(s):
         try:
             ipaddress.ip_address(address)

@@ -4,34 +4,38 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from host_runtime.common.service_user import SERVICE_USER
-from host_runtime.common.settings_file import SettingsError
+from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
 
 BACKENDS = ("auto", "nvml", "amdgpu", "simulator")
 MODES = ("observe", "enforce")
+# The rules box.toml's [power] shares (provisioning/box_model.py)
+Mode = Annotated[one_of(MODES), Field(description="observe (default): decide and publish limits; enforce: apply "
+                                                  "them to the cards")]
+TargetC = Annotated[float, Field(ge=30, le=95, description="the temperature the cards are held under, C")]
+CeilingC = Annotated[float, Field(ge=40, le=105, description="the temperature the governor never lets a card reach, "
+                                                            "C (above target_c)")]
+SafeFraction = Annotated[float, Field(gt=0, le=1, description="the fail-safe limit, this far from a card's minimum "
+                                                             "power limit to its maximum")]
 
 
 @dataclass(frozen=True)
 class GovernorSettings:
-    backend: str = "auto"
+    backend: one_of(BACKENDS) = "auto"
     # observe: decide and publish, never touch a card (the default: an owner opts in to enforcing).
-    mode: str = "observe"
-    target_c: float = 75.0
-    ceiling_c: float = 87.0
-    safe_fraction: float = 0.5  # the fail-safe limit, this far from a card's minimum to its maximum
+    mode: Mode = "observe"
+    target_c: TargetC = 75.0
+    ceiling_c: CeilingC = 87.0
+    safe_fraction: SafeFraction = 0.5
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise SettingsError("backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.mode not in MODES:
-            raise SettingsError("mode", f"must be observe or enforce, got {self.mode!r}")
-        if not 30.0 <= self.target_c <= 95.0:
-            raise SettingsError("target_c", f"must be between 30 and 95 C, got {self.target_c}")
-        if not self.target_c < self.ceiling_c <= 105.0:
-            raise SettingsError("ceiling_c", f"must be above target_c ({self.target_c}) and at most 105 C")
-        if not 0.0 < self.safe_fraction <= 1.0:
-            raise SettingsError("safe_fraction", f"must be above 0 and at most 1, got {self.safe_fraction}")
+        check_fields(self)
+        if not self.target_c < self.ceiling_c:
+            raise SettingsError("ceiling_c", f"must be above target_c ({self.target_c}), got {self.ceiling_c}")
 
 
 def process_environment(settings: GovernorSettings) -> bytes:

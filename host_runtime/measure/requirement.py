@@ -1,30 +1,40 @@
-"""box.toml's [requirement]: what the box or fleet must serve (one typed structure; the bundle's schema checks
-the same fields at provisioning). `everycycle measure` reads it and reports the measured figures against it."""
+"""box.toml's [requirement]: what the box or fleet must serve (one typed structure; its rules are the ones
+provisioning checks the bundle by: provisioning/box_model.py). `everycycle measure` reads it and reports the
+measured figures against it."""
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
 
 from host_runtime.common import settings_file
-from host_runtime.common.settings_file import SettingsError
+from host_runtime.common.setting_rules import SettingsError, check_fields
 
 BOX_TOML = "/etc/everycycle/box.toml"
 
 
+# The rules box.toml's [requirement] shares (provisioning/box_model.py)
+TtftP50 = Annotated[float, Field(gt=0, description="time to first token, median, seconds")]
+TimePerToken = Annotated[float, Field(gt=0, description="between generated tokens, median, seconds")]
+ConcurrentUsers = Annotated[int, Field(ge=1, le=1024)]
+PromptTokens = Annotated[int, Field(ge=1, le=131072, description="a typical prompt")]
+AnswerTokens = Annotated[int, Field(ge=1, le=32768, description="a typical answer")]
+
+
 @dataclass(frozen=True)
 class Requirement:
-    ttft_p50_s: float = 2.0           # time to first token, median
-    time_per_token_s: float = 0.1     # between generated tokens, median (10 tokens/s per user)
-    concurrent_users: int = 4
-    prompt_tokens: int = 512          # a typical prompt
-    answer_tokens: int = 128          # a typical answer
+    ttft_p50_s: TtftP50 = 2.0
+    time_per_token_s: TimePerToken = 0.1  # 10 tokens/s per user
+    concurrent_users: ConcurrentUsers = 4
+    prompt_tokens: PromptTokens = 512
+    answer_tokens: AnswerTokens = 128
 
     def __post_init__(self) -> None:
-        for f in fields(self):   # types are settings_file's to check; this is the rule they do not know
-            if getattr(self, f.name) <= 0:
-                raise SettingsError(f.name, f"must be above 0, got {getattr(self, f.name)!r}")
+        check_fields(self)
 
 
 def load(box_toml: str | Path | None) -> Requirement:

@@ -6,16 +6,20 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Annotated
+
+from pydantic import Field
 
 from host_runtime.models.errors import StoreError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_WORDS = "a model name (1-128 letters, digits, '.', '_' or '-', starting with a letter or digit)"
+ModelName = Annotated[str, Field(pattern=NAME_RE.pattern, description=NAME_WORDS)]  # box.toml's model.name too
 
 
 def check_name(name: str, what: str = "--name") -> str:
     if not NAME_RE.match(name or "") or name.endswith(".partial"):
-        raise StoreError(f"{what}: {name!r} is not a model name (1-128 letters, digits, '.', '_' or '-', starting "
-                         "with a letter or digit)")
+        raise StoreError(f"{what}: {name!r} is not {NAME_WORDS}")
     return name
 
 

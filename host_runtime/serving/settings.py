@@ -4,12 +4,26 @@ by `everycycle serve --settings`. Command-line options given explicitly win (mak
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Annotated
 
-from host_runtime.common.settings_file import SettingsError
+from pydantic import Field
+
+from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
+from host_runtime.placement.kv_types import KV_TYPES
 
 MAX_CONTEXT = 1 << 20
 MAX_PARALLEL = 256
+MAX_MIB = 1 << 24
 SPECULATION = ("off", "ngram")  # a draft model is a file of its own: `serve --speculation draft --draft-model`
+# The rules box.toml's [serving], [model] and [tracing] share (provisioning/box_model.py). 0 or "" in these
+# settings: not set, the server's default.
+ContextLength = Annotated[int, Field(ge=256, le=MAX_CONTEXT)]
+Parallel = Annotated[int, Field(ge=1, le=MAX_PARALLEL)]
+KvBudgetMib = Annotated[int, Field(ge=16, le=MAX_MIB)]
+ModelsMemoryMib = Annotated[int, Field(ge=64, le=MAX_MIB)]
+Speculation = one_of(SPECULATION)
+CacheType = one_of(KV_TYPES)
+TraceSampleRatio = Annotated[float, Field(gt=0, le=1)]
 
 
 def check_trace_endpoint(url: str, name: str) -> None:
@@ -28,7 +42,7 @@ def check_trace_endpoint(url: str, name: str) -> None:
 @dataclass(frozen=True)
 class ServingSettings:
     model: str = ""            # a GGUF path; empty: the image's default model
-    context_length: int = 0    # tokens per sequence; 0: the server's default
+    context_length: ContextLength = 0  # tokens per sequence; 0: the server's default
     quantization: str = ""     # what the owner asked for, checked against the model at provisioning
     # box.toml's [model] source = "pull": a model the box pulls into its store at first boot and then serves
     # (until it has, `model` or the built-in one answers). Checked here, by the type both sides use.
@@ -46,37 +60,29 @@ class ServingSettings:
     prefix_cache_shared: bool = False
     # box.toml's [serving]: what a GPU owner tunes. 0 or empty: serve's own default (the planner's choice of
     # sequences, a 1 GiB KV budget, 5 minutes, 90% of the memory available at start).
-    parallel: int = 0          # sequences served at once
-    kv_budget_mib: int = 0     # the KV cache's memory when the planner chooses the sequences
-    speculation: str = "off"   # off or ngram (drafts from the prompt's own text)
+    parallel: Parallel = 0     # sequences served at once
+    kv_budget_mib: KvBudgetMib = 0  # the KV cache's memory when the planner chooses the sequences
+    speculation: Speculation = "off"  # off or ngram (drafts from the prompt's own text)
     keep_alive: str = ""       # how long a model loaded on demand stays after its last request ('10m', '-1')
-    models_memory_mib: int = 0  # memory for loaded models, the one served at start included
+    models_memory_mib: ModelsMemoryMib = 0  # memory for loaded models, the one served at start included
     # another name a client may ask for, or a pattern of names (* and ?), -> a model of the store
     aliases: dict = field(default_factory=dict)
-    cache_type_k: str = ""     # the KV cache's types, by llama-server's names (placement/kv_types.py)
-    cache_type_v: str = ""
+    cache_type_k: CacheType = ""  # the KV cache's types, by llama-server's names (placement/kv_types.py)
+    cache_type_v: CacheType = ""
     # Where per-key usage is kept across restarts (engine/usage_file.py): the box's data partition, written by
     # provisioning; empty: counted in memory only.
     usage_dir: str = ""
     # box.toml's [tracing]: the OTLP/HTTP collector the API sends its request spans to (serving/tracing.py);
     # empty: no tracing. The share of requests traced where the client's traceparent does not decide.
     trace_endpoint: str = ""
-    trace_sample_ratio: float = 1.0
+    trace_sample_ratio: TraceSampleRatio = 1.0
 
     def __post_init__(self) -> None:
         if self.model and not self.model.startswith("/"):
             raise SettingsError("model", f"must be an absolute path, got {self.model!r}")
         if self.usage_dir and not self.usage_dir.startswith("/"):
             raise SettingsError("usage_dir", f"must be an absolute path, got {self.usage_dir!r}")
-        if not 0 <= self.context_length <= MAX_CONTEXT:
-            raise SettingsError("context_length", f"must be between 1 and {MAX_CONTEXT} (0: the default)")
-        if not 0 <= self.parallel <= MAX_PARALLEL:
-            raise SettingsError("parallel", f"must be between 1 and {MAX_PARALLEL} (0: the planner's choice)")
-        for name in ("kv_budget_mib", "models_memory_mib"):
-            if not 0 <= getattr(self, name) <= 1 << 24:
-                raise SettingsError(name, f"must be between 1 and {1 << 24} MiB (0: the default)")
-        if self.speculation not in SPECULATION:
-            raise SettingsError("speculation", f"must be one of {', '.join(SPECULATION)}, got {self.speculation!r}")
+        check_fields(self)
         if self.keep_alive:
             from host_runtime.pool.residency import parse_keep_alive
 
@@ -85,18 +91,11 @@ class ServingSettings:
             except ValueError as exc:
                 raise SettingsError("keep_alive", str(exc).removeprefix("keep_alive ")) from None
         self._check_aliases()
-        from host_runtime.placement.kv_types import KV_TYPES
-
-        for name in ("cache_type_k", "cache_type_v"):
-            if getattr(self, name) and getattr(self, name) not in KV_TYPES:
-                raise SettingsError(name, f"must be one of {', '.join(KV_TYPES)}, got {getattr(self, name)!r}")
         for name in ("fleet_listen", "fleet_router"):
             if getattr(self, name):
                 self._check_loopback(name)
         if self.trace_endpoint:
             check_trace_endpoint(self.trace_endpoint, "trace_endpoint")
-        if not 0.0 < self.trace_sample_ratio <= 1.0:
-            raise SettingsError("trace_sample_ratio", f"must be above 0 and at most 1, got {self.trace_sample_ratio}")
         if self.pull_url:
             self._check_pull()
         elif self.pull_sha256 or self.pull_name:
