@@ -244,7 +244,8 @@ class Wizard(Screen):
             self.set_timer(0.6, lambda: self._judge(key))
 
     def _judge(self, key: tuple) -> None:
-        if key != self._model_key() or (self._verdict and self._verdict[0] == key):
+        # A timer or a worker may end after the wizard was closed (applied, or the console quitting): nothing to show.
+        if not self.is_attached or key != self._model_key() or (self._verdict and self._verdict[0] == key):
             return
         self.query_one("#model_verdict", Static).update("reading the model's header…")
         self.run_worker(lambda: self._judged(key), thread=True, exclusive=True, group="verdict")
@@ -267,7 +268,7 @@ class Wizard(Screen):
 
     def _show_verdict(self, key: tuple, verdict) -> None:
         self._verdict = (key, verdict)
-        if key == self._model_key():
+        if self.is_attached and key == self._model_key():
             self.query_one("#model_verdict", Static).update(verdict if isinstance(verdict, str) else verdict.text)
             self.recheck()
 
