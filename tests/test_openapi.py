@@ -41,6 +41,23 @@ def test_the_document_lists_exactly_the_real_routes_and_methods():
     assert documented == _real_routes()
 
 
+def test_the_document_is_the_one_the_request_models_generate():
+    """Request bodies are described by the models that check them (serving/request_models.py), so the two cannot
+    disagree; the routes and error shapes come from openapi_routes.json, checked against the app above."""
+    from host_runtime.serving.openapi import document_text
+
+    assert DOC.read_text() == document_text(), "openapi.json is stale: .venv/bin/python -m host_runtime.serving.openapi --write"
+
+
+def test_every_request_body_the_document_names_is_a_model_that_checks_it():
+    from host_runtime.serving import request_models
+
+    doc = json.loads(DOC.read_text())
+    named = {op["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+             for item in doc["paths"].values() for op in item.values() if isinstance(op, dict) and "requestBody" in op}
+    assert named == {model.__name__ for model in request_models.DOCUMENTED}
+
+
 @pytest.mark.system
 def test_the_server_serves_its_document_without_a_key(server):
     status, body = http_get(server + "/openapi.json")
@@ -64,15 +81,12 @@ def test_schemathesis_finds_no_server_error_and_the_engine_survives(tmp_path, ap
         # sampling, grammar and generation code.
         doc = json.loads(DOC.read_text())
         pinned = {"type": "string", "enum": [MODEL_ID]}
-        doc["components"]["schemas"]["Sampling"]["properties"]["model"] = pinned
-        doc["components"]["schemas"]["EmbeddingRequest"]["properties"]["model"] = pinned
-        doc["components"]["schemas"]["MessagesRequest"]["properties"]["model"] = pinned
-        for name in ("ResponsesRequest", "OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest", "OllamaEmbeddingsRequest",
-                     "OllamaShowRequest", "RerankRequest"):
-            doc["components"]["schemas"][name]["properties"]["model"] = pinned
+        for schema in doc["components"]["schemas"].values():
+            if "model" in schema.get("properties", {}):
+                schema["properties"]["model"] = pinned
         # A pull's source pinned to one refused before any download: fuzzed URLs would be real downloads.
-        doc["components"]["schemas"]["OllamaPullRequest"]["properties"]["model"] = {"type": "string",
-                                                                                    "enum": ["llama3.2"]}
+        pull = doc["components"]["schemas"]["OllamaPullRequest"]["properties"]
+        pull["model"] = pull["name"] = {"type": "string", "enum": ["llama3.2"]}
         (tmp_path / "openapi.json").write_text(json.dumps(doc))
         report = tmp_path / "junit.xml"
         out = subprocess.run(

@@ -37,7 +37,7 @@ def _adapter(hint) -> pydantic.TypeAdapter:
     return pydantic.TypeAdapter(hint)
 
 
-def _bounds(metadata) -> dict:
+def bounds(metadata) -> dict:
     found = {}
     for item in metadata:
         for constraint in getattr(item, "metadata", [item]):
@@ -68,10 +68,10 @@ def error_words(error: dict, metadata=(), description: str | None = None) -> str
         allowed = error["ctx"]["expected"].replace("' or '", "', '")
         return f"must be one of {allowed}, got {value!r}"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        bounds = _bounds(metadata) or {kind.replace("greater_than_equal", "ge").replace("less_than_equal", "le")
+        found = bounds(metadata) or {kind.replace("greater_than_equal", "ge").replace("less_than_equal", "le")
                                        .replace("greater_than", "gt").replace("less_than", "lt"):
                                        next(iter(error["ctx"].values()))}
-        return f"must be {range_words(bounds)}, got {value!r}"
+        return f"must be {range_words(found)}, got {value!r}"
     if kind == "string_pattern_mismatch":
         return f"{value!r} is not {description}" if description else f"{value!r} does not match {error['ctx']['pattern']}"
     if kind in ("too_short", "too_long"):

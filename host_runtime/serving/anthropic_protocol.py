@@ -11,9 +11,10 @@ import json
 import secrets
 
 from host_runtime.engine import wire as engine_wire
-from host_runtime.serving import protocol
+from host_runtime.serving import protocol, request_models
 from host_runtime.serving.errors import APIError
-from host_runtime.serving.protocol import GenerationCall, bad, check_model, field_of, int_in, number_in
+from host_runtime.serving.protocol import GenerationCall, bad, check_model
+from host_runtime.serving.request_models import check, given
 from host_runtime.serving.tool_calls import ToolCall, grammar_for, parse_tool_choice, parse_tools
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -91,20 +92,13 @@ def _messages(body: dict) -> list[dict]:
 
 def _tools(body: dict) -> tuple[list, object]:
     """Anthropic tools and tool_choice, checked by the chat API's rules (errors name the Anthropic fields)."""
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise bad("'tools' must be an array of tools", "tools", "invalid_type")
     wire = []
-    for i, tool in enumerate(tools or []):
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-            raise bad(f"'tools[{i}]' must be a tool with a 'name' and an 'input_schema'", f"tools[{i}]", "invalid_type")
+    for tool in given(body, "tools", []):
         wire.append({"type": "function", "function": {"name": tool["name"],
                                                       "description": tool.get("description", ""),
                                                       "parameters": tool.get("input_schema",
                                                                              {"type": "object", "properties": {}})}})
-    choice = body.get("tool_choice") or {"type": "auto"}
-    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
-        raise bad("'tool_choice.type' must be 'auto', 'any', 'tool' or 'none'", "tool_choice.type")
+    choice = given(body, "tool_choice", {"type": "auto"})
     openai_choice = {"auto": "auto", "any": "required", "none": "none"}.get(choice["type"]) or \
         {"type": "function", "function": {"name": choice.get("name")}}
     parallel = not choice.get("disable_parallel_tool_use", False)
@@ -120,13 +114,9 @@ def _tools(body: dict) -> tuple[list, object]:
 
 def _output_format_grammar(body: dict) -> str | None:
     """Structured outputs (`output_config.format`, a JSON Schema): the chat API's response_format grammar."""
-    config = field_of(body, "output_config", dict)
-    fmt = config.get("format") if config else None
+    fmt = given(given(body, "output_config", {}), "format")
     if fmt is None:
         return None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-        raise bad("'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}",
-                  "output_config.format", "invalid_type")
     try:
         return protocol._response_format_grammar({"response_format": {"type": "json_schema",
                                                                       "json_schema": {"schema": fmt["schema"]}}})
@@ -138,21 +128,12 @@ def _output_format_grammar(body: dict) -> str | None:
 
 def parse_messages(body: dict, served_model: str, tool_format: str = "generic") -> GenerationCall:
     check_model(body, served_model)
-    max_tokens = int_in(body, "max_tokens", 1, None, None)
-    if max_tokens is None:
-        raise bad("'max_tokens' is required", "max_tokens", "missing_required_parameter")
-    stops = body.get("stop_sequences")
-    if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)):
-        raise bad("'stop_sequences' must be an array of non-empty strings", "stop_sequences", "invalid_type")
-    if stops and len(stops) > protocol.MAX_STOP_STRINGS:
-        raise bad(f"'stop_sequences' has {len(stops)} strings; at most {protocol.MAX_STOP_STRINGS} are allowed",
-                  "stop_sequences")
+    check(request_models.MessagesRequest, body)
+    stops = given(body, "stop_sequences", [])
     if body.get("top_k") is not None:
         raise bad("'top_k' is not supported by this server; use 'temperature' or 'top_p'", "top_k",
                   "unsupported_parameter")
-    thinking = field_of(body, "thinking", dict)
-    if thinking is not None and thinking.get("type") not in ("enabled", "disabled", "adaptive"):
-        raise bad("'thinking.type' must be enabled, disabled or adaptive", "thinking.type")
+    thinking = given(body, "thinking")
     # A thinking model's reasoning comes back as thinking blocks when asked for; otherwise it is left out.
     show_thinking = thinking is not None and thinking.get("type") != "disabled"
     messages = _messages(body)
@@ -164,15 +145,12 @@ def parse_messages(body: dict, served_model: str, tool_format: str = "generic") 
             raise bad("'output_config.format' and a forced tool use cannot both constrain the answer",
                       "output_config.format")
         grammar = structured
-    sampling = engine_wire.SamplingParams(temperature=number_in(body, "temperature", 0.0, 1.0, 1.0),
-                                          top_p=number_in(body, "top_p", 0.0, 1.0, 1.0), grammar=grammar)
-    if sampling.top_p == 0.0:
-        raise bad("'top_p' must be greater than 0", "top_p")
-    stream = field_of(body, "stream", bool, False)
+    sampling = engine_wire.SamplingParams(temperature=float(given(body, "temperature", 1.0)),
+                                          top_p=float(given(body, "top_p", 1.0)), grammar=grammar)
     offered = tools if choice.mode != "none" else []
-    request = engine_wire.Generate(_prompt(messages, offered, choice), max_tokens, 1, list(stops or []), sampling)
-    return GenerationCall(request, stream, False, False, tools=offered, tool_choice=choice,
-                          stop_sequences=list(stops or []), show_reasoning=show_thinking)
+    request = engine_wire.Generate(_prompt(messages, offered, choice), body["max_tokens"], 1, list(stops), sampling)
+    return GenerationCall(request, given(body, "stream", False), False, False, tools=offered, tool_choice=choice,
+                          stop_sequences=list(stops), show_reasoning=show_thinking)
 
 
 def _prompt(messages: list[dict], offered: list, choice) -> engine_wire.ChatPrompt:
@@ -181,6 +159,7 @@ def _prompt(messages: list[dict], offered: list, choice) -> engine_wire.ChatProm
 
 def parse_count_tokens(body: dict, served_model: str) -> engine_wire.CountTokens:
     check_model(body, served_model)
+    check(request_models.CountTokensRequest, body)
     tools, choice = _tools(body)
     return engine_wire.CountTokens(_prompt(_messages(body), tools if choice.mode != "none" else [], choice))
 

@@ -18,7 +18,7 @@ from host_runtime.engine.client import EngineClient
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.engine.readiness import Verdict, WedgePolicy, unanswered
-from host_runtime.serving import anthropic_protocol, ollama_protocol, protocol, responses_protocol
+from host_runtime.serving import anthropic_protocol, ollama_protocol, protocol, request_models, responses_protocol
 from host_runtime.serving.anthropic_logic import MessagesLogic
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
 from host_runtime.serving.fleet_unroutable import FleetUnroutable
@@ -541,6 +541,7 @@ class Ollama:
 
     def on_post_show(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
+        request_models.check(request_models.OllamaShowRequest, body)
         name = ollama_protocol.model_name(body, "")
         row = next((r for r in self._router.models() if r.id == name), None)
         if row is None:

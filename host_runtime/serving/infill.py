@@ -9,10 +9,11 @@ from typing import Iterator
 
 from host_runtime.engine import wire
 from host_runtime.engine.ipc import EngineUnavailable
-from host_runtime.serving import protocol
+from host_runtime.serving import protocol, request_models
 from host_runtime.serving.errors import body_of
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
-from host_runtime.serving.protocol import GenerationCall, bad
+from host_runtime.serving.protocol import GenerationCall
+from host_runtime.serving.request_models import given
 
 # llama-server's /infill fields that are the completion's own.
 _KEPT = ("model", "temperature", "top_p", "seed", "stop", "stream", "input_extra", "presence_penalty",
@@ -20,14 +21,11 @@ _KEPT = ("model", "temperature", "top_p", "seed", "stop", "stream", "input_extra
 
 
 def parse_infill(body: dict, served: str) -> GenerationCall:
-    if not isinstance(body.get("input_suffix", ""), str) or not isinstance(body.get("input_prefix", ""), str):
-        raise bad("'input_prefix' and 'input_suffix' must be strings", "input_prefix", "invalid_type")
-    after = body.get("prompt", "")
-    if not isinstance(after, str):
-        raise bad("'prompt' (text after the middle token) must be a string", "prompt", "invalid_type")
-    n_predict = body.get("n_predict", -1)
+    request_models.check(request_models.InfillRequest, body)
+    after = given(body, "prompt", "")
+    n_predict = given(body, "n_predict", -1)
     completion = {"model": served, **{k: body[k] for k in _KEPT if k in body},
-                  "prompt": body.get("input_prefix", ""), "suffix": body.get("input_suffix", ""),
+                  "prompt": given(body, "input_prefix", ""), "suffix": given(body, "input_suffix", ""),
                   # -1 (llama-server's default) is no limit: the engine ends where the context does
                   "max_tokens": protocol.NO_LIMIT if n_predict == -1 else n_predict}
     return protocol.parse_completion(completion, served, after=after)

@@ -18,9 +18,10 @@ import json
 import time
 from dataclasses import replace
 
-from host_runtime.serving import protocol
+from host_runtime.serving import protocol, request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import GenerationCall, bad, field_of
+from host_runtime.serving.request_models import given
 
 VERSION = "0.6.3"  # what /api/version says: the Ollama API this follows (clients check for features by it)
 TAG = ":latest"    # Ollama names carry a tag; ours have none: listed with ":latest", accepted with or without
@@ -56,14 +57,14 @@ def _renamed(err: APIError) -> APIError:
 
 
 def _options(body: dict) -> dict:
-    options = field_of(body, "options", dict, {})
+    options = given(body, "options", {})  # types and bounds: request_models.OllamaOptions
     out = {}
     for name, target in OPTIONS.items():
         value = options.get(name)
         if value is None:
             continue
         if name == "num_predict":
-            if isinstance(value, bool) or not isinstance(value, int) or value < -2 or value == 0:
+            if value == 0:
                 raise bad("'options.num_predict' must be a positive integer, -1 (no limit) or -2 (fill the "
                           "context)", "options.num_predict")
             if value < 0:
@@ -78,9 +79,7 @@ def _format(body: dict) -> dict | None:
         return None
     if fmt == "json":
         return {"type": "json_object"}
-    if isinstance(fmt, dict):
-        return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
-    raise bad("'format' must be \"json\" or a JSON Schema object", "format", "invalid_type")
+    return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}  # a JSON Schema object
 
 
 def _no_images(message: dict, where: str) -> None:
@@ -90,15 +89,8 @@ def _no_images(message: dict, where: str) -> None:
 
 def _messages(body: dict) -> list[dict]:
     """Ollama's messages in the chat API's shape: tool calls' arguments are objects there, strings here."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("'messages' must be a non-empty array of messages", "messages",
-                  "missing_required_parameter" if messages is None else "invalid_type")
     out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise bad(f"'messages[{i}]' must be an object with 'role' and 'content'", f"messages[{i}]",
-                      "invalid_type")
+    for i, m in enumerate(body["messages"]):  # a non-empty array of messages (request_models.OllamaChatRequest)
         _no_images(m, f"messages[{i}]")
         entry = {"role": m.get("role"), "content": m.get("content") if m.get("content") is not None else ""}
         calls = m.get("tool_calls")
@@ -131,7 +123,7 @@ def _latest_call_id(previous: list[dict], tool_name) -> str:
 
 def _common(body: dict) -> dict:
     """The OpenAI body's sampling fields, from Ollama's options, format and think."""
-    openai = {"stream": field_of(body, "stream", bool, True), **_options(body)}  # Ollama streams by default
+    openai = {"stream": given(body, "stream", True), **_options(body)}  # Ollama streams by default
     fmt = _format(body)
     if fmt is not None:
         openai["response_format"] = fmt
@@ -154,6 +146,7 @@ def _thinking(call: GenerationCall, body: dict) -> GenerationCall:
 
 def parse_chat(body: dict, served: str, tool_format: str) -> GenerationCall:
     model_name(body, served)
+    request_models.check(request_models.OllamaChatRequest, body)
     openai = {"model": served, "messages": _messages(body), **_common(body)}
     if body.get("tools"):
         openai["tools"] = body["tools"]
@@ -170,21 +163,22 @@ def parse_generate(body: dict, served: str, tool_format: str) -> GenerationCall:
     """/api/generate: a prompt with an optional system prompt, rendered by the chat template (Ollama's default);
     `raw: true` sends the prompt as it is."""
     model_name(body, served)
-    prompt = field_of(body, "prompt", str)
-    if prompt is None or (prompt == "" and not body.get("suffix")):
+    request_models.check(request_models.OllamaGenerateRequest, body)
+    prompt = body["prompt"]
+    if prompt == "" and not body.get("suffix"):
         raise bad("'prompt' is required", "prompt", "missing_required_parameter")
     _no_images(body, "body")
-    suffix = field_of(body, "suffix", str)
+    suffix = given(body, "suffix")
     common = _common(body)
     try:
         if suffix:  # fill in the middle (Continue's autocomplete): the model's FIM tokens around the two texts
             return protocol.parse_completion({"model": served, "prompt": prompt, "suffix": suffix,
                                               "max_tokens": NO_LIMIT, **common}, served)
-        if field_of(body, "raw", bool, False):
+        if given(body, "raw", False):
             # No num_predict: no limit (Ollama's default), which the engine ends where the context does.
             return protocol.parse_completion({"model": served, "prompt": prompt, "max_tokens": NO_LIMIT, **common},
                                              served)
-        system = field_of(body, "system", str)
+        system = given(body, "system")
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return _thinking(protocol.parse_chat({"model": served, "messages": messages, **common}, served, tool_format),
                          body)
@@ -194,6 +188,8 @@ def parse_generate(body: dict, served: str, tool_format: str) -> GenerationCall:
 
 def parse_embed(body: dict, served: str) -> protocol.EmbeddingCall:
     model_name(body, served)
+    request_models.check(request_models.OllamaEmbedRequest if "input" in body else request_models.OllamaEmbeddingsRequest,
+                         body)
     data = body.get("input") if "input" in body else body.get("prompt")  # /api/embeddings (legacy) sends prompt
     return protocol.parse_embeddings({"model": served, "input": data}, served)
 
@@ -204,6 +200,7 @@ PULL_SCHEMES = ("http://", "https://", "hf://")
 def parse_pull(body: dict) -> tuple[str, bool]:
     """(source, stream) of a /api/pull body. There is no Ollama registry here: the model is named by where its GGUF
     is, an http(s) URL (on the LAN) or hf://OWNER/REPO/FILE.gguf; `insecure` is accepted and ignored."""
+    request_models.check(request_models.OllamaPullRequest, body)
     source = field_of(body, "model", str) or field_of(body, "name", str)  # older clients send `name`
     if not source:
         raise bad("'model' is required: where the GGUF is (an http(s) URL, or hf://OWNER/REPO/FILE.gguf)", "model",
@@ -211,7 +208,7 @@ def parse_pull(body: dict) -> tuple[str, bool]:
     if not source.startswith(PULL_SCHEMES):
         raise bad(f"'model' {source!r} is not a source this box pulls from: there is no Ollama registry here; give "
                   "where the GGUF is, an http(s) URL or hf://OWNER/REPO/FILE.gguf", "model")
-    return source, field_of(body, "stream", bool, True)
+    return source, given(body, "stream", True)
 
 
 # ---- answers ---------------------------------------------------------------------------------------------------

@@ -9,16 +9,12 @@ import json
 from dataclasses import dataclass, field, replace
 
 from host_runtime.engine import wire
+from host_runtime.serving import request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
+from host_runtime.serving.request_models import KINDS, check, given
 from host_runtime.serving.tool_calls import ToolCallStream, grammar_for, parse_output, parse_tool_choice, parse_tools
 
-MAX_N = 4
-MAX_TOP_LOGPROBS = 20
-MAX_STOP_STRINGS = 4
-MAX_STOP_LENGTH = 256
-MAX_EMBEDDING_INPUTS = 64
-MAX_LOGIT_BIAS = 300  # OpenAI's ceiling
 # JSON bodies nest at most this deep: Python's parser would otherwise recurse until RecursionError.
 MAX_JSON_DEPTH = 64
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -33,15 +29,9 @@ def bad(message: str, param: str, code: str | None = "invalid_value") -> APIErro
     return APIError(400, message, param=param, code=code)
 
 
-def _type_name(types) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-             dict: "an object"}
-    types = types if isinstance(types, tuple) else (types,)
-    return " or ".join(names.get(t, t.__name__) for t in types)
-
-
 def field_of(body: dict, name: str, types, default=None):
-    """body[name] if present and of `types` (bool is never an int here), else the default."""
+    """body[name] if present and of `types` (bool is never an int here), else the default: for the fields read
+    before a body's model checks it (the model's name, which decides 404 before any 400)."""
     if name not in body or body[name] is None:
         return default
     value = body[name]
@@ -53,22 +43,8 @@ def field_of(body: dict, name: str, types, default=None):
     else:
         ok = isinstance(value, types_t)
     if not ok:
-        raise bad(f"'{name}' must be {_type_name(types)}, got {type(value).__name__}", name, "invalid_type")
-    return value
-
-
-def number_in(body: dict, name: str, low: float, high: float, default):
-    value = field_of(body, name, float, default)
-    if value is not None and not (low <= value <= high):
-        raise bad(f"'{name}' must be between {low:g} and {high:g}, got {value}", name)
-    return value
-
-
-def int_in(body: dict, name: str, low: int, high: int | None, default):
-    value = field_of(body, name, int, default)
-    if value is not None and (value < low or (high is not None and value > high)):
-        limit = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise bad(f"'{name}' must be {limit}, got {value}", name)
+        words = " or ".join(KINDS.get(t, t.__name__) for t in types_t)
+        raise bad(f"'{name}' must be {words}, got {type(value).__name__}", name, "invalid_type")
     return value
 
 
@@ -174,40 +150,17 @@ class GenerationCall:
 
 
 def _stop_strings(body: dict) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise bad("'stop' must be a string or an array of strings", "stop", "invalid_type")
-    if len(stop) > MAX_STOP_STRINGS:
-        raise bad(f"'stop' has {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed", "stop")
-    for s in stop:
-        if not s or len(s) > MAX_STOP_LENGTH:
-            raise bad(f"each stop string must be 1 to {MAX_STOP_LENGTH} characters", "stop")
-    return stop
+    stop = given(body, "stop", [])
+    return [stop] if isinstance(stop, str) else stop
 
 
 def _logit_bias(body: dict) -> dict[str, float] | None:
-    bias = field_of(body, "logit_bias", dict)
-    if not bias:
-        return None
-    if len(bias) > MAX_LOGIT_BIAS:
-        raise bad(f"'logit_bias' has {len(bias)} entries; at most {MAX_LOGIT_BIAS} are allowed", "logit_bias")
-    out = {}
-    for token, value in bias.items():
-        # str.isdigit() accepts superscripts and other scripts' digits that int() refuses; token ids are ASCII.
-        if not (token.isascii() and token.isdigit()) or len(token) > 9:
-            raise bad(f"'logit_bias' keys must be token ids, got {token!r}", "logit_bias")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
-            raise bad(f"'logit_bias[{token}]' must be a number from -100 to 100", "logit_bias")
-        out[str(int(token))] = float(value)
-    return out
+    bias = given(body, "logit_bias")
+    return {str(int(token)): float(value) for token, value in bias.items()} if bias else None
 
 
 def _response_format_grammar(body: dict) -> str | None:
-    fmt = field_of(body, "response_format", dict)
+    fmt = given(body, "response_format")
     if fmt is None:
         return None
     kind = fmt.get("type")
@@ -247,33 +200,25 @@ class _Common:
 
 
 def _sampling_and_common(body: dict, default_max_tokens: int | None) -> _Common:
-    max_tokens = int_in(body, "max_completion_tokens", 1, None, None)
-    if max_tokens is None:
-        max_tokens = int_in(body, "max_tokens", 1, None, default_max_tokens)
-    n = int_in(body, "n", 1, MAX_N, 1)
-    stream = field_of(body, "stream", bool, False)
-    options = field_of(body, "stream_options", dict)
-    include_usage = False
-    if options is not None:
-        if not stream:
-            raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
-        include_usage = field_of(options, "include_usage", bool, False)
-    temperature = number_in(body, "temperature", 0.0, 2.0, 1.0)
+    """The fields chat and completions share (request_models.Sampling has checked each)."""
+    max_tokens = given(body, "max_completion_tokens", given(body, "max_tokens", default_max_tokens))
+    stream = given(body, "stream", False)
+    options = given(body, "stream_options")
+    if options is not None and not stream:
+        raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
     sampling = {
-        "temperature": temperature,
-        "top_p": number_in(body, "top_p", 0.0, 1.0, 1.0),
-        "presence_penalty": number_in(body, "presence_penalty", -2.0, 2.0, 0.0),
-        "frequency_penalty": number_in(body, "frequency_penalty", -2.0, 2.0, 0.0),
-        "seed": field_of(body, "seed", int),
+        "temperature": float(given(body, "temperature", 1.0)),
+        "top_p": float(given(body, "top_p", 1.0)),
+        "presence_penalty": float(given(body, "presence_penalty", 0.0)),
+        "frequency_penalty": float(given(body, "frequency_penalty", 0.0)),
+        "seed": given(body, "seed"),
         "grammar": _response_format_grammar(body),
         "logit_bias": _logit_bias(body),
     }
-    if sampling["top_p"] == 0.0:
-        raise bad("'top_p' must be greater than 0", "top_p")
     # EveryCycle's own field `speculation`: false opts this request out of speculative decoding (the output is
     # the same either way; a client measuring the model's own speed may want it off).
-    return _Common(max_tokens, n, stream, include_usage, _stop_strings(body),
-                   field_of(body, "speculation", bool, True), sampling)
+    return _Common(max_tokens, given(body, "n", 1), stream, bool(given(options or {}, "include_usage", False)),
+                   _stop_strings(body), given(body, "speculation", True), sampling)
 
 
 def _generate(common: _Common, prompt, **sampling) -> wire.Generate:
@@ -362,6 +307,7 @@ def chat_messages(messages) -> list[dict]:
 
 def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> GenerationCall:
     check_model(body, served_model)
+    check(request_models.ChatRequest, body)
     if body.get("functions") is not None or body.get("function_call") is not None:
         raise bad("'functions' is the legacy function-calling API; send 'tools' instead", "functions",
                   "unsupported_parameter")
@@ -374,8 +320,8 @@ def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> G
         if grammar is not None:
             raise bad("'response_format' and a required tool call cannot both constrain the answer", "tool_choice")
         grammar = grammar_for(tool_format, tools, choice)
-    logprobs = field_of(body, "logprobs", bool, False)
-    top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
+    logprobs = given(body, "logprobs", False)
+    top_logprobs = given(body, "top_logprobs")
     if top_logprobs is not None and not logprobs:
         raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     offered = tools if choice.mode != "none" else []
@@ -385,22 +331,19 @@ def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> G
                           reasoning=reasoning_format(body) != "none")
 
 
-REASONING_EFFORTS = ("minimal", "low", "medium", "high")
 MAX_TEMPLATE_KWARGS_BYTES = 4096
 
 
 def template_kwargs(body: dict, extra: dict | None = None) -> dict | None:
     """`chat_template_kwargs` (llama-server's and vLLM's: variables the chat template reads, e.g. Qwen3's
     enable_thinking) and `reasoning_effort` (read by templates that have one), checked and bounded."""
-    kwargs = dict(field_of(body, "chat_template_kwargs", dict) or {})
+    kwargs = dict(given(body, "chat_template_kwargs", {}))
     if len(json.dumps(kwargs)) > MAX_TEMPLATE_KWARGS_BYTES:
         raise bad(f"'chat_template_kwargs' is over {MAX_TEMPLATE_KWARGS_BYTES} bytes", "chat_template_kwargs")
     if not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
         raise bad("'chat_template_kwargs' keys must be identifiers", "chat_template_kwargs")
-    effort = field_of(body, "reasoning_effort", str)
+    effort = given(body, "reasoning_effort")
     if effort is not None:
-        if effort not in REASONING_EFFORTS:
-            raise bad(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
         kwargs.setdefault("reasoning_effort", effort)
     kwargs.update(extra or {})
     return kwargs or None
@@ -409,33 +352,17 @@ def template_kwargs(body: dict, extra: dict | None = None) -> dict | None:
 def reasoning_format(body: dict) -> str:
     """llama-server's `reasoning_format`: "none" leaves a thinking model's text as it is; otherwise (deepseek,
     auto) its reasoning comes apart from the answer (serving/reasoning.py)."""
-    value = field_of(body, "reasoning_format", str, "auto")
-    if value not in ("auto", "deepseek", "none"):
-        raise bad("'reasoning_format' must be auto, deepseek or none", "reasoning_format")
-    return value
-
-
-MAX_INFILL_EXTRA = 64
+    return given(body, "reasoning_format", "auto")
 
 
 def infill_extra(value) -> list[dict]:
-    """llama-server's input_extra: other files given as context, [{"filename": ..., "text": ...}]."""
-    if value is None:
-        return []
-    if not isinstance(value, list) or len(value) > MAX_INFILL_EXTRA:
-        raise bad(f"'input_extra' must be a list of at most {MAX_INFILL_EXTRA} {{filename, text}} objects",
-                  "input_extra")
-    out = []
-    for i, chunk in enumerate(value):
-        if not isinstance(chunk, dict) or not isinstance(chunk.get("text", ""), str) or \
-                not isinstance(chunk.get("filename", ""), str):
-            raise bad(f"'input_extra[{i}]' must be an object with string 'filename' and 'text'", f"input_extra[{i}]")
-        out.append({"filename": chunk.get("filename", ""), "text": chunk.get("text", "")})
-    return out
+    """llama-server's input_extra (checked by request_models.InfillExtra): other files given as context."""
+    return [{"filename": chunk.get("filename") or "", "text": chunk.get("text") or ""} for chunk in value or []]
 
 
 def parse_completion(body: dict, served_model: str, after: str | None = None) -> GenerationCall:
     check_model(body, served_model)
+    check(request_models.CompletionRequest, body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -445,15 +372,15 @@ def parse_completion(body: dict, served_model: str, after: str | None = None) ->
         raise bad("'prompt' must be a single string; send one request per prompt", "prompt", "unsupported_value")
     if not isinstance(prompt, str):
         raise bad("'prompt' must be a string", "prompt", "invalid_type")
-    suffix = field_of(body, "suffix", str)  # fill in the middle: the prompt is the text before the cursor
+    suffix = given(body, "suffix")  # fill in the middle: the prompt is the text before the cursor
     if not prompt and suffix is None:
         raise bad("'prompt' must not be empty", "prompt")
-    if field_of(body, "echo", bool, False):
+    if given(body, "echo", False):
         raise bad("'echo' is not supported by this server", "echo", "unsupported_parameter")
-    if int_in(body, "best_of", 1, None, 1) > 1:
+    if given(body, "best_of", 1) > 1:
         raise bad("'best_of' greater than 1 is not supported; use 'n'", "best_of", "unsupported_parameter")
     common = _sampling_and_common(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
-    top_logprobs = int_in(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
+    top_logprobs = given(body, "logprobs")
     text = wire.TextPrompt(prompt) if suffix is None else \
         wire.InfillPrompt(prompt, suffix, extra=infill_extra(body.get("input_extra")), after=after or "")
     request = _generate(common, text, top_logprobs=top_logprobs)
@@ -468,19 +395,10 @@ class EmbeddingCall:
 
 def parse_embeddings(body: dict, served_model: str) -> EmbeddingCall:
     check_model(body, served_model)
-    data = body.get("input")
-    if data is None:
-        raise bad("'input' is required", "input", "missing_required_parameter")
+    check(request_models.EmbeddingRequest, body)
+    data = body["input"]
     inputs = [data] if isinstance(data, str) else data
-    if not isinstance(inputs, list) or not all(isinstance(s, str) for s in inputs):
-        raise bad("'input' must be a string or an array of strings", "input", "invalid_type")
-    if not inputs:
-        raise bad("'input' must not be empty", "input")
-    if len(inputs) > MAX_EMBEDDING_INPUTS:
-        raise bad(f"'input' has {len(inputs)} items; at most {MAX_EMBEDDING_INPUTS} are allowed", "input")
-    fmt = field_of(body, "encoding_format", str, "float")
-    if fmt not in ("float", "base64"):
-        raise bad(f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", "encoding_format")
+    fmt = given(body, "encoding_format", "float")
     if body.get("dimensions") is not None:
         raise bad("'dimensions' is not supported: this model's embeddings have a fixed size", "dimensions",
                   "unsupported_parameter")
@@ -499,46 +417,20 @@ def parse_rerank(body: dict, served_model: str) -> RerankCall:
     """llama-server's /v1/rerank, in Jina's and Cohere's shape: a query, documents (strings, or objects with a
     `text`), top_n (default: all), return_documents (default false)."""
     check_model(body, served_model)
-    query = field_of(body, "query", str)
-    if not query:
-        raise bad("'query' is required and must not be empty", "query", "missing_required_parameter")
-    documents = body.get("documents")
-    if not isinstance(documents, list) or not documents:
-        raise bad("'documents' must be a non-empty array of strings", "documents",
-                  "missing_required_parameter" if documents is None else "invalid_type")
-    if len(documents) > MAX_EMBEDDING_INPUTS:
-        raise bad(f"'documents' has {len(documents)} items; at most {MAX_EMBEDDING_INPUTS} are allowed", "documents")
-    texts = []
-    for i, doc in enumerate(documents):
-        text = doc.get("text") if isinstance(doc, dict) else doc
-        if not isinstance(text, str):
-            raise bad(f"'documents[{i}]' must be a string (or an object with a string 'text')", f"documents[{i}]",
-                      "invalid_type")
-        texts.append(text)
-    top_n = field_of(body, "top_n", int, len(texts))
-    if top_n < 1:
-        raise bad(f"'top_n' must be at least 1, got {top_n}", "top_n")
-    return RerankCall(query, texts, min(top_n, len(texts)), field_of(body, "return_documents", bool, False))
+    check(request_models.RerankRequest, body)
+    texts = [doc["text"] if isinstance(doc, dict) else doc for doc in body["documents"]]
+    top_n = given(body, "top_n", len(texts))
+    return RerankCall(body["query"], texts, min(top_n, len(texts)), given(body, "return_documents", False))
 
 
-MAX_DETOKENIZE = 1 << 16
 
 
 def parse_tokenize(body: dict) -> wire.Tokenize:
     """llama-server's /tokenize: {"content": str, "add_special": bool, "with_pieces": bool}."""
-    content = field_of(body, "content", str)
-    if content is None:
-        raise bad("'content' is required", "content", "missing_required_parameter")
-    return wire.Tokenize(content, field_of(body, "add_special", bool, False),
-                         field_of(body, "with_pieces", bool, False))
+    check(request_models.TokenizeRequest, body)
+    return wire.Tokenize(body["content"], given(body, "add_special", False), given(body, "with_pieces", False))
 
 
 def parse_detokenize(body: dict) -> wire.Detokenize:
-    tokens = field_of(body, "tokens", list)
-    if tokens is None:
-        raise bad("'tokens' is required", "tokens", "missing_required_parameter")
-    if len(tokens) > MAX_DETOKENIZE:
-        raise bad(f"'tokens' has {len(tokens)} ids; at most {MAX_DETOKENIZE} are allowed", "tokens")
-    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
-        raise bad("'tokens' must be an array of token ids (non-negative integers)", "tokens", "invalid_type")
-    return wire.Detokenize(tokens)
+    check(request_models.DetokenizeRequest, body)
+    return wire.Detokenize(body["tokens"])

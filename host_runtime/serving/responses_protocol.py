@@ -15,9 +15,10 @@ from __future__ import annotations
 import secrets
 import time
 
-from host_runtime.serving import protocol
+from host_runtime.serving import protocol, request_models
 from host_runtime.serving.errors import APIError
-from host_runtime.serving.protocol import GenerationCall, bad, field_of
+from host_runtime.serving.protocol import GenerationCall, bad
+from host_runtime.serving.request_models import given
 
 # The chat field a refusal names -> the Responses field the client sent.
 _PARAM_OF = {"max_tokens": "max_output_tokens", "response_format": "text.format",
@@ -58,20 +59,14 @@ def _text(content, where: str) -> str:
 
 def _messages(body: dict) -> list[dict]:
     out: list[dict] = []
-    instructions = field_of(body, "instructions", str)
+    instructions = given(body, "instructions")
     if instructions:
         out.append({"role": "system", "content": instructions})
-    items = body.get("input")
-    if items is None:
-        raise bad("'input' is required", "input", "missing_required_parameter")
+    items = body["input"]  # a string or a non-empty array of objects (request_models.ResponsesRequest)
     if isinstance(items, str):
         return out + [{"role": "user", "content": items}]
-    if not isinstance(items, list) or not items:
-        raise bad("'input' must be a string or a non-empty array of items", "input", "invalid_type")
     for i, item in enumerate(items):
         where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise bad(f"'{where}' must be an object", where, "invalid_type")
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
@@ -148,12 +143,9 @@ def _tools(body: dict) -> dict:
 
 
 def _format(body: dict) -> dict:
-    text = field_of(body, "text", dict)
-    fmt = text.get("format") if text else None
+    fmt = given(given(body, "text", {}), "format")
     if fmt is None:
         return {}
-    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-        raise bad("'text.format.type' must be 'text', 'json_object' or 'json_schema'", "text.format.type")
     if fmt["type"] == "json_schema":
         return {"response_format": {"type": "json_schema", "json_schema": {"name": fmt.get("name", "format"),
                                                                            "schema": fmt.get("schema")}}}
@@ -162,19 +154,20 @@ def _format(body: dict) -> dict:
 
 def parse_responses(body: dict, served: str, tool_format: str) -> GenerationCall:
     protocol.check_model(body, served)
+    request_models.check(request_models.ResponsesRequest, body)
     if body.get("previous_response_id") is not None:
         raise bad("'previous_response_id': this server stores no responses; send the whole conversation in 'input'",
                   "previous_response_id", "unsupported_parameter")
-    chat = {"model": served, "messages": _messages(body), "stream": field_of(body, "stream", bool, False),
+    chat = {"model": served, "messages": _messages(body), "stream": given(body, "stream", False),
             **_tools(body), **_format(body)}
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:
             chat[name] = body[name]
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
-    reasoning = field_of(body, "reasoning", dict)
-    if reasoning and reasoning.get("effort") is not None:
-        chat["reasoning_effort"] = reasoning["effort"]  # for templates that read it (gpt-oss)
+    effort = given(given(body, "reasoning", {}), "effort")
+    if effort is not None:
+        chat["reasoning_effort"] = effort  # for templates that read it (gpt-oss)
     try:
         return protocol.parse_chat(chat, served, tool_format)
     except APIError as err:
