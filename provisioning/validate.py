@@ -6,8 +6,10 @@ import hashlib
 import ipaddress
 from pathlib import Path
 
+from host_runtime.common.setting_rules import SettingsError
 from provisioning import box_model
 from provisioning.bundle import MAX_FILE_BYTES, MAX_MODEL_BYTES, Bundle, BundleError
+from provisioning.service_settings import service_settings
 
 SECRET_FIELDS = ("api.tls_key", "bmc.password_file", "fleet.key_file")
 FILE_FIELDS = ("ssh.authorized_keys", "api.tls_certificate", "api.tls_key", "model.path", "bmc.password_file",
@@ -107,9 +109,6 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
         for key in ("address", "user", "password_file"):
             if not bmc.get(key):
                 errors.append(BundleError(f"bmc.{key}", "is required when bmc.mode is 'ipmi'"))
-    from host_runtime.common.settings_file import SettingsError
-    from provisioning.apply import service_settings
-
     try:
         service_settings(box)  # every service's settings, each checked by its own type
     except SettingsError as exc:

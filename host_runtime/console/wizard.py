@@ -342,7 +342,7 @@ class Wizard(Screen):
         for a large one, said as it goes), then the bundle applied on the UI thread."""
         from host_runtime.models import pull
         from host_runtime.models.store import Store, StoreError
-        from provisioning.apply import MODELS_DIR
+        from provisioning.service_settings import MODELS_DIR
 
         def say(line: str, enable_apply: bool = False) -> None:  # widgets touched on the UI thread only
             self.app.call_from_thread(self._show_result, line, enable_apply)
