@@ -172,6 +172,16 @@ def _owner_state(root, bundle):
     return files
 
 
+
+async def _until(pilot, condition, timeout_s: float = 15.0) -> None:
+    """Wait for what a key press leads to (a screen pushed, a notice shown) instead of a fixed pause, which a
+    loaded machine overruns; fails with the condition unmet after timeout_s."""
+    for _ in range(int(timeout_s / 0.05)):
+        if condition():
+            return
+        await pilot.pause(0.05)
+    assert condition(), "the console did not get there in time"
+
 def test_a_reset_without_a_passphrase_needs_proof_of_presence_and_leaves_nothing_of_the_owner(tmp_path):
     """F then 'erase' reset the box for whoever was at tty1, and left the fleet key, the update's carried copy of
     the keys, the users' prompts and the bundle first boot applies again."""
@@ -185,27 +195,24 @@ def test_a_reset_without_a_passphrase_needs_proof_of_presence_and_leaves_nothing
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause(0.3)
             await pilot.press("w")
-            await pilot.pause(0.2)
+            await _until(pilot, lambda: "locked" in str(app.query_one("#notice").render()))
             assert app.screen.__class__.__name__ != "Wizard"
-            assert "locked" in str(app.query_one("#notice").render())
             await pilot.press("F")
-            await pilot.pause(0.2)
+            await _until(pilot, lambda: PRESENCE_TOKEN in str(app.query_one("#notice").render()))
             assert len(app.screen_stack) == 1  # nothing asked: no token on the boot disk
-            assert PRESENCE_TOKEN in str(app.query_one("#notice").render())
             assert (root / "var/lib/everycycle/provisioned.json").exists()
             (bundle / PRESENCE_TOKEN).write_bytes(b"")
             await pilot.press("F")
-            await pilot.pause(0.2)
+            await _until(pilot, lambda: app.screen.query("#reset-help"))
             help_text = str(app.screen.query_one("#reset-help").render())
             assert "API keys" in help_text and "fleet key" in help_text and "prefix cache" in help_text
             await pilot.press(*"nope", "enter")
-            await pilot.pause(0.2)
+            await _until(pilot, lambda: not app.screen.query("#reset-help"))
             assert (root / "var/lib/everycycle/provisioned.json").exists()  # not confirmed: nothing erased
             await pilot.press("F")
-            await pilot.pause(0.2)
+            await _until(pilot, lambda: app.screen.query("#reset-help"))
             await pilot.press(*"erase", "enter")
-            await pilot.pause(0.5)
-            assert app.screen.__class__.__name__ == "Wizard"
+            await _until(pilot, lambda: app.screen.__class__.__name__ == "Wizard")
 
     asyncio.run(drive())
     assert not (root / "var/lib/everycycle/provisioned.json").exists()
