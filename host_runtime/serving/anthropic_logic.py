@@ -10,6 +10,7 @@ from host_runtime.engine import wire as engine_wire
 from host_runtime.engine.client import GenerationStream
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.serving import anthropic_protocol as wire
+from host_runtime.serving.errors import anthropic_body
 from host_runtime.serving.handlers import Choices, ServingLogic, call_engine, engine_down
 from host_runtime.serving.protocol import GenerationCall
 from host_runtime.serving.reasoning import ReasoningSplit
@@ -109,7 +110,7 @@ class MessagesLogic:
                         rest, calls = splitter.finish(truncated=finish == "length")
                         yield from text_delta(rest)
                 elif isinstance(event, engine_wire.Error):
-                    yield wire.sse("error", wire.error_body(event.error))
+                    yield wire.sse("error", anthropic_body(event.error))
                     return
             if not text_open and not calls:  # a Message has at least one block, if only an empty one
                 text_open = True
@@ -132,6 +133,6 @@ class MessagesLogic:
                                              "usage": {"output_tokens": output_tokens}})
             yield wire.sse("message_stop", {"type": "message_stop"})
         except EngineUnavailable as exc:
-            yield wire.sse("error", wire.error_body(engine_down(exc)))
+            yield wire.sse("error", anthropic_body(engine_down(exc)))
         finally:
             stream.close()

@@ -17,15 +17,7 @@ from host_runtime.serving.protocol import GenerationCall, bad, check_model
 from host_runtime.serving.request_models import check, given
 from host_runtime.serving.tool_calls import ToolCall, grammar_for, parse_tool_choice, parse_tools
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-
-
-def error_body(err: APIError) -> dict:
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(err.status, "api_error" if err.status >= 500
-                                                               else "invalid_request_error"),
-                                       "message": err.message}}
 
 
 def _text_of(value, where: str) -> str:

@@ -1,4 +1,5 @@
-"""OpenAI-style errors: every failure the client sees is `{"error": {message, type, param, code}}`."""
+"""The API's errors: every failure the client sees, in the shape its API gives errors (OpenAI's
+`{"error": {message, type, param, code}}`, Anthropic's Messages API's, Ollama's)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,22 @@ def body_of(err: RequestRejected) -> dict:
     return {"error": {"message": err.message, "type": err.error_type, "param": err.param, "code": err.code}}
 
 
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                         503: "overloaded_error"}
+
+
+def anthropic_body(err: RequestRejected) -> dict:
+    """The Messages API's error shape."""
+    kind = ANTHROPIC_ERROR_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def ollama_body(err: RequestRejected) -> dict:
+    """Ollama's error shape: {"error": "message"} (its client raises ResponseError with it and the status)."""
+    return {"error": err.message}
+
+
 ANTHROPIC_PATHS = ("/v1/messages",)  # answered in the Messages API's error shape
 OLLAMA_PATHS = ("/api/",)            # answered in Ollama's: {"error": "message"}
 
@@ -31,13 +48,9 @@ def _write(resp: falcon.Response, err: RequestRejected, req=None) -> None:
     resp.status = falcon.code_to_http_status(err.status)
     resp.content_type = falcon.MEDIA_JSON
     if req is not None and req.path.startswith(ANTHROPIC_PATHS):
-        from host_runtime.serving.anthropic_protocol import error_body
-
-        resp.text = json.dumps(error_body(err))
+        resp.text = json.dumps(anthropic_body(err))
     elif req is not None and req.path.startswith(OLLAMA_PATHS):
-        from host_runtime.serving.ollama_protocol import error_body
-
-        resp.text = json.dumps(error_body(err))
+        resp.text = json.dumps(ollama_body(err))
     else:
         resp.text = json.dumps(body_of(err))
     if err.retry_after is not None:

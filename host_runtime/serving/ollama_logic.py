@@ -10,6 +10,7 @@ from host_runtime.engine import wire
 from host_runtime.engine.client import GenerationStream
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.serving import ollama_protocol as ollama
+from host_runtime.serving.errors import ollama_body
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
 from host_runtime.serving.reasoning import ReasoningSplit
@@ -80,12 +81,12 @@ class OllamaLogic:
                         if rest or calls:
                             yield piece(rest, calls)
                 elif isinstance(event, wire.Error):
-                    yield ollama.ndjson(ollama.error_body(event.error))
+                    yield ollama.ndjson(ollama_body(event.error))
                     return
             last = {"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""}
             yield ollama.ndjson(ollama.final_line(model, started, stream.prompt_tokens, completion_tokens,
                                                   ollama.done_reason(finish), **last))
         except EngineUnavailable as exc:
-            yield ollama.ndjson(ollama.error_body(engine_down(exc)))
+            yield ollama.ndjson(ollama_body(engine_down(exc)))
         finally:
             stream.close()

@@ -34,11 +34,6 @@ _PARAM_OF = {v: f"options.{k}" for k, v in OPTIONS.items()} | {"response_format"
                                                                  "response_format.json_schema.schema": "format"}
 
 
-def error_body(err) -> dict:
-    """Ollama's error shape: {"error": "message"} (its client raises ResponseError with it and the status)."""
-    return {"error": err.message}
-
-
 def model_name(body: dict, served: str) -> str:
     """The model a body names, its tag dropped; the served one when it names none (Ollama requires a name: so do we
     where a client sends an empty one)."""
