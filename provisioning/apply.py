@@ -4,27 +4,33 @@ everything into place; any failure restores what was there. Re-applying the same
 from __future__ import annotations
 
 import contextlib
-import errno
 import datetime as dt
+import errno
 import hashlib
+import ipaddress
 import json
 import os
 import secrets as pysecrets
+import shutil
+import socket
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from host_runtime.auth.keystore import FILE_VERSION, hash_key, key_hint
 from host_runtime.common import settings_file
 from host_runtime.common.atomic_file import atomic_write
-from host_runtime.governor.settings import process_environment
 from host_runtime.common.service_user import owner_of, service_owner
-from host_runtime.fleet.settings import BOX_KEY_FILE, box_peer_certificate
-from host_runtime.fleet.settings import process_environment as fleet_process_environment
+from host_runtime.fleet.settings import (BOX_KEY_FILE, BOX_PEER_CERT_DIR, box_peer_certificate,
+                                         process_environment as fleet_process_environment)
+from host_runtime.front.settings import box_gateway_addresses
+from host_runtime.governor.settings import process_environment
+from host_runtime.models.store import Store, StoreError
 from provisioning.bundle import MAX_MODEL_BYTES, Bundle, BundleError, StagedCopy
 from provisioning.service_settings import MODELS_DIR, service_settings
-from provisioning.signing import manifest
+from provisioning.signing import manifest, verify
 from provisioning.validate import FLEET_KEY_NAME, SECRET_FIELDS, field_value, validate
-
 
 FLEET_KEY = BOX_KEY_FILE.lstrip("/")
 # Secrets the unprivileged services read, each owned by the one that reads it (common/service_user.py: serving the
@@ -69,9 +75,6 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
 
     Keys already on the box (made there with `everycycle keys create`, or by an earlier bundle) stay unless the
     bundle names a key of the same name: re-provisioning never silently revokes a key."""
-    from host_runtime.auth.keystore import FILE_VERSION, hash_key, key_hint
-    from host_runtime.front.settings import box_gateway_addresses
-
     box = bundle.box
     api = box.get("api", {})
     keys = [{"name": k["name"], "sha256": k["sha256"], "hint": "provisioned", "created": 0} for k in api.get("keys", [])]
@@ -135,9 +138,6 @@ def apply_network_live(interfaces: list[dict], link_wait_s: float = 0.0) -> list
     At first boot a NIC may still be on its way (driver probe, udev renaming it): each named link
     gets up to `link_wait_s` to appear. A refusal from the kernel (no CAP_NET_ADMIN, an address in
     use) undoes what was done and becomes a BundleError naming the interface."""
-    import ipaddress
-    import time
-
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
@@ -173,8 +173,6 @@ def apply_network_live(interfaces: list[dict], link_wait_s: float = 0.0) -> list
 
 def apply_hostname_live(hostname: str) -> list:
     """The new hostname on the running system too (systemd read /etc/hostname before first boot ran)."""
-    import socket
-
     old = socket.gethostname()
     if old == hostname:
         return []
@@ -187,8 +185,6 @@ def apply_hostname_live(hostname: str) -> list:
 
 def _undo_live(undo: list) -> None:
     """Put back what the live steps changed: addresses, then the hostname."""
-    import socket
-
     from pyroute2 import IPRoute
 
     with IPRoute() as ipr:
@@ -216,8 +212,6 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
         previous = None
     if previous and previous.get("digest") == digest:
         if require_signature_pem is not None:
-            from provisioning.signing import verify
-
             try:
                 verify(bundle, require_signature_pem)
             except BundleError as exc:
@@ -234,8 +228,6 @@ def apply(bundle: Bundle, root: Path = Path("/"), live_network: bool = False,
 
 def _store_model_errors(root: Path, name: str) -> list[BundleError]:
     """A store model is one the store admitted (its manifest written last), not a file that happens to be there."""
-    from host_runtime.models.store import Store, StoreError
-
     try:
         Store(root / MODELS_DIR).get(name)
     except StoreError:
@@ -301,8 +293,6 @@ def _apply_checked(bundle: Bundle, root: Path, live_network: bool, require_signa
 def _stage_copy(copy: StagedCopy, dest: Path, mode: int) -> None:
     """The bundle's private copy into its staged place: a rename on the same file system (apply stages copies
     beside the model store), else a streamed copy."""
-    import shutil
-
     os.chmod(copy.path, mode)
     try:
         os.replace(copy.path, dest)
@@ -357,8 +347,6 @@ def _commit(staged: dict[str, Path], root: Path, tag: str, stale: list[str] = ()
 def stale_files(root: Path, files: dict) -> list[str]:
     """What an earlier bundle wrote that this one does not, and that must not outlive it: the fleet key (a box
     that leaves its fleet, or becomes a member, which needs only the key's hash) and peer certificates."""
-    from host_runtime.fleet.settings import BOX_PEER_CERT_DIR
-
     candidates = [FLEET_KEY] + [str(p.relative_to(root)) for p in sorted((root / BOX_PEER_CERT_DIR.lstrip("/")).glob("*.pem"))]
     return [rel for rel in candidates if rel not in files and ((root / rel).is_symlink() or (root / rel).exists())]
 

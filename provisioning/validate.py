@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import ipaddress
+import re
+import struct
 from pathlib import Path
 
+from host_runtime.auth.keystore import check_addresses
 from host_runtime.common.setting_rules import SettingsError
+from host_runtime.engine.model import default_model_path
+from host_runtime.fleet.settings import key_text_problem
 from provisioning import box_model
 from provisioning.bundle import MAX_FILE_BYTES, MAX_MODEL_BYTES, Bundle, BundleError
 from provisioning.service_settings import service_settings
+from provisioning.signing import verify
 
 SECRET_FIELDS = ("api.tls_key", "bmc.password_file", "fleet.key_file")
 FILE_FIELDS = ("ssh.authorized_keys", "api.tls_certificate", "api.tls_key", "model.path", "bmc.password_file",
@@ -36,7 +44,6 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
     if require_signature_pem is not None:
         # First: nothing else in an unsigned or altered bundle is read, let alone parsed (a GGUF parser is a
         # large attack surface).
-        from provisioning.signing import verify
 
         try:
             verify(bundle, require_signature_pem)
@@ -122,8 +129,6 @@ def validate(bundle: Bundle, require_signature_pem: bytes | None = None) -> list
 
 def model_quantization(file_type: int | None, name: str) -> str | None:
     """A GGUF's quantization as owners write it ('Q4_1'): from general.file_type, else from the file name."""
-    import re
-
     import gguf
 
     if file_type is not None:
@@ -142,8 +147,6 @@ def _quantization_errors(box: dict, bundle_model_quant: str | None) -> list[Bund
     if not wanted:
         return []
     if box["model"]["source"] == "image":
-        from host_runtime.engine.model import default_model_path
-
         have = model_quantization(None, default_model_path().name)
         where = "the image's model"
     elif bundle_model_quant is not None:
@@ -164,10 +167,6 @@ def authorized_keys_problem(text: str) -> str | None:
     """What is wrong with an authorized_keys file's text, or None: each line that is not blank or a comment must be
     an OpenSSH public key (its type, then base64 whose first field names the same type), as ssh-keygen writes
     them; a private key pasted by mistake is refused."""
-    import base64
-    import binascii
-    import struct
-
     if "PRIVATE KEY" in text:
         return "holds a private key: give the public one (the .pub file)"
     count = 0
@@ -208,8 +207,6 @@ def _parse_gguf(path: Path):
 
 def _policy_errors(box: dict) -> list[BundleError]:
     """Each [api.policies] entry names a key the bundle gives the box, and its addresses are addresses."""
-    from host_runtime.auth.keystore import check_addresses
-
     api = box.get("api", {})
     named = {k["name"] for k in api.get("keys", [])} | set(api.get("generate_keys", []))
     if box.get("fleet", {}).get("role", "none") != "none":
@@ -232,8 +229,6 @@ def _fleet_errors(bundle: Bundle, box: dict, readable: set) -> list[BundleError]
     errors = []
     rel = fleet.get("key_file")
     if rel in readable:
-        from host_runtime.fleet.settings import key_text_problem
-
         problem = key_text_problem(bundle.read(rel).decode("utf-8", "replace").strip())
         if problem:
             errors.append(BundleError("fleet.key_file", f"{rel} {problem}"))

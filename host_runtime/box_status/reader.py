@@ -15,11 +15,15 @@ from pathlib import Path
 import psutil
 
 from host_runtime import __version__
+from host_runtime.auth.keystore import KeyStoreError, load_keys
 from host_runtime.box_status.rows import BoxStatus, Serving, Source, models_from_metrics, top_users
 from host_runtime.box_status.sources import serving_get, supervisor_programs
 from host_runtime.common import http_client
 from host_runtime.common.prometheus_text import histogram_quantile, metric_samples, parse_prometheus
+from host_runtime.front.tls import fingerprint
 from host_runtime.front.trust import TrustAnchor
+from host_runtime.governor.state_file import read_state
+from host_runtime.update.system import UpdatePaths, status
 
 TIMEOUT_S = 1.0
 SERVING_TIMEOUT_S = 2.0   # /health and /metrics: cheap even under load
@@ -133,8 +137,6 @@ class StatusReader:
         return urls or [f"{self.config.api_scheme}://127.0.0.1:{port}/v1"]
 
     def governor(self) -> tuple[Source, list[dict], int | None, list[dict]]:
-        from host_runtime.governor.state_file import read_state
-
         state = read_state(self.config.run_dir / "governor.json")
         if state.doc is None:
             return Source(False, state.reason), [], None, []
@@ -203,15 +205,12 @@ class StatusReader:
 
     def system(self) -> dict:
         """The running image's version and slot and the last update (no boot entries: that would mount the ESP)."""
-        from host_runtime.update.system import UpdatePaths, status
-
         return status(UpdatePaths(state=self.config.provision_root / "var/lib/everycycle/update"), with_entries=False)
 
     def tls_fingerprint(self) -> str | None:
         """The front's certificate's fingerprint, parsed again only when the file changes (reads run every tick)."""
         if self.config.tls_certificate is None:
             return None
-        from host_runtime.front.tls import fingerprint
 
         try:
             stamp = self.config.tls_certificate.stat().st_mtime_ns
@@ -231,7 +230,6 @@ class StatusReader:
         """Never the key: its name and hint, as stored."""
         if not self.config.keys_file:
             return "no API key file configured: the API is open"
-        from host_runtime.auth.keystore import KeyStoreError, load_keys
 
         try:
             keys = load_keys(self.config.keys_file)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from host_runtime.common import http_client
+from host_runtime.common.supervisor_rpc import supervisor_proxy
 
 
 def serving_get(path: str, timeout: float, *, socket: Path | None = None,
@@ -21,6 +22,4 @@ def serving_get(path: str, timeout: float, *, socket: Path | None = None,
 def supervisor_programs(supervisor_socket: Path) -> dict[str, str]:
     """Every supervisord program's state by name (RUNNING, STARTING, FATAL, ...). Raises what xmlrpc or the socket
     raise when supervisord does not answer."""
-    from host_runtime.common.supervisor_rpc import supervisor_proxy
-
     return {p["name"]: p["statename"] for p in supervisor_proxy(supervisor_socket).supervisor.getAllProcessInfo()}

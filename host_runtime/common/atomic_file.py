@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -60,8 +61,6 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644,
 def replace_directory(prepared: Path, dest: Path) -> None:
     """Put a fully written directory in `dest`'s place: a reader finds the old one or the new one whole (the old
     one is moved aside, then removed)."""
-    import shutil
-
     old = dest.with_name(dest.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if dest.exists():

@@ -3,12 +3,11 @@ the update's health gate and `everycycle models default`, none of which need the
 
 from __future__ import annotations
 
+import xmlrpc.client
 from pathlib import Path
 
 
 def supervisor_proxy(socket_path: Path):
-    import xmlrpc.client
-
     from supervisor.xmlrpc import SupervisorTransport
 
     transport = SupervisorTransport(None, None, f"unix://{socket_path}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from rich.text import Text
@@ -11,11 +12,17 @@ from textual.containers import Grid, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Sparkline, Static
 
-from host_runtime.common.supervisor_rpc import restart_service
+from host_runtime.auth import admin_passphrase, factory_reset
+from host_runtime.auth.factory_reset import describe
+from host_runtime.auth.new_keys import forget_new_keys, read_new_keys
 from host_runtime.box_status.reader import StatusReader
 from host_runtime.box_status.rows import BoxStatus
-from host_runtime.console.status_text import model_lines, system_line, users_line
-from host_runtime.console.status_text import fmt
+from host_runtime.common.supervisor_rpc import restart_service
+from host_runtime.console.connect import connect_lines
+from host_runtime.console.models_screen import Models
+from host_runtime.console.status_text import fmt, model_lines, system_line, users_line
+from host_runtime.console.terminal import TerminalWatch
+from host_runtime.console.wizard import Wizard, configurable_links
 
 HEALTH_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "failed": "bold red"}
 STATE_STYLE = {"idle": "green", "controlling": "cyan", "recovering": "yellow", "emergency": "bold red",
@@ -79,8 +86,6 @@ class NewKeys(ModalScreen):
         yield Static(body, id="new-keys")
 
     def action_done(self) -> None:
-        from host_runtime.auth.new_keys import forget_new_keys
-
         forget_new_keys(self.path)
         self.app.pop_screen()
 
@@ -112,7 +117,6 @@ class FactoryReset(ModalScreen):
     def compose(self) -> ComposeResult:
         from textual.widgets import Input
 
-        from host_runtime.auth.factory_reset import describe
 
         yield Static(describe() + "\nType 'erase' and Enter to reset this box, Esc to leave it as it is.",
                      id="reset-help")
@@ -167,8 +171,6 @@ class Dashboard(App):
         self.refresh_data()
         self.set_interval(self.tick_s, self.refresh_data)
         if self.watch_terminal:
-            from host_runtime.console.terminal import TerminalWatch
-
             TerminalWatch(self).start()
         if hasattr(self.reader, "provisioned") and self.reader.provisioned() is None:
             self.action_wizard()  # first boot with no bundle: set the box up before anything else
@@ -178,7 +180,6 @@ class Dashboard(App):
         path = getattr(getattr(self.reader, "config", None), "new_keys_file", None)
         if path is None:
             return
-        from host_runtime.auth.new_keys import read_new_keys
 
         keys = read_new_keys(path)
         if keys:
@@ -287,10 +288,6 @@ class Dashboard(App):
     def _passphrase_then(self, then, purpose: str) -> None:
         """Ask for the admin passphrase and call `then()` when it is right; wrong ones count on disk, so a
         restarted console gives no fresh tries."""
-        import time
-
-        from host_runtime.auth import admin_passphrase
-
         root = self.reader.config.provision_root
         wait = admin_passphrase.locked_for(root, time.time())
         if wait:
@@ -309,8 +306,6 @@ class Dashboard(App):
 
     def action_wizard(self) -> None:
         """First boot: the wizard at once. Provisioned: only with the admin passphrase."""
-        from host_runtime.auth import admin_passphrase
-
         provisioned = getattr(self.reader, "provisioned", lambda: None)() is not None
         if not provisioned:
             self.open_wizard()
@@ -322,8 +317,6 @@ class Dashboard(App):
 
     def action_factory_reset(self) -> None:
         """The passphrase, or where there is none the presence token on the boot disk; then 'erase'."""
-        from host_runtime.auth import factory_reset
-
         cfg = self.reader.config
         if factory_reset.proof_needed(cfg.provision_root) == "passphrase":
             self._passphrase_then(self._confirm_reset, "the factory reset")
@@ -359,7 +352,6 @@ class Dashboard(App):
     def open_wizard(self) -> None:
         import psutil
 
-        from host_runtime.console.wizard import Wizard, configurable_links
 
         topo = self.reader.topology() if hasattr(self.reader, "topology") else None
         links = configurable_links((topo or {}).get("network"))
@@ -371,14 +363,10 @@ class Dashboard(App):
         self.notice(f"provisioned (bundle {result.digest[:12]}); Esc returns to the dashboard")
 
     def action_models(self) -> None:
-        from host_runtime.console.models_screen import Models
-
         cfg = self.reader.config
         self.push_screen(Models(cfg.model_store, cfg.serving_settings, cfg.run_dir))
 
     def action_connect(self) -> None:
-        from host_runtime.console.connect import connect_lines
-
         status = self.status
         self.push_screen(Connect(connect_lines(status.api_urls if status else [],
                                                status.tls_fingerprint if status else None,

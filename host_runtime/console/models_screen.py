@@ -11,6 +11,14 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 
+from host_runtime.cli import DEFAULT_CTX
+from host_runtime.common import settings_file
+from host_runtime.models import actions, pull as pulling
+from host_runtime.models.errors import StoreError
+from host_runtime.models.store import Store
+from host_runtime.models.verdict import VerdictError, verdict_for
+from host_runtime.serving.settings import ServingSettings
+
 
 class Models(ModalScreen):
     BINDINGS = [Binding("escape", "app.pop_screen", "close"), Binding("d", "make_default", "make default"),
@@ -39,16 +47,11 @@ class Models(ModalScreen):
     # ---- the list ------------------------------------------------------------------------------------------
 
     def _store(self):
-        from host_runtime.models.store import Store
-
         return Store(self.store_root) if self.store_root is not None else None
 
     def _serving_settings(self):
         """serving.toml's settings; None where there is none or it cannot be read (no default shown, the default
         context cap: the status line says what is wrong on use)."""
-        from host_runtime.common import settings_file
-        from host_runtime.serving.settings import ServingSettings
-
         try:
             return settings_file.load(ServingSettings, self.settings_path) if self.settings_path else None
         except Exception:
@@ -97,10 +100,6 @@ class Models(ModalScreen):
     def _judge(self, name: str) -> None:
         """In a worker thread: the planner's verdict for a store model with the serving settings' context cap and
         the devices and free memory discovery last saw (the served model's own memory counts as used)."""
-        from host_runtime.cli import DEFAULT_CTX
-        from host_runtime.models.errors import StoreError
-        from host_runtime.models.verdict import VerdictError, verdict_for
-
         try:
             store = self._store()
             text = verdict_for(str(store.path_of(store.get(name))), self.run_dir / "topology.json",
@@ -129,9 +128,6 @@ class Models(ModalScreen):
     # ---- actions --------------------------------------------------------------------------------------------
 
     def action_make_default(self) -> None:
-        from host_runtime.models import actions
-        from host_runtime.models.errors import StoreError
-
         name = self.selected()
         if name is None or self.settings_path is None:
             self.say("select a model first")
@@ -185,8 +181,6 @@ class Models(ModalScreen):
         self.query_one("#models", OptionList).focus()
         value = event.value.strip()
         if what and what.startswith("remove:"):
-            from host_runtime.models import actions
-
             name = what.split(":", 1)[1]
             if value != name:
                 self.say(f"{name} kept")
@@ -195,14 +189,10 @@ class Models(ModalScreen):
             self._run(lambda store, say: actions.remove(store, name, force=True, runs=self.run_dir, say=say),
                       f"removing {name}…")
         elif what == "pull" and value:
-            from host_runtime.models import pull as pulling
-
             self._run(lambda store, say: f"pulled {pulling.pull(store, value, say=say).name}", f"pulling {value}…")
 
     def _run(self, job, starting: str) -> None:
         """A store job on a worker thread, its progress lines shown as they come, the list read again after."""
-        from host_runtime.models.errors import StoreError
-
         def say(line: str) -> None:
             self.app.call_from_thread(self.say, line)
 

@@ -8,6 +8,7 @@ ends on SIGHUP, and also when a poll of its terminal says it hung up, whichever 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import signal
@@ -44,8 +45,6 @@ class TerminalWatch:
 
     def start(self) -> None:
         """From the app's on_mount (the event loop's thread): SIGHUP and a poll every WATCH_S."""
-        import asyncio
-
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.hang_up, "SIGHUP")
         self.app.set_interval(WATCH_S, self.check)
 

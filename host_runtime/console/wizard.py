@@ -13,11 +13,19 @@ from textual.screen import Screen
 from textual.widgets import Button, Input, Label, Select, Static
 
 from host_runtime.auth import admin_passphrase
+from host_runtime.auth.carried_keys import BOX_KEYS, refresh_carried
+from host_runtime.auth.keystore import KeyStoreError, load_keys, revoke_key
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.engine.model import default_model_path
+from host_runtime.models import pull
+from host_runtime.models.manifest import name_for_file
+from host_runtime.models.store import Store, StoreError
+from host_runtime.models.verdict import VerdictError, verdict_for
+from host_runtime.update.system import UpdatePaths
 from provisioning.apply import BundleInvalid, apply
 from provisioning.bundle import Bundle, open_bundle
+from provisioning.service_settings import MODELS_DIR
 from provisioning.validate import validate
-
 
 # The key an image built with `make image BUNDLE_PUBKEY=` trusts (image/build.sh puts it there): on such an image
 # only bundles it signed are applied, and the wizard's own (unsigned) bundle never is.
@@ -72,8 +80,6 @@ def model_from_answers(a: dict) -> dict:
     if source == "pull":
         model.update(url=location, sha256=(a.get("model_sha256") or "").strip())
     elif source == "file":
-        from host_runtime.models.manifest import name_for_file
-
         model["name"] = name_for_file(Path(location).name) if location else ""
     model["context_length"] = int(a["context_length"])
     return model
@@ -101,9 +107,6 @@ SIGNED_ONLY = ("refused: this image applies only provisioning bundles signed by 
 
 def _keys_on(root: Path) -> list:
     """The API keys a provisioned box holds (names and hints only), for the owner to revoke on re-provisioning."""
-    from host_runtime.auth.carried_keys import BOX_KEYS
-    from host_runtime.auth.keystore import KeyStoreError, load_keys
-
     try:
         return load_keys(root / BOX_KEYS)
     except KeyStoreError:
@@ -252,9 +255,6 @@ class Wizard(Screen):
 
     def _judged(self, key: tuple) -> None:
         """In a worker thread: the verdict (a header over the network can take seconds)."""
-        from host_runtime.engine.model import default_model_path
-        from host_runtime.models.verdict import VerdictError, verdict_for
-
         source, location, context = key
         try:
             cap = int(context) if context.strip() else 0
@@ -300,9 +300,6 @@ class Wizard(Screen):
 
     def _revoke_ticked(self) -> list[str]:
         """Re-provisioning keeps the keys already on the box (plan_files): the owner revokes the ones ticked."""
-        from host_runtime.auth.carried_keys import BOX_KEYS
-        from host_runtime.auth.keystore import revoke_key
-
         if not self.existing_keys:
             return []
         from textual.widgets import SelectionList
@@ -312,9 +309,6 @@ class Wizard(Screen):
 
     def _recarry(self) -> None:
         """An update waiting for its reboot carries the configuration it copied: copy this one instead."""
-        from host_runtime.auth.carried_keys import BOX_KEYS, refresh_carried
-        from host_runtime.update.system import UpdatePaths
-
         try:
             refresh_carried(self.root / BOX_KEYS, UpdatePaths(root=self.root,
                                                               state=self.root / "var/lib/everycycle/update"))
@@ -340,10 +334,6 @@ class Wizard(Screen):
     def _copy_then_apply(self, box: dict, files: dict[str, bytes], location: Path, sha256: str | None) -> None:
         """In a worker thread: the GGUF file copied into the store (hashed, read as a GGUF, then copied: a minute
         for a large one, said as it goes), then the bundle applied on the UI thread."""
-        from host_runtime.models import pull
-        from host_runtime.models.store import Store, StoreError
-        from provisioning.service_settings import MODELS_DIR
-
         def say(line: str, enable_apply: bool = False) -> None:  # widgets touched on the UI thread only
             self.app.call_from_thread(self._show_result, line, enable_apply)
 

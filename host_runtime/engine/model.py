@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from host_runtime.engine import llama_log
+from host_runtime.engine.capacity import Capacity
+from host_runtime.models.gguf_info import pooling_name
+from host_runtime.placement.llama_params import DeviceMissing, call_tokens, context_params, exact_rows, model_params
+from host_runtime.placement.model_table import ModelTableError, read_table
+from host_runtime.placement.planner import PlacementError, PlanRequest
+from host_runtime.placement.proof import ProofFailed, parse_buffer_log, prove
+from host_runtime.placement.session import live_devices, only_main_gpu
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +99,6 @@ class ContextConfig:
 
     def plan_request(self, **also):
         """These settings as the planner's request (placement/planner.PlanRequest): the one mapping of the two."""
-        from host_runtime.placement.planner import PlanRequest
-
         return PlanRequest(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel,
                            kv_budget_bytes=self.kv_budget_bytes, max_waiting=self.max_waiting,
                            cpu_only=self.placement == "cpu", n_gpu_layers=self.n_gpu_layers,
@@ -101,11 +109,6 @@ class ContextConfig:
 def place(path: str | os.PathLike, config: ContextConfig, say=lambda phase, fraction=None: None):
     """The proven placement for this model and these settings (see host_runtime/placement); say(phase) is told
     each step, as each can take a while on a slow box."""
-    from host_runtime.placement.model_table import ModelTableError, read_table
-    from host_runtime.placement.planner import PlacementError
-    from host_runtime.placement.proof import ProofFailed, prove
-    from host_runtime.placement.session import live_devices, only_main_gpu
-
     request = config.plan_request()
     try:
         say("planning: reading the GGUF's tensor table")
@@ -131,11 +134,6 @@ class LoadedModel:
         import llama_cpp
         from llama_cpp._internals import LlamaContext, LlamaModel
 
-        from host_runtime.engine import llama_log
-        from host_runtime.engine.capacity import Capacity
-        from host_runtime.placement.llama_params import (DeviceMissing, call_tokens, context_params, exact_rows,
-                                                         model_params)
-        from host_runtime.placement.proof import parse_buffer_log
 
         self.path = check_gguf_file(path)
         self.model_id = model_id_for(self.path)
@@ -196,7 +194,6 @@ class LoadedModel:
         # after one (chat message ends; see step_plan).
         self.boundary_tokens = end_of_generation_tokens(self.model.vocab, self.n_vocab)
         self.metadata = self.model.metadata()
-        from host_runtime.models.gguf_info import pooling_name
 
         # An embedding model declares its pooling: it answers /v1/embeddings with it, and nothing else.
         self.pooling = pooling_name(self.metadata.get(f"{self.metadata.get('general.architecture')}.pooling_type"))
@@ -258,8 +255,6 @@ class LoadedModel:
         """The token's bytes (special tokens render as nothing); cached, as every step needs them."""
         piece = self._pieces.get(token)
         if piece is None:
-            import ctypes
-
             import llama_cpp
 
             buf = ctypes.create_string_buffer(64)

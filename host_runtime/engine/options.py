@@ -8,7 +8,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 
-from host_runtime.engine.model import ContextConfig
+from host_runtime.engine.model import ContextConfig, model_id_for
 from host_runtime.engine.readiness import WedgePolicy
 from host_runtime.engine.speculation import SpeculationConfig
 
@@ -75,8 +75,6 @@ class EngineOptions:
         """These settings for another model of the store, loaded on demand beside this one: its own prefix cache
         (entries are valid only for their weights), its own usage file, and no draft model (it drafts for this
         model, not that)."""
-        from host_runtime.engine.model import model_id_for
-
         options = replace(self, model=model)
         if self.usage_file:
             options = replace(options, usage_file=os.path.join(os.path.dirname(self.usage_file),

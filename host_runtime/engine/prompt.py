@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.tool_format import prepare, template_format, wants_argument_text
+from host_runtime.serving.reasoning import prompt_thinking
 
 # What the template is rendered with: a request's own variables may not replace these.
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "eos_token", "bos_token", "raise_exception",
@@ -42,8 +43,6 @@ class PromptBuilder:
     def chat(self, messages: list[dict], tools: list[dict] | None = None, parallel_tool_calls: bool = True,
              template_kwargs: dict | None = None) -> RenderedChat:
         """The conversation rendered with the template (and the request's own template variables), tokenized."""
-        from host_runtime.serving.reasoning import prompt_thinking
-
         messages, tools = prepare(messages, self.tool_format, tools, parallel_tool_calls,
                                   wants_argument_text(self._model.chat_template))
         if template_kwargs is not None and not isinstance(template_kwargs, dict):

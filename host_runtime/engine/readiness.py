@@ -8,6 +8,7 @@ floor). The canary generation proves the model answers; one runs at a time and i
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 from host_runtime.engine.progress import ProgressSnapshot
@@ -124,8 +125,6 @@ class ReadyDeadline:
     bound, when the engine says it is wedged or failed, or past cap_s in all."""
 
     def __init__(self, quiet_s: float = QUIET_LIMIT_S, cap_s: float = CAP_S, clock=None):
-        import time
-
         self._clock = clock or time.monotonic
         self.quiet_s, self.cap_s = quiet_s, cap_s
         self.started = self.last_change = self._clock()

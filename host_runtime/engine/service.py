@@ -14,16 +14,22 @@ from pathlib import Path
 
 from host_runtime.common.sockets import peer_closed
 from host_runtime.common.stop_signal import stop_on_signals
+from host_runtime.engine import wire
 from host_runtime.engine.engine import EmbeddingCancelled, Engine, GenerationRequest
 from host_runtime.engine.errors import RequestRejected
-from host_runtime.engine import wire
 from host_runtime.engine.ipc import LineReader, MessageTooLarge, send_message
+from host_runtime.engine.metrics import model_info_text
 from host_runtime.engine.model import LoadedModel, ModelLoadError, model_id_for
 from host_runtime.engine.options import EngineOptions
+from host_runtime.engine.prefix_cache import scope_marker
 from host_runtime.engine.prompt import PromptBuilder
 from host_runtime.engine.readiness import CanaryRecord, Verdict, judge
 from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected
 from host_runtime.engine.wire import SamplingParams
+from host_runtime.gpu.llama_build import select
+from host_runtime.gpu.llama_devices import compiled_backends, list_devices
+from host_runtime.placement.proof import tolerance
+from host_runtime.placement.render import backend_choice, prometheus_lines, render_table
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +127,6 @@ class EngineService:
 
     def _publish_placement(self) -> None:
         """Say where the model went and why, in the log and /metrics; warn where llama.cpp took more than planned."""
-        from host_runtime.gpu.llama_build import select
-        from host_runtime.gpu.llama_devices import compiled_backends, list_devices
-        from host_runtime.placement.proof import tolerance
-        from host_runtime.placement.render import backend_choice, prometheus_lines, render_table
-
         p, allocated = self.model.placement, self.model.allocation
         build = select()
         self.backend = backend_choice(p, compiled_backends(), [d.name for d in list_devices()],
@@ -164,8 +165,6 @@ class EngineService:
 
     def metrics_text(self, _request: wire.Metrics | None = None) -> wire.MetricsText:
         if self.engine is None:
-            from host_runtime.engine.metrics import model_info_text
-
             return wire.MetricsText(model_info_text(self.model_id, self.state))
         return wire.MetricsText(self.engine.metrics.render(self.model_id, self.state))
 
@@ -334,8 +333,6 @@ class EngineService:
 
 def _cache_scope(name) -> int | None:
     """The prefix cache's scope for a request (the serving API names it: the API key's name, or none: shared)."""
-    from host_runtime.engine.prefix_cache import scope_marker
-
     return scope_marker(name) if isinstance(name, str) and name else None
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from host_runtime.update.record import INSTALLED, IN_APPLY
+
 WIRE_OBJECT = "everycycle.capabilities"
 ROUTABLE_STATES = ("loaded", "loading", "available")
 
@@ -100,8 +102,6 @@ def governor_view(state: dict | None, fresh: bool, reason_if_missing: str) -> Go
 
 def draining_from_update(last_update: dict | None) -> tuple[bool, str]:
     """An update being copied or written, or installed and waiting for its reboot, drains the box."""
-    from host_runtime.update.record import INSTALLED, IN_APPLY
-
     phase = (last_update or {}).get("phase")
     if phase in IN_APPLY or phase == INSTALLED:
         return True, f"update to {last_update.get('target')} is {phase}"

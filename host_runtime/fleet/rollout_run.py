@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from host_runtime.fleet.peers import poll_all
 from host_runtime.fleet.rollout import DONE, START, STOPPED, BoxView, Rollout, Step
 
 POLL_TIMEOUT_S = 3.0
@@ -84,8 +85,6 @@ def drive(rollout: Rollout, read, start, say, interval_s: float = 5.0, clock=tim
 
 def reader(boxes: tuple[str, ...], key: str, client, pool: ThreadPoolExecutor):
     """read() for drive(): every box's map at once (peers.poll_all, the gateway's own polls)."""
-    from host_runtime.fleet.peers import poll_all
-
     def read() -> list[BoxView]:
         return [BoxView(r.box, r.caps) for r in poll_all(boxes, key, POLL_TIMEOUT_S, pool, client)]
 

@@ -11,7 +11,9 @@ from urllib.parse import urlsplit
 
 from pydantic import Field
 
+from host_runtime.auth.keystore import KeyStoreError, check_permissions
 from host_runtime.common import settings_file
+from host_runtime.common.service_user import FLEET_USER
 from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
 
 ROLES = ("none", "member", "gateway")
@@ -122,8 +124,6 @@ def process_environment(settings: FleetSettings) -> bytes:
     """fleet-address.env, which systemd reads: the user supervisord's fleet-address program runs as. Root only where
     this gateway holds a virtual address (keepalived adds it and sends VRRP and ARP); the fleet's user elsewhere,
     where the program only waits. Fixed text, never a value from a bundle (as the governor's governor.env)."""
-    from host_runtime.common.service_user import FLEET_USER
-
     user = "root" if settings.virtual_address else FLEET_USER
     return f"EVERYCYCLE_FLEET_ADDRESS_USER={user}\n".encode()
 
@@ -186,8 +186,6 @@ def save(settings: FleetSettings, path: str | Path) -> None:
 
 def read_key(path: str | Path) -> str:
     """The fleet key from its file; SettingsError naming key_file when it is missing, empty or readable by others."""
-    from host_runtime.auth.keystore import KeyStoreError, check_permissions
-
     p = Path(path)
     try:
         check_permissions(p)  # the rule the API's key file has

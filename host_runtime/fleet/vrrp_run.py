@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.discovery.network import collect_network
 from host_runtime.fleet.settings import FleetSettings
 from host_runtime.fleet.vrrp import Failover, FailoverError, interface_for, render
 
@@ -28,8 +29,6 @@ def keepalived_binary() -> str:
 
 def prepare(settings: FleetSettings, front_port: int, run_dir: Path) -> list[str]:
     """Write keepalived.conf under run_dir; the command line that runs keepalived on it in the foreground."""
-    from host_runtime.discovery.network import collect_network
-
     links = collect_network()
     if isinstance(links, dict):  # unavailable: only a named interface will do
         if not settings.vrrp_interface:

@@ -10,6 +10,8 @@ import threading
 
 from zeroconf import IPVersion, ServiceInfo, Zeroconf
 
+from host_runtime.front.tls import addresses_now
+
 log = logging.getLogger("everycycle.front")
 
 SERVICE = "_https._tcp.local."
@@ -24,7 +26,6 @@ def lan_addresses(listen: str) -> list[str]:
     """The IPv4 addresses to announce: the front's own when it listens on one, else the box's non-loopback ones."""
     if listen not in ("0.0.0.0", "::"):
         return [listen] if ipaddress.ip_address(listen).version == 4 else []
-    from host_runtime.front.tls import addresses_now
 
     return sorted(str(a) for a in addresses_now() if a.version == 4 and not a.is_loopback and not a.is_link_local)
 

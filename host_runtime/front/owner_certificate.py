@@ -10,6 +10,7 @@ from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.service_user import FRONT_USER, service_owner
+from host_runtime.common.supervisor_rpc import restart_service
 from host_runtime.front import settings as front_settings
 from host_runtime.front.tls import CertificatePair, TLSError, check_pair
 
@@ -46,7 +47,6 @@ def restart_front(run_dir: Path) -> str:
     socket = run_dir / "supervisor.sock"
     if not socket.exists():
         return f"no supervisord at {socket}: restart the front yourself"
-    from host_runtime.common.supervisor_rpc import restart_service
 
     try:
         return restart_service(socket, "front")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.discovery.network import collect_network
 from host_runtime.front.settings import FrontSettings, short_hostname
 
 CA_DAYS = 3650         # trusted once by every client: replacing it would mean trusting a new one everywhere
@@ -206,8 +207,6 @@ def reissue_reason(named: set, wanted: set, not_after: dt.datetime, now: dt.date
 
 def addresses_now() -> set:
     """The box's addresses as discovery reads them (pyroute2); none when netlink cannot be read."""
-    from host_runtime.discovery.network import collect_network
-
     links = collect_network()
     if isinstance(links, dict):  # unavailable: the certificate names the box's name and loopback only
         return set()

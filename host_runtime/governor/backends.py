@@ -11,9 +11,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from host_runtime.gpu import amdgpu
 from host_runtime.governor.control import GpuLimits
 from host_runtime.governor.simulator import SimulatedGpu
+from host_runtime.gpu import amdgpu
+from host_runtime.gpu.nvml import Nvml, NvmlUnavailable
 
 
 class GovernorBackendError(Exception):
@@ -45,8 +46,6 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self):
-        from host_runtime.gpu.nvml import Nvml, NvmlUnavailable
-
         try:
             self._nvml = Nvml()
         except NvmlUnavailable as exc:

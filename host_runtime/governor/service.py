@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common.prometheus_text import exposition
 from host_runtime.governor.backends import GovernorBackendError, GpuInfo
 from host_runtime.governor.control import GpuController, PowerPolicy, Reading, throttle_level
 
@@ -183,7 +184,6 @@ def prometheus_text(snap: dict) -> str:
     """The governor's snapshot as Prometheus text, written by prometheus_client (labels escaped by it)."""
     from prometheus_client.core import GaugeMetricFamily
 
-    from host_runtime.common.prometheus_text import exposition
 
     p = "everycycle_governor_"
 

@@ -18,6 +18,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from host_runtime.discovery.fields import is_unavailable
+from host_runtime.gpu.nvml import Nvml, NvmlUnavailable, read
+
 CUDA_LIB_DIR = Path("/opt/everycycle/llama-cuda/lib")
 LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"      # llama-cpp-python's own override
 CUDA_DIR_ENV = "EVERYCYCLE_LLAMA_CUDA_LIB"  # where the CUDA build lives, if not at CUDA_LIB_DIR
@@ -73,9 +76,6 @@ def cuda_build_dir() -> tuple[Path | None, str]:
 
 def nvidia_cards() -> dict[str, tuple[int, int] | None] | str:
     """Every card NVML lists, by PCI address, with its compute capability; or why NVML does not answer."""
-    from host_runtime.discovery.fields import is_unavailable
-    from host_runtime.gpu.nvml import Nvml, NvmlUnavailable, read
-
     try:
         with Nvml() as nvml:
             out = {}

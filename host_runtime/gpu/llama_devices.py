@@ -13,6 +13,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from host_runtime.gpu.bandwidth import bandwidth_gbps
+from host_runtime.gpu.llama_build import lib_dir, select
 
 DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 
@@ -49,8 +50,6 @@ class _Props(ctypes.Structure):
 
 
 def _ggml():
-    from host_runtime.gpu.llama_build import lib_dir, select
-
     select()
     try:
         import llama_cpp  # noqa: F401  (loads libllama and, with it, libggml)

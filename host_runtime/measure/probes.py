@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 
 from host_runtime.common import http_client
+from host_runtime.fleet.capabilities import Capabilities
 
 
 class ProbeError(Exception):
@@ -131,8 +132,6 @@ def metrics(t: Target) -> str:
 def capabilities(t: Target):
     """The box's capability map, through the type both the box and the gateway use. (Not fleet/peers.poll:
     its errors speak of the fleet key, and a single box is measured with a client's.)"""
-    from host_runtime.fleet.capabilities import Capabilities
-
     try:
         return Capabilities.from_wire(t.json("/v1/everycycle/capabilities", timeout=30))
     except ValueError as exc:

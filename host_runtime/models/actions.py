@@ -7,8 +7,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from host_runtime.common import settings_file
+from host_runtime.common.settings_file import SettingsError
+from host_runtime.common.supervisor_rpc import restart_service
+from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.models.errors import StoreError
 from host_runtime.models.store import Store
+from host_runtime.pool.protocol import PoolClient
+from host_runtime.serving.settings import ServingSettings
 
 
 def run_dir() -> Path:
@@ -23,10 +30,6 @@ def set_default(store: Store, name: str | None, settings_path: Path, *, restart:
                 runs: Path | None = None, say=lambda line: None) -> str:
     """serving.toml's model (None: the image's built-in one), changed in place (atomically; every other setting
     kept), then the serving service restarted through supervisord where one runs."""
-    from host_runtime.common import settings_file
-    from host_runtime.common.settings_file import SettingsError
-    from host_runtime.serving.settings import ServingSettings
-
     try:
         settings = settings_file.load(ServingSettings, settings_path)
     except SettingsError as exc:
@@ -51,7 +54,6 @@ def set_default(store: Store, name: str | None, settings_path: Path, *, restart:
     if not restart or not socket.exists():
         return done + "; it is served from the serving service's next start" + \
             ("" if not restart else f" (no supervisord at {socket} to restart it now)")
-    from host_runtime.common.supervisor_rpc import restart_service
 
     say("restarting the serving service…")
     try:
@@ -77,15 +79,11 @@ def remove(store: Store, name: str, *, force: bool = False, runs: Path | None = 
 
 def _pool(runs: Path | None):
     """The serving service's engine pool (its control socket), which knows what is loaded."""
-    from host_runtime.pool.protocol import PoolClient
-
     return PoolClient(str((runs or run_dir()) / "serving" / "models.sock"))
 
 
 def loaded_models(runs: Path | None = None) -> set[str]:
     """The models with an engine now; none when the serving service is not running."""
-    from host_runtime.engine.ipc import EngineUnavailable
-
     try:
         rows = _pool(runs).models()
     except (EngineUnavailable, OSError):
@@ -94,9 +92,6 @@ def loaded_models(runs: Path | None = None) -> set[str]:
 
 
 def _unload(name: str, runs: Path | None) -> None:
-    from host_runtime.engine.errors import RequestRejected
-    from host_runtime.engine.ipc import EngineUnavailable
-
     try:
         _pool(runs).unload(name)
     except (EngineUnavailable, OSError) as exc:

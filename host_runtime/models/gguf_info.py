@@ -10,9 +10,13 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import select
+import time
 from pathlib import Path
 
+from host_runtime.common.service_user import service_ids
 from host_runtime.models.errors import StoreError
+from host_runtime.placement import gguf_c
 
 CHILD_TIMEOUT_S = 120.0  # the header of a large model reads in well under a second; a stuck reader is a refusal
 
@@ -27,7 +31,6 @@ def read_info(path: Path) -> dict:
         raise StoreError(f"{path}: {exc.strerror or exc}") from None
     if magic != b"GGUF":
         raise StoreError(f"{path.name} is not a GGUF file (it starts with {magic!r})")
-    from host_runtime.placement import gguf_c
 
     try:
         if gguf_c.available() and os.geteuid() == 0:
@@ -82,8 +85,6 @@ def _facts(value) -> tuple:
 
 def unprivileged_ids() -> tuple[int, int]:
     """Who reads for root: the services' user, or nobody where that does not exist (a developer's machine)."""
-    from host_runtime.common.service_user import service_ids
-
     ids = service_ids()
     if ids is None:
         entry = pwd.getpwnam("nobody")
@@ -95,8 +96,6 @@ def _facts_unprivileged(path: Path) -> dict:
     """_facts, the data's end and the reader's uid, read by a forked child that has become an unprivileged user, from the file root
     opened (the child need not be able to open it). Forked, not executed: the child needs no interpreter it can
     run, only the reader already loaded."""
-    from host_runtime.placement import gguf_c
-
     uid, gid = unprivileged_ids()
     with open(path, "rb") as file:
         readable, writable = os.pipe()
@@ -144,9 +143,6 @@ def _facts_unprivileged(path: Path) -> dict:
 
 def _read_all(fd: int, timeout_s: float) -> bytes | None:
     """Everything written to the pipe until its writer closes it; None past the timeout."""
-    import select
-    import time
-
     deadline = time.monotonic() + timeout_s
     parts = []
     while True:

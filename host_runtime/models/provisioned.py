@@ -19,6 +19,7 @@ import tenacity
 
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.models.errors import SourceRefused, StoreError
+from host_runtime.models.pull import pull
 from host_runtime.models.store import Store
 
 log = logging.getLogger("everycycle.models")
@@ -102,8 +103,6 @@ class ProvisionedPull:
 
     def run(self) -> PullStatus:
         """Pull until the model is in the store, the source refuses it, or stop() is called."""
-        from host_runtime.models.pull import pull
-
         status = self.status
         if self._already_there():
             return self.status

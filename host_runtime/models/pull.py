@@ -16,34 +16,10 @@ from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.download import Progress, TooLarge, copy_hashing, file_sha256
 from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.manifest import Manifest, check_name, name_for_file
+from host_runtime.models.sources import check_sha256, hf_parts, source_file_name
 from host_runtime.models.store import Store
 
 HTTP_TIMEOUT_S = 30
-
-
-def source_file_name(source: str) -> str:
-    if source.startswith("hf://"):
-        return _hf_parts(source)[1].rsplit("/", 1)[-1]
-    return Path(urllib.parse.urlsplit(source).path).name
-
-
-def _hf_parts(source: str) -> tuple[str, str, str | None]:
-    """hf://owner/repo/path/to/file.gguf[@revision] -> (repo, path, revision)."""
-    rest = source[len("hf://"):]
-    rest, _, revision = rest.partition("@")
-    parts = [p for p in rest.split("/") if p]
-    if len(parts) < 3 or not parts[-1].lower().endswith(".gguf"):
-        raise SourceRefused(f"SOURCE: {source!r} is not hf://OWNER/REPO/FILE.gguf[@REVISION]")
-    return "/".join(parts[:2]), "/".join(parts[2:]), revision or None
-
-
-def check_sha256(expected: str | None, what: str = "--sha256") -> str | None:
-    if expected is None:
-        return None
-    value = expected.lower()
-    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
-        raise StoreError(f"{what}: {expected!r} is not a sha256 (64 hex digits)")
-    return value
 
 
 def add(store: Store, file: Path, name: str | None = None, sha256: str | None = None, say=print) -> Manifest:
@@ -157,7 +133,7 @@ def _pull_hf(store: Store, source: str, name: str, say, observe=None) -> tuple[P
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     except ImportError:
         raise StoreError("hf:// sources need huggingface_hub (pip install huggingface_hub)") from None
-    repo, path, revision = _hf_parts(source)
+    repo, path, revision = hf_parts(source)
     local = store.partial_dir() / f"hf-{name}"
     try:
         meta = get_hf_file_metadata(hf_hub_url(repo, path, revision=revision))

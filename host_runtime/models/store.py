@@ -10,11 +10,14 @@ import os
 import shutil
 from pathlib import Path
 
+from host_runtime.common import settings_file
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.service_user import give_to_services
+from host_runtime.common.settings_file import SettingsError
 from host_runtime.models.errors import StoreError
 from host_runtime.models.gguf_info import read_info
 from host_runtime.models.manifest import Manifest, check_name
+from host_runtime.models.model_settings import FILE, ModelSettings
 
 MANIFEST = "manifest.json"
 PARTIAL = ".partial"
@@ -124,10 +127,6 @@ class Store:
 
     def settings_of(self, name: str):
         """The model's own serving settings (model_settings.py); the empty ones where it has none."""
-        from host_runtime.common import settings_file
-        from host_runtime.common.settings_file import SettingsError
-        from host_runtime.models.model_settings import FILE, ModelSettings
-
         path = self.root / check_name(name, "NAME") / FILE
         try:
             return settings_file.load(ModelSettings, path)
@@ -136,9 +135,6 @@ class Store:
 
     def set_settings(self, name: str, settings) -> None:
         """Writes the model's own settings (atomically), or removes them when all are empty."""
-        from host_runtime.common import settings_file
-        from host_runtime.models.model_settings import FILE, ModelSettings
-
         self.get(name)
         path = self.root / name / FILE
         if settings == ModelSettings():

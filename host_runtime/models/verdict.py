@@ -10,6 +10,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from host_runtime.common import http_client
+from host_runtime.models.sources import hf_parts, source_file_name
+from host_runtime.placement.model_table import ModelTableError, read_table
+from host_runtime.placement.planner import PlacementError, PlanRequest, plan
+from host_runtime.placement.session import devices_from_topology, live_devices
+
 HEADER_BYTES = (8 << 20, 64 << 20)  # a small vocabulary's header fits the first; a 256k-token one the second
 HTTP_TIMEOUT_S = 20.0
 
@@ -28,8 +34,6 @@ class Verdict:
 def header_from_url(url: str, limit: int) -> tuple[bytes, int | None]:
     """The first `limit` bytes of a remote file and its whole size (from Content-Range; a server that ignores
     Range is read no further than `limit` either)."""
-    from host_runtime.common import http_client
-
     url = _resolved(url)
     try:
         with http_client.open_stream(url, headers={"Range": f"bytes=0-{limit - 1}"}, timeout=HTTP_TIMEOUT_S,
@@ -50,20 +54,17 @@ def header_from_url(url: str, limit: int) -> tuple[bytes, int | None]:
 def _resolved(source: str) -> str:
     if not source.startswith("hf://"):
         return source
-    from host_runtime.models.pull import _hf_parts
 
     try:
         from huggingface_hub import hf_hub_url
     except ImportError:
         raise VerdictError("hf:// sources need huggingface_hub") from None
-    repo, path, revision = _hf_parts(source)
+    repo, path, revision = hf_parts(source)
     return hf_hub_url(repo, path, revision=revision)
 
 
 def read_source_table(source: str):
     """(the model's tensor table, its size in bytes) for a local path or an http(s)/hf:// URL."""
-    from host_runtime.placement.model_table import ModelTableError, read_table
-
     if "://" not in source:
         path = Path(source)
         if not path.is_file():
@@ -72,7 +73,6 @@ def read_source_table(source: str):
             return read_table(str(path)), path.stat().st_size
         except ModelTableError as exc:
             raise VerdictError(str(exc)) from None
-    from host_runtime.models.pull import source_file_name
 
     last = None
     for limit in HEADER_BYTES:
@@ -92,8 +92,6 @@ def read_source_table(source: str):
 def judge(table, size_bytes: int | None, devices, host, context_cap: int) -> Verdict:
     """Pure: the planner's verdict for this table on these devices and this much RAM, at up to context_cap tokens
     per sequence (the model's trained context is the planner's own cap)."""
-    from host_runtime.placement.planner import PlacementError, PlanRequest, plan
-
     size = ("size unknown" if not size_bytes else f"{size_bytes / 2**30:.1f} GiB" if size_bytes >= 2**30
             else f"{size_bytes / 2**20:.0f} MiB" if size_bytes >= 2**20 else f"{size_bytes / 2**10:.0f} KiB")
     try:
@@ -111,8 +109,6 @@ def judge(table, size_bytes: int | None, devices, host, context_cap: int) -> Ver
 
 def verdict_for(source: str, topology: Path | None, context_cap: int) -> Verdict:
     """The verdict with the devices and free memory discovery last wrote (topology.json), else this machine's."""
-    from host_runtime.placement.session import devices_from_topology, live_devices
-
     table, size = read_source_table(source)
     try:
         devices, host = devices_from_topology(json.loads(topology.read_text())) if topology else live_devices()

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import os
 from pathlib import Path
+
+from host_runtime.gpu.llama_build import LIB_PATH_ENV
 
 # enum gguf_type (ggml/include/gguf.h)
 _U8, _I8, _U16, _I16, _U32, _I32, _F32, _BOOL, _STR, _ARR, _U64, _I64, _F64 = range(13)
@@ -31,14 +34,11 @@ class _TensorHead(ctypes.Structure):
 @functools.lru_cache(maxsize=1)
 def _lib():
     """libggml-base from llama-cpp-python's package (OSError where it is missing)."""
-    import importlib.util
-
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         raise OSError("llama_cpp is not installed")
     # The folder llama-cpp-python itself loads from (its own LLAMA_CPP_LIB_PATH rule), so that the reader is the
     # libggml-base the engine's llama.cpp uses, not a second one (the wheel's, beside the image's CUDA build).
-    from host_runtime.gpu.llama_build import LIB_PATH_ENV
 
     base = os.environ.get(LIB_PATH_ENV) or Path(list(spec.submodule_search_locations)[0]) / "lib"
     lib = ctypes.CDLL(str(Path(base) / "libggml-base.so"))

@@ -8,6 +8,7 @@ import functools
 import os
 from dataclasses import dataclass
 
+from host_runtime.gpu.llama_devices import cpu_buffer_type, device_handles, list_devices
 from host_runtime.placement.kv_types import DEFAULT_KV, kv_type, needs_flash_attention, per_row_attention
 from host_runtime.placement.planner import Placement
 
@@ -42,7 +43,6 @@ def extra_buffers_safe() -> bool:
 def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams:
     import llama_cpp
 
-    from host_runtime.gpu.llama_devices import cpu_buffer_type, device_handles, list_devices
 
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = placement.n_gpu_layers

@@ -8,9 +8,11 @@ model we have no file of (`synthetic_table`), so plans for 70B-class models can 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass, field
 
+from host_runtime.placement import gguf_c
 from host_runtime.placement.kv_types import DEFAULT_KV, kv_type
 
 # The layers of the model that llama.cpp places as units: the repeating blocks, then "output".
@@ -162,8 +164,6 @@ def read_table(path) -> ModelTable:
     """The tensor table and KV geometry of a GGUF file, without reading its weights: through ggml's own reader
     (milliseconds), or the `gguf` package's where libggml-base cannot be loaded (seconds: it parses the
     vocabulary too)."""
-    from host_runtime.placement import gguf_c
-
     if not gguf_c.available():
         return _read_table_gguf_package(path)
     try:
@@ -188,8 +188,6 @@ def _read_table_gguf_package(path) -> ModelTable:
 
 def _table_from(path, value, tensors: list[TensorInfo]) -> ModelTable:
     """value(key) -> a metadata value (str, number, list) or None."""
-    import os
-
     arch = value("general.architecture")
     if not isinstance(arch, str):
         raise ModelTableError(f"{path}: no general.architecture in the GGUF metadata")

@@ -13,6 +13,8 @@ import logging
 import re
 from dataclasses import dataclass, replace
 
+from host_runtime.engine import llama_log
+from host_runtime.placement.llama_params import context_params, exact_rows, model_params
 from host_runtime.placement.model_table import ModelTable
 from host_runtime.placement.planner import Device, Host, Placement, PlacementError, PlanRequest, plan
 
@@ -60,8 +62,6 @@ def dry_run(model_path: str, placement: Placement, *, n_batch: int, n_threads: i
     """llama.cpp sizes every buffer of this placement without allocating one; its compute figures come back."""
     import llama_cpp
 
-    from host_runtime.engine import llama_log
-    from host_runtime.placement.llama_params import context_params, exact_rows, model_params
 
     mp = model_params(placement, no_alloc=True)
     cparams = context_params(n_ctx_per_seq=placement.n_ctx_per_seq, n_parallel=placement.n_parallel,

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from host_runtime.discovery.fields import is_unavailable
+from host_runtime.engine import llama_log
+from host_runtime.gpu.bandwidth import bandwidth_gbps
+from host_runtime.gpu.llama_devices import list_devices
 from host_runtime.placement.model_table import ModelTableError, read_table
 from host_runtime.placement.planner import Device, Host, Placement, PlacementError, plan
+from host_runtime.placement.proof import ProofFailed, prove
 
 
 class PlanInputsError(Exception):
@@ -33,9 +38,6 @@ def only_main_gpu(devices: list[Device], main_gpu: int | None) -> list[Device]:
 
 def devices_from_topology(doc: dict) -> tuple[list[Device], Host]:
     """The GPUs llama.cpp saw and the RAM available when discovery wrote the file."""
-    from host_runtime.discovery.fields import is_unavailable
-    from host_runtime.gpu.bandwidth import bandwidth_gbps
-
     listed = doc.get("gpus", {}).get("llama_devices", [])
     if is_unavailable(listed):
         listed = []
@@ -50,7 +52,6 @@ def devices_from_topology(doc: dict) -> tuple[list[Device], Host]:
 def live_devices() -> tuple[list[Device], Host]:
     import psutil
 
-    from host_runtime.gpu.llama_devices import list_devices
 
     vm = psutil.virtual_memory()
     return ([Device(d.name, d.description, d.free_bytes, d.total_bytes, d.bandwidth_gbps, d.pci_address, d.backend)
@@ -78,8 +79,6 @@ def plan_for_cli(model_path: str, context, *, n_batch: int, topology: str | None
                            f"planned from {topology}; compute buffers estimated (llama.cpp proves only live devices)")
         except PlacementError as exc:
             return Outcome(None, str(exc), False, "")
-    from host_runtime.engine import llama_log
-    from host_runtime.placement.proof import ProofFailed, prove
 
     llama_log.install()
     devices, host = live_devices()
@@ -95,8 +94,6 @@ def resident_bytes_for(model_path: str, context) -> int:
     tensor table, the KV cache of the sequences these settings give it, and the compute buffers (estimated). The
     engine pool counts models against its memory budget with it. context: the engine's settings
     (engine.model.ContextConfig). Raises ModelTableError for an unreadable file."""
-    from dataclasses import replace
-
     table = read_table(model_path)
     unlimited = Host(1 << 62, 1 << 62)  # the figure, not a fit: the pool decides what fits its budget
     request = replace(context.plan_request(), cpu_only=True, n_gpu_layers=None, tensor_split=None)

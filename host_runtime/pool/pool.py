@@ -19,13 +19,14 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.client import EngineClient
+from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import EngineUnavailable, LineReader, MessageTooLarge, send_message
-from host_runtime.pool.residency import Resident, expired, plan_load
 from host_runtime.models.store import Store
+from host_runtime.pool.engine_child import EngineChild
 from host_runtime.pool.protocol import (DEFAULT_KEEP_ALIVE, Acquire, Acquired, Download, ListModels, PoolModel,
-                                               Unload, refusal_to_wire, request_from_wire)
+                                        Unload, refusal_to_wire, request_from_wire)
+from host_runtime.pool.residency import Resident, expired, plan_load
 
 log = logging.getLogger("everycycle.serve")
 JANITOR_S = 2.0
@@ -176,7 +177,6 @@ class EnginePool:
                                 code="models_busy", error_type="server_busy", retry_after=5)
             victims = [self._take_out_locked(victim, f"to make room for {name}", "room") for victim in plan.evict]
             socket_path = str(self.run_dir / f"engine-{name}.sock")
-            from host_runtime.pool.engine_child import EngineChild
 
             child = EngineChild(socket_path, self.engine_options(info["path"]))
             # Listed from now on (a second acquire of it waits for this load); started once the victims are gone.

@@ -6,26 +6,36 @@ import json
 import socket
 import threading
 import time
-from pathlib import Path
 from dataclasses import asdict, dataclass, replace
+from importlib import resources
+from pathlib import Path
 
 import falcon
 
 from host_runtime.auth.keystore import KeyVerifier
+from host_runtime.common.prometheus_text import merge, up_text
 from host_runtime.common.sockets import peer_closed
 from host_runtime.engine import wire
 from host_runtime.engine.client import EngineClient
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.engine.readiness import Verdict, WedgePolicy, unanswered
+from host_runtime.engine.wire import PRIORITIES
+from host_runtime.governor.state_file import read_state
+from host_runtime.pool.residency import parse_keep_alive
 from host_runtime.serving import anthropic_protocol, ollama_protocol, protocol, request_models, responses_protocol
 from host_runtime.serving.anthropic_logic import MessagesLogic
+from host_runtime.serving.capabilities import CapabilitiesResource
 from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
 from host_runtime.serving.fleet_unroutable import FleetUnroutable
 from host_runtime.serving.handlers import ServingLogic, call_engine
+from host_runtime.serving.infill import InfillLogic, parse_infill
+from host_runtime.serving.model_pull import PullJob
 from host_runtime.serving.ollama_logic import OllamaLogic
 from host_runtime.serving.responses_logic import ResponsesLogic
 from host_runtime.serving.routing import Router
+from host_runtime.serving.tracing import TraceMiddleware, Tracing
+from host_runtime.update.system import status
 
 OPEN_PATHS = {"/health", "/ready", "/openapi.json", "/api/version"}  # probes and the API's description carry no key;
 # /metrics follows AppConfig.metrics_access
@@ -155,8 +165,6 @@ def _presented_key(req: falcon.Request) -> str:
 
 def keep_alive_of(body: dict):
     """A request's own keep_alive (Ollama's), checked; "default" when it has none."""
-    from host_runtime.pool.residency import parse_keep_alive
-
     if body.get("keep_alive") is None:
         return "default"
     try:
@@ -194,8 +202,6 @@ def cache_scope(req: falcon.Request, config: "AppConfig") -> str | None:
 def priority_for(req: falcon.Request, body: dict) -> str:
     """A request's priority class: its key's (keys create --priority), or a lower one the body asks for with
     EveryCycle's own `priority` field (a batch job says "batch"); never higher than its key's."""
-    from host_runtime.engine.wire import PRIORITIES
-
     key_class = req.context.get("key_priority") or "default"
     asked = body.get("priority")
     if asked is None:
@@ -260,7 +266,6 @@ class Health:
             # an attacker which version runs or why the last update failed.
             _json(resp, {"status": "ok", "engine": engine})
             return
-        from host_runtime.update.system import status
 
         system = status(with_entries=False)
         _json(resp, {"status": "ok", "engine": engine, "engine_detail": detail,
@@ -306,8 +311,6 @@ class Metrics:
         self._config = config
 
     def on_get(self, req, resp):
-        from host_runtime.common.prometheus_text import merge, up_text
-
         resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
         try:
             texts = [self._router.default.call(wire.Metrics(), timeout=5.0).text]
@@ -324,8 +327,6 @@ class Metrics:
 
     def _governor_text(self) -> str:
         """The governor's Prometheus file (written beside its state file, with it), while that state is fresh."""
-        from host_runtime.governor.state_file import read_state
-
         if not read_state(self._config.governor_state).fresh:
             return ""
         try:
@@ -338,8 +339,6 @@ class OpenAPIDocument:
     """The API's description (host_runtime/serving/openapi.json, checked against these routes by a test)."""
 
     def __init__(self):
-        from importlib import resources
-
         self._text = resources.files("host_runtime.serving").joinpath("openapi.json").read_text()
 
     def on_get(self, req, resp):
@@ -411,8 +410,6 @@ class Infill:
         self._config = config
 
     def on_post(self, req, resp):
-        from host_runtime.serving.infill import InfillLogic, parse_infill
-
         body, client, info, call = generation_call(
             req, self._router, self._config, lambda body, model_id, _fmt: parse_infill(body, model_id))
         logic = InfillLogic(ServingLogic(client))
@@ -556,8 +553,6 @@ class Ollama:
                      "modified_at": ollama_protocol.now_iso()})
 
     def on_post_pull(self, req, resp):
-        from host_runtime.serving.model_pull import PullJob
-
         body = read_json(req, self._config.max_body_bytes)
         source, stream = ollama_protocol.parse_pull(body)
         policy = req.context.get("key_policy")
@@ -638,7 +633,6 @@ def create_app(config: AppConfig) -> falcon.App:
     client = EngineClient(config.engine_socket)
     middleware = [FleetPrefix()]
     if config.trace_endpoint:  # first: every request is traced, a refused key's too
-        from host_runtime.serving.tracing import TraceMiddleware, Tracing
 
         middleware.insert(0, TraceMiddleware(Tracing(config.trace_endpoint, config.trace_sample_ratio)))
     if config.keys_file:
@@ -669,7 +663,6 @@ def create_app(config: AppConfig) -> falcon.App:
     for path, suffix in (("version", "version"), ("tags", "tags"), ("ps", "ps"), ("show", "show"), ("chat", "chat"),
                          ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed"), ("pull", "pull")):
         app.add_route(f"/api/{path}", ollama, suffix=suffix)
-    from host_runtime.serving.capabilities import CapabilitiesResource
 
     app.add_route("/v1/everycycle/capabilities", CapabilitiesResource(router, config))
     app.add_route("/v1/everycycle/auth", KeyCheck())

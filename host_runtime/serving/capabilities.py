@@ -4,6 +4,7 @@ the engine pool's listing, each loaded engine's info, the governor's published s
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 
@@ -11,7 +12,9 @@ from host_runtime.engine.client import EngineClient
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.engine.wire import EngineInfo
 from host_runtime.fleet.capabilities import (Capabilities, ModelCapability, draining_from_update, governor_view,
-                                              update_fields)
+                                             update_fields)
+from host_runtime.governor.state_file import read_state
+from host_runtime.update.system import status
 
 
 def _model(row, info: EngineInfo | None) -> ModelCapability:
@@ -35,8 +38,6 @@ def _model(row, info: EngineInfo | None) -> ModelCapability:
 
 def hardware(infos: list[EngineInfo]) -> dict:
     """This machine's memory and threads, and the devices the loaded models' placements use (each once)."""
-    import os
-
     import psutil
 
     accelerators = {}
@@ -49,9 +50,6 @@ def hardware(infos: list[EngineInfo]) -> dict:
 
 
 def gather(router, governor_state: str | None) -> Capabilities:
-    from host_runtime.governor.state_file import read_state
-    from host_runtime.update.system import status
-
     rows = router.models()
     default_id = router.default_info().model_id
     models, infos = [], []

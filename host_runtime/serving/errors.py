@@ -9,6 +9,7 @@ import logging
 import falcon
 
 from host_runtime.engine.errors import RequestRejected
+from host_runtime.serving.tracing import trace_id_of
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,6 @@ def handle_falcon_error(req, resp, err: falcon.HTTPError, params) -> None:
 
 def handle_unexpected(req, resp, err: Exception, params) -> None:
     """A bug must not leak a traceback to the client, nor take the worker down."""
-    from host_runtime.serving.tracing import trace_id_of
-
     trace_id = trace_id_of(req)
     log.exception("unhandled error on %s %s%s", req.method, req.path,
                   f" (trace_id={trace_id})" if trace_id is not None else "")

@@ -6,6 +6,7 @@ client's request as it was), and this asks the router which models its workers s
 
 from __future__ import annotations
 
+from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import parse_json_body
 
@@ -26,8 +27,6 @@ def explain(model: object, fleet_models: list[str] | None) -> APIError:
 
 def router_models(router: str) -> list[str] | None:
     """The models the router has a worker for (its /v1/models), or None when it does not answer."""
-    from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
-
     try:
         return RouterAPI(f"http://{router}", ROUTER_TIMEOUT_S).models()
     except RouterUnavailable:

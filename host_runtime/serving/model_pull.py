@@ -14,6 +14,10 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from host_runtime.models.errors import SourceRefused, StoreError
+from host_runtime.models.manifest import check_name, name_for_file
+from host_runtime.models.pull import pull, source_file_name
+from host_runtime.models.store import Store
 from host_runtime.serving.errors import APIError
 
 _running: set[str] = set()
@@ -25,11 +29,6 @@ class PullJob:
     """One pull: start() it, then read lines() (each a dict, Ollama's shape) until it ends."""
 
     def __init__(self, store_root: str, source: str):
-        from host_runtime.models.errors import StoreError
-        from host_runtime.models.manifest import check_name, name_for_file
-        from host_runtime.models.pull import source_file_name
-        from host_runtime.models.store import Store
-
         self.source = source
         self.store = Store(Path(store_root))
         try:
@@ -53,9 +52,6 @@ class PullJob:
             yield line
 
     def _run(self) -> None:
-        from host_runtime.models.errors import SourceRefused, StoreError
-        from host_runtime.models.pull import pull
-
         def observe(progress) -> None:
             if progress.total is not None and progress.done >= progress.total:
                 self._lines.put({"status": "verifying sha256 digest"})

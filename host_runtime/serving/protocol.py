@@ -12,6 +12,7 @@ from host_runtime.engine import wire
 from host_runtime.serving import request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
+from host_runtime.serving.reasoning import split
 from host_runtime.serving.request_models import KINDS, check, given
 from host_runtime.serving.tool_calls import ToolCallStream, grammar_for, parse_output, parse_tool_choice, parse_tools
 
@@ -118,8 +119,6 @@ class GenerationCall:
     def answer_parts(self, text: str, finish: str | None, mode: str) -> tuple[str | None, str | None, list]:
         """A whole answer's (reasoning or None, content, tool calls): the reasoning apart first (the engine's
         `mode` for the prompt), then the calls read from what follows it."""
-        from host_runtime.serving.reasoning import split
-
         reasoning, text = split(text, self.thinking(mode))
         content, calls = self.answer_calls(text, finish)
         return reasoning, content, calls

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import Field
 
+from host_runtime.common.host_port import split_host_port
 from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
+from host_runtime.models.errors import StoreError
+from host_runtime.models.manifest import check_name, name_for_file
+from host_runtime.models.sources import check_sha256, source_file_name
 from host_runtime.placement.kv_types import KV_TYPES
+from host_runtime.pool.residency import parse_keep_alive
 
 MAX_CONTEXT = 1 << 20
 MAX_PARALLEL = 256
@@ -28,8 +34,6 @@ TraceSampleRatio = Annotated[float, Field(gt=0, le=1)]
 
 def check_trace_endpoint(url: str, name: str) -> None:
     """An OTLP/HTTP collector's URL: http(s)://HOST[:PORT][/PATH] (its /v1/traces is added where PATH is empty)."""
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (a port that is not a number raises here)
@@ -84,8 +88,6 @@ class ServingSettings:
             raise SettingsError("usage_dir", f"must be an absolute path, got {self.usage_dir!r}")
         check_fields(self)
         if self.keep_alive:
-            from host_runtime.pool.residency import parse_keep_alive
-
             try:
                 parse_keep_alive(self.keep_alive)
             except ValueError as exc:
@@ -102,9 +104,6 @@ class ServingSettings:
             raise SettingsError("url", "is required when a model is to be pulled")
 
     def _check_aliases(self) -> None:
-        from host_runtime.models.errors import StoreError
-        from host_runtime.models.manifest import check_name
-
         if not isinstance(self.aliases, dict):
             raise SettingsError("aliases", "must be a table of NAME = MODEL")
         for alias, target in self.aliases.items():
@@ -127,13 +126,9 @@ class ServingSettings:
     @property
     def keep_alive_s(self) -> float | None | str:
         """keep_alive in seconds (None: forever), or "" where unset."""
-        from host_runtime.pool.residency import parse_keep_alive
-
         return parse_keep_alive(self.keep_alive) if self.keep_alive else ""
 
     def _check_loopback(self, name: str) -> None:
-        from host_runtime.common.host_port import split_host_port
-
         value = getattr(self, name)
         try:
             loopback = split_host_port(value)[0].is_loopback
@@ -144,10 +139,6 @@ class ServingSettings:
                                       f"front, the router on this box only), got {value!r}")
 
     def _check_pull(self) -> None:
-        from host_runtime.models.errors import StoreError
-        from host_runtime.models.manifest import check_name, name_for_file
-        from host_runtime.models.pull import check_sha256, source_file_name
-
         if self.model:
             raise SettingsError("path", "a model is either carried (path) or pulled (url), not both")
         if not self.pull_url.startswith(("http://", "https://", "hf://")):
@@ -164,7 +155,4 @@ class ServingSettings:
     @property
     def pulled_name(self) -> str:
         """The name the pulled model has in the store."""
-        from host_runtime.models.manifest import name_for_file
-        from host_runtime.models.pull import source_file_name
-
         return self.pull_name or name_for_file(source_file_name(self.pull_url))

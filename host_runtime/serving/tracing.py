@@ -11,10 +11,12 @@ failed request's log line names its trace id.
 from __future__ import annotations
 
 import logging
+from urllib.parse import urlsplit
 
 import falcon
 
 from host_runtime.engine import wire
+from host_runtime.front.settings import short_hostname
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +27,6 @@ TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for spans, added to a collector U
 
 def traces_url(endpoint: str) -> str:
     """The URL spans are posted to: a collector's base URL (http://host:4318) gets OTLP's /v1/traces."""
-    from urllib.parse import urlsplit
-
     return endpoint if urlsplit(endpoint).path not in ("", "/") else endpoint.rstrip("/") + TRACES_PATH
 
 
@@ -42,7 +42,6 @@ class Tracing:
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        from host_runtime.front.settings import short_hostname
 
         # A client's sampled traceparent is followed whatever the ratio; the ratio decides the rest.
         self.provider = TracerProvider(resource=Resource.create({"service.name": service_name,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 import urllib.parse
 from pathlib import Path
@@ -120,8 +121,6 @@ def stage(source: Source, staging: Path, public_key_pem: bytes, say=print,
 
 def _expand(compressed: Path, dest: Path, say) -> None:
     """The verified root image, decompressed by zstd (its frames carry their own checksums too)."""
-    import subprocess
-
     say(f"expanding {compressed.name} ({compressed.stat().st_size / 2**20:,.0f} MiB)")
     start = time.monotonic()
     try:

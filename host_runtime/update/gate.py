@@ -15,6 +15,7 @@ from pathlib import Path
 
 import tenacity
 
+from host_runtime.box_status.sources import serving_get, supervisor_programs
 from host_runtime.engine.readiness import QUIET_LIMIT_S, ReadyDeadline
 
 EXPECTED_PROGRAMS = frozenset({"front", "serving", "discovery", "governor", "bmc", "fleet", "fleet-address"})
@@ -63,8 +64,6 @@ def ready_document(body: str) -> dict | None:
 
 def look(run_dir: Path, serving_socket: Path) -> tuple[dict | None, tuple[int, str] | None, list[str]]:
     """One look at the box: supervisord's programs, /ready over the API's Unix socket, systemd's failed units."""
-    from host_runtime.box_status.sources import serving_get, supervisor_programs
-
     try:
         programs = supervisor_programs(run_dir / "supervisor.sock")
     except Exception:  # xmlrpc and socket errors both mean "not answering yet"

@@ -4,11 +4,11 @@ the slot (the root partition the kernel was told to mount) and the boot entries 
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from host_runtime.update import record as rec
-from host_runtime.update import versioning
+from host_runtime.update import record as rec, versioning
 
 # The root slots' partition numbers in image/repart.d (00-esp, 10-root-a, 20-root-b, 30-data).
 SLOTS = {2: "A", 3: "B"}
@@ -26,8 +26,6 @@ class UpdatePaths:
 
     def slot_size(self) -> int:
         """What an expanded root image takes: the running root file system fills its slot."""
-        import shutil
-
         return shutil.disk_usage(self.root).total if self.slot_bytes is None else self.slot_bytes
 
     @property
