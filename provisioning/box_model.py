@@ -8,7 +8,6 @@ Only the shape and each value's own rule are here; what depends on several field
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import typing
@@ -19,6 +18,8 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from host_runtime.engine.wire import PRIORITIES
+from host_runtime.common import generated_file
+from host_runtime.common.generated_file import readable_schema
 from host_runtime.common.setting_rules import TYPE_WORDS, error_words, hint_parts, one_of
 from host_runtime.fleet.settings import Mdns, Policy, Role, VrrpPriority, VrrpRouterId
 from host_runtime.front.settings import BOX_HTTP_MODES, MetricsAccess, Port
@@ -273,23 +274,10 @@ def errors(box: dict) -> list[tuple[str, str]]:
 
 # ---- the generated JSON Schema ----------------------------------------------------------------------------------
 
-def _inline(node, defs):
-    """pydantic's schema with each $ref replaced by its definition, and without its titles and null defaults: one
-    tree, as an owner reads it."""
-    if isinstance(node, dict):
-        if "$ref" in node:
-            return _inline(defs[node["$ref"].rsplit("/", 1)[1]], defs)
-        return {k: _inline(v, defs) for k, v in node.items()
-                if k not in ("title", "$defs") and not (k == "default" and v is None)}
-    if isinstance(node, list):
-        return [_inline(v, defs) for v in node]
-    return node
-
-
 def json_schema() -> dict:
     raw = Box.model_json_schema()
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": raw["title"],
-              **_inline(raw, raw.get("$defs", {}))}
+              **readable_schema(raw, raw.get("$defs", {}))}
     return schema
 
 
@@ -297,16 +285,6 @@ def schema_text() -> str:
     return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="box.toml's JSON Schema, generated from provisioning/box_model.py")
-    p.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_FILE.name} (else print it)")
-    args = p.parse_args(argv)
-    if args.write:
-        SCHEMA_FILE.write_text(schema_text())
-    else:
-        sys.stdout.write(schema_text())
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(generated_file.main(None, SCHEMA_FILE, schema_text,
+                                 "box.toml's JSON Schema, generated from provisioning/box_model.py"))
