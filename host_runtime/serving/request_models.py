@@ -110,7 +110,8 @@ class FunctionSpec(Body):
 
 
 class Tool(Body):
-    type: Literal["function"]
+    # Any other kind (retrieval...) is refused by tool_calls.parse_tools naming the tool, not its type field.
+    type: str = Field(description="function: the only kind of tool offered to a model here")
     function: FunctionSpec
 
 
