@@ -80,6 +80,8 @@ def test_errors_name_the_field_and_say_the_rule():
     assert box_model.errors(_with("colour", "blue")) == [("(top level)", "unknown setting 'colour'")]
     assert box_model.errors(_with("hostname", None)) == [("hostname", "is required")]
     assert box_model.errors(_with("network.interfaces", [])) == [("network.interfaces", "must not be empty")]
+    # a text too short is said as a list too short is (pydantic names it string_too_short)
+    assert box_model.errors(_with("api.generate_keys", [""])) == [("api.generate_keys[0]", "must not be empty")]
     assert box_model.errors(_with("serving", {"keep_alive": [5]})) == [
         ("serving.keep_alive", "must be a string or a number, got list")]
     (field, words), = box_model.errors(_with("model", {"source": "pull", "name": "../etc"}))

@@ -33,7 +33,8 @@ def one_of(values) -> Any:
 
 
 @functools.cache
-def _adapter(hint) -> pydantic.TypeAdapter:
+def adapter(hint) -> pydantic.TypeAdapter:
+    """pydantic's validator for a type, made once (making one costs far more than using it)."""
     return pydantic.TypeAdapter(hint)
 
 
@@ -61,26 +62,38 @@ def range_words(bounds: dict) -> str:
     return " and ".join(w for w in (low, high) if w)
 
 
+BOUND_ERRORS = {"greater_than_equal": "ge", "greater_than": "gt", "less_than_equal": "le", "less_than": "lt"}
+LENGTH_ERRORS = ("too_short", "too_long", "string_too_short", "string_too_long")
+
+
+def bound_words(error: dict, metadata=()) -> str:
+    """A broken bound as the whole rule ("between 0 and 2"): the type's bounds where it has them, else the one
+    pydantic names."""
+    return range_words(bounds(metadata) or {BOUND_ERRORS[error["type"]]: next(iter(error["ctx"].values()))})
+
+
+def length_words(error: dict, items: str) -> str:
+    """A list or a text of the wrong length: "must not be empty", "must have at most 4 <items>"."""
+    kind, ctx = error["type"], error["ctx"]
+    n = ctx.get("min_length", ctx.get("max_length"))
+    if kind.endswith("too_short") and n == 1:
+        return "must not be empty"
+    unit = "characters" if kind.startswith("string") else items
+    return f"must have {'at least' if kind.endswith('too_short') else 'at most'} {n} {unit}"
+
+
 def error_words(error: dict, metadata=(), description: str | None = None) -> str:
     """A pydantic error as the box's own words: what the setting must be, and what it was given."""
     kind, value = error["type"], error.get("input")
     if kind == "literal_error":
         allowed = error["ctx"]["expected"].replace("' or '", "', '")
         return f"must be one of {allowed}, got {value!r}"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        found = bounds(metadata) or {kind.replace("greater_than_equal", "ge").replace("less_than_equal", "le")
-                                       .replace("greater_than", "gt").replace("less_than", "lt"):
-                                       next(iter(error["ctx"].values()))}
-        return f"must be {range_words(found)}, got {value!r}"
+    if kind in BOUND_ERRORS:
+        return f"must be {bound_words(error, metadata)}, got {value!r}"
     if kind == "string_pattern_mismatch":
         return f"{value!r} is not {description}" if description else f"{value!r} does not match {error['ctx']['pattern']}"
-    if kind in ("too_short", "too_long"):
-        ctx = error["ctx"]
-        n = ctx.get("min_length", ctx.get("max_length"))
-        if kind == "too_short" and n == 1:
-            return "must not be empty"
-        unit = "characters" if ctx.get("field_type") == "String" else "entries"
-        return f"must have {'at least' if kind == 'too_short' else 'at most'} {n} {unit}"
+    if kind in LENGTH_ERRORS:
+        return length_words(error, "entries")
     if kind == "missing":
         return "is required"
     if kind == "extra_forbidden":
@@ -103,7 +116,7 @@ def hint_parts(hint) -> tuple[Any, tuple, str | None]:
 def check_value(name: str, hint, value) -> None:
     """`value` against the rule `hint` says; SettingsError(name, words) where it breaks it."""
     try:
-        _adapter(hint).validate_python(value, strict=True)
+        adapter(hint).validate_python(value, strict=True)
     except pydantic.ValidationError as exc:
         _, metadata, description = hint_parts(hint)
         raise SettingsError(name, error_words(exc.errors()[0], metadata, description)) from None

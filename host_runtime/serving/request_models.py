@@ -12,14 +12,14 @@ the hand-written checks used."""
 
 from __future__ import annotations
 
-import functools
 import typing
 from typing import Annotated, Literal, Optional, Union
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from host_runtime.common.setting_rules import bounds, hint_parts, one_of, range_words
+from host_runtime.common.setting_rules import (BOUND_ERRORS, LENGTH_ERRORS, adapter, bound_words, hint_parts,
+                                               length_words, one_of)
 from host_runtime.serving.errors import APIError
 
 MAX_N = 4
@@ -442,24 +442,19 @@ def _param(loc) -> str:
     return out
 
 
-def _metadata(hint) -> tuple:
-    """An Annotated type's metadata, under Optional too."""
-    base, metadata, _ = hint_parts(hint)
-    if not metadata and typing.get_origin(base) is Union:
-        members = [a for a in typing.get_args(base) if a is not type(None)]
+def _parts(hint) -> tuple:
+    """hint_parts (type, metadata, description) of a type, Optional[X] read as X (null is "not given")."""
+    parts = hint_parts(hint)
+    if typing.get_origin(parts[0]) is Union:
+        members = [a for a in typing.get_args(parts[0]) if a is not type(None)]
         if len(members) == 1:
-            return hint_parts(members[0])[1]
-    return metadata
+            return hint_parts(members[0])
+    return parts
 
 
 def _plain(hint):
-    """The type under Annotated, and Optional[X] as X (null is "not given")."""
-    base = hint_parts(hint)[0]
-    if typing.get_origin(base) is Union:
-        members = [a for a in typing.get_args(base) if a is not type(None)]
-        if len(members) == 1:
-            return hint_parts(members[0])[0]
-    return base
+    """The type under Annotated and Optional."""
+    return _parts(hint)[0]
 
 
 def _kind(hint):
@@ -481,11 +476,6 @@ def _of_kind(value, kind) -> bool:
     return isinstance(value, kind)
 
 
-@functools.cache
-def _adapter(hint) -> pydantic.TypeAdapter:
-    return pydantic.TypeAdapter(hint)
-
-
 def _words(error: dict, param: str, hint) -> tuple[str, str]:
     """(message, code) for one pydantic error, in the words the API's own checks use."""
     kind, value = error["type"], error.get("input")
@@ -495,16 +485,10 @@ def _words(error: dict, param: str, hint) -> tuple[str, str]:
         return f"'{param}' must be {TYPE_NAMES[kind]}, got {type(value).__name__}", "invalid_type"
     if kind == "literal_error":
         return f"'{param}' must be {error['ctx']['expected']}, got {value!r}", "invalid_value"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        return f"'{param}' must be {range_words(bounds(_metadata(hint)))}, got {value}", "invalid_value"
-    if kind in ("too_short", "too_long", "string_too_short", "string_too_long"):
-        ctx = error["ctx"]
-        n = ctx.get("min_length", ctx.get("max_length"))
-        unit = "characters" if kind.startswith("string") else "items"
-        if kind.endswith("too_short") and n == 1:
-            return f"'{param}' must not be empty", "invalid_value"
-        return (f"'{param}' must have {'at least' if kind.endswith('too_short') else 'at most'} {n} {unit}",
-                "invalid_value")
+    if kind in BOUND_ERRORS:
+        return f"'{param}' must be {bound_words(error, _parts(hint)[1])}, got {value}", "invalid_value"
+    if kind in LENGTH_ERRORS:
+        return f"'{param}' {length_words(error, 'items')}", "invalid_value"
     if kind == "string_pattern_mismatch":
         description = hint_parts(hint)[2]
         if description:
@@ -516,7 +500,7 @@ def _words(error: dict, param: str, hint) -> tuple[str, str]:
 def _refuse(hint, value, path: tuple) -> None:
     """Raise the API's 400 for the first rule `value` (at `path` in the body) breaks of type `hint`."""
     try:
-        _adapter(hint).validate_python(value)
+        adapter(hint).validate_python(value)
         return
     except pydantic.ValidationError as exc:
         error = exc.errors(include_url=False)[0]
