@@ -19,12 +19,20 @@ QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Explain gr
              "Write a haiku about rain. " * 12]  # longer than the 96-token step budget: several chunks, several steps
 
 
-# f16: plain attention; q8_0: flash attention's per-row kernel (a quantized K), which the invariant mode relies on
-@pytest.fixture(scope="module", params=["f16", "q8_0"])
+# Each attention the invariant mode runs on the CPU (placement/kv_types.attention_layout): F16 asked for with short
+# contexts, flash attention's per-row kernel (K stored as BF16); F16 with contexts over PER_ROW_MAX_CTX, plain
+# attention; Q8_0, the per-row kernel (a quantized K).
+LAYOUTS = {"f16-short": ("f16", 1024, ("on", "bf16", "f16")), "f16-long": ("f16", 2304, ("off", "f16", "f16")),
+           "q8_0": ("q8_0", 1024, ("on", "q8_0", "q8_0"))}
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
 def small_steps(request):
-    config = ContextConfig(n_ctx_per_seq=1024, n_parallel=4, n_batch=96, prefill_chunk=32, n_threads=2,
-                           cache_type_k=request.param, cache_type_v=request.param)
+    cache_type, n_ctx, layout = LAYOUTS[request.param]
+    config = ContextConfig(n_ctx_per_seq=n_ctx, n_parallel=4, n_batch=96, prefill_chunk=32, n_threads=2,
+                           cache_type_k=cache_type, cache_type_v=cache_type)
     model = LoadedModel(default_model_path(), config)
+    assert (model.attention.flash, model.attention.type_k, model.attention.type_v) == layout
     return model, PromptBuilder(model)
 
 
@@ -97,9 +105,9 @@ def logprobs_of(model, prompts, texts: list[str], max_tokens: int = 12) -> list[
 
 
 def test_a_long_context_gives_the_same_logits_alone_or_batched(small_steps):
-    # Past 256 tokens a sequence sees 512 KV cells or more: there llama.cpp's CPU flash attention took another
-    # path for a call's only sequence than for several (a split over the cells, summed in another order), and a
-    # request's logprobs differed alone and batched. The invariant mode runs without flash attention.
+    # Past 256 tokens a sequence sees 512 KV cells or more: there llama.cpp's CPU flash attention with F16 K and V
+    # takes another path for a call's only sequence than for several (a split over the cells, summed in another
+    # order), and a request's logprobs differed alone and batched. The invariant mode never runs that pair.
     model, prompts = small_steps
     long_text = "Summarise this: " + "The river valley was settled by farmers who grew barley. " * 26
     assert len(prompts.chat_tokens([{"role": "user", "content": long_text}])[0]) > 300

@@ -87,6 +87,8 @@ def test_lavapipe_serves_the_cpus_greedy_tokens_through_the_openai_client(tmp_pa
         metrics = http_get(base + "/metrics")[1].decode()
         assert 'everycycle_backend_info{backend="vulkan"' in metrics
         assert 'everycycle_model_layers{device="Vulkan0"} 31' in metrics
+        assert 'everycycle_batching_info{cache_type_k="f16",cache_type_v="f16",flash_attention="off",' \
+               'mode="invariant",reason="batch-invariant with GPU layers: plain attention"} 1.0' in metrics
         assert 'everycycle_device_memory_allocated_bytes{device="Vulkan0",kind="weights"}' in metrics
         prompts = ["The capital of France is", "Write a haiku about the sea.", "List three prime numbers:"]
         agree = total = 0
@@ -127,6 +129,9 @@ def test_with_no_vulkan_device_the_cpu_serves_and_says_why(tmp_path, api_key):
         assert 'backend="cpu"' in line and "reason=" in line
         assert ("no GPU found" in line) or ("no GPU backend" in line), line
         assert 'everycycle_model_layers{device="CPU"} 31' in metrics
+        # One sequence: plain attention, and the line says why.
+        line = next(x for x in metrics.splitlines() if x.startswith("everycycle_batching_info{"))
+        assert 'mode="invariant"' in line and 'flash_attention="off"' in line and "one sequence" in line, line
         status = subprocess.run(everycycle("status", "--serving-url", base, "--run-dir", str(tmp_path), "--bmc-url",
                                            "http://127.0.0.1:9/none"), cwd=REPO, capture_output=True, text=True,
                                 timeout=60)

@@ -219,9 +219,9 @@ def spec_model():
 @pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
 def test_a_drafts_rows_give_the_logits_one_token_at_a_time_gives(spec_model, cache_type):
     """Up to 16 tokens of one sequence in one call (a draft verified) against the same tokens decoded one per
-    call, past 400 cells: bit-identical. (Plain attention, the layout without speculation, gave logits 0.47
-    to 1.1 apart here: llamafile's tinyBLAS takes its matrix products from two rows, vec_dot one.) With a Q8_0
-    cache too: flash attention's per-row kernel, whatever the call's rows."""
+    call, past 400 cells: bit-identical. (Plain attention gave logits 0.47 to 1.1 apart here: llamafile's
+    tinyBLAS takes its matrix products from two rows, vec_dot one.) F16 asked for (K stored as BF16) and Q8_0:
+    flash attention's per-row kernel, whatever the call's rows."""
     import llama_cpp
     import numpy as np
     from llama_cpp._internals import LlamaBatch
@@ -231,7 +231,7 @@ def test_a_drafts_rows_give_the_logits_one_token_at_a_time_gives(spec_model, cac
     m = spec_model if cache_type == "f16" else LoadedModel(default_model_path(), ContextConfig(
         n_ctx_per_seq=1024, n_parallel=2, n_batch=32, prefill_chunk=32, n_threads=2, speculation=True,
         cache_type_k=cache_type, cache_type_v=cache_type))
-    assert m.exact_rows
+    assert m.exact_rows and m.attention.type_k == ("bf16" if cache_type == "f16" else cache_type)
     holder = LlamaBatch(n_tokens=m.n_batch, embd=0, n_seq_max=1, verbose=False)
     batch = holder.batch
 

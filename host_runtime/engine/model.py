@@ -12,7 +12,7 @@ from pathlib import Path
 from host_runtime.engine import llama_log
 from host_runtime.engine.capacity import Capacity
 from host_runtime.models.gguf_info import pooling_name
-from host_runtime.placement.llama_params import DeviceMissing, call_tokens, context_params, exact_rows, model_params
+from host_runtime.placement.llama_params import DeviceMissing, attention_for, call_tokens, context_params, model_params
 from host_runtime.placement.model_table import ModelTableError, read_table
 from host_runtime.placement.planner import PlacementError, PlanRequest
 from host_runtime.placement.proof import ProofFailed, parse_buffer_log, prove
@@ -85,7 +85,7 @@ class ContextConfig:
     n_threads_decode: int = 0  # for calls of one token (llama.cpp's n_threads); 0: as n_threads
     batch_invariant: bool = True  # temperature-0 output independent of what else is batched; False: serve
     # --mixed-batches (prompt chunks and decode tokens in one call over a shared KV buffer)
-    speculation: bool = False  # drafts verified in the same call (serve --speculation): see exact_rows
+    speculation: bool = False  # drafts verified in the same call (serve --speculation): see kv_types.attention_layout
     placement: str = "auto"  # auto: the planner spreads layers over the GPUs llama.cpp sees; cpu: none offloaded
     n_gpu_layers: int | None = None  # explicit, as llama-server's --gpu-layers; checked by the same proof
     tensor_split: tuple[float, ...] | None = None
@@ -163,11 +163,12 @@ class LoadedModel:
         self.batch_invariant = config.batch_invariant
         self.n_batch = call_tokens(config.n_batch, self.n_parallel, config.batch_invariant)
         self.n_threads = config.n_threads or os.cpu_count() or 1
-        self.exact_rows = exact_rows(p, config.batch_invariant, config.speculation)
+        self.attention = attention_for(p, config.batch_invariant, config.speculation)
+        # A draft's rows verified in one call compute exactly as one row at a time (speculation's promise).
+        self.exact_rows = self.attention.per_row
         cparams = context_params(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel, n_batch=config.n_batch,
                                  n_threads=self.n_threads, n_threads_decode=config.n_threads_decode,
-                                 batch_invariant=config.batch_invariant, exact_rows=self.exact_rows,
-                                 kv_types=p.kv_types)
+                                 batch_invariant=config.batch_invariant, attention=self.attention)
         self.n_threads_decode = cparams.n_threads  # context_params chose it unless given
         # The KV cache's layout, for the prefix cache's fingerprint: as context_params made it.
         kv_layout = (f"{'unified' if cparams.kv_unified else 'streams'}"

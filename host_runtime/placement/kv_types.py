@@ -49,3 +49,76 @@ def per_row_attention(types: tuple[str, str]) -> bool:
     every shape (its split over the cells for one query row and its tiles for many both need K and V of the
     same F16 or F32 type): a row's result is then the same whatever else the call holds."""
     return types[0] not in ("f16", "f32") or types[0] != types[1]
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """How a generation context computes attention and stores its KV cache, and why: said in the engine's log and
+    in /metrics (everycycle_attention_info), and part of the prefix cache's fingerprint."""
+    flash: str   # "on", "off", or "auto" (llama.cpp decides)
+    type_k: str  # the types the cache is stored in (which may differ from the ones asked for: see below)
+    type_v: str
+    reason: str
+
+    @property
+    def per_row(self) -> bool:
+        """Each query row computed alone, whatever the call's shape: a row's result is the same alone, batched
+        with other sequences, or as one of a draft's rows (speculation verifies them exactly)."""
+        return self.flash == "on" and per_row_attention((self.type_k, self.type_v))
+
+
+# The longest context per sequence at which the invariant mode on the CPU takes per-row flash attention for its
+# speed (with two or more sequences): see attention_layout's measurements.
+PER_ROW_MAX_CTX = 2048
+
+
+def attention_layout(types: tuple[str, str], *, batch_invariant: bool, cpu_only: bool, speculation: bool = False,
+                     n_ctx_per_seq: int = 0, n_parallel: int = 1) -> AttentionLayout:
+    """The attention the engine runs with these KV types (K, V) in this batching mode, and why.
+
+    Not invariant: llama.cpp's own choice (flash attention where it can: its split and tiled kernels), as
+    llama-server runs. Invariant with layers on a GPU: plain attention (GPU kernels are not measured for this),
+    flash attention only where a quantized type needs it.
+
+    Invariant with every layer on the CPU, the attention must compute a row the same whatever else the call
+    holds. Plain attention does alone or batched, one row at a time; not a draft's rows (its matrix products go
+    to tinyBLAS from two rows and to vec_dot for one: verified rows 0.47-1.1 apart in their logits). llama.cpp's
+    flash attention computes each query row alone, in every shape, unless K and V are the same F16 or F32 type,
+    when the call's shape picks other paths: for one query token of a call's only sequence from 512 KV cells, a
+    split over the cells whose partial sums add up in another order (logits 0.53 apart from the same position
+    batched; a greedy answer changed), and tiles from 64 query rows. So where flash attention is taken for the
+    F16 pair K is stored as BF16 (the same two bytes a value: the plan's memory is unchanged), for F32 V is.
+
+    Which one, measured on 2 cores (llama-batched-bench, a stream per sequence, SmolLM2-135M; tokens/s):
+    per-row flash (K BF16) against plain attention against llama-server's own (flash, F16 K and V):
+      decode, 16 sequences at 100 cells: 328-337 / 273-276 / 320-329; at 400: 269-277 / 237-249 / 264;
+      decode, 8 and 16 sequences at 1,024 cells: 183 and 206 / 149 and 171;
+      decode, one sequence at 2,048 and 8,192 cells: 79 and 32 / 80 and 37 / 93 and 36;
+      prompt of 100 tokens: 470 / 420 / 460; 1,024: 360 / 395; 2,048: 262 / 354 / 382; 8,192: 116 / 208 / 214.
+    Per-row flash pays when several sequences decode together over short contexts and costs long prompts
+    dearly; so it runs where that is the box's shape (two or more sequences of at most PER_ROW_MAX_CTX tokens),
+    and wherever speculation verifies drafts (which needs a draft's rows exact); plain attention elsewhere.
+    (V as BF16 instead of K: 306-309 at 16 sequences, 100 cells: its rows convert a cell at a time.)"""
+    k, v = types
+    quantized = needs_flash_attention(types)
+    if not batch_invariant:
+        return AttentionLayout("on" if quantized else "auto", k, v,
+                               "mixed batches: llama.cpp's choice of attention kernels, as llama-server's")
+    if not cpu_only:
+        if quantized:
+            return AttentionLayout("on", k, v, "batch-invariant with GPU layers: flash attention for the quantized "
+                                               "cache")
+        return AttentionLayout("off", k, v, "batch-invariant with GPU layers: plain attention")
+    if per_row_attention(types):
+        why = "a quantized cache" if quantized else f"K {k} and V {v}"
+        return AttentionLayout("on", k, v, f"batch-invariant on the CPU with {why}: flash attention one query row "
+                                           "at a time")
+    short = n_parallel >= 2 and n_ctx_per_seq <= PER_ROW_MAX_CTX
+    if not (speculation or short):
+        return AttentionLayout("off", k, v, "batch-invariant on the CPU: plain attention (per-row flash attention "
+                                            f"is slower on prompts over {PER_ROW_MAX_CTX} tokens or one sequence)")
+    k, v = ("bf16", v) if k == "f16" else (k, "bf16")
+    why = ("speculation: a draft's rows verified exactly" if speculation else
+           f"{n_parallel} sequences of {n_ctx_per_seq} tokens: faster than plain attention")
+    return AttentionLayout("on", k, v, f"batch-invariant on the CPU: flash attention one query row at a time, "
+                                       f"K stored as {k} and V as {v} so that it stays per row ({why})")

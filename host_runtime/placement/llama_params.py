@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 
 from host_runtime.gpu.llama_devices import cpu_buffer_type, device_handles, list_devices
-from host_runtime.placement.kv_types import DEFAULT_KV, kv_type, needs_flash_attention, per_row_attention
+from host_runtime.placement.kv_types import DEFAULT_KV, AttentionLayout, attention_layout, kv_type
 from host_runtime.placement.planner import Placement
 
 
@@ -84,19 +84,24 @@ def call_tokens(n_batch: int, n_parallel: int, batch_invariant: bool) -> int:
     return max(n_batch, n_parallel) if batch_invariant else n_batch + n_parallel
 
 
-def exact_rows(placement: Placement, batch_invariant: bool, speculation: bool) -> bool:
-    """Whether the context lays attention out so that several query rows of one sequence (a draft verified in
-    one call) compute exactly as one row does (context_params): in the invariant mode with speculation, where
-    every layer runs on the CPU. (GPU kernels are not measured for this; there the layout stays as it was.)"""
-    return batch_invariant and speculation and placement.n_gpu_layers == 0
+def attention_for(placement: Placement, batch_invariant: bool, speculation: bool = False) -> AttentionLayout:
+    """The attention this placement runs with (kv_types.attention_layout)."""
+    return attention_layout(placement.kv_types, batch_invariant=batch_invariant,
+                            cpu_only=placement.n_gpu_layers == 0, speculation=speculation,
+                            n_ctx_per_seq=placement.n_ctx_per_seq, n_parallel=placement.n_parallel)
 
 
 def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threads: int, batch_invariant: bool,
-                   n_threads_decode: int = 0, exact_rows: bool = False, kv_types: tuple[str, str] = DEFAULT_KV):
+                   attention: AttentionLayout | None = None, n_threads_decode: int = 0):
     """The generation context: a KV stream per sequence (batch_invariant) or one shared buffer, calls of up to
     call_tokens() tokens (see engine/model.py); n_threads for calls of several tokens, n_threads_decode
-    (default: the same) for calls of one; the KV cache in kv_types (K, V)."""
+    (default: the same) for calls of one; attention and the KV cache's stored types as `attention` says
+    (kv_types.attention_layout: the rule, and why; None: the default types' with every layer on the CPU)."""
     import llama_cpp
+
+    if attention is None:
+        attention = attention_layout(DEFAULT_KV, batch_invariant=batch_invariant, cpu_only=True,
+                                     n_ctx_per_seq=n_ctx_per_seq, n_parallel=n_parallel)
 
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = n_ctx_per_seq * n_parallel
@@ -108,33 +113,12 @@ def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threa
     # thread than the loop (Engine.start). Fixed, on 2 cores: one-token calls 15.1 ms in the server on two
     # threads against 22.8 on one; chat at c=1 0.97x llama-server's tok/s against 0.65x.
     cparams.n_threads = n_threads_decode or cparams.n_threads_batch
-    cparams.kv_unified = not batch_invariant
-    cparams.no_perf = True
     # Not invariant: one unified buffer, so that a call may mix sequences with different token counts (with a
     # stream per sequence llama.cpp splits such a call into equal-count pieces, one weight pass each).
-    # Invariant: no flash attention. llama.cpp's CPU kernel takes other paths by the call's shape: a tiled one
-    # from ~64 query tokens, and, for one query token of a call's only sequence once 512 or more KV cells are
-    # in view, a split over the KV cells whose partial sums add up in another order (ops.cpp,
-    # use_split_kv_path). Measured on a 355-token prompt: that token's logits differed by up to 0.53 from the
-    # same position verified as one of five tokens, and a greedy output changed 13 tokens later. Plain
-    # attention (matrix products and a softmax per row) gave identical logits for 1 to 12 query tokens at
-    # 355 and 900 cells, and cost 7.3 ms against 6.6 ms a token at 355 cells and less for multi-token calls.
-    cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED if batch_invariant
-                               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
-    k, v = kv_type(kv_types[0]), kv_type(kv_types[1])
-    cparams.type_k, cparams.type_v = k.ggml_type, v.ggml_type
-    if needs_flash_attention(kv_types):
-        # A quantized V needs it; with a quantized K it is also the per-row path below, in every mode.
-        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-    if exact_rows:
-        # Verifying a draft puts several query rows of one sequence in a call, and plain attention computes
-        # those otherwise than one row: its F16 matrix products go to llamafile's tinyBLAS from two rows and to
-        # ggml's vec_dot for one (measured: logits 0.47 to 1.1 apart at 408 cells, so a verified token could
-        # differ from plain decoding's). Flash attention takes its per-row reference path in every shape unless
-        # K and V are the same F16 or F32 type (the split over KV cells and the tiles need that): bit-identical
-        # logits for 1 to 16 rows at 156 to 786 cells, and alone or batched. Where they are, V in BF16 keeps
-        # F16's size; measured on 2 cores: decode as fast, a 7-token verify 20% and prefill 13% slower.
-        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if not per_row_attention(kv_types):
-            cparams.type_v = kv_type("bf16").ggml_type
+    cparams.kv_unified = not batch_invariant
+    cparams.no_perf = True
+    cparams.flash_attn_type = {"on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                               "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+                               "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO}[attention.flash]
+    cparams.type_k, cparams.type_v = kv_type(attention.type_k).ggml_type, kv_type(attention.type_v).ggml_type
     return cparams

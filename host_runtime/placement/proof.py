@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, replace
 
 from host_runtime.engine import llama_log
-from host_runtime.placement.llama_params import context_params, exact_rows, model_params
+from host_runtime.placement.llama_params import attention_for, context_params, model_params
 from host_runtime.placement.model_table import ModelTable
 from host_runtime.placement.planner import Device, Host, Placement, PlacementError, PlanRequest, plan
 
@@ -66,8 +66,7 @@ def dry_run(model_path: str, placement: Placement, *, n_batch: int, n_threads: i
     mp = model_params(placement, no_alloc=True)
     cparams = context_params(n_ctx_per_seq=placement.n_ctx_per_seq, n_parallel=placement.n_parallel,
                              n_batch=n_batch, n_threads=n_threads, batch_invariant=batch_invariant,
-                             exact_rows=exact_rows(placement, batch_invariant, speculation),
-                             kv_types=placement.kv_types)
+                             attention=attention_for(placement, batch_invariant, speculation))
     with llama_log.capture() as text:
         model = llama_cpp.llama_model_load_from_file(model_path.encode(), mp.params)
         if not model:

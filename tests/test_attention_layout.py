@@ -1,0 +1,65 @@
+"""Which attention each batching mode, placement and context runs with, and that it keeps the invariant mode's
+promise by construction (pure: placement/kv_types.attention_layout)."""
+
+from __future__ import annotations
+
+import pytest
+
+from host_runtime.placement.kv_types import (KV_TYPES, PER_ROW_MAX_CTX, attention_layout, kv_type,
+                                             per_row_attention)
+
+
+def layout(types=("f16", "f16"), **given):
+    settings = {"batch_invariant": True, "cpu_only": True, "n_ctx_per_seq": 1024, "n_parallel": 16} | given
+    return attention_layout(types, **settings)
+
+
+def test_several_short_sequences_on_the_cpu_get_per_row_flash_attention_with_k_as_bf16():
+    a = layout()
+    assert (a.flash, a.type_k, a.type_v, a.per_row) == ("on", "bf16", "f16", True)
+    assert "16 sequences of 1024 tokens" in a.reason
+    # the same bytes a value: the planner's figures hold for what is allocated
+    assert kv_type(a.type_k).row_bytes(64) == kv_type("f16").row_bytes(64)
+
+
+@pytest.mark.parametrize("given", [{"n_ctx_per_seq": PER_ROW_MAX_CTX + 1}, {"n_parallel": 1}])
+def test_long_contexts_or_one_sequence_get_plain_attention_and_say_why(given):
+    a = layout(**given)
+    assert (a.flash, a.type_k, a.type_v, a.per_row) == ("off", "f16", "f16", False)
+    assert "plain attention" in a.reason and str(PER_ROW_MAX_CTX) in a.reason
+
+
+def test_speculation_gets_exact_rows_whatever_the_context():
+    a = layout(n_ctx_per_seq=32768, n_parallel=1, speculation=True)
+    assert a.per_row and a.type_k == "bf16" and "draft" in a.reason
+    assert layout(("f32", "f32"), speculation=True).type_v == "bf16"  # F32 keeps its K; V goes per row
+
+
+@pytest.mark.parametrize("types", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("bf16", "f16"), ("f16", "q8_0")])
+def test_types_that_are_per_row_already_are_kept(types):
+    a = layout(types, n_ctx_per_seq=32768, n_parallel=1)
+    assert (a.flash, a.type_k, a.type_v, a.per_row) == ("on", *types, True)
+
+
+def test_every_invariant_cpu_layout_with_flash_attention_is_per_row():
+    """The promise: wherever the invariant mode on the CPU takes flash attention, llama.cpp computes each row
+    alone (never its split over the cells nor its tiles, which K and V of the same F16 or F32 type allow)."""
+    for k in KV_TYPES:
+        for v in KV_TYPES:
+            for ctx in (512, PER_ROW_MAX_CTX, 65536):
+                for n in (1, 4):
+                    for spec in (False, True):
+                        a = layout((k, v), n_ctx_per_seq=ctx, n_parallel=n, speculation=spec)
+                        assert a.flash in ("on", "off")
+                        if a.flash == "on":
+                            assert per_row_attention((a.type_k, a.type_v)), (k, v, ctx, n, spec)
+                        if spec:
+                            assert a.per_row
+
+
+def test_the_mixed_mode_and_gpu_layers():
+    assert layout(batch_invariant=False).flash == "auto"
+    assert layout(("q8_0", "q8_0"), batch_invariant=False).flash == "on"  # a quantized V needs it
+    gpu = layout(cpu_only=False)
+    assert (gpu.flash, gpu.type_k) == ("off", "f16") and "GPU" in gpu.reason
+    assert layout(("q8_0", "q8_0"), cpu_only=False).flash == "on"
