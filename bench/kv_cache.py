@@ -7,10 +7,10 @@ compared with F16's: top-1 agreement, the mean KL divergence from F16, and the t
 the KV bytes per token of context, by the planner's arithmetic (placement/kv_types.py), beside F16's. Time: the
 prompt's evaluation, and greedy decoding of DECODE tokens after it, per token, as ratios to F16's.
 
-Each type runs with the attention and stored types the engine gives it in its default (batch-invariant) mode on
-the CPU (placement/kv_types.attention_layout: flash attention one row at a time, F16 stored as K BF16 and V F16);
-the reference is F16 with plain attention (what llama.cpp computes without flash attention: the quality baseline
-every other row is compared with). A type is a name for both K and V (`q8_0`) or a K/V pair (`bf16/f16`).
+Each type runs with the per-row flash attention the engine's invariant mode takes on the CPU with several short
+sequences or speculation (placement/kv_types.attention_layout: F16 stored as K BF16 and V F16); the reference is
+F16 with plain attention (the invariant mode's other layout, and the quality baseline every row is compared
+with). A type is a name for both K and V (`q8_0`) or a K/V pair (`bf16/f16`).
 
   bench/kv_cache.py [--model PATH] [--tokens 2048] [--decode 64] [--types f16,q8_0,q4_0] [--threads N]
 """
@@ -57,7 +57,7 @@ def run_type(model_path: str, tokens: list[int], kv: str, n_decode: int, threads
     from host_runtime.placement.kv_types import AttentionLayout, attention_layout, kv_type
 
     layout = (AttentionLayout("off", "f16", "f16", "the reference") if kv == REFERENCE
-              else attention_layout(kv_pair(kv), batch_invariant=True, cpu_only=True))
+              else attention_layout(kv_pair(kv), batch_invariant=True, cpu_only=True, speculation=True))
     n_ctx = len(tokens) + n_decode + 16
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
                           n_threads_batch=threads, logits_all=True, verbose=False,
