@@ -47,8 +47,8 @@ def _refused(call, *args) -> APIError:
 @pytest.mark.parametrize("choice", ["required", "auto"])
 def test_the_reviews_repeated_pattern_is_refused_before_any_grammar_is_made(choice, monkeypatch):
     converted = []
-    real = tool_calls._schema_grammar
-    monkeypatch.setattr(tool_calls, "_schema_grammar", lambda schema: converted.append(1) or real(schema))
+    real = tool_calls.schema_grammar
+    monkeypatch.setattr(tool_calls, "schema_grammar", lambda schema: converted.append(1) or real(schema))
     body = {"model": MODEL, "messages": MSGS, "tools": [_pattern_tool("f", ATTACK_PATTERN)], "tool_choice": choice}
     err = _refused(parse_chat, body, MODEL)
     assert err.param == "tools[0].function.parameters" and "grammar of about" in err.message
@@ -140,7 +140,7 @@ def test_an_agents_tools_are_well_inside_the_bounds():
 def test_the_weight_bounds_what_the_converter_writes(schema):
     """The budget is only a bound if the estimate grows as the grammar does: within a small factor of the real
     size for every shape that repeats (the converter's fixed rules, a few hundred bytes, aside)."""
-    real = len(tool_calls._schema_grammar(schema))
+    real = len(tool_calls.schema_grammar(schema))
     weight = schema_weight(schema, "x")
     assert real <= 3 * weight + 2048, (real, weight)
 

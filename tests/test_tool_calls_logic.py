@@ -360,3 +360,27 @@ def test_the_deepseek_grammar_chains_calls_with_each_tools_own_arguments():
     from llama_cpp.llama_grammar import LlamaGrammar
 
     assert LlamaGrammar.from_string(grammar, verbose=False)  # llama.cpp's parser takes it
+
+
+def test_a_json_string_character_is_a_unicode_scalar_value():
+    """The converter's char took any code point: llama.cpp decodes a token's bytes unchecked, so a lead byte past
+    F4 or an encoded surrogate passed as one character and came out as a U+FFFD per byte, past maxLength
+    (serving/json_schema_grammar.py). Compiled by llama.cpp itself, the class refuses them and keeps the rest."""
+    import llama_cpp
+
+    from host_runtime.engine.model import default_model_path
+    from host_runtime.serving.json_schema_grammar import schema_grammar
+
+    grammar = schema_grammar({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}})
+    char = next(line for line in grammar.splitlines() if line.startswith("char ::="))
+    assert r"\uD800-\uDFFF" in char and r"\U00110000-\U7FFFFFFF" in char and r"\x00-\x1F" in char
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(default_model_path()).encode(), params)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        assert sampler, "llama.cpp refused the grammar"
+        llama_cpp.llama_sampler_free(sampler)
+    finally:
+        llama_cpp.llama_model_free(model)

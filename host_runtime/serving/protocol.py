@@ -12,6 +12,7 @@ from host_runtime.engine import wire
 from host_runtime.serving import request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
+from host_runtime.serving.json_schema_grammar import schema_grammar
 from host_runtime.serving.reasoning import split
 from host_runtime.serving.request_models import KINDS, check, given
 from host_runtime.serving.tool_calls import ToolCallStream, grammar_for, parse_output, parse_tool_choice, parse_tools
@@ -165,7 +166,7 @@ def _response_format_grammar(body: dict) -> str | None:
     kind = fmt.get("type")
     if kind in (None, "text"):
         return None
-    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+    from llama_cpp.llama_grammar import JSON_GBNF
 
     if kind == "json_object":
         return JSON_GBNF
@@ -177,7 +178,7 @@ def _response_format_grammar(body: dict) -> str | None:
         where = "response_format.json_schema.schema"
         GrammarBudget().charge(spec["schema"], where)  # before converting: the converter's work is bounded too
         try:
-            grammar = LlamaGrammar.from_json_schema(json.dumps(spec["schema"]), verbose=False)._grammar
+            grammar = schema_grammar(spec["schema"])
         except Exception as exc:  # the converter raises bare Exceptions (and KeyErrors) for what it cannot do
             raise bad(f"this JSON Schema cannot be turned into a grammar: {type(exc).__name__}: {exc}",
                       where) from None

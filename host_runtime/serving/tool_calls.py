@@ -16,6 +16,7 @@ from host_runtime.serving import tool_calls_xml
 from host_runtime.serving.tool_calls_xml import gbnf_literal
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_TOOLS_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
+from host_runtime.serving.json_schema_grammar import schema_grammar
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_TOOLS = 128
@@ -104,7 +105,7 @@ def parse_tools(body: dict) -> list[Tool]:
                        f"{params.get('type')!r}", f"{where}.function.parameters")
         budget.charge(params, f"{where}.function.parameters", CALL_RULE_PREFIX_BYTES)
         try:
-            grammar = _schema_grammar(params)
+            grammar = schema_grammar(params)
         except Exception as exc:  # the converter raises bare Exceptions and KeyErrors for what it cannot read
             raise _bad(f"'{where}.function.parameters' is not a JSON Schema this server can follow: "
                        f"{type(exc).__name__}: {exc}", f"{where}.function.parameters") from None
@@ -152,12 +153,6 @@ def _call_schema(tools: list[Tool], fmt: str) -> dict:
                        "required": ["name", key]} for t in tools]}
 
 
-def _schema_grammar(schema: dict) -> str:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    return json_schema_to_gbnf(json.dumps(schema))
-
-
 _LITERAL = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]')
 
 
@@ -183,12 +178,12 @@ def _call_grammar(fmt: str, tools: list[Tool], choice: ToolChoice) -> str:
     allowed = [t for t in tools if choice.mode != "named" or t.name == choice.name]
     parallel = choice.parallel and choice.mode != "named"  # a named function is called once
     if fmt == "hermes":
-        call = _rename_rule(_schema_grammar(_call_schema(allowed, fmt)), "root", "tool-call-body")
+        call = _rename_rule(schema_grammar(_call_schema(allowed, fmt)), "root", "tool-call-body")
         one = f'"{HERMES_OPEN}\\n" tool-call-body "\\n{HERMES_CLOSE}"'
         root = f"root ::= {one}" + (f' ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "")
         return root + "\n" + call
     if fmt == "llama3":
-        return _schema_grammar(_call_schema(allowed, fmt))  # one call: Llama 3's format has no list
+        return schema_grammar(_call_schema(allowed, fmt))  # one call: Llama 3's format has no list
     if fmt in ("qwen3_coder", "glm45"):
         return tool_calls_xml.grammar(fmt, allowed, parallel, MAX_PARALLEL_CALLS)
     if fmt == "deepseek_v31":
@@ -199,8 +194,8 @@ def _call_grammar(fmt: str, tools: list[Tool], choice: ToolChoice) -> str:
     items = {"type": "array", "items": _call_schema(allowed, fmt), "minItems": 1,
              "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
     if fmt == "mistral":
-        return _schema_grammar(items)
-    return _schema_grammar({"type": "object", "properties": {"tool_calls": items}, "required": ["tool_calls"]})
+        return schema_grammar(items)
+    return schema_grammar({"type": "object", "properties": {"tool_calls": items}, "required": ["tool_calls"]})
 
 
 _RULE_NAME = re.compile(r"^([\w-]+) ::=", re.M)
@@ -211,7 +206,7 @@ def _arguments_grammars(tools: list[Tool]) -> tuple[list[str], list[str]]:
     converter names them alike: root, space, value...). (the rules, each tool's root rule's name)"""
     rules, roots = [], []
     for i, tool in enumerate(tools):
-        grammar = _schema_grammar(tool.parameters or {"type": "object"})
+        grammar = schema_grammar(tool.parameters or {"type": "object"})
         for name in _RULE_NAME.findall(grammar):
             grammar = _rename_rule(grammar, name, f"args{i}x-{name}")
         rules.append(grammar.strip())
