@@ -692,7 +692,8 @@ def step_profile(before: dict, after: dict, wall: float) -> dict:
     """Where EveryCycle's time went during one run, from its own counters."""
     d = {k: after.get(f"everycycle_{k}", 0) - before.get(f"everycycle_{k}", 0)
          for k in ("n_decode_total", "n_busy_slots_total", "prompt_seconds_total", "predicted_seconds_total",
-                   "tokens_predicted_total")}
+                   "tokens_predicted_total", "n_decode_generated_total", "n_busy_slots_generated_total")}
+    generated_calls = d["n_decode_generated_total"]
     decode_s = d["prompt_seconds_total"] + d["predicted_seconds_total"]
     def spec(name: str, figures: dict) -> float:  # summed over the drafting kinds (label `kind`)
         return sum(v for k, v in figures.items() if k.split("{")[0] == f"everycycle_{name}")
@@ -705,7 +706,12 @@ def step_profile(before: dict, after: dict, wall: float) -> dict:
             "tokens_per_decode_call": d["tokens_predicted_total"] / d["n_decode_total"] if d["n_decode_total"] else 0.0,
             "mean_sequences_per_decode_call": d["n_busy_slots_total"] / d["n_decode_total"] if d["n_decode_total"] else 0.0,
             "decode_calls_per_s": d["n_decode_total"] / wall if wall else 0.0,
-            "mean_ms_per_decode_call": 1000 * decode_s / d["n_decode_total"] if d["n_decode_total"] else 0.0}
+            "mean_ms_per_decode_call": 1000 * decode_s / d["n_decode_total"] if d["n_decode_total"] else 0.0,
+            # the calls of generated tokens only, apart from prompt chunks: their mean size and time
+            "ms_per_generated_only_call": 1000 * d["predicted_seconds_total"] / generated_calls if generated_calls
+            else 0.0,
+            "sequences_per_generated_only_call": d["n_busy_slots_generated_total"] / generated_calls if generated_calls
+            else 0.0}
 
 
 def prefix_mode(args, model: str, model_id: str, workdir: Path) -> dict:

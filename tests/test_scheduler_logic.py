@@ -83,6 +83,11 @@ def test_a_generation_streams_tokens_then_finishes_with_its_counts(make):
     assert events.text("a") == "defgh"
     assert got[-2] == wire.Finish(0, "length", 5, None) and got[-1] == wire.Done(3, 0)
     assert runner.threads == {"engine-loop"}  # every llama.cpp call from the loop thread
+    # A call of generated tokens only is counted apart from prompt calls (bench/serving.py's call profile): the
+    # prompt in one call, then one call a generated token but the last (which ends the request unfed).
+    figures = engine.metrics.snapshot()
+    assert figures["n_decode_generated_total"] == figures["n_busy_slots_generated_total"] == 4
+    assert figures["n_decode_total"] == 5
 
 
 def test_waiting_requests_are_served_in_arrival_order(make):

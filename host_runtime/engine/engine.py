@@ -767,6 +767,9 @@ class Engine:
         self.metrics.add("n_decode_total")
         self.metrics.add("n_busy_slots_total", len(call))
         self.metrics.add("prompt_seconds_total" if has_prompt else "predicted_seconds_total", elapsed)
+        if not has_prompt:  # a decode call's own cost, apart from prompt chunks (bench/serving.py's profile)
+            self.metrics.add("n_decode_generated_total")
+            self.metrics.add("n_busy_slots_generated_total", len(call))
         if self.call_cost is not None and not has_prompt:
             self.call_cost.observe(n_tokens, elapsed)
         if failed is not None:

@@ -59,6 +59,8 @@ class EngineMetrics:
         "prompt_tokens_cached_total": "Prompt tokens not computed because the prefix cache had them.",
         "prompt_seconds_total": "Time spent in decode calls that carried prompt tokens.",
         "predicted_seconds_total": "Time spent in decode calls that carried only generated tokens.",
+        "n_decode_generated_total": "llama_decode calls that carried only generated tokens.",
+        "n_busy_slots_generated_total": "Sequences summed over the calls that carried only generated tokens.",
         "canaries_total": "Readiness canary generations finished (each is also in requests_total).",
         "requests_preempted_total": "Sequences parked (their KV saved) to free a slot for a higher priority class.",
         "requests_resumed_total": "Parked sequences restored to a slot, going on where they stopped.",
