@@ -369,18 +369,27 @@ def test_a_json_string_character_is_a_unicode_scalar_value():
     import llama_cpp
 
     from host_runtime.engine.model import default_model_path
-    from host_runtime.serving.json_schema_grammar import schema_grammar
+    from host_runtime.serving import tool_calls_xml
+    from host_runtime.serving.json_schema_grammar import NOT_SCALAR, json_object_grammar, schema_grammar
+    from host_runtime.serving.tool_calls import Tool
 
     grammar = schema_grammar({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}})
     char = next(line for line in grammar.splitlines() if line.startswith("char ::="))
     assert r"\uD800-\uDFFF" in char and r"\U00110000-\U7FFFFFFF" in char and r"\x00-\x1F" in char
+    # The same class wherever a grammar holds text: any JSON object's, and the XML calls' values.
+    tools = [Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                                     "days": {"type": "integer"}}})]
+    others = [json_object_grammar(), tool_calls_xml.grammar("qwen3_coder", tools, True, 8),
+              tool_calls_xml.grammar("glm45", tools, True, 8)]
+    assert all(NOT_SCALAR in g for g in others)
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(str(default_model_path()).encode(), params)
     try:
         vocab = llama_cpp.llama_model_get_vocab(model)
-        sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
-        assert sampler, "llama.cpp refused the grammar"
-        llama_cpp.llama_sampler_free(sampler)
+        for g in [grammar, *others]:
+            sampler = llama_cpp.llama_sampler_init_grammar(vocab, g.encode(), b"root")
+            assert sampler, "llama.cpp refused the grammar"
+            llama_cpp.llama_sampler_free(sampler)
     finally:
         llama_cpp.llama_model_free(model)

@@ -12,7 +12,7 @@ from host_runtime.engine import wire
 from host_runtime.serving import request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
-from host_runtime.serving.json_schema_grammar import schema_grammar
+from host_runtime.serving.json_schema_grammar import json_object_grammar, schema_grammar
 from host_runtime.serving.reasoning import split
 from host_runtime.serving.request_models import KINDS, check, given
 from host_runtime.serving.tool_calls import ToolCallStream, grammar_for, parse_output, parse_tool_choice, parse_tools
@@ -166,10 +166,8 @@ def _response_format_grammar(body: dict) -> str | None:
     kind = fmt.get("type")
     if kind in (None, "text"):
         return None
-    from llama_cpp.llama_grammar import JSON_GBNF
-
     if kind == "json_object":
-        return JSON_GBNF
+        return json_object_grammar()
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):

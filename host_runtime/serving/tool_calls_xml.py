@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import re
 
+from host_runtime.serving.json_schema_grammar import JSON_STRING_CHAR, NOT_SCALAR
+
 FUNCTION_OPEN = "<function="
 ARG_KEY = "<arg_key>"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
@@ -29,16 +31,17 @@ _GLM_CALL = re.compile(r"([A-Za-z0-9_.-]{1,64})\s*(.*)", re.S)
 _GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 # A raw value: any text without "</p" (Qwen3-Coder: "</parameter>" ends it) or "</a" (GLM: "</arg_value>");
 # "<" and "</" otherwise stay possible. Never \x00: llama.cpp's grammar reads bytes that are not UTF-8 as code
-# point 0, so excluding it keeps a byte-level model's broken sequences out (as JSON's string rule does).
-_VALUE_CHAR = {"qwen3_coder": r'xml-char ::= [^<\x00] | "<" [^/\x00] | "</" [^p\x00]',
-               "glm45": r'xml-char ::= [^<\x00] | "<" [^/\x00] | "</" [^a\x00]'}
+# point 0, so excluding it keeps a byte-level model's broken sequences out; nor a code point no UTF-8 encodes,
+# which llama.cpp decodes from bytes shaped like UTF-8 (json_schema_grammar.NOT_SCALAR: as JSON's string rule).
+_VALUE_CHAR = {fmt: rf'xml-char ::= [^<\x00{NOT_SCALAR}] | "<" [^/\x00{NOT_SCALAR}] | "</" [^{c}\x00{NOT_SCALAR}]'
+               for fmt, c in (("qwen3_coder", "p"), ("glm45", "a"))}
 # JSON values for parameters that are not strings: loose (the call's shape is what the grammar promises).
 _JSON_RULES = r'''json-value ::= json-object | json-array | json-string | json-number | "true" | "false" | "null"
 json-object ::= "{" ws ( json-string ws ":" ws json-value ( ws "," ws json-string ws ":" ws json-value ){0,64} )? ws "}"
 json-array ::= "[" ws ( json-value ( ws "," ws json-value ){0,256} )? ws "]"
-json-string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ["\\/bfnrt] ){0,4096} "\""
+json-string ::= "\"" ( JSON_STRING_CHAR | "\\" ["\\/bfnrt] ){0,4096} "\""
 json-number ::= "-"? [0-9]{1,16} ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
-ws ::= [ \t\n]{0,8}'''
+ws ::= [ \t\n]{0,8}'''.replace("JSON_STRING_CHAR", JSON_STRING_CHAR)
 
 
 def gbnf_literal(text: str) -> str:
