@@ -45,19 +45,23 @@ def log_softmax(row):
 REFERENCE = "f16 plain"  # F16 K and V, no flash attention
 
 
-def kv_pair(kv: str) -> tuple[str, str]:
+def layout_of(kv: str):
+    """The attention and stored types a type (`q8_0`, `bf16/f16`, or REFERENCE) runs with here."""
+    from host_runtime.placement.kv_types import AttentionLayout, attention_layout
+
+    if kv == REFERENCE:
+        return AttentionLayout("invariant", "off", "f16", "f16", "the reference")
     k, _, v = kv.partition("/")
-    return k, v or k
+    return attention_layout((k, v or k), batch_invariant=True, cpu_only=True, speculation=True)
 
 
 def run_type(model_path: str, tokens: list[int], kv: str, n_decode: int, threads: int):
     import llama_cpp
     import numpy as np
 
-    from host_runtime.placement.kv_types import AttentionLayout, attention_layout, kv_type
+    from host_runtime.placement.kv_types import kv_type
 
-    layout = (AttentionLayout("off", "f16", "f16", "the reference") if kv == REFERENCE
-              else attention_layout(kv_pair(kv), batch_invariant=True, cpu_only=True, speculation=True))
+    layout = layout_of(kv)
     n_ctx = len(tokens) + n_decode + 16
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
                           n_threads_batch=threads, logits_all=True, verbose=False,
@@ -74,7 +78,7 @@ def run_type(model_path: str, tokens: list[int], kv: str, n_decode: int, threads
         llm.eval([token])
     decode_s = time.perf_counter() - started
     del llm
-    return logits, prompt_s, decode_s
+    return layout, logits, prompt_s, decode_s
 
 
 def main(argv: list[str]) -> int:
@@ -101,11 +105,12 @@ def main(argv: list[str]) -> int:
     results: dict = {}
     reference = None
     for kv in types:
-        logits, prompt_s, decode_s = run_type(model_path, tokens, kv, args.decode, args.threads)
+        layout, logits, prompt_s, decode_s = run_type(model_path, tokens, kv, args.decode, args.threads)
         logp = np.stack([log_softmax(row) for row in logits[:-1]])
         targets = np.array(tokens[1:])
         nll = -logp[np.arange(len(targets)), targets].mean()
-        entry = {"kv_bytes_per_token": table.kv_bytes_per_token(kv_pair(kv.split()[0])), "perplexity": round(float(math.exp(nll)), 4),
+        entry = {"kv_bytes_per_token": table.kv_bytes_per_token((layout.type_k, layout.type_v)),
+                 "perplexity": round(float(math.exp(nll)), 4),
                  "prompt_s": round(prompt_s, 3), "decode_ms_per_token": round(decode_s / args.decode * 1000, 3)}
         if reference is None:
             reference = logp

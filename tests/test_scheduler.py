@@ -231,7 +231,7 @@ def test_a_drafts_rows_give_the_logits_one_token_at_a_time_gives(spec_model, cac
     m = spec_model if cache_type == "f16" else LoadedModel(default_model_path(), ContextConfig(
         n_ctx_per_seq=1024, n_parallel=2, n_batch=32, prefill_chunk=32, n_threads=2, speculation=True,
         cache_type_k=cache_type, cache_type_v=cache_type))
-    assert m.exact_rows and m.attention.type_k == ("bf16" if cache_type == "f16" else cache_type)
+    assert m.attention.per_row and m.attention.type_k == ("bf16" if cache_type == "f16" else cache_type)
     holder = LlamaBatch(n_tokens=m.n_batch, embd=0, n_seq_max=1, verbose=False)
     batch = holder.batch
 

@@ -766,12 +766,14 @@ class Engine:
         elapsed = self.progress.call_ended()
         self.metrics.add("n_decode_total")
         self.metrics.add("n_busy_slots_total", len(call))
-        self.metrics.add("prompt_seconds_total" if has_prompt else "predicted_seconds_total", elapsed)
-        if not has_prompt:  # a decode call's own cost, apart from prompt chunks (bench/serving.py's profile)
+        if has_prompt:
+            self.metrics.add("prompt_seconds_total", elapsed)
+        else:  # a decode call's own cost, apart from prompt chunks (bench/serving.py's profile, speculation's price)
+            self.metrics.add("predicted_seconds_total", elapsed)
             self.metrics.add("n_decode_generated_total")
             self.metrics.add("n_busy_slots_generated_total", len(call))
-        if self.call_cost is not None and not has_prompt:
-            self.call_cost.observe(n_tokens, elapsed)
+            if self.call_cost is not None:
+                self.call_cost.observe(n_tokens, elapsed)
         if failed is not None:
             raise failed
         for part in call:

@@ -134,7 +134,6 @@ class LoadedModel:
         import llama_cpp
         from llama_cpp._internals import LlamaContext, LlamaModel
 
-
         self.path = check_gguf_file(path)
         self.model_id = model_id_for(self.path)
         llama_cpp.llama_backend_init()
@@ -163,9 +162,8 @@ class LoadedModel:
         self.batch_invariant = config.batch_invariant
         self.n_batch = call_tokens(config.n_batch, self.n_parallel, config.batch_invariant)
         self.n_threads = config.n_threads or os.cpu_count() or 1
+        # attention.per_row: a draft's rows verified in one call compute exactly as one row at a time
         self.attention = attention_for(p, config.batch_invariant, config.speculation)
-        # A draft's rows verified in one call compute exactly as one row at a time (speculation's promise).
-        self.exact_rows = self.attention.per_row
         cparams = context_params(n_ctx_per_seq=self.n_ctx_per_seq, n_parallel=self.n_parallel, n_batch=config.n_batch,
                                  n_threads=self.n_threads, n_threads_decode=config.n_threads_decode,
                                  batch_invariant=config.batch_invariant, attention=self.attention)

@@ -134,16 +134,15 @@ class EngineService:
         log.info("llama.cpp build: %s (%s), from %s", build.name, build.reason, build.lib_dir or "the venv's wheel")
         log.info("backend %s on %s: %s", *self.backend)
         a = self.model.attention
-        log.info("batching %s, flash attention %s, KV cache K %s V %s: %s",
-                 "invariant" if self.model.batch_invariant else "mixed", a.flash, a.type_k, a.type_v, a.reason)
+        log.info("batching %s, flash attention %s, KV cache K %s V %s: %s", a.mode, a.flash, a.type_k, a.type_v,
+                 a.reason)
         log.info("placement:\n%s", render_table(p, proven=True, proof_note="compute buffers from llama.cpp's dry run"))
         for s in p.gpu_shares:
             real = sum(allocated.by_device.get(s.device, {}).values())
             if real > s.used_bytes + tolerance(s.used_bytes):
                 log.warning("%s: llama.cpp allocated %.0f MiB, the plan said %.0f MiB", s.device, real / 2**20,
                             s.used_bytes / 2**20)
-        lines = prometheus_lines(p, allocated.by_device, self.backend,
-                                 batching=(self.model.batch_invariant, self.model.attention))
+        lines = prometheus_lines(p, allocated.by_device, self.backend, attention=a)
         drafter = self.engine.drafter
         if drafter is not None:  # the draft model's own layers and bytes, beside the target's
             log.info("draft model placement:\n%s", render_table(drafter.model.placement, proven=True,

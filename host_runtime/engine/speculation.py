@@ -25,7 +25,7 @@ class SpeculationConfig:
     kind: str = "ngram"  # "ngram" (prompt lookup) or "draft" (a draft model: the engine's DraftModel)
     # The most tokens one sequence drafts in a step (serve --draft-max). Exactness does not bound it (with
     # speculation the context lays attention out so that any number of rows computes as one does: see
-    # placement/llama_params.exact_rows); the step's 16 tokens and the cost of a verify call do.
+    # placement/kv_types.attention_layout); the step's 16 tokens and the cost of a verify call do.
     k_max: int = 12  # measured on a code edit at c=1 (bench/serving.py): 1.39x without speculation, 6 gave 1.30x
     step_tokens: int = 16  # decode tokens a step may hold, drafts included, before drafts stop (share_drafts)
     n_max: int = 4         # the longest n-gram looked up

@@ -39,7 +39,6 @@ def _lib():
         raise OSError("llama_cpp is not installed")
     # The folder llama-cpp-python itself loads from (its own LLAMA_CPP_LIB_PATH rule), so that the reader is the
     # libggml-base the engine's llama.cpp uses, not a second one (the wheel's, beside the image's CUDA build).
-
     base = os.environ.get(LIB_PATH_ENV) or Path(list(spec.submodule_search_locations)[0]) / "lib"
     lib = ctypes.CDLL(str(Path(base) / "libggml-base.so"))
     vp, i64, cs = ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p

@@ -53,8 +53,9 @@ def per_row_attention(types: tuple[str, str]) -> bool:
 
 @dataclass(frozen=True)
 class AttentionLayout:
-    """How a generation context computes attention and stores its KV cache, and why: said in the engine's log and
-    in /metrics (everycycle_attention_info), and part of the prefix cache's fingerprint."""
+    """How a generation context computes attention and stores its KV cache, in which batching mode, and why: said
+    in the engine's log and in /metrics (everycycle_batching_info), and part of the prefix cache's fingerprint."""
+    mode: str    # the batching mode: "invariant" or "mixed"
     flash: str   # "on", "off", or "auto" (llama.cpp decides)
     type_k: str  # the types the cache is stored in (which may differ from the ones asked for: see below)
     type_v: str
@@ -102,23 +103,23 @@ def attention_layout(types: tuple[str, str], *, batch_invariant: bool, cpu_only:
     k, v = types
     quantized = needs_flash_attention(types)
     if not batch_invariant:
-        return AttentionLayout("on" if quantized else "auto", k, v,
+        return AttentionLayout("mixed", "on" if quantized else "auto", k, v,
                                "mixed batches: llama.cpp's choice of attention kernels, as llama-server's")
     if not cpu_only:
-        if quantized:
-            return AttentionLayout("on", k, v, "batch-invariant with GPU layers: flash attention for the quantized "
-                                               "cache")
-        return AttentionLayout("off", k, v, "batch-invariant with GPU layers: plain attention")
+        flash, why = ("on", "flash attention for the quantized cache") if quantized else ("off", "plain attention")
+        return AttentionLayout("invariant", flash, k, v, f"batch-invariant with GPU layers: {why}")
     if per_row_attention(types):
         why = "a quantized cache" if quantized else f"K {k} and V {v}"
-        return AttentionLayout("on", k, v, f"batch-invariant on the CPU with {why}: flash attention one query row "
-                                           "at a time")
+        return AttentionLayout("invariant", "on", k, v,
+                               f"batch-invariant on the CPU with {why}: flash attention one query row at a time")
     short = n_parallel >= 2 and n_ctx_per_seq <= PER_ROW_MAX_CTX
     if not (speculation or short):
-        return AttentionLayout("off", k, v, "batch-invariant on the CPU: plain attention (per-row flash attention "
-                                            f"is slower on prompts over {PER_ROW_MAX_CTX} tokens or one sequence)")
+        return AttentionLayout("invariant", "off", k, v,
+                               "batch-invariant on the CPU: plain attention (per-row flash attention is slower on "
+                               f"prompts over {PER_ROW_MAX_CTX} tokens or one sequence)")
     k, v = ("bf16", v) if k == "f16" else (k, "bf16")
     why = ("speculation: a draft's rows verified exactly" if speculation else
            f"{n_parallel} sequences of {n_ctx_per_seq} tokens: faster than plain attention")
-    return AttentionLayout("on", k, v, f"batch-invariant on the CPU: flash attention one query row at a time, "
-                                       f"K stored as {k} and V as {v} so that it stays per row ({why})")
+    return AttentionLayout("invariant", "on", k, v, "batch-invariant on the CPU: flash attention one query row at a "
+                                                    f"time, K stored as {k} and V as {v} so that it stays per row "
+                                                    f"({why})")

@@ -43,7 +43,6 @@ def extra_buffers_safe() -> bool:
 def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams:
     import llama_cpp
 
-
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = placement.n_gpu_layers
     mparams.split_mode = llama_cpp.LLAMA_SPLIT_MODE_LAYER

@@ -62,7 +62,6 @@ def dry_run(model_path: str, placement: Placement, *, n_batch: int, n_threads: i
     """llama.cpp sizes every buffer of this placement without allocating one; its compute figures come back."""
     import llama_cpp
 
-
     mp = model_params(placement, no_alloc=True)
     cparams = context_params(n_ctx_per_seq=placement.n_ctx_per_seq, n_parallel=placement.n_parallel,
                              n_batch=n_batch, n_threads=n_threads, batch_invariant=batch_invariant,

@@ -72,10 +72,10 @@ def _backend_choice(p: Placement, compiled: list[str], seen: list[str], forced_c
 
 
 def prometheus_lines(p: Placement, allocated: dict[str, dict[str, int]], backend: tuple[str, str, str] | None,
-                     prefix: str = "", batching: tuple[bool, AttentionLayout] | None = None) -> list[str]:
+                     prefix: str = "", attention: AttentionLayout | None = None) -> list[str]:
     """The placement as gauges: layers and bytes per device (planned, and what llama.cpp allocated). prefix:
     "draft_" for a draft model's (everycycle_draft_model_layers, ...), which has no backend line of its own.
-    batching: (batch-invariant or not, the attention that runs): the mode and why, as a line of its own."""
+    attention: the batching mode, the attention it runs with and why, as a line of its own."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     registry = CollectorRegistry()
@@ -86,12 +86,11 @@ def prometheus_lines(p: Placement, allocated: dict[str, dict[str, int]], backend
     if backend is not None:
         gauge("backend_info", "What serves the tokens, and why (1).", ["backend", "device", "reason"]) \
             .labels(*backend).set(1)
-    if batching is not None:
-        invariant, attention = batching
+    if attention is not None:
+        a = attention
         gauge("batching_info", "The batching mode, the attention it runs with and why (1).",
               ["mode", "flash_attention", "cache_type_k", "cache_type_v", "reason"]) \
-            .labels("invariant" if invariant else "mixed", attention.flash, attention.type_k, attention.type_v,
-                    attention.reason).set(1)
+            .labels(a.mode, a.flash, a.type_k, a.type_v, a.reason).set(1)
     layers = gauge("model_layers", "Model layers placed on each device (the output layer counts on its device).",
                    ["device"])
     planned = gauge("device_memory_bytes", "Bytes the placement planned on each device.", ["device", "kind"])

@@ -52,7 +52,6 @@ def devices_from_topology(doc: dict) -> tuple[list[Device], Host]:
 def live_devices() -> tuple[list[Device], Host]:
     import psutil
 
-
     vm = psutil.virtual_memory()
     return ([Device(d.name, d.description, d.free_bytes, d.total_bytes, d.bandwidth_gbps, d.pci_address, d.backend)
              for d in list_devices()], Host(vm.available, vm.total))
