@@ -117,7 +117,6 @@ class FactoryReset(ModalScreen):
     def compose(self) -> ComposeResult:
         from textual.widgets import Input
 
-
         yield Static(describe() + "\nType 'erase' and Enter to reset this box, Esc to leave it as it is.",
                      id="reset-help")
         yield Input(placeholder="erase", id="confirm")
@@ -351,7 +350,6 @@ class Dashboard(App):
 
     def open_wizard(self) -> None:
         import psutil
-
 
         topo = self.reader.topology() if hasattr(self.reader, "topology") else None
         links = configurable_links((topo or {}).get("network"))

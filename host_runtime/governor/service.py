@@ -184,7 +184,6 @@ def prometheus_text(snap: dict) -> str:
     """The governor's snapshot as Prometheus text, written by prometheus_client (labels escaped by it)."""
     from prometheus_client.core import GaugeMetricFamily
 
-
     p = "everycycle_governor_"
 
     def families():

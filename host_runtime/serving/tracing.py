@@ -42,7 +42,6 @@ class Tracing:
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-
         # A client's sampled traceparent is followed whatever the ratio; the ratio decides the rest.
         self.provider = TracerProvider(resource=Resource.create({"service.name": service_name,
                                                                  "host.name": short_hostname()}),
