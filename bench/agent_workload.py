@@ -88,7 +88,7 @@ def run_sessions(stream_chat, percentile, port: int, model_id: str, system: str,
                 late = False
             messages.append({"role": "user", "content": tool_result(si, turn, tag, user_words)})
             body = {"model": model_id, "stream": True, "temperature": 0, "max_tokens": max_tokens,
-                    "logit_bias": bias, "messages": messages}
+                    "logit_bias": bias, "messages": messages, "stream_options": {"include_usage": True}}
             r = stream_chat(port, body)
             r["turn"], r["session"], r["late"] = turn, si, late
             with lock:
@@ -113,7 +113,13 @@ def run_sessions(stream_chat, percentile, port: int, model_id: str, system: str,
             "ttft_first_turn_p50_s": percentile(first, 0.5), "ttft_later_turns_p50_s": percentile(later, 0.5),
             "itl_p50_s": percentile([g for r in ok for g in r["gaps"]], 0.5),
             "requests": len(results), "errors": len(errors), **({"error_sample": errors[:2]} if errors else {}),
-            **({"late_turns": sum(1 for r in results if r.get("late"))} if turn_interval_s > 0 else {})}
+            **({"late_turns": sum(1 for r in results if r.get("late"))} if turn_interval_s > 0 else {}),
+            # each request in the order sent: when (from the run's start), its TTFT, and how much of its prompt the
+            # server computed (prompt - cached, where the server reported usage): what a TTFT was made of
+            "per_request": [{"session": r["session"], "turn": r["turn"], "sent_s": round(r["start"] - started, 2),
+                             "ttft_s": round(r["ttft"], 2), "prompt_tokens": r.get("prompt_tokens"),
+                             "cached_tokens": r.get("cached_tokens")}
+                            for r in sorted(ok, key=lambda r: r["start"])]}
 
 
 _LLAMA_KV = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")

@@ -156,6 +156,7 @@ def stream_chat(port: int, body: dict) -> dict:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=STREAM_TIMEOUT_S)
     token_times: list[float] = []
     text: list[str] = []
+    usage: dict = {}
     try:
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
@@ -174,6 +175,7 @@ def stream_chat(port: int, body: dict) -> dict:
             chunk = json.loads(data)
             if "error" in chunk:
                 return {"error": str(chunk["error"])[:200]}
+            usage = chunk.get("usage") or usage  # the last chunk's, where the body asked (stream_options)
             for choice in chunk.get("choices", []):
                 if (choice.get("delta") or {}).get("content"):
                     token_times.append(time.perf_counter())
@@ -186,7 +188,15 @@ def stream_chat(port: int, body: dict) -> dict:
         return {"error": "no tokens"}
     return {"start": started, "end": token_times[-1], "ttft": token_times[0] - started,
             "gaps": [b - a for a, b in zip(token_times, token_times[1:])], "tokens": len(token_times),
-            "text": "".join(text)}
+            "text": "".join(text), **_prompt_usage(usage)}
+
+
+def _prompt_usage(usage: dict) -> dict:
+    """Prompt tokens and the part of them the server took from its cache, where it reported them."""
+    if not usage.get("prompt_tokens"):
+        return {}
+    return {"prompt_tokens": usage["prompt_tokens"],
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
 
 
 def run_level(server: Server, concurrency: int, per_client: int, body_for) -> dict:

@@ -199,3 +199,31 @@ def test_requests_arriving_together_compute_their_shared_prefix_once_and_answer_
         assert shared >= 128 and engine.cache.hits["running"] == 1 and engine.cache.tokens_reused == shared
     finally:
         engine.stop()
+
+
+def test_a_second_session_copies_the_shared_prefix_and_the_first_keeps_its_conversation():
+    # Two sessions on one system prompt, one after the other: the second copies the shared part from the first's
+    # idle slot (a "context" hit into another slot), the first's next turn then finds its whole first turn in
+    # its own slot; every answer is its miss's.
+    model2 = LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_parallel=2, n_batch=32,
+                                                             prefill_chunk=32, n_threads=2))
+    first = SYSTEM + QUESTION
+    turns = [first, SYSTEM + "Question: do you sell rye bread? Answer:",
+             first + " We open at nine. Question: and on Mondays? Answer:"]
+    alone = make_engine(model2, enabled=False)
+    try:
+        expected = [ask(alone, model2, t) for t in turns]
+    finally:
+        alone.stop()
+    engine = make_engine(model2)
+    try:
+        assert ask(engine, model2, turns[0]) == expected[0]
+        assert ask(engine, model2, turns[1]) == expected[1]
+        assert engine.cache.hits["context"] == 1 and not engine.cache.ram  # copied, nothing spilled
+        shared = engine.cache.tokens_reused
+        assert ask(engine, model2, turns[2]) == expected[2]
+        tokens = [model2.tokenize(t, add_bos=False, special=False) for t in turns]
+        assert engine.cache.hits["context"] == 2
+        assert engine.cache.tokens_reused - shared == engine.cache.aligned_match(tokens[0], tokens[2]) > shared
+    finally:
+        engine.stop()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from host_runtime.engine.prefix_cache import Demote, DropDisk, DropRam, PrefixCache, Restore, Spill, Trim
+from host_runtime.engine.prefix_cache import Copy, Demote, DropDisk, DropRam, PrefixCache, Restore, Spill, Trim
 
 C = 4
 SYSTEM = list(range(100, 112))  # 12 tokens: three whole chunks
@@ -193,3 +193,45 @@ def test_what_a_tier_already_holds_is_not_waited_for():
     leader_prompt = tuple(prompt(1, 2, 3, 4, 5))
     lead = cache.admit([7] * 14)  # shares nothing with the idle slot, so takes the other (empty) one
     assert not cache.worth_waiting(prompt(9, 9, 9), None, [Running(lead.slot_id, leader_prompt, 0)])
+
+
+def test_sessions_on_one_system_prompt_each_keep_their_own_conversation():
+    """Agents' sessions share a system prompt: a new session's request copies it from an idle slot that holds
+    another session's conversation rather than trimming that conversation away, so each session's next turn still
+    finds all of its own (seen: every later turn of four agents computed its whole conversation again)."""
+    cache = PrefixCache(3, C, 10**9, 0)
+    a1 = prompt(1, 1, 1, 1, 2)  # session a's first turn: 16 tokens in whole chunks
+    a = cache.admit(a1)
+    cache.release(a.slot_id, a1, cacheable=True)
+    b = cache.admit(prompt(5, 5, 5, 5, 6))
+    assert (b.source, b.reuse) == ("context", 12) and b.slot_id != a.slot_id
+    assert b.actions == [Trim(b.slot_id, 0), Copy(a.slot_id, b.slot_id), Trim(b.slot_id, 12)]
+    a2 = cache.admit(a1 + [3, 3, 3, 4])  # session a's next turn: its whole first turn is still in its slot
+    assert (a2.source, a2.slot_id, a2.reuse) == ("context", a.slot_id, 16)
+    assert a2.actions == [Trim(a.slot_id, 16)]
+
+
+def test_a_slot_trimmed_for_a_shorter_match_saves_what_it_cuts_off():
+    cache = PrefixCache(1, C, 10**9, 0)
+    a1 = prompt(1, 1, 1, 1, 2)
+    a = cache.admit(a1)
+    cache.release(a.slot_id, a1, cacheable=True)
+    b = cache.admit(prompt(5, 5, 5, 5, 6))  # the only slot: it is trimmed, and its conversation goes to RAM first
+    assert b.actions == [Spill(0, tuple(a1[:16])), Trim(0, 12)]
+    assert cache.stored_in_ram(tuple(a1[:16]), 1000) == []
+    cache.release(b.slot_id, prompt(5, 5, 5, 5, 6), cacheable=True)
+    back = cache.admit(a1 + [3, 3, 3, 4])
+    assert (back.source, back.reuse) == ("ram", 16)
+
+
+def test_with_every_other_slot_holding_more_the_least_recent_is_saved_and_takes_the_copy():
+    cache = PrefixCache(2, C, 10**9, 0)
+    a1, c1 = prompt(1, 1, 1, 1, 2), [9] * 9
+    a = cache.admit(a1)
+    c = cache.admit(c1)
+    cache.release(c.slot_id, c1, cacheable=True)  # released first: the least recent
+    cache.release(a.slot_id, a1, cacheable=True)
+    b = cache.admit(prompt(5, 5, 5, 5, 6))
+    assert b.slot_id == c.slot_id and b.reuse == 12
+    assert b.actions == [Spill(c.slot_id, tuple(c1[:8])), Trim(c.slot_id, 0), Copy(a.slot_id, c.slot_id),
+                         Trim(c.slot_id, 12)]

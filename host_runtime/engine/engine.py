@@ -110,15 +110,8 @@ EMBED_CANCEL_POLL_S = 0.05
 
 def cache_hit(admission: Admission, reuse: int) -> str:
     """Where an admitted prompt's reused prefix came from (wire.Timings.cache_hit): a RAM or disk entry restored,
-    a running sequence's cells copied, or the slot's own context; "" where nothing was reused."""
-    if not reuse:
-        return ""
-    for action in admission.actions:
-        if isinstance(action, Restore):
-            return action.tier
-        if isinstance(action, Copy):
-            return "running"
-    return "context"
+    a running sequence's cells copied, or an idle slot's context; "" where nothing was reused."""
+    return admission.source if reuse else ""
 
 
 class EmbeddingCancelled(Exception):

@@ -92,7 +92,7 @@ class Restore:      # clear the slot, load `key` from `tier` into it
 
 
 @dataclass(frozen=True)
-class Copy:         # clear the slot, load the KV a running sequence (slot `source`) has so far into it
+class Copy:         # clear the slot, load the KV slot `source` holds (a running sequence's so far, or an idle one's)
     source: int
     slot_id: int
 
@@ -118,7 +118,7 @@ class Trim:         # keep only the first `keep` positions of the slot (0: clear
 class Admission:
     slot_id: int
     reuse: int                  # prompt tokens whose KV is in place after the actions
-    source: str                 # "context", "ram", "disk" or "miss"
+    source: str                 # "context", "running", "ram", "disk" or "miss"
     actions: list = field(default_factory=list)
 
 
@@ -213,14 +213,23 @@ class PrefixCache:
         in_context = in_slot(best_slot)
         in_store = self._stored_match(prompt, scope)
         in_running, source = self._running_match(prompt, scope, running)
+        # The slot whose content is least worth keeping (empty first, then least recent): where a miss, a tier's
+        # or a running sequence's prefix, or a copy of an idle slot's goes.
+        slot = min(idle, key=lambda s: (bool(s.prefix), s.last_used))
         if in_context and in_context >= max(in_store[0], in_running):
             self.hits["context"] += 1
             self.tokens_reused += in_context
-            actions = [Trim(best_slot.slot_id, in_context)]
-            best_slot.prefix = best_slot.prefix[:in_context]
-            return self._take(best_slot, Admission(best_slot.slot_id, in_context, "context", actions))
-        # Otherwise take the slot whose content is least worth keeping: empty first, then least recent.
-        slot = min(idle, key=lambda s: (bool(s.prefix), s.last_used))
+            if len(best_slot.prefix) == in_context or slot is best_slot:
+                # All it holds is this prompt's (or every other slot is worth more): trim it to the shared part,
+                # saving what is cut off (another conversation's turns, past the shared system prompt) first.
+                actions = self._evict_slot(best_slot, keep=in_context) if len(best_slot.prefix) > in_context \
+                    else [Trim(best_slot.slot_id, in_context)]
+                return self._take(best_slot, Admission(best_slot.slot_id, in_context, "context", actions))
+            # It holds another conversation past the shared part (agents' sessions on one system prompt): copy the
+            # shared part to another slot, so that conversation's next turn still finds all of its own.
+            actions = [*self._evict_slot(slot, keep=0), Copy(best_slot.slot_id, slot.slot_id),
+                       Trim(slot.slot_id, in_context)]
+            return self._take(slot, Admission(slot.slot_id, in_context, "context", actions))
         actions = self._evict_slot(slot, keep=0)
         if in_running > in_store[0]:
             self.hits["running"] += 1
