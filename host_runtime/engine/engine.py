@@ -108,12 +108,6 @@ class GenerationRequest:
 EMBED_CANCEL_POLL_S = 0.05
 
 
-def cache_hit(admission: Admission, reuse: int) -> str:
-    """Where an admitted prompt's reused prefix came from (wire.Timings.cache_hit): a RAM or disk entry restored,
-    a running sequence's cells copied, or an idle slot's context; "" where nothing was reused."""
-    return admission.source if reuse else ""
-
-
 class EmbeddingCancelled(Exception):
     """The embedding's client went away; nothing is answered."""
 
@@ -571,7 +565,7 @@ class Engine:
                 reuse = self._apply(admission)
                 if index == 0:
                     request.cached_tokens = reuse
-                    request.cache_hit = cache_hit(admission, reuse)
+                    request.cache_hit = admission.source if reuse else ""  # wire.Timings.cache_hit
                     request.restored = time.monotonic()
                 self._active.append(Sequence(self, request, index, admission.slot_id, n_past=reuse))
         except Exception:
@@ -598,7 +592,7 @@ class Engine:
                 reuse = 0
             elif isinstance(action, Copy):
                 if not self.runner.restore(action.slot_id, self.runner.save(action.source)):
-                    log.warning("llama.cpp refused a running sequence's prefix; recomputing")
+                    log.warning("llama.cpp refused the prefix copied from slot %d; recomputing", action.source)
                     reuse = 0
             elif isinstance(action, Trim):
                 self.runner.forget(action.slot_id, action.keep if reuse else 0)

@@ -220,10 +220,9 @@ class PrefixCache:
             self.hits["context"] += 1
             self.tokens_reused += in_context
             if len(best_slot.prefix) == in_context or slot is best_slot:
-                # All it holds is this prompt's (or every other slot is worth more): trim it to the shared part,
+                # All it holds is this prompt's (or every other slot is worth more): cut it back to the shared part,
                 # saving what is cut off (another conversation's turns, past the shared system prompt) first.
-                actions = self._evict_slot(best_slot, keep=in_context) if len(best_slot.prefix) > in_context \
-                    else [Trim(best_slot.slot_id, in_context)]
+                actions = self._evict_slot(best_slot, keep=in_context)
                 return self._take(best_slot, Admission(best_slot.slot_id, in_context, "context", actions))
             # It holds another conversation past the shared part (agents' sessions on one system prompt): copy the
             # shared part to another slot, so that conversation's next turn still finds all of its own.
@@ -253,10 +252,11 @@ class PrefixCache:
         return admission
 
     def _evict_slot(self, slot: Slot, keep: int) -> list:
-        """Actions that empty a slot, saving its prefix to RAM first if no tier has it yet."""
+        """Actions that cut a slot back to its first `keep` positions, saving its prefix to RAM first where that
+        loses some of it and no tier has it yet."""
         actions: list = []
         key = scoped(slot.prefix, slot.scope)
-        if slot.prefix and self.enabled and key not in self.ram and key not in self.disk:
+        if len(slot.prefix) > keep and self.enabled and key not in self.ram and key not in self.disk:
             actions.append(Spill(slot.slot_id, key))
         actions.append(Trim(slot.slot_id, keep))
         return actions

@@ -87,10 +87,9 @@ def prometheus_lines(p: Placement, allocated: dict[str, dict[str, int]], backend
         gauge("backend_info", "What serves the tokens, and why (1).", ["backend", "device", "reason"]) \
             .labels(*backend).set(1)
     if attention is not None:
-        a = attention
         gauge("batching_info", "The batching mode, the attention it runs with and why (1).",
               ["mode", "flash_attention", "cache_type_k", "cache_type_v", "reason"]) \
-            .labels(a.mode, a.flash, a.type_k, a.type_v, a.reason).set(1)
+            .labels(attention.mode, attention.flash, attention.type_k, attention.type_v, attention.reason).set(1)
     layers = gauge("model_layers", "Model layers placed on each device (the output layer counts on its device).",
                    ["device"])
     planned = gauge("device_memory_bytes", "Bytes the placement planned on each device.", ["device", "kind"])
