@@ -161,3 +161,38 @@ def test_a_key_limited_to_addresses(tmp_path):
     assert bad.returncode == 2 and "--from" in bad.stderr and "10.0.0.300" in bad.stderr
     assert run("keys", "set-limit", "--keys", str(keys), "ci", "--from", "").returncode == 0
     assert load_keys(keys)[0].allowed_from == ()
+
+
+def _create_at_once(keys, barrier, name, out):
+    barrier.wait()
+    out.put((name, create_key(keys, name)))
+
+
+def _revoke_at_once(keys, barrier, name, out):
+    barrier.wait()
+    out.put((name, revoke_key(keys, name)))
+
+
+def test_twelve_keys_created_at_once_are_all_kept_and_a_racing_revoke_stays_revoked(tmp_path):
+    """Each writer reads, changes and writes back the whole file: without one writer at a time, 12 `keys create`
+    at once all printed a key and 3 were kept (the other 9 holders got 401), and a revoke racing them could bring
+    the revoked key back."""
+    import multiprocessing
+
+    keys = tmp_path / "keys.json"
+    create_key(keys, "old")
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(13), ctx.Queue()
+    procs = [ctx.Process(target=_create_at_once, args=(keys, barrier, f"client-{i}", out)) for i in range(12)]
+    procs.append(ctx.Process(target=_revoke_at_once, args=(keys, barrier, "old", out)))
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert results.pop("old") is True
+    stored = {k.name for k in load_keys(keys)}
+    assert stored == {f"client-{i}" for i in range(12)}
+    verifier = KeyVerifier(keys)
+    assert all(verifier.verify(key) == name for name, key in results.items())

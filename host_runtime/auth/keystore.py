@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common.file_lock import updating
 from host_runtime.engine.wire import PRIORITIES
 
 KEY_PREFIX = "ec-"
@@ -125,11 +126,12 @@ def _save(path: str | os.PathLike, keys: list[StoredKey]) -> None:
 
 def revoke_key(path: str | os.PathLike, name: str) -> bool:
     """Remove the key named `name`; False if there was none."""
-    keys = load_keys(path)
-    kept = [k for k in keys if k.name != name]
-    if len(kept) == len(keys):
-        return False
-    _save(path, kept)
+    with updating(path):
+        keys = load_keys(path)
+        kept = [k for k in keys if k.name != name]
+        if len(kept) == len(keys):
+            return False
+        _save(path, kept)
     return True
 
 
@@ -158,10 +160,11 @@ def _priority(priority: str) -> str:
 
 
 def _change(path: str | os.PathLike, name: str, **changes) -> None:
-    keys = load_keys(path)
-    if not any(k.name == name for k in keys):
-        raise KeyStoreError(f"no key named {name!r} in {path}")
-    _save(path, [replace(k, **changes) if k.name == name else k for k in keys])
+    with updating(path):
+        keys = load_keys(path)
+        if not any(k.name == name for k in keys):
+            raise KeyStoreError(f"no key named {name!r} in {path}")
+        _save(path, [replace(k, **changes) if k.name == name else k for k in keys])
 
 
 def set_priority(path: str | os.PathLike, name: str, priority: str) -> None:
@@ -198,17 +201,20 @@ def create_key(path: str | os.PathLike, name: str, priority: str = "default") ->
     """Add a new key named `name` to the file at `path` and return it (the only time it exists in clear)."""
     name = _key_name(name)
     priority = _priority(priority)
-    keys = load_keys(path)
-    if any(k.name == name for k in keys):
-        raise KeyStoreError(f"a key named {name!r} already exists in {path}")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    _put(path, keys, name, key, priority)
+    with updating(path):
+        keys = load_keys(path)
+        if any(k.name == name for k in keys):
+            raise KeyStoreError(f"a key named {name!r} already exists in {path}")
+        _put(path, keys, name, key, priority)
     return key
 
 
 def store_key(path: str | os.PathLike, name: str, key: str) -> None:
     """Store the hash of a key made elsewhere (the fleet key) under `name`, replacing a key of that name."""
-    _put(path, load_keys(path), _key_name(name), key)
+    name = _key_name(name)
+    with updating(path):
+        _put(path, load_keys(path), name, key)
 
 
 class KeyVerifier:
