@@ -1562,9 +1562,11 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     if args.command in ("serve", "engine", "plan", "discover"):
         # Before anything imports llama_cpp: which llama.cpp build this process and its engines load.
-        from host_runtime.gpu.llama_build import select
+        from host_runtime.gpu.llama_build import load_first, select
 
         select()
+        if args.command in ("engine", "plan"):  # they load a model: llama.cpp's libraries before numpy's
+            load_first()
     handlers = {"serve": cmd_serve, "engine": cmd_engine, "plan": cmd_plan, "keys": cmd_keys, "discover": cmd_discover,
                 "governor": cmd_governor, "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
                 "bmc": cmd_bmc, "front": cmd_front, "update": cmd_update,

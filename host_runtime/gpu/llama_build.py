@@ -124,6 +124,17 @@ def select() -> LlamaBuild:
     return _chosen
 
 
+def load_first() -> None:
+    """Load the chosen build's libraries now, before anything in this process imports numpy (for a process that
+    loads a model: the engine, `plan`). Whichever library loads libstdc++ first decides where libstdc++'s own
+    references bind: a numpy wheel exports some libstdc++ code of its own (libstdc++_nonshared), and on the H200
+    the engine, which imported numpy first, died in the tokenizer's std::regex (a std::locale facet taken from
+    the wrong copy) while `plan` and a bare llama-cpp-python load, which loaded llama.cpp first, passed.
+    llama_cpp's package loads libllama before its own numpy-using modules."""
+    select()
+    import llama_cpp.llama_cpp  # noqa: F401  (loaded for its side effect: the libraries, first)
+
+
 def lib_dir() -> Path:
     """The folder llama-cpp-python loads its libraries from in this process."""
     import llama_cpp.llama_cpp as bindings

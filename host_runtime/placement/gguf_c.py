@@ -40,7 +40,11 @@ def _lib():
     # The folder llama-cpp-python itself loads from (its own LLAMA_CPP_LIB_PATH rule), so that the reader is the
     # libggml-base the engine's llama.cpp uses, not a second one (the wheel's, beside the image's CUDA build).
     base = os.environ.get(LIB_PATH_ENV) or Path(list(spec.submodule_search_locations)[0]) / "lib"
-    lib = ctypes.CDLL(str(Path(base) / "libggml-base.so"))
+    # The SONAME file (what libllama asks for) where it is a file of its own: a wheel holds libggml-base.so and
+    # libggml-base.so.0 as two copies (zip has no symlinks), and opening the first beside libllama's .so.0 maps a
+    # second ggml-base into the engine, with its own globals.
+    lib = ctypes.CDLL(str(next((p for p in (Path(base) / "libggml-base.so.0", Path(base) / "libggml-base.so")
+                                if p.exists()), Path(base) / "libggml-base.so")))
     vp, i64, cs = ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p
     sigs = {
         "gguf_init_from_file": (vp, [cs, _InitParams]), "gguf_init_from_file_ptr": (vp, [vp, _InitParams]),
