@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""The device check: on a machine with a GPU, serve the default model fully offloaded, benchmark it against
-llama-server's build for the same backend, record the NVML readings as a discovery fixture, and run the
+"""The device check: on a machine with a GPU, serve a model fully offloaded in both batching modes, benchmark it
+against llama-server's build for the same backend, record the NVML readings as a discovery fixture, and run the
 governor observe-only under that load. Prints one JSON document. Never changes a GPU setting.
 
-    bench/gpu_check.sh --backend cuda   --llama-server PATH   (an NVIDIA machine: the H200 when lent)
+    bench/gpu_check.sh --backend cuda --llama-server PATH --write-model llama3.1-8b   (the lent NVIDIA machine)
     bench/gpu_check.sh --backend vulkan                        (CI: Mesa's lavapipe, so this cannot rot)
+
+--write-model writes a random-weight GGUF of that architecture at Q4_K_M here first (bench/random_gguf.py:
+13 s for Llama 3.1 8B's 4.6 GiB on the 2-core CPU machine); without it, the default model.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ def main() -> int:
     ap.add_argument("--levels", default="1,8,16,64")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--write-model", metavar="SHAPE", help="a random-weight model of this architecture (bench/random_gguf.py)")
+    ap.add_argument("--servers", default="everycycle,everycycle-mixed",
+                    help="bench/serving.py's servers besides llama-server (default: both batching modes)")
     ap.add_argument("--governor-seconds", type=float, default=60.0, help="how long the governor observes (default 60)")
     ap.add_argument("--out", metavar="DIR", help="also write the JSON and the NVML fixture here")
     args = ap.parse_args()
@@ -59,7 +65,17 @@ def main() -> int:
         print(json.dumps(doc, indent=2))
         return 1
 
-    plan, err = run_json([py, "-m", "host_runtime.cli", "plan", "--gpu-layers", "999", "--ctx-size", "1024",
+    model: list[str] = []
+    if args.write_model:
+        started = time.monotonic()
+        path = work / f"random-{args.write_model}-Q4_K_M.gguf"
+        wrote = subprocess.run([py, "bench/random_gguf.py", args.write_model, str(path)], cwd=REPO, env=env,
+                               capture_output=True, text=True, timeout=600)
+        doc["model"] = {"shape": args.write_model, "bytes": path.stat().st_size if path.exists() else 0,
+                        "write_s": round(time.monotonic() - started, 1), **({"error": wrote.stderr[-2000:]}
+                                                                          if wrote.returncode else {})}
+        model = ["--model", str(path)]
+    plan, err = run_json([py, "-m", "host_runtime.cli", "plan", *model, "--gpu-layers", "999", "--ctx-size", "1024",
                           "--parallel", "16", "--json"], env, 300)
     doc["plan"] = plan or {"error": err}
 
@@ -74,8 +90,8 @@ def main() -> int:
                                  "observe", "--state", str(state), "--tick", "1"], cwd=REPO, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     started = time.monotonic()
-    servers = "everycycle,llama-server" if args.llama_server else "everycycle"
-    bench_argv = [py, "bench/serving.py", "--servers", servers, "--mode", "serving", "--gpu-layers", "999",
+    servers = args.servers + (",llama-server" if args.llama_server else "")
+    bench_argv = [py, "bench/serving.py", "--servers", servers, *model, "--mode", "serving", "--gpu-layers", "999",
                   "--levels", args.levels, "--repeats", str(args.repeats), "--max-tokens", str(args.max_tokens),
                   "--parallel", str(max(int(x) for x in args.levels.split(","))), "--ctx-size", "1024",
                   "--requests-per-client", "1"]

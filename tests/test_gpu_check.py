@@ -23,7 +23,8 @@ def test_the_device_check_runs_on_lavapipe_and_reports_everything():
     assert out.returncode == 0 and doc["ok"], out.stderr[-2000:]
     assert any(d["backend"] == "Vulkan" for d in doc["llama"]["devices"])
     assert doc["plan"]["fits"] and doc["plan"]["n_gpu_layers"] == 31  # fully offloaded
-    level = doc["serving"]["levels"]["1"]["everycycle"]
-    assert level["errors"] == 0 and level["tok_s"] > 0
+    for mode in ("everycycle", "everycycle-mixed"):  # both batching modes, as on the GPU
+        level = doc["serving"]["levels"]["1"][mode]
+        assert level["errors"] == 0 and level["tok_s"] > 0
     assert doc["governor"]["mode"] == "observe" and doc["governor"]["exit_code"] == 0
     assert "status" in doc["nvml_fixture"]  # unavailable here, with NVML's reason
