@@ -183,7 +183,8 @@ class Engine:
         runner: what calls llama.cpp (runner.LlamaRunner on that model, unless a test gives a fake);
         park_ram_bytes: parked sequences' states held in RAM, the rest on disk beside the prefix cache's files."""
         self.model = model
-        self.runner = runner if runner is not None else LlamaRunner(model)
+        self.metrics = EngineMetrics()
+        self.runner = runner if runner is not None else LlamaRunner(model, on_threads=self.metrics.set_cpu_threads)
         self.speculation = speculation
         if speculation.enabled and speculation.kind == "draft" and drafter is None:
             raise ValueError("speculation with a draft model needs the DraftModel (drafter)")
@@ -198,7 +199,6 @@ class Engine:
         self.draft_cost = CallCost() if self.call_cost is not None and drafter is not None else None
         self.acceptance_curve = AcceptanceCurve(speculation.k_max)  # how drafts fare past their first token
         self.throttle = ThrottleReader(governor_state)
-        self.metrics = EngineMetrics()
         self.progress = DecodeProgress()
         self.max_waiting = max_waiting
         self._cv = threading.Condition()  # guards _waiting; everything below it is the loop thread's alone

@@ -79,6 +79,7 @@ class EngineMetrics:
         self.throttle_level = 0
         self.sequences_allowed = 0
         self.canary_seconds = 0.0
+        self.cpu_threads = 0
         # Parked sequences' KV by where it waits: the engine's ParkingSpace.bytes_by_tier, read when asked.
         self.parked_bytes = lambda: {"ram": 0, "disk": 0}
         self.placement_lines: list[str] = []  # fixed at load: where the model lives (placement/render.py)
@@ -150,6 +151,10 @@ class EngineMetrics:
             self.kv_cells_used = kv_used
             self.kv_cells_total = kv_total
 
+    def set_cpu_threads(self, threads: int) -> None:
+        with self._lock:
+            self.cpu_threads = threads
+
     def set_throttle(self, level: int, allowed: int) -> None:
         with self._lock:
             self.throttle_level, self.sequences_allowed = level, allowed
@@ -210,6 +215,8 @@ class EngineMetrics:
                                             "2 emergency or failsafe)."),
                 "sequences_allowed": (self.sequences_allowed, "Sequences the scheduler may run now, after the hint."),
                 "canary_seconds": (self.canary_seconds, "How long the last readiness canary took: what a probe costs."),
+                "cpu_threads": (self.cpu_threads, "CPU threads the engine's llama.cpp calls use now: fewer than it "
+                                                  "was given while other processes hold the cores."),
                 "kv_cache_usage_ratio": (
                     self.kv_cells_used / self.kv_cells_total if self.kv_cells_total else 0.0,
                     "Share of KV cache cells held by running sequences.",

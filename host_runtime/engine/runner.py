@@ -12,13 +12,18 @@ llama_get_logits_ith names it.
 from __future__ import annotations
 
 import ctypes
+import logging
+import time
+from collections.abc import Callable
 
 import numpy as np
 
+from host_runtime.engine.cpu_share import ThreadShare
 from host_runtime.engine.sampling import CompiledGrammar, build_sampler_chain, token_logprobs
 from host_runtime.engine.wire import SamplingParams, TokenLogprob, TopLogprob
 
 DecodePart = tuple[int, int, list[int], int | None]  # (seq_id, start_pos, tokens, logits_from)
+log = logging.getLogger(__name__)
 
 
 class DecodeFailed(RuntimeError):
@@ -26,12 +31,19 @@ class DecodeFailed(RuntimeError):
 
 
 class LlamaRunner:
-    def __init__(self, model):
-        """model: engine.model.LoadedModel (its context, weights and shape)."""
+    def __init__(self, model, on_threads: Callable[[int], None] | None = None):
+        """model: engine.model.LoadedModel (its context, weights and shape); on_threads: told the CPU threads the
+        calls use, at the start and whenever that changes."""
         from llama_cpp._internals import LlamaBatch
 
         self.model = model
         self._batch = LlamaBatch(n_tokens=model.n_batch, embd=0, n_seq_max=1, verbose=False)
+        # Threads that follow the cores this engine gets (cpu_share.py), where every layer is on the CPU: a call
+        # that waits for a GPU says nothing of the CPU's contention.
+        most = max(model.n_threads, model.n_threads_decode)
+        self._share = ThreadShare(most) if most > 1 and model.placement.n_gpu_layers == 0 else None
+        self._on_threads = on_threads or (lambda n: None)
+        self._on_threads(most)
 
     # ---- decoding -------------------------------------------------------------------------------------------
 
@@ -51,9 +63,26 @@ class LlamaRunner:
                 batch.logits[j] = offset >= keep_from
                 j += 1
         batch.n_tokens = j
-        rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
+        if self._share is None:
+            rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
+        else:
+            wall, cpu = time.perf_counter(), time.process_time()
+            rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
+            threads = self._share.observe(time.perf_counter() - wall, time.process_time() - cpu, time.monotonic())
+            if threads is not None:
+                self._use_threads(threads)
         if rc != 0:
             raise DecodeFailed("no free KV cache cells" if rc == 1 else f"llama_decode returned {rc}")
+
+    def _use_threads(self, threads: int) -> None:
+        import llama_cpp
+
+        llama_cpp.llama_set_n_threads(self.model.ctx.ctx, min(threads, self.model.n_threads_decode),
+                                      min(threads, self.model.n_threads))
+        log.info("llama.cpp calls now use %d of %d CPU threads (%s)", threads, self._share.most,
+                 "trying one more" if self._share._probing else
+                 "the cores are held by another process" if threads < self._share.most else "the cores are free")
+        self._on_threads(threads)
 
     def warm_up_part(self, n_tokens: int) -> DecodePart:
         """A short prompt chunk on sequence 0 (forgotten after): the warm-up's call."""

@@ -1,0 +1,77 @@
+"""How many threads an engine's llama.cpp calls use on the CPU: as many as it was given while it gets the cores,
+fewer while something else holds them. Pure: the runner times each call and applies the answer.
+
+llama.cpp's CPU workers wait for each other at every step of a call, spinning (ggml's barriers, OpenMP's
+workers). With more threads than free cores, a thread that loses its core stalls the whole call while the others
+spin. On 2 cores with the default model: two engines of 2 threads each decoding at once ran 16-24 tok/s each
+(1.4 with some OpenMP spin counts), and 1 thread each 67-69 (one alone: 88.6 with 2 threads, 75 with 1); with a
+busy loop on one core, 2 threads ran 36 tok/s and 1 thread 70-77. The calls' thread count does not change
+llama.cpp's results (logits bit-identical at 1 and 2 threads), so it can change between calls.
+
+The signal needs no view of other processes: a call of wall time W with n threads that all had cores takes n x W
+of CPU time (measured median 0.99-1.00 of it), a contended one much less (0.50-0.75). Below CONTENDED, one thread
+fewer; now and then one more is tried again (a probe), and kept only where it gets its cores, so a neighbour that
+goes away gives the threads back. Probes that fail are spaced further apart, up to PROBE_MAX_S.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+CONTENDED = 0.85  # the median share of n x W below which the threads did not get their cores
+WINDOW = 8        # calls judged together (their median)
+WINDOW_S = 0.25   # or fewer (two at least), once their time adds up to this: a contended call took up to 0.7 s
+MIN_CALL_S = 0.002  # calls shorter than this are not judged: timer noise
+PROBE_FIRST_S = 2.0
+PROBE_MAX_S = 64.0
+
+
+@dataclass
+class ThreadShare:
+    """Feed it each call's wall and CPU seconds (`observe`); it answers with a new thread count when there is one."""
+    most: int                       # the threads this engine was given
+    threads: int = 0                # the count in use
+    _shares: list[float] = field(default_factory=list)
+    _window_s: float = 0.0
+    _probing: bool = False
+    _probe_wait_s: float = PROBE_FIRST_S
+    _next_probe_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.most = max(1, self.most)
+        self.threads = self.threads or self.most
+
+    def observe(self, wall_s: float, cpu_s: float, now: float) -> int | None:
+        """One call's wall time and the process's CPU time over it, at `now` (monotonic seconds). Returns the
+        thread count for the next calls where it changes, else None."""
+        if self.threads < self.most and not self._probing and now >= self._next_probe_at:
+            return self._change(self.threads + 1, probing=True)
+        if wall_s < MIN_CALL_S:
+            return None
+        self._shares.append(cpu_s / (wall_s * self.threads))
+        self._window_s += wall_s
+        if len(self._shares) < WINDOW and (len(self._shares) < 2 or self._window_s < WINDOW_S):
+            return None
+        contended = statistics.median(self._shares) < CONTENDED
+        self._shares.clear()
+        self._window_s = 0.0
+        if self._probing:
+            self._probing = False
+            if not contended:  # the extra thread got a core: keep it, and try the next one soon
+                self._probe_wait_s = PROBE_FIRST_S
+                self._next_probe_at = now + self._probe_wait_s
+                return None
+            self._probe_wait_s = min(PROBE_MAX_S, self._probe_wait_s * 2)
+            self._next_probe_at = now + self._probe_wait_s
+            return self._change(self.threads - 1)
+        if contended and self.threads > 1:
+            self._next_probe_at = now + self._probe_wait_s
+            return self._change(self.threads - 1)
+        return None
+
+    def _change(self, threads: int, probing: bool = False) -> int:
+        self.threads, self._probing = threads, probing
+        self._shares.clear()
+        self._window_s = 0.0
+        return threads

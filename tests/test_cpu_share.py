@@ -1,0 +1,69 @@
+"""The engine's CPU threads follow the cores it gets (engine/cpu_share.py): pure, fed made-up call timings."""
+
+from __future__ import annotations
+
+from host_runtime.engine.cpu_share import PROBE_FIRST_S, PROBE_MAX_S, WINDOW, ThreadShare
+
+
+def feed(share: ThreadShare, now: float, calls: int, cpu_per_wall: float, wall_s: float = 0.02) -> list[int]:
+    """`calls` calls whose CPU time is `cpu_per_wall` x their wall time; the thread counts it answered."""
+    answers = []
+    for i in range(calls):
+        changed = share.observe(wall_s, wall_s * cpu_per_wall, now + i * wall_s)
+        if changed is not None:
+            answers.append(changed)
+    return answers
+
+
+def test_threads_that_get_their_cores_stay():
+    share = ThreadShare(2)
+    assert feed(share, 0.0, 10 * WINDOW, cpu_per_wall=1.98) == [] and share.threads == 2
+
+
+def test_a_neighbour_holding_a_core_takes_one_thread_a_window_down_to_one():
+    share = ThreadShare(4)
+    # 4 threads getting 2.4 cores (0.6 each), then 3 getting 1.8, ...: one fewer each window, never below 1
+    assert feed(share, 0.0, WINDOW, cpu_per_wall=2.4) == [3]
+    assert feed(share, 0.2, WINDOW, cpu_per_wall=1.8) == [2]
+    assert feed(share, 0.4, WINDOW, cpu_per_wall=1.2) == [1]
+    assert feed(share, 0.6, WINDOW, cpu_per_wall=0.6) == [] and share.threads == 1
+
+
+def test_calls_too_short_to_time_are_not_judged():
+    share = ThreadShare(2)
+    assert feed(share, 0.0, 10 * WINDOW, cpu_per_wall=0.5, wall_s=0.001) == [] and share.threads == 2
+
+
+def test_a_thread_is_tried_again_later_and_kept_once_the_neighbour_is_gone():
+    share = ThreadShare(2)
+    assert feed(share, 0.0, WINDOW, cpu_per_wall=1.0) == [1]  # judged at 0.14 s: the first probe is due 2 s on
+    assert feed(share, PROBE_FIRST_S, 1, cpu_per_wall=1.0) == []  # too early
+    # still contended when the probe comes: back to one, and the next probe waits twice as long
+    assert feed(share, PROBE_FIRST_S + 0.2, 1, cpu_per_wall=1.0) == [2]
+    assert feed(share, PROBE_FIRST_S + 0.3, WINDOW, cpu_per_wall=1.0) == [1]  # judged at 2.44 s
+    assert feed(share, 2.44 + PROBE_FIRST_S + 0.1, 1, cpu_per_wall=1.0) == []  # the first wait has doubled
+    t = 2.44 + 2 * PROBE_FIRST_S + 0.1
+    assert feed(share, t, 1, cpu_per_wall=1.0) == [2]
+    # the neighbour has gone: the probe's window gets both cores, and 2 threads stay
+    assert feed(share, t + 0.1, 10 * WINDOW, cpu_per_wall=1.97) == [] and share.threads == 2
+
+
+def test_failed_probes_are_spaced_out_to_a_bound():
+    share = ThreadShare(2)
+    feed(share, 0.0, WINDOW, cpu_per_wall=1.0)
+    t, waits = 0.0, []
+    for _ in range(10):
+        while share.observe(0.02, 0.02, t) is None:  # one thread, its core to itself: wait for the probe
+            t += 0.05
+        waits.append(t)
+        t += 0.02
+        feed(share, t, WINDOW, cpu_per_wall=1.0)  # the probe's two threads get one core between them
+        t += WINDOW * 0.02
+    gaps = [b - a for a, b in zip(waits, waits[1:])]
+    assert gaps[1] > 1.8 * gaps[0] and max(gaps) <= PROBE_MAX_S + 1
+
+
+def test_slow_calls_are_judged_after_a_quarter_second_not_eight_calls():
+    share = ThreadShare(2)
+    assert feed(share, 0.0, 1, cpu_per_wall=0.6, wall_s=0.2) == []
+    assert feed(share, 0.2, 1, cpu_per_wall=0.6, wall_s=0.2) == [1]  # two calls, 0.4 s: judged
