@@ -422,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the models (or aliases) it may ask for; others are a 403 ('': every model)")
         p.add_argument("--from", dest="allowed_from", default=None, metavar="ADDR,NET,...",
                        help="the client addresses or networks it is valid from; others are a 403 ('': any)")
+        p.add_argument("--may-pull", choices=["yes", "no"], default=None,
+                       help="whether it may change the box's models through the API (/api/pull): a model it "
+                            "adds serves every key that names it; the owner's keys only (default: no)")
     usage = keys_sub.add_parser("usage", help="each key's requests and tokens, kept across restarts")
     usage.add_argument("--usage-dir", metavar="DIR", help="where serve keeps it (default: $EVERYCYCLE_USAGE_DIR, "
                                                         "else /var/lib/everycycle/usage)")
@@ -657,8 +660,13 @@ def cmd_serve(parser, args) -> int:
         from host_runtime.serving.http_threads import http_threads
 
         threads = http_threads(args.parallel, args.max_queue)
-    ServingApplication(config, bind=bind, workers=args.workers, threads=threads, engine=engine, pool=pool).run()
-    return 0
+    app = ServingApplication(config, bind=bind, workers=args.workers, threads=threads, engine=engine, pool=pool)
+    try:
+        app.run()
+    except SystemExit:  # gunicorn's master ends by sys.exit, 0 after a SIGTERM: the engine's fate decides
+        if not app.engine_gave_up:
+            raise
+    return 1 if app.engine_gave_up else 0
 
 
 def serve_arguments(args, settings, own: dict | None = None):
@@ -1236,7 +1244,8 @@ def _key_limits(args) -> dict:
 
     return {"max_concurrent": args.max_concurrent, "tokens_per_minute": args.tokens_per_minute,
             "tokens_per_day": args.tokens_per_day, "models": listed(args.models),
-            "allowed_from": listed(args.allowed_from)}
+            "allowed_from": listed(args.allowed_from),
+            "may_pull": None if args.may_pull is None else args.may_pull == "yes"}
 
 
 def _limits_text(k) -> str:
@@ -1244,7 +1253,8 @@ def _limits_text(k) -> str:
              f"{k.tokens_per_minute:,} tokens/min" if k.tokens_per_minute else "",
              f"{k.tokens_per_day:,} tokens/day" if k.tokens_per_day else "",
              f"models {','.join(k.models)}" if k.models else "",
-             f"from {','.join(k.allowed_from)}" if k.allowed_from else ""]
+             f"from {','.join(k.allowed_from)}" if k.allowed_from else "",
+             "may pull models" if k.may_pull else ""]
     return ", ".join(p for p in parts if p) or "no limit"
 
 

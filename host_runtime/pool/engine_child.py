@@ -8,12 +8,32 @@ import logging
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
+from collections import deque
 
 from host_runtime.common.processes import stop_process
 
 log = logging.getLogger("everycycle.serve")
 PR_SET_PDEATHSIG = 1
+RESTARTS = 3        # crashes of the server's own engine restarted in place within RESTART_WINDOW_S; the next stops
+RESTART_WINDOW_S = 60.0  # serve (non-zero), for its supervisor to act on: a model that dies at every load
+RESTART_DELAY_S = 1.0
+
+
+class CrashBudget:
+    """Pure: whether an engine that crashed at `now` (monotonic seconds) is restarted in place."""
+
+    def __init__(self, restarts: int = RESTARTS, window_s: float = RESTART_WINDOW_S):
+        self.restarts, self.window_s = restarts, window_s
+        self._crashes: deque[float] = deque()
+
+    def restart(self, now: float) -> bool:
+        self._crashes.append(now)
+        while self._crashes and self._crashes[0] < now - self.window_s:
+            self._crashes.popleft()
+        return len(self._crashes) <= self.restarts
 
 
 def _die_with_parent() -> None:
@@ -33,22 +53,49 @@ class EngineChild:
         self.proc: subprocess.Popen | None = None
         self.stopping = False
 
-    def start(self, on_unexpected_exit) -> None:
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, preexec_fn=_die_with_parent)
-        try:
-            self.proc.stdin.write(self.options.to_json().encode())
-            self.proc.stdin.close()
-        except OSError as exc:  # it died before reading: its exit code says why, the watcher reports it
-            log.error("the engine (pid %d) did not take its settings: %s", self.proc.pid, exc)
+    def start(self, on_unexpected_exit, watch: bool = True) -> None:
+        # The settings in an unlinked file, not a pipe: a pipe's write end, open while gunicorn forks a worker
+        # (it does from another thread than this), stays open in the worker, and the engine never reads its end.
+        with tempfile.TemporaryFile() as settings:
+            settings.write(self.options.to_json().encode())
+            settings.seek(0)
+            self.proc = subprocess.Popen(self.argv, stdin=settings, preexec_fn=_die_with_parent)
         log.info("engine started (pid %d) for %s", self.proc.pid, self.options.model)
 
-        def watch():
+        def watch_exit():
             code = self.proc.wait()
             if not self.stopping:
                 log.error("the engine (pid %d) exited unexpectedly (code %s)", self.proc.pid, code)
                 on_unexpected_exit()
 
-        threading.Thread(target=watch, name="engine-watch", daemon=True).start()
+        if watch:
+            threading.Thread(target=watch_exit, name="engine-watch", daemon=True).start()
+
+    def keep(self, on_give_up, budget: CrashBudget | None = None) -> None:
+        """Start the engine and restart it in place whenever it dies unasked, while `budget` allows; then
+        on_give_up(). One thread starts, waits and restarts: an engine dies with the thread that started it
+        (PR_SET_PDEATHSIG). An unasked exit is a crash whatever its status: the engine never ends on its own, and
+        gunicorn's master reaps every child, so the status read here may be 0 (ECHILD)."""
+        budget = budget or CrashBudget()
+
+        def keeper():
+            while True:
+                self.start(lambda: None, watch=False)
+                code = self.proc.wait()
+                if self.stopping:
+                    return
+                if not budget.restart(time.monotonic()):
+                    log.error("the engine (pid %d) exited unexpectedly (code %s), its %d-th crash in %.0f s: "
+                              "stopping", self.proc.pid, code, budget.restarts + 1, budget.window_s)
+                    on_give_up()
+                    return
+                log.error("the engine (pid %d) exited unexpectedly (code %s): starting it again in %.0f s, the "
+                          "model reloads", self.proc.pid, code, RESTART_DELAY_S)
+                time.sleep(RESTART_DELAY_S)
+                if self.stopping:
+                    return
+
+        threading.Thread(target=keeper, name="engine-keeper", daemon=True).start()
 
     def stop(self) -> None:
         self.stopping = True

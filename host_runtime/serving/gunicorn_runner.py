@@ -1,8 +1,9 @@
 """Runs the falcon app under gunicorn, with the engine as the master's child process.
 
-The engine (and so the model's weights) exists once, whatever the number of
-HTTP workers; workers reach it over a Unix socket. If the engine dies, the
-master shuts down too, so the supervisor restarts the pair as one service.
+The engine (and so the model's weights) exists once, whatever the number of HTTP workers; workers reach it over
+a Unix socket. If the engine dies, it is started again in place (the API stays up; its streams end with
+engine_unavailable, and the model reloads); if it keeps dying, the master stops with a non-zero status
+(engine_gave_up), so the supervisor restarts the pair as one service and monitoring sees a failure.
 """
 
 from __future__ import annotations
@@ -25,16 +26,20 @@ class ServingApplication(BaseApplication):
         self.threads = threads
         self.engine = engine
         self.pool = pool  # pool.pool.EnginePool: the store's other models, loaded on demand
+        self.engine_gave_up = False  # its engine kept dying: serve exits non-zero
         super().__init__()
 
     def load_config(self) -> None:
         engine, pool = self.engine, self.pool
 
+        def give_up():
+            self.engine_gave_up = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
         def on_starting(server):
             if engine is not None:
-                # The model the server started with: without its engine the server stops, and supervisord
-                # restarts the pair.
-                engine.start(lambda: os.kill(os.getpid(), signal.SIGTERM))
+                # The model the server started with: restarted in place when it crashes, a few times.
+                engine.keep(give_up)
             if pool is not None:
                 pool.start()
 
