@@ -34,7 +34,8 @@ run: $(STAMP)
 	@dev=$(VAR)/state/dev-api-key; keys=$(VAR)/state/api_keys.json; \
 	if [ -s $$dev ] && $(VENV)/bin/everycycle keys import --keys $$keys --key-file $$dev dev 2>/dev/null; then :; else \
 	  $(VENV)/bin/everycycle keys revoke --keys $$keys --missing-ok dev && \
-	  (umask 077; $(VENV)/bin/everycycle keys create --keys $$keys dev > $$dev.new 2>/dev/null) && mv $$dev.new $$dev; fi
+	  (umask 077; $(VENV)/bin/everycycle keys create --keys $$keys dev > $$dev.new 2>/dev/null) && mv $$dev.new $$dev; fi; \
+	$(VENV)/bin/everycycle keys set-limit --keys $$keys dev --may-pull yes 2>/dev/null  # the owner's: it may pull
 	@# The front's settings, through its own typed writer (a bad HOST or port is refused naming the field).
 	@$(PY) -c 'import ipaddress, sys; from host_runtime.front.settings import FrontSettings, save; \
 	  h = sys.argv[1]; save(FrontSettings(listen=h, http_port=int(sys.argv[2]), https_port=int(sys.argv[3]), \

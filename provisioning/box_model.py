@@ -76,6 +76,8 @@ class KeyPolicy(Table):
     models: list[NonEmpty] = Field(None, description="the models (or aliases) it may ask for; empty: every one")
     allowed_from: list[NonEmpty] = Field(None, description="the client addresses or networks it is valid from; "
                                                            "empty: any")
+    may_pull: bool = Field(None, description="whether it may change the box's models through the API (/api/pull): "
+                                             "a model it adds serves every key that names it (default: no)")
 
 
 class Api(Table):

@@ -117,19 +117,25 @@ def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path)
     import subprocess
 
     keys = tmp_path / "api_keys.json"
-    key = subprocess.run(everycycle("keys", "create", "--keys", str(keys), "owner"), capture_output=True, text=True,
-                         check=True).stdout.strip()
+    key = subprocess.run(everycycle("keys", "create", "--keys", str(keys), "--may-pull", "yes", "owner"),
+                         capture_output=True, text=True, check=True).stdout.strip()
     limited = subprocess.run(everycycle("keys", "create", "--keys", str(keys), "--models", MODEL_ID, "team"),
                              capture_output=True, text=True, check=True).stdout.strip()
+    # an unrestricted key, not granted the owner's right to change the box's models (#56)
+    ordinary = subprocess.run(everycycle("keys", "create", "--keys", str(keys), "laptop"),
+                              capture_output=True, text=True, check=True).stdout.strip()
+    # the owner's pattern alias: a model pulled under a name it covers would take every key's requests for it
+    (tmp_path / "serving.toml").write_text(f'[aliases]\n"claude-*" = "{MODEL_ID}"\n')
     files = tmp_path / "files"
     files.mkdir()
     model = write_tiny_llama(files / "tiny.gguf", n_ctx=256)
     (files / "other.gguf").write_bytes(model.read_bytes())
+    (files / "claude-sonnet-4-5.gguf").write_bytes(model.read_bytes())
     source = serve_files(files)
     port = free_port()
     proc = Proc(everycycle("serve", "--port", str(port), "--keys", str(keys), "--threads", "2", "--ctx-size", "512",
                            "--parallel", "1", "--model-store", str(tmp_path / "store"), "--run-dir",
-                           str(tmp_path / "run")), tmp_path / "serve.log")
+                           str(tmp_path / "run"), "--settings", str(tmp_path / "serving.toml")), tmp_path / "serve.log")
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: ready(base), 120, "the server to become ready", proc)
@@ -151,6 +157,14 @@ def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path)
             ollama.Client(host=base, headers={"Authorization": f"Bearer {limited}"}, timeout=60).pull(
                 f"{source.base}/other.gguf")
         assert err.value.status_code == 403 and "may not pull" in err.value.error
+        with pytest.raises(ollama.ResponseError) as err:
+            ollama.Client(host=base, headers={"Authorization": f"Bearer {ordinary}"}, timeout=60).pull(
+                f"{source.base}/other.gguf")
+        assert err.value.status_code == 403 and "may not change the box's models" in err.value.error
+        with pytest.raises(ollama.ResponseError) as err:
+            client.pull(f"{source.base}/claude-sonnet-4-5.gguf")
+        assert err.value.status_code == 409 and "'claude-*'" in err.value.error
+        assert "claude-sonnet-4-5:latest" not in [m.model for m in client.list().models]
     finally:
         proc.stop()
         source.shutdown()

@@ -46,6 +46,9 @@ class StoredKey:
     models: tuple[str, ...] = ()  # the models (or aliases) it may ask for; empty: every one
     # The addresses (IPs or networks) it is valid from; empty: any. The fleet key on a member: the gateway's.
     allowed_from: tuple[str, ...] = ()
+    # It may change the box's models through the API (/api/pull): what every key's requests may then be served by
+    # (a pulled model named like an alias the owner set took that name's requests over). The owner's grant alone.
+    may_pull: bool = False
 
     def allows_address(self, address: str | None) -> bool:
         """Whether a request from `address` (None: unknown) may use this key."""
@@ -97,7 +100,7 @@ def load_keys(path: str | os.PathLike) -> list[StoredKey]:
                           str(k.get("priority", "default")), int(k.get("max_concurrent", 0)),
                           int(k.get("tokens_per_minute", 0)), int(k.get("tokens_per_day", 0)),
                           tuple(str(m) for m in k.get("models", ())),
-                          check_addresses(k.get("allowed_from", ()))) for k in doc["keys"]]
+                          check_addresses(k.get("allowed_from", ())), _flag(k, "may_pull")) for k in doc["keys"]]
         for k in keys:
             if k.priority not in PRIORITIES:
                 raise ValueError(f"key {k.name!r}: priority must be one of {', '.join(PRIORITIES)}")
@@ -107,6 +110,13 @@ def load_keys(path: str | os.PathLike) -> list[StoredKey]:
         return keys
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise KeyStoreError(f"key file {p} is malformed: {exc}") from exc
+
+
+def _flag(entry: dict, name: str) -> bool:
+    value = entry.get(name, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"key {entry.get('name')!r}: {name} must be true or false")
+    return value
 
 
 def check_permissions(path: str | os.PathLike) -> None:
@@ -148,7 +158,8 @@ def _put(path: str | os.PathLike, keys: list[StoredKey], name: str, key: str, pr
     old = next((k for k in keys if k.name == name), None)
     priority = priority or (old.priority if old else "default")
     limits = {"max_concurrent": old.max_concurrent, "tokens_per_minute": old.tokens_per_minute,
-              "tokens_per_day": old.tokens_per_day, "models": old.models, "allowed_from": old.allowed_from} if old else {}
+              "tokens_per_day": old.tokens_per_day, "models": old.models, "allowed_from": old.allowed_from,
+              "may_pull": old.may_pull} if old else {}
     _save(path, [k for k in keys if k.name != name] + [StoredKey(name, hash_key(key), key_hint(key), time.time(),
                                                                   priority, **limits)])
 
@@ -174,9 +185,11 @@ def set_priority(path: str | os.PathLike, name: str, priority: str) -> None:
 
 def set_limit(path: str | os.PathLike, name: str, max_concurrent: int | None = None,
               tokens_per_minute: int | None = None, tokens_per_day: int | None = None,
-              models: tuple[str, ...] | None = None, allowed_from: tuple[str, ...] | None = None) -> None:
+              models: tuple[str, ...] | None = None, allowed_from: tuple[str, ...] | None = None,
+              may_pull: bool | None = None) -> None:
     """Change the limits of the key named `name` that are given (None: kept; 0 or (): no limit): requests at once,
-    tokens a minute and a day, the models it may ask for and the addresses it is valid from."""
+    tokens a minute and a day, the models it may ask for, the addresses it is valid from, and whether it may
+    change the box's models."""
     changes = {}
     for option, value in (("max-concurrent", max_concurrent), ("tokens-per-minute", tokens_per_minute),
                           ("tokens-per-day", tokens_per_day)):
@@ -191,9 +204,11 @@ def set_limit(path: str | os.PathLike, name: str, max_concurrent: int | None = N
             changes["allowed_from"] = check_addresses(a for a in allowed_from if a)
         except ValueError as exc:
             raise KeyStoreError(f"--from: {exc}") from None
+    if may_pull is not None:
+        changes["may_pull"] = may_pull
     if not changes:
         raise KeyStoreError("give at least one limit: --max-concurrent, --tokens-per-minute, --tokens-per-day, "
-                            "--models or --from")
+                            "--models, --from or --may-pull")
     _change(path, name, **changes)
 
 

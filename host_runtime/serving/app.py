@@ -559,10 +559,20 @@ class Ollama:
         if policy is not None and policy.models:  # a key kept to some models does not add others to the box
             raise APIError(403, f"the key {policy.name!r} may use only {', '.join(policy.models)}; it may not pull "
                                 "models", error_type="permission_error", code="pull_not_allowed", param="model")
+        if policy is not None and not policy.may_pull:  # a model it adds would serve every key that names it
+            raise APIError(403, f"the key {policy.name!r} may not change the box's models; the owner grants it with "
+                                f"'everycycle keys set-limit --keys FILE {policy.name} --may-pull yes'",
+                           error_type="permission_error", code="pull_not_allowed", param="model")
         if not self._config.model_store:
             raise APIError(400, "this server has no model store to pull into (it serves one model file)",
                            param="model", code="no_model_store")
         job = PullJob(self._config.model_store, source)
+        alias = self._router.covering_alias(job.name)
+        if alias is not None:  # else every request for that name would go to the pulled model
+            raise APIError(409, f"'{job.name}' is a name the owner's aliases give to "
+                                f"'{self._router.aliases[alias]}' ({alias!r} in [serving.aliases]); a pulled model "
+                                "may not take it over: pull it under another file name, or change the alias",
+                           error_type="invalid_request_error", code="name_is_an_alias", param="model")
         job.start()
         if stream:
             ndjson_stream(resp, (json.dumps(line).encode() + b"\n" for line in job.lines()))

@@ -107,10 +107,16 @@ class Router:
         matches; None for a name no alias covers (a model's own name is never an alias's)."""
         if name in self.aliases:
             return self.aliases[name]
-        target = next((target for pattern, target in self.aliases.items()
-                       if any(c in pattern for c in "*?") and fnmatch.fnmatchcase(name, pattern)), None)
+        pattern = self.covering_alias(name)
         # Only a name a pattern matches costs a look at the models (the pool is asked once, not on every request).
-        return None if target is None or name in self._model_names() else target
+        return None if pattern is None or name in self._model_names() else self.aliases[pattern]
+
+    def covering_alias(self, name: str) -> str | None:
+        """The alias, or the first pattern in box.toml's order, that names `name`, whatever models there are."""
+        if name in self.aliases:
+            return name
+        return next((pattern for pattern in self.aliases
+                     if any(c in pattern for c in "*?") and fnmatch.fnmatchcase(name, pattern)), None)
 
     def _model_names(self) -> set[str]:
         names = {self.default_info().model_id}
