@@ -1,9 +1,13 @@
 """What a GGUF says about itself (architecture, quantization, context, chat template, pooling), read with ggml's
 own reader (or the `gguf` package's) without loading weights; a file that is not a GGUF, or is cut short, is refused here.
 
-A GGUF is anyone's file (a download, a USB stick), and ggml's reader is C: run by root (`models pull` or `models
-add` from a root shell), it reads in a child process as an unprivileged user, from the file root opened, so a
-crafted header that breaks the reader breaks nothing root holds (hardening #35, item 6)."""
+A GGUF is anyone's file (a download, a USB stick, a client's pull), and ggml's reader is C: it reads in a forked
+child, from the file its caller opened, as an unprivileged user where the caller is root (`models pull`, `models
+add`, the console's verdicts), so a crafted header that breaks the reader breaks nothing root or the API's worker
+holds (hardening #35, item 6; #56, item 3). Forked, not executed: the child needs no interpreter it can run (a
+developer's Python may sit in root's home), only the reader already loaded. The child calls ggml's reader, json
+and os.write, no lock another thread of a threaded caller (the console, the API worker) could hold; a child that
+hangs all the same is killed at CHILD_TIMEOUT_S."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from pathlib import Path
 from host_runtime.common.service_user import service_ids
 from host_runtime.models.errors import StoreError
 from host_runtime.placement import gguf_c
+from host_runtime.placement.model_table import ModelTable, ModelTableError, read_table_fd
 
 CHILD_TIMEOUT_S = 120.0  # the header of a large model reads in well under a second; a stuck reader is a refusal
 
@@ -33,15 +38,11 @@ def read_info(path: Path) -> dict:
         raise StoreError(f"{path.name} is not a GGUF file (it starts with {magic!r})")
 
     try:
-        if gguf_c.available() and os.geteuid() == 0:
+        if gguf_c.available():  # ggml's own reader: milliseconds, where the gguf package takes seconds
             doc = _facts_unprivileged(path)
             arch, file_type, context, pooling, has_template, end = (
                 doc["architecture"], doc["file_type"], doc["context_length"], doc["pooling"], doc["chat_template"],
                 doc["data_end"])
-        elif gguf_c.available():  # ggml's own reader: milliseconds, where the gguf package takes seconds
-            with gguf_c.GGUFTable(path) as table:
-                arch, file_type, context, pooling, has_template = _facts(table.value)
-                end = table.data_end()
         else:
             from host_runtime.placement.model_table import _field
 
@@ -92,27 +93,52 @@ def unprivileged_ids() -> tuple[int, int]:
     return ids
 
 
+def facts_from_fd(fd: int) -> dict:
+    """_facts and the data's end of the GGUF open at `fd` (read from its start), as JSON types."""
+    with gguf_c.GGUFTable(fd=fd) as table:
+        arch, file_type, context, pooling, has_template = _facts(table.value)
+        return {"architecture": arch, "file_type": file_type, "context_length": context, "pooling": pooling,
+                "chat_template": has_template, "data_end": table.data_end()}
+
+
 def _facts_unprivileged(path: Path) -> dict:
-    """_facts, the data's end and the reader's uid, read by a forked child that has become an unprivileged user, from the file root
-    opened (the child need not be able to open it). Forked, not executed: the child needs no interpreter it can
-    run, only the reader already loaded."""
-    uid, gid = unprivileged_ids()
-    with open(path, "rb") as file:
+    """facts_from_fd and the reader's uid, read in the reader's own process (read_isolated)."""
+    return read_isolated(path, "facts")
+
+
+def read_table_isolated(path: Path) -> ModelTable:
+    """The tensor table of a GGUF someone supplied (a client, the network, a USB stick), read in the reader's own
+    process; StoreError where it is not one."""
+    try:
+        return ModelTable.from_json(read_isolated(path, "table"))
+    except ModelTableError as exc:
+        raise StoreError(str(exc)) from None
+
+
+def read_isolated(path: Path, what: str) -> dict:
+    """facts_from_fd (`what` "facts") or the tensor table's to_json ("table") of the file at `path`, opened here
+    and read by a forked child, with the uid it read as; the child becomes an unprivileged user (unprivileged_ids)
+    where this process is root. Its answer is JSON, checked here: never pickle from a process that read untrusted
+    bytes."""
+    ids = unprivileged_ids() if os.geteuid() == 0 else None
+    try:
+        file = open(path, "rb")
+    except OSError as exc:
+        raise StoreError(f"{path.name}: {exc.strerror or exc}") from None
+    with file:
         readable, writable = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns
             code = 1
             try:
                 os.close(readable)
-                os.setgroups([])
-                os.setgid(gid)
-                os.setuid(uid)
-                with gguf_c.GGUFTable(fd=file.fileno()) as table:
-                    arch, file_type, context, pooling, has_template = _facts(table.value)
-                    doc = {"architecture": arch, "file_type": file_type, "context_length": context,
-                           "pooling": pooling, "chat_template": has_template, "data_end": table.data_end(),
-                           "reader_uid": os.getuid()}
-                os.write(writable, json.dumps(doc).encode())
+                if ids is not None:
+                    os.setgroups([])
+                    os.setgid(ids[1])
+                    os.setuid(ids[0])
+                doc = facts_from_fd(file.fileno()) if what == "facts" else \
+                    read_table_fd(file.fileno(), path.name).to_json()
+                os.write(writable, json.dumps({**doc, "reader_uid": os.getuid()}).encode())
                 code = 0
             except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as text
                 os.write(writable, f"!{exc}".encode(errors="replace")[:4000])
@@ -135,9 +161,13 @@ def _facts_unprivileged(path: Path) -> dict:
     text = answer.decode(errors="replace")
     if text.startswith("!") or os.WEXITSTATUS(status) != 0:
         raise StoreError(f"{path.name} is not a readable GGUF file: {text.lstrip('!') or 'no reason given'}")
-    doc = json.loads(text)
-    if doc["reader_uid"] == 0:  # the child did not give up root: do not trust that it ran as asked
-        raise StoreError(f"{path.name}: the GGUF reader still ran as root; refusing to read it")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise StoreError(f"{path.name}: the GGUF reader's answer is not JSON") from None
+    if not isinstance(doc, dict) or (ids is not None and doc.get("reader_uid") != ids[0]):
+        # the child did not become the user it was made: do not trust that it ran as asked
+        raise StoreError(f"{path.name}: the GGUF reader did not run as the unprivileged user; refusing to read it")
     return doc
 
 

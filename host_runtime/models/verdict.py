@@ -12,7 +12,8 @@ from pathlib import Path
 
 from host_runtime.common import http_client
 from host_runtime.models.sources import hf_parts, source_file_name
-from host_runtime.placement.model_table import ModelTableError, read_table
+from host_runtime.models.errors import StoreError
+from host_runtime.models.gguf_info import read_table_isolated
 from host_runtime.placement.planner import PlacementError, PlanRequest, plan
 from host_runtime.placement.session import devices_from_topology, live_devices
 
@@ -69,9 +70,9 @@ def read_source_table(source: str):
         path = Path(source)
         if not path.is_file():
             raise VerdictError(f"{source}: no such file")
-        try:
-            return read_table(str(path)), path.stat().st_size
-        except ModelTableError as exc:
+        try:  # the reader in its own process, unprivileged: the console that asks runs as root (#56, item 3)
+            return read_table_isolated(path), path.stat().st_size
+        except StoreError as exc:
             raise VerdictError(str(exc)) from None
 
     last = None
@@ -81,8 +82,8 @@ def read_source_table(source: str):
             partial = Path(tmp) / source_file_name(source)  # the table is named after its file, as once pulled
             partial.write_bytes(head)
             try:
-                return read_table(str(partial)), total
-            except ModelTableError as exc:
+                return read_table_isolated(partial), total
+            except StoreError as exc:
                 last = exc
         if len(head) < limit:  # the whole file was read: a longer header will not help
             break

@@ -7,6 +7,7 @@ model we have no file of (`synthetic_table`), so plans for 70B-class models can 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -81,6 +82,49 @@ class ModelTable:
     notes: tuple[str, ...] = field(default=())
     n_expert: int = 0        # routed experts per MoE layer (0: a dense model)
     n_expert_used: int = 0   # experts each token is routed to
+
+    def to_json(self) -> dict:
+        """The table as JSON types, for a reader in another process (never pickle: that process read untrusted
+        bytes, and its answer is checked, field by field, by from_json)."""
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for key in _TENSOR_LISTS:
+            doc[key] = [[t.name, t.ggml_type, list(t.shape), t.n_bytes] for t in doc[key]]
+        doc["layer_tensors"] = [[[t.name, t.ggml_type, list(t.shape), t.n_bytes] for t in layer]
+                                for layer in self.layer_tensors]
+        doc.update(kv_k_width=list(self.kv_k_width), kv_v_width=list(self.kv_v_width),
+                   swa_layers=sorted(self.swa_layers), notes=list(self.notes))
+        return doc
+
+    @classmethod
+    def from_json(cls, doc) -> ModelTable:
+        """The table to_json wrote; ModelTableError for anything else."""
+        try:
+            def tensor(v) -> TensorInfo:
+                name, ggml_type, shape, n_bytes = v
+                if not (isinstance(name, str) and _is_int(ggml_type) and _is_int(n_bytes)
+                        and isinstance(shape, list) and all(map(_is_int, shape))):
+                    raise TypeError(f"tensor {v!r}")
+                return TensorInfo(name, ggml_type, tuple(shape), n_bytes)
+
+            values = {}
+            for f in dataclasses.fields(cls):
+                v = doc[f.name]
+                if f.name == "layer_tensors":
+                    v = tuple(tuple(tensor(t) for t in layer) for layer in v)
+                elif f.name in _TENSOR_LISTS:
+                    v = tuple(tensor(t) for t in v)
+                elif f.name in ("kv_k_width", "kv_v_width", "swa_layers", "notes"):
+                    kind = str if f.name == "notes" else int
+                    if not all(isinstance(x, kind) and not isinstance(x, bool) for x in v):
+                        raise TypeError(f.name)
+                    v = frozenset(v) if f.name == "swa_layers" else tuple(v)
+                elif not isinstance(v, {"name": str, "architecture": str, "tied_output": bool}.get(f.name, int)) \
+                        or (isinstance(v, bool) and f.name != "tied_output"):
+                    raise TypeError(f.name)
+                values[f.name] = v
+            return cls(**values)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelTableError(f"the GGUF reader's answer is not a tensor table ({exc})") from None
 
     @functools.cached_property
     def _expert_flags(self) -> tuple[tuple[bool, ...], ...]:
@@ -174,6 +218,24 @@ def read_table(path) -> ModelTable:
         return _table_from(path, table.value, [TensorInfo(*t) for t in table.tensors()])
 
 
+def read_table_fd(fd: int, name: str) -> ModelTable:
+    """read_table from an open file (read from its start; the caller keeps it open), named `name`: for a reader
+    that may not open the path itself (models/gguf_child.py)."""
+    try:
+        table = gguf_c.GGUFTable(fd=fd)
+    except ValueError as exc:
+        raise ModelTableError(f"{name}: not a readable GGUF file ({exc})") from None
+    with table:
+        return _table_from(name, table.value, [TensorInfo(*t) for t in table.tensors()], os.fstat(fd).st_size)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_TENSOR_LISTS = ("input_tensors", "output_tensors")
+
+
 def _read_table_gguf_package(path) -> ModelTable:
     import gguf
 
@@ -186,8 +248,8 @@ def _read_table_gguf_package(path) -> ModelTable:
     return _table_from(path, lambda key: _field(reader, key), tensors)
 
 
-def _table_from(path, value, tensors: list[TensorInfo]) -> ModelTable:
-    """value(key) -> a metadata value (str, number, list) or None."""
+def _table_from(path, value, tensors: list[TensorInfo], file_bytes: int | None = None) -> ModelTable:
+    """value(key) -> a metadata value (str, number, list) or None; file_bytes: the file's size (else the path's)."""
     arch = value("general.architecture")
     if not isinstance(arch, str):
         raise ModelTableError(f"{path}: no general.architecture in the GGUF metadata")
@@ -216,7 +278,7 @@ def _table_from(path, value, tensors: list[TensorInfo]) -> ModelTable:
                      kv_k=tuple(h * key_len for h in heads_kv), kv_v=tuple(h * value_len for h in heads_kv),
                      n_swa=int(hp("attention.sliding_window", 0) or 0),
                      swa_pattern=hp("attention.sliding_window_pattern", _SWA_PERIOD_BY_ARCH.get(arch)),
-                     file_bytes=os.path.getsize(path), n_expert=int(hp("expert_count", 0) or 0),
+                     file_bytes=os.path.getsize(path) if file_bytes is None else file_bytes, n_expert=int(hp("expert_count", 0) or 0),
                      n_expert_used=int(hp("expert_used_count", 0) or 0))
 
 
