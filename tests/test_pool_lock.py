@@ -126,7 +126,7 @@ def test_a_request_waiting_for_a_load_hears_its_failure_at_once_and_its_end_when
     started = time.monotonic()
     with pytest.raises(RequestRejected) as failed:
         router._wait_for_load(engine("down", "loading", "failed"), "big")
-    assert failed.value.status == 500 and "failed to load: out of memory" in failed.value.message
+    assert failed.value.status == 409 and "failed to load: out of memory" in failed.value.message
     assert time.monotonic() - started < 2
     client = engine("down", "loading", "loading", "ready")
     assert router._wait_for_load(client, "big") == (client, EngineInfo(state="ready", reason="", model_id="big",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from host_runtime.common import settings_file
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common.download import file_sha256
 from host_runtime.common.service_user import give_to_services
 from host_runtime.common.settings_file import SettingsError
 from host_runtime.models.errors import StoreError
@@ -21,6 +22,7 @@ from host_runtime.models.model_settings import FILE, ModelSettings
 
 MANIFEST = "manifest.json"
 PARTIAL = ".partial"
+VERIFIED = ".verified"  # the model file's size and mtime when its sha256 last matched (Store.verify)
 FREE_SPACE_RESERVE = 1 << 30  # the data partition keeps this free: logs, the prefix cache, updates
 
 
@@ -115,7 +117,42 @@ class Store:
         manifest = Manifest(name=name, file=target.name, sha256=sha256, size=target.stat().st_size,
                             source=source, added_at=_now(), **info)
         atomic_write(target.parent / MANIFEST, manifest.to_json().encode(), mode=0o644)
+        self._stamp(manifest, target.stat())  # hashed just now: verify() need not hash it again
         return manifest
+
+    # ---- checking ------------------------------------------------------------------------------------------
+
+    def verify(self, manifest: Manifest) -> None:
+        """The model's file is still the one admitted, before an engine loads it (#55: random bytes written over
+        a model's weights were served, garbage and all): its size every time; its sha256 again where its size or
+        modification time differs from the last time it matched (VERIFIED beside the manifest). StoreError naming
+        the model and what differs; nothing is changed."""
+        path = self.path_of(manifest)
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise StoreError(f"the model '{manifest.name}' has lost its file ({path}: {exc.strerror}); add or pull "
+                             "it again") from None
+        if st.st_size != manifest.size:
+            raise StoreError(f"the model '{manifest.name}' is damaged: its file has {st.st_size:,} bytes where its "
+                             f"manifest says {manifest.size:,} (cut short or overwritten); remove it and add or pull "
+                             "it again (everycycle models rm, then models add|pull)")
+        try:
+            if (self.root / manifest.name / VERIFIED).read_text() == _stamp_text(st):
+                return
+        except OSError:
+            pass  # never checked since it was admitted by an earlier version, or the stamp is unreadable: hash
+        if file_sha256(path).hexdigest() != manifest.sha256:
+            raise StoreError(f"the model '{manifest.name}' is damaged: its file's sha256 no longer matches its "
+                             "manifest's (its bytes changed after it was added); remove it and add or pull it "
+                             "again (everycycle models rm, then models add|pull)")
+        self._stamp(manifest, st)
+
+    def _stamp(self, manifest: Manifest, st: os.stat_result) -> None:
+        try:
+            atomic_write(self.root / manifest.name / VERIFIED, _stamp_text(st).encode(), mode=0o644)
+        except OSError:
+            pass  # a store this process may not write: the next load hashes again, nothing worse
 
     def remove(self, name: str) -> Manifest:
         manifest = self.get(name)
@@ -171,3 +208,8 @@ def _copy_without_links(source: Path, dest: Path) -> None:
         shutil.copyfileobj(src, out, 1 << 20)
         out.flush()
         os.fsync(out.fileno())
+
+
+def _stamp_text(st: os.stat_result) -> str:
+    """What VERIFIED holds: the file's size and modification time when its sha256 last matched its manifest."""
+    return f"{st.st_size} {st.st_mtime_ns}\n"

@@ -22,6 +22,7 @@ from pathlib import Path
 from host_runtime.engine.client import EngineClient
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import EngineUnavailable, LineReader, MessageTooLarge, send_message
+from host_runtime.models.errors import StoreError
 from host_runtime.models.store import Store
 from host_runtime.pool.engine_child import EngineChild
 from host_runtime.pool.protocol import (DEFAULT_KEEP_ALIVE, Acquire, Acquired, Download, ListModels, PoolModel,
@@ -69,6 +70,9 @@ class EnginePool:
         self.loads: Counter = Counter({default_name: 1})     # model -> engines started for it
         self.unloads: Counter = Counter()                     # (model, reason) -> engines stopped
         self.provisioned = None  # models.provisioned.ProvisionedPull: the bundle's model, pulled at first boot
+        # Models whose load failed, with their file's (size, mtime) then and the reason: refused at once until the
+        # file changes, instead of an engine started (and kept, 137 MB) for every retry.
+        self._failed: dict[str, tuple[tuple[int, int] | None, str]] = {}
 
     # ---- what exists -----------------------------------------------------------------------------------------
 
@@ -141,13 +145,11 @@ class EnginePool:
         keep = self.keep_alive_s if keep_alive_s == DEFAULT_KEEP_ALIVE else keep_alive_s
         with self._lock:
             if name in self._loaded:
-                entry = self._loaded[name]
-                entry.last_used = time.monotonic()
-                if not entry.pinned:
-                    # A request may lengthen a loaded model's stay, never shorten it: one key's keep_alive 0
-                    # would unload a model other keys use (hardening #35, item 7).
-                    entry.keep_alive_s = longer_keep_alive(entry.keep_alive_s, keep)
-                return Acquired(entry.socket, _engine_state(entry.socket)[0])
+                return self._loaded_answer(name, keep)
+        self._check_file(name)  # without the lock: it may hash gigabytes
+        with self._lock:
+            if name in self._loaded:  # loaded by another request meanwhile
+                return self._loaded_answer(name, keep)
             info = self.available().get(name)
             if info is None and self.provisioned is not None and self.provisioned.status.name == name \
                     and self.provisioned.status.state != "failed":
@@ -186,6 +188,43 @@ class EnginePool:
         self._launch(child, lambda n=name: self._died(n))
         log.info("loading %s on demand (about %.2f GiB; budget %.2f GiB)", name, need / 2**30, self.budget / 2**30)
         return Acquired(socket_path, "loading")
+
+    def _loaded_answer(self, name: str, keep) -> Acquired:
+        """Under the lock: the engine serving `name`. One whose load failed is taken out (its process stopped)
+        and the failure kept against its file, so the next request after the file changes loads it afresh."""
+        entry = self._loaded[name]
+        state = _engine_state(entry.socket)[0]
+        if state == "failed" and name != self.default_name:
+            reason = _engine_reason(entry.socket)
+            self._failed[name] = (_file_signature(entry.path), reason)
+            taken = self._take_out_locked(name, "its load failed", "failed")
+            threading.Thread(target=self._finish_stopping, args=([taken],), daemon=True).start()
+            raise _load_failed(name, reason)
+        entry.last_used = time.monotonic()
+        if not entry.pinned:
+            # A request may lengthen a loaded model's stay, never shorten it: one key's keep_alive 0
+            # would unload a model other keys use (hardening #35, item 7).
+            entry.keep_alive_s = longer_keep_alive(entry.keep_alive_s, keep)
+        return Acquired(entry.socket, state)
+
+    def _check_file(self, name: str) -> None:
+        """Before an engine is started for a store model: its file is the one admitted (Store.verify), and not
+        one whose load failed unchanged since."""
+        if self.store is None or name == self.default_name:
+            return
+        try:
+            manifest = self.store.get(name)
+        except StoreError:
+            return  # not in the store: acquire says so
+        failed = self._failed.get(name)
+        if failed is not None:
+            if failed[0] == _file_signature(str(self.store.path_of(manifest))):
+                raise _load_failed(name, failed[1])
+            self._failed.pop(name, None)  # the file changed: load it again
+        try:
+            self.store.verify(manifest)
+        except StoreError as exc:
+            raise _refusal(409, str(exc), code="model_damaged", param="model") from None
 
     def _launch(self, child, on_exit) -> None:
         """Start an engine from the launcher thread, which lives as long as the pool: an engine dies with the
@@ -352,6 +391,27 @@ def _engine_state(socket_path: str) -> tuple[str, int | None, int | None]:
         return "loading", None, None
     return {"ready": "loaded", "loading": "loading"}.get(info.state, info.state or "loading"), info.n_ctx, \
         info.n_ctx_train
+
+
+def _engine_reason(socket_path: str) -> str:
+    try:
+        return EngineClient(socket_path).info(timeout=1.0).reason or "no reason given"
+    except EngineUnavailable:
+        return "its engine stopped answering"
+
+
+def _file_signature(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def _load_failed(name: str, reason: str) -> RequestRejected:
+    """A model that does not load is the state of its file, which the owner can change: a 409, not a 5xx."""
+    return _refusal(409, f"the model '{name}' failed to load: {reason}; replace its file (everycycle models rm, "
+                         "then models add|pull) and ask again", code="model_load_failed", param="model")
 
 
 def _rss(proc) -> int | None:

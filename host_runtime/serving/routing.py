@@ -87,9 +87,10 @@ class Router:
                 info = client.info(timeout=5.0)
             except EngineUnavailable:
                 return None  # its engine is starting: the socket comes first
-            if info.state == "failed":
-                raise APIError(500, f"the model '{model}' failed to load: {info.reason}",
-                               error_type="server_error", code="model_load_failed", param="model")
+            if info.state == "failed":  # its file's state, which the owner can change (the pool's refusal too)
+                raise APIError(409, f"the model '{model}' failed to load: {info.reason}; replace its file "
+                                    "(everycycle models rm, then models add|pull) and ask again",
+                               code="model_load_failed", param="model")
             return info
 
         def gave_up(_) -> None:
