@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from host_runtime.engine.cpu_share import PROBE_FIRST_S, PROBE_MAX_S, WINDOW, ThreadShare
+from host_runtime.engine.cpu_share import PROBE_FIRST_S, PROBE_MAX_S, WINDOW, ThreadShare as _ThreadShare
+
+
+def ThreadShare(most: int) -> _ThreadShare:
+    return _ThreadShare(most, rng=lambda: 0.5)  # no jitter: the waits as set
 
 
 def feed(share: ThreadShare, now: float, calls: int, cpu_per_wall: float, wall_s: float = 0.02) -> list[int]:
@@ -67,3 +71,19 @@ def test_slow_calls_are_judged_after_a_quarter_second_not_eight_calls():
     share = ThreadShare(2)
     assert feed(share, 0.0, 1, cpu_per_wall=0.6, wall_s=0.2) == []
     assert feed(share, 0.2, 1, cpu_per_wall=0.6, wall_s=0.2) == [1]  # two calls, 0.4 s: judged
+
+
+def test_a_probe_whose_first_call_gets_half_its_cores_fails_at_once():
+    share = ThreadShare(2)
+    feed(share, 0.0, WINDOW, cpu_per_wall=1.0)
+    assert feed(share, 3.0, 1, cpu_per_wall=1.0) == [2]
+    assert feed(share, 3.1, 1, cpu_per_wall=1.0, wall_s=0.7) == [1]  # one collapsed call: back to one thread
+
+
+def test_probe_waits_are_drawn_around_their_value():
+    waits = set()
+    for r in (0.0, 0.5, 1.0):
+        share = _ThreadShare(2, rng=lambda r=r: r)
+        feed(share, 0.0, WINDOW, cpu_per_wall=1.0)
+        waits.add(round(share._next_probe_at - 0.14, 2))
+    assert waits == {1.5, 2.0, 2.5}

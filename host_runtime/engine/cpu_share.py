@@ -16,15 +16,21 @@ goes away gives the threads back. Probes that fail are spaced further apart, up 
 
 from __future__ import annotations
 
+import random
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 CONTENDED = 0.85  # the median share of n x W below which the threads did not get their cores
 WINDOW = 8        # calls judged together (their median)
 WINDOW_S = 0.25   # or fewer (two at least), once their time adds up to this: a contended call took up to 0.7 s
 MIN_CALL_S = 0.002  # calls shorter than this are not judged: timer noise
+PROBE_FAILS_AT = 0.6  # one probe call this far below its cores fails the probe at once: contended calls at too
+                      # many threads collapse (one took 0.7 s against 15 ms), and two engines probing together
+                      # held 2 threads each for 7 s before a window was judged
 PROBE_FIRST_S = 2.0
 PROBE_MAX_S = 64.0
+PROBE_JITTER = 0.25   # each wait drawn within +-25%: two engines that stepped down together do not probe together
 
 
 @dataclass
@@ -37,6 +43,7 @@ class ThreadShare:
     _probing: bool = False
     _probe_wait_s: float = PROBE_FIRST_S
     _next_probe_at: float = 0.0
+    rng: Callable[[], float] = random.random  # for the jitter (a test gives a constant)
 
     def __post_init__(self) -> None:
         self.most = max(1, self.most)
@@ -49,7 +56,10 @@ class ThreadShare:
             return self._change(self.threads + 1, probing=True)
         if wall_s < MIN_CALL_S:
             return None
-        self._shares.append(cpu_s / (wall_s * self.threads))
+        share = cpu_s / (wall_s * self.threads)
+        if self._probing and share < PROBE_FAILS_AT:
+            return self._probe_failed(now)
+        self._shares.append(share)
         self._window_s += wall_s
         if len(self._shares) < WINDOW and (len(self._shares) < 2 or self._window_s < WINDOW_S):
             return None
@@ -60,15 +70,22 @@ class ThreadShare:
             self._probing = False
             if not contended:  # the extra thread got a core: keep it, and try the next one soon
                 self._probe_wait_s = PROBE_FIRST_S
-                self._next_probe_at = now + self._probe_wait_s
+                self._next_probe_at = now + self._wait()
                 return None
-            self._probe_wait_s = min(PROBE_MAX_S, self._probe_wait_s * 2)
-            self._next_probe_at = now + self._probe_wait_s
-            return self._change(self.threads - 1)
+            return self._probe_failed(now)
         if contended and self.threads > 1:
-            self._next_probe_at = now + self._probe_wait_s
+            self._next_probe_at = now + self._wait()
             return self._change(self.threads - 1)
         return None
+
+    def _probe_failed(self, now: float) -> int:
+        self._probing = False
+        self._probe_wait_s = min(PROBE_MAX_S, self._probe_wait_s * 2)
+        self._next_probe_at = now + self._wait()
+        return self._change(self.threads - 1)
+
+    def _wait(self) -> float:
+        return self._probe_wait_s * (1 + PROBE_JITTER * (2 * self.rng() - 1))
 
     def _change(self, threads: int, probing: bool = False) -> int:
         self.threads, self._probing = threads, probing
