@@ -71,6 +71,7 @@ class EngineMetrics:
         self.counters = {name: 0.0 for name in self.COUNTERS}
         # Per API key name (never the key): requests, prompt tokens, of them cached, generated, errors.
         self.key_usage: dict[str, dict[str, float]] = {}
+        self.on_key_used = None  # (key, counts) -> None: engine/usage_file.UsageBook.record, where usage is kept
         self.requests_processing = 0
         self.requests_deferred = 0
         self.kv_cells_used = 0
@@ -100,17 +101,25 @@ class EngineMetrics:
     }
 
     def key_usage_snapshot(self) -> dict[str, dict[str, float]]:
+        return self.locked_key_usage(lambda _: None)
+
+    def locked_key_usage(self, inside) -> dict[str, dict[str, float]]:
+        """A copy of the per-key usage, with inside(copy) run under the lock that key_used takes (the usage
+        file's fold starts its next log there: no request is in both the copy and that log)."""
         with self._lock:
-            return {key: dict(counters) for key, counters in self.key_usage.items()}
+            copy = {key: dict(counters) for key, counters in self.key_usage.items()}
+            inside(copy)
+            return copy
 
     def key_used(self, key: str, *, prompt: int, cached: int, generated: int, failed: bool) -> None:
+        counts = {"key_requests_total": 1, "key_prompt_tokens_total": prompt, "key_cached_prompt_tokens_total": cached,
+                  "key_generated_tokens_total": generated, "key_errors_total": 1 if failed else 0}
         with self._lock:
             usage = self.key_usage.setdefault(key, {name: 0.0 for name in self.KEY_USAGE})
-            usage["key_requests_total"] += 1
-            usage["key_prompt_tokens_total"] += prompt
-            usage["key_cached_prompt_tokens_total"] += cached
-            usage["key_generated_tokens_total"] += generated
-            usage["key_errors_total"] += 1 if failed else 0
+            for name, value in counts.items():
+                usage[name] += value
+            if self.on_key_used is not None:  # the usage file's log: in the same lock as the counters
+                self.on_key_used(key, counts)
 
     def add(self, name: str, value: float = 1.0) -> None:
         with self._lock:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from host_runtime.common.sockets import peer_closed
 from host_runtime.common.stop_signal import stop_on_signals
-from host_runtime.engine import wire
+from host_runtime.engine import usage_file, wire
 from host_runtime.engine.engine import EmbeddingCancelled, Engine, GenerationRequest
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import LineReader, MessageTooLarge, send_message
@@ -81,16 +81,16 @@ class EngineService:
                                  prefix_cache=self.prefix_cache, governor_state=self.governor_state,
                                  speculation=self.speculation, drafter=drafter)
             if self.usage_file:
-                from host_runtime.engine import usage_file
-
-                names = self.engine.metrics.KEY_USAGE
-                self.engine.metrics.key_usage.update({
-                    key: {name: counters.get(name, 0.0) for name in names}
-                    for key, counters in usage_file.load(self.usage_file).items()})
-                self._usage_saver = usage_file.UsageSaver(self.usage_file, self.engine.metrics.key_usage_snapshot)
+                metrics = self.engine.metrics
+                book = usage_file.UsageBook(self.usage_file, metrics.locked_key_usage)  # UsageFileError: stop
+                metrics.key_usage.update({key: {name: counters.get(name, 0.0) for name in metrics.KEY_USAGE}
+                                          for key, counters in book.loaded.items()})
+                metrics.on_key_used = book.record
+                book.start()
+                self._usage_saver = book
             self._loading("warming up")
             warm = self.engine.start(warm_up=True)  # on the loop thread, as every later decode (Engine.start)
-        except (ModelLoadError, RuntimeError) as exc:
+        except (ModelLoadError, RuntimeError, usage_file.UsageFileError) as exc:
             self.state, self.state_reason = "failed", str(exc)
             log.error("%s", exc)
             return
@@ -107,7 +107,7 @@ class EngineService:
     def save_usage(self) -> None:
         """Per-key usage to its file now (the engine is stopping)."""
         if self._usage_saver is not None:
-            self._usage_saver.save_if_changed()
+            self._usage_saver.fold()
 
     def _loading(self, phase: str, fraction: float | None = None) -> None:
         """Where loading is, for /ready, /health and the console (llama.cpp's callback calls this often)."""
