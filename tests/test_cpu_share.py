@@ -3,7 +3,7 @@ fed made-up call timings: per token, and the share of threads x wall time the pr
 
 from __future__ import annotations
 
-from host_runtime.engine.cpu_share import TRY_FIRST_S, TRY_MAX_S, WINDOW, ThreadShare as _ThreadShare
+from host_runtime.engine.cpu_share import STRAYS, TRY_FIRST_S, TRY_MAX_S, WINDOW, ThreadShare as _ThreadShare
 
 
 def ThreadShare(most: int) -> _ThreadShare:
@@ -85,3 +85,16 @@ def test_waits_are_drawn_around_their_value():
         feed(share, 0.1, WINDOW, 0.012, cpu_share=1.0)
         waits.add(round(share._next_at[-1] - (0.1 + 7 * 0.012), 2))
     assert waits == {3.0, 4.0, 5.0}
+
+
+def test_a_trial_whose_kind_of_call_stops_coming_ends_undecided_and_a_change_of_traffic_starts_a_new_window():
+    share = ThreadShare(2)
+    # a warm-up's prompt chunks look contended: a trial of 1 thread, judged on prompt-sized calls
+    assert feed(share, 0.0, WINDOW, 0.0004, cpu_share=0.7, tokens=128) == [1]
+    # then only one-token calls come: after STRAYS of them the trial ends, back to 2, the wait not doubled
+    assert feed(share, 0.5, STRAYS, 0.010, cpu_share=1.0) == [2]
+    assert not share.trying and share._wait_s[-1] == TRY_FIRST_S
+    # outside a trial, calls of a new size simply start a new window: they are judged
+    share = ThreadShare(2)
+    feed(share, 0.0, 3, 0.0004, cpu_share=0.99, tokens=128)
+    assert feed(share, 0.1, WINDOW, 0.028, cpu_share=0.6) == [1]

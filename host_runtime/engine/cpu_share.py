@@ -29,6 +29,8 @@ COLLAPSED = 3.0     # a trial call this many times slower per token than before 
                     # too many threads collapse (one took 0.7 s against 15 ms)
 WINDOW = 8          # calls judged together (their median)
 WINDOW_S = 0.25     # or fewer (two at least), once their time adds up to this
+STRAYS = 4 * WINDOW  # calls of another size during a trial that end it undecided (a trial begun on a warm-up's
+                     # prompt calls waited for ever while one-token calls came, and stayed at 1 thread)
 MIN_CALL_S = 0.002  # calls shorter than this are not judged: timer noise
 TRY_FIRST_S = 2.0
 TRY_MAX_S = 64.0
@@ -49,6 +51,7 @@ class ThreadShare:
     _calls: list[tuple[float, float]] = field(default_factory=list)  # (seconds per token, share) this window
     _window_s: float = 0.0
     _size: int | None = None        # the size class this window judges
+    _strays: int = 0                # calls of another size seen during a trial
     _trial: tuple[int, float] | None = None  # (the count before the trial, its seconds per token)
     _wait_s: dict[int, float] = field(default_factory=lambda: {-1: TRY_FIRST_S, 1: TRY_FIRST_S})
     _next_at: dict[int, float] = field(default_factory=lambda: {-1: 0.0, 1: TRY_FIRST_S})
@@ -66,7 +69,14 @@ class ThreadShare:
         if self._size is None:
             self._size = size
         if size != self._size:
-            return None  # another size of call: not comparable with this window's
+            if self._trial is None:  # the traffic changed: judge the calls coming now
+                self._clear()
+                self._size = size
+            else:  # not comparable with what the trial is measured against
+                self._strays += 1
+                if self._strays >= STRAYS:  # those calls do not come any more: back, and try again later
+                    return self._end_trial(now, kept=None)
+                return None
         per_token = wall_s / tokens
         if self._trial is not None and per_token > COLLAPSED * self._trial[1]:
             return self._end_trial(now, kept=False)
@@ -91,11 +101,16 @@ class ThreadShare:
         self._size = size  # the trial is judged on calls like the window it is compared with
         return self.threads
 
-    def _end_trial(self, now: float, kept: bool) -> int | None:
+    def _end_trial(self, now: float, kept: bool | None) -> int | None:
+        """kept None: undecided (no comparable calls came): back to the old count, the wait as it was."""
         before, _ = self._trial
         step = 1 if self.threads > before else -1
         self._trial = None
         self._clear()
+        if kept is None:
+            self._next_at[step] = now + self._wait(step)
+            self.threads = before
+            return before
         if kept:
             self._wait_s[step] = TRY_FIRST_S
             self._next_at[step] = now + self._wait(step)
@@ -108,7 +123,7 @@ class ThreadShare:
 
     def _clear(self) -> None:
         self._calls.clear()
-        self._window_s, self._size = 0.0, None
+        self._window_s, self._size, self._strays = 0.0, None, 0
 
     def _wait(self, step: int) -> float:
         return self._wait_s[step] * (1 + JITTER * (2 * self.rng() - 1))
