@@ -27,6 +27,7 @@ from host_runtime.engine.parking import PARK_RAM_BYTES, ParkedState, ParkingSpac
 from host_runtime.engine.progress import DecodeProgress
 from host_runtime.engine.prefix_cache import (Admission, Copy, DropDisk, DropRam, Demote, PrefixCache, Restore,
                                               Running, Spill, Trim)
+from host_runtime.engine import admission
 from host_runtime.engine.runner import DecodePart, LlamaRunner
 from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected, SamplingParams
 from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLength, NgramIndex, SpeculationConfig,
@@ -315,10 +316,11 @@ class Engine:
                 if refusal is not None:
                     raise RequestRejected(429, refusal.message(request.key), code="token_limit_exceeded",
                                           retry_after=refusal.retry_after)
-            if len(self._waiting) >= self.max_waiting:
+            refused = admission.refusal(collections.Counter(r.key for r in self._waiting), len(self._waiting),
+                                        self.max_waiting, request.key or None, request.priority)
+            if refused is not None:
                 self.metrics.add("requests_rejected_total")
-                raise RequestRejected(503, f"the server is at capacity ({len(self._waiting)} requests waiting); "
-                                      "retry shortly", error_type="server_busy", code="queue_full", retry_after=2)
+                raise refused
             request.open_choices = request.n
             if request.key:
                 self._live_per_key[request.key] += 1
@@ -626,6 +628,8 @@ class Engine:
 
     def _publish_cache(self) -> None:
         c = self.cache
+        for key in self.store.take_unwritten():  # demoted, never written: not on disk, and its bytes are gone
+            c.restore_failed("disk", key)
         self.metrics.set_cache({
             "lookups": c.lookups, "hits": dict(c.hits), "tokens_reused": c.tokens_reused,
             "bytes": {"ram": c.bytes_in("ram"), "disk": c.bytes_in("disk")},
