@@ -90,6 +90,9 @@ class KVStore:
         self.corrupt_files = 0
         self.writes_skipped_for_space = 0
         self._pending: dict[Key, bytes] = {}
+        # Demoted entries whose file was never written (no room, a failed write): the policy still counts them on
+        # disk until the engine takes them (take_unwritten); their bytes are not kept.
+        self._unwritten: list[Key] = []
         self._lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
         if self.directory is not None:
@@ -163,31 +166,49 @@ class KVStore:
                 path.unlink(missing_ok=True)
         return found
 
+    def take_unwritten(self) -> list[Key]:
+        """The entries the disk tier lost since the last call: the policy forgets them (a failed write left 9
+        entries and 77 MB counted on disk against 4 files and 34 MB, and their bytes held in RAM)."""
+        with self._lock:
+            lost, self._unwritten = self._unwritten, []
+        return lost
+
     def flush(self, timeout: float = 30.0) -> None:
         """Wait for queued disk work (tests, shutdown)."""
         done = threading.Event()
         self._jobs.put(("mark", done))
         done.wait(timeout)
 
+    def _write(self, key: Key) -> None:
+        with self._lock:
+            data = self._pending.get(key)
+        if data is None:
+            return  # dropped meanwhile
+        written = False
+        try:
+            free, total = self.space()
+            if free - len(data) < free_space_reserve(total):
+                # The disk filled up for other reasons since the budget was set: keep its reserve.
+                self.writes_skipped_for_space += 1
+                if self.writes_skipped_for_space == 1:
+                    log.warning("prefix cache: %s has %.1f GiB free, under its reserve; entries are no longer "
+                                "written to disk", self.directory, free / 2**30)
+            else:
+                atomic_write(self.path_for(key), encode_file(self.fingerprint, key, data), mode=0o600)
+                written = True
+        except OSError as exc:
+            log.error("prefix cache: could not write an entry to %s: %s", self.directory, exc)
+        finally:
+            with self._lock:
+                if self._pending.pop(key, None) is not None and not written:
+                    self._unwritten.append(key)
+
     def _writer(self) -> None:
         while True:
             job, arg = self._jobs.get()
             try:
                 if job == "write":
-                    with self._lock:
-                        data = self._pending.get(arg)
-                    if data is not None:
-                        free, total = self.space()
-                        if free - len(data) < free_space_reserve(total):
-                            # The disk filled up for other reasons since the budget was set: keep its reserve.
-                            self.writes_skipped_for_space += 1
-                            if self.writes_skipped_for_space == 1:
-                                log.warning("prefix cache: %s has %.1f GiB free, under its reserve; entries are no "
-                                            "longer written to disk", self.directory, free / 2**30)
-                        else:
-                            atomic_write(self.path_for(arg), encode_file(self.fingerprint, arg, data), mode=0o600)
-                    with self._lock:
-                        self._pending.pop(arg, None)
+                    self._write(arg)
                 elif job == "delete":
                     with self._lock:
                         self._pending.pop(arg, None)
