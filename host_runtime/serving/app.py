@@ -33,6 +33,7 @@ from host_runtime.serving.infill import InfillLogic, parse_infill
 from host_runtime.serving.model_pull import PullJob
 from host_runtime.serving.ollama_logic import OllamaLogic
 from host_runtime.serving.responses_logic import ResponsesLogic
+from host_runtime.serving.sse_keepalive import with_keepalive
 from host_runtime.serving.routing import Router
 from host_runtime.serving.tracing import TraceMiddleware, Tracing
 from host_runtime.update.system import status
@@ -241,7 +242,7 @@ def event_stream(resp: falcon.Response, events) -> None:
     resp.content_type = "text/event-stream"
     resp.set_header("Cache-Control", "no-cache")
     resp.set_header("X-Accel-Buffering", "no")
-    resp.stream = events
+    resp.stream = with_keepalive(events)  # a comment while the engine is quiet: no read timeout drops the stream
 
 
 def _json(resp: falcon.Response, doc: dict, status: int = 200) -> None:
