@@ -68,7 +68,7 @@ class LlamaRunner:
         else:
             wall, cpu = time.perf_counter(), time.process_time()
             rc = llama_cpp.llama_decode(self.model.ctx.ctx, batch)
-            threads = self._share.observe(time.perf_counter() - wall, time.process_time() - cpu, j, time.monotonic())
+            threads = self._share.observe(time.perf_counter() - wall, time.process_time() - cpu, time.monotonic())
             if threads is not None:
                 self._use_threads(threads)
         if rc != 0:
@@ -80,7 +80,8 @@ class LlamaRunner:
         llama_cpp.llama_set_n_threads(self.model.ctx.ctx, min(threads, self.model.n_threads_decode),
                                       min(threads, self.model.n_threads))
         log.info("llama.cpp calls now use %d of %d CPU threads (%s)", threads, self._share.most,
-                 "trying whether that is faster" if self._share.trying else "the faster count")
+                 "trying one more" if self._share._probing else
+                 "the cores are held by another process" if threads < self._share.most else "the cores are free")
         self._on_threads(threads)
 
     def warm_up_part(self, n_tokens: int) -> DecodePart:
