@@ -617,7 +617,7 @@ def cmd_serve(parser, args) -> int:
             **vars(args), "prefix_cache_dir": args.prefix_cache_dir or str(run_dir / "prefix-cache")}), model_arg)
         run_dir.mkdir(parents=True, exist_ok=True)
         socket_path = str(run_dir / "engine.sock")
-        engine = EngineChild(socket_path, options)
+        engine = EngineChild(socket_path, options, wedged_after_s=args.wedge_floor)
         pool = _engine_pool(run_dir, socket_path, options, engine, args)
         if settings.pull_url and pool.default_name != settings.pulled_name:
             from host_runtime.models.provisioned import ProvisionedPull

@@ -66,3 +66,50 @@ def test_a_killed_engine_is_restarted_in_place_and_one_that_keeps_dying_stops_se
                 time.sleep(0.1)
         assert proc.popen.wait(timeout=60) == 1
         assert "stopping" in proc.log()
+
+
+def test_a_stopped_engine_is_seen_within_ready_wait_ends_its_streams_and_is_started_again(tmp_path):
+    """SIGSTOP (#55): /ready probes took 5 s where --ready-wait said 2, streams got no byte, and nothing recycled
+    the engine. Now: /ready within --ready-wait, the keeper kills an engine silent past --wedge-floor and starts it
+    again, and the stream it held ends with an error event."""
+    import http.client
+    import threading
+
+    from tests.test_contention import END_TOKENS
+
+    with running_serve(["--ctx-size", "1024", "--parallel", "1", "--wedge-floor", "3", "--ready-wait", "1"],
+                       tmp_path, "serve") as (base, proc):
+        first = engine_pid(proc.popen.pid)
+        lines: list[bytes] = []
+
+        def stream():
+            conn = http.client.HTTPConnection("127.0.0.1", int(base.rsplit(":", 1)[1]), timeout=120)
+            conn.request("POST", "/v1/chat/completions", body=json.dumps({
+                "model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 900, "stream": True, "logit_bias": END_TOKENS,
+                "messages": [{"role": "user", "content": "Tell a long story."}]}),
+                headers={"Content-Type": "application/json"})
+            for line in conn.getresponse():
+                lines.append(line)
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        wait_for(lambda: sum(line.startswith(b"data: {") for line in lines) > 5, 60, "the stream's first tokens")
+        os.kill(first, signal.SIGSTOP)
+        try:
+            time.sleep(0.5)
+            started = time.monotonic()
+            status = http_get(base + "/ready", timeout=10)[0]
+            assert time.monotonic() - started < 1.0 + 0.5 and status in (200, 503)
+            wait_for(lambda: engine_pid(proc.popen.pid) not in (None, first) and ready(base), 60,
+                     "the engine killed and started again", proc)
+        finally:
+            try:
+                os.kill(first, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        reader.join(timeout=60)
+        assert not reader.is_alive()
+        events = [line for line in lines if line.startswith(b"data: {")]
+        assert b"error" in events[-1], events[-1]
+        assert "wedged; killing it" in proc.log()
+        assert answer(base)["choices"][0]["message"]["content"] is not None

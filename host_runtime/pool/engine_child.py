@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -14,12 +15,15 @@ import time
 from collections import deque
 
 from host_runtime.common.processes import stop_process
+from host_runtime.engine.client import EngineClient
+from host_runtime.engine.ipc import EngineUnavailable
 
 log = logging.getLogger("everycycle.serve")
 PR_SET_PDEATHSIG = 1
 RESTARTS = 3        # crashes of the server's own engine restarted in place within RESTART_WINDOW_S; the next stops
 RESTART_WINDOW_S = 60.0  # serve (non-zero), for its supervisor to act on: a model that dies at every load
 RESTART_DELAY_S = 1.0
+WATCH_EVERY_S = 2.0  # how often the keeper asks the engine it keeps whether it answers
 
 
 class CrashBudget:
@@ -46,8 +50,12 @@ class EngineChild:
     """An engine process (`everycycle engine`) for one model, its settings (engine/options.EngineOptions) given
     to it as themselves on its stdin."""
 
-    def __init__(self, socket_path: str, options):
+    def __init__(self, socket_path: str, options, wedged_after_s: float | None = None):
+        """wedged_after_s: where the engine is kept (keep), one that has answered and then answers nothing for
+        this long is killed and started again (its IPC threads answer even during a long llama.cpp call, so
+        silence is a stopped or deadlocked process); None: never."""
         self.socket_path = socket_path
+        self.wedged_after_s = wedged_after_s
         self.options = options
         self.argv = [sys.executable, "-m", "host_runtime.cli", "engine", "--socket", socket_path, "--options-stdin"]
         self.proc: subprocess.Popen | None = None
@@ -81,6 +89,9 @@ class EngineChild:
         def keeper():
             while True:
                 self.start(lambda: None, watch=False)
+                if self.wedged_after_s:
+                    threading.Thread(target=self._watch, args=(self.proc,), name="engine-watchdog",
+                                     daemon=True).start()
                 code = self.proc.wait()
                 if self.stopping:
                     return
@@ -96,6 +107,24 @@ class EngineChild:
                     return
 
         threading.Thread(target=keeper, name="engine-keeper", daemon=True).start()
+
+    def _watch(self, proc: subprocess.Popen) -> None:
+        """Kill `proc` (the keeper then starts it again) once it has answered and then stays silent for
+        wedged_after_s (#55: an engine stopped for 22 s held its streams, and nothing recycled it)."""
+        answered_at = None  # the last answer; before the first, when its socket was first there to ask
+        while proc.poll() is None and not self.stopping:
+            try:
+                EngineClient(self.socket_path).info(timeout=WATCH_EVERY_S)
+                answered_at = time.monotonic()
+            except EngineUnavailable:
+                if answered_at is None and os.path.exists(self.socket_path):
+                    answered_at = time.monotonic()  # stopped before its first answer counts too
+                if answered_at is not None and time.monotonic() - answered_at > self.wedged_after_s:
+                    log.error("the engine (pid %d) has answered nothing for %.0f s: wedged; killing it to start it "
+                              "again", proc.pid, time.monotonic() - answered_at)
+                    proc.kill()
+                    return
+            time.sleep(WATCH_EVERY_S)
 
     def stop(self) -> None:
         self.stopping = True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
@@ -19,7 +18,7 @@ from host_runtime.engine import wire
 from host_runtime.engine.client import EngineClient
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import EngineUnavailable
-from host_runtime.engine.readiness import Verdict, WedgePolicy, unanswered
+from host_runtime.engine.readiness import WedgePolicy, unanswered
 from host_runtime.engine.wire import PRIORITIES
 from host_runtime.governor.state_file import read_state
 from host_runtime.pool.residency import parse_keep_alive
@@ -32,6 +31,7 @@ from host_runtime.serving.handlers import ServingLogic, call_engine
 from host_runtime.serving.infill import InfillLogic, parse_infill
 from host_runtime.serving.model_pull import PullJob
 from host_runtime.serving.ollama_logic import OllamaLogic
+from host_runtime.serving.ready_stamp import READY_MARGIN_S, ReadyStamp
 from host_runtime.serving.responses_logic import ResponsesLogic
 from host_runtime.serving.sse_keepalive import with_keepalive
 from host_runtime.serving.routing import Router
@@ -280,23 +280,20 @@ class Ready:
     def __init__(self, client: EngineClient, config: AppConfig):
         self._client = client
         self._config = config
-        self._lock = threading.Lock()
-        self._last: Verdict | None = None
-        self._answered_at: float | None = None  # the last answer, else the first question
+        # The last answer, shared by every worker (each kept its own, and their stall timers disagreed).
+        self._stamp = ReadyStamp(config.engine_socket + ".ready")
 
     def on_get(self, req, resp):
         wait = self._config.ready_wait_s
         try:
-            verdict = self._client.call(wire.Ready(self._config.ready_max_age_s, wait), timeout=wait + 3.0)
-            with self._lock:
-                self._last, self._answered_at = verdict, time.monotonic()
+            # The engine answers within the wait less a margin, so the probe ends within --ready-wait (it took up
+            # to 5 s, the wait plus 3, while the engine was stopped).
+            verdict = self._client.call(wire.Ready(self._config.ready_max_age_s, max(0.0, wait - READY_MARGIN_S)),
+                                        timeout=wait)
+            self._stamp.answered(verdict)
         except EngineUnavailable as exc:
-            with self._lock:
-                now = time.monotonic()
-                if self._answered_at is None:
-                    self._answered_at = now
-                verdict = unanswered(self._last, now - self._answered_at,
-                                     WedgePolicy(floor_s=self._config.wedge_floor_s), str(exc))
+            last, silent_for = self._stamp.silence()
+            verdict = unanswered(last, silent_for, WedgePolicy(floor_s=self._config.wedge_floor_s), str(exc))
         _json(resp, {"status": "ready" if verdict.ready else "not_ready", **verdict.to_wire()},
               200 if verdict.ready else 503)
         if not verdict.ready:
