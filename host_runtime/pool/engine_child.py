@@ -23,6 +23,8 @@ PR_SET_PDEATHSIG = 1
 RESTARTS = 3        # crashes of the server's own engine restarted in place within RESTART_WINDOW_S; the next stops
 RESTART_WINDOW_S = 60.0  # serve (non-zero), for its supervisor to act on: a model that dies at every load
 RESTART_DELAY_S = 1.0
+ASKED_STOP_GRACE_S = 15.0  # an engine ended by SIGTERM waits this long for serve's own stop (gunicorn's graceful
+                           # timeout is 10 s) before it counts as a crash and is started again
 WATCH_EVERY_S = 2.0  # how often the keeper asks the engine it keeps whether it answers
 
 
@@ -93,6 +95,12 @@ class EngineChild:
                     threading.Thread(target=self._watch, args=(self.proc,), name="engine-watchdog",
                                      daemon=True).start()
                 code = self.proc.wait()
+                if code in (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT):
+                    # Told to stop from outside: the whole service is stopping (its process group got the signal
+                    # before gunicorn's exit hook marks the engine stopping); restarted only if serve goes on.
+                    deadline = time.monotonic() + ASKED_STOP_GRACE_S
+                    while not self.stopping and time.monotonic() < deadline:
+                        time.sleep(0.1)
                 if self.stopping:
                     return
                 if not budget.restart(time.monotonic()):
