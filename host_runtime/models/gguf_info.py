@@ -11,6 +11,7 @@ hangs all the same is killed at CHILD_TIMEOUT_S."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import pwd
@@ -131,6 +132,7 @@ def read_isolated(path: Path, what: str) -> dict:
         if pid == 0:  # the child: never returns
             code = 1
             try:
+                faulthandler.disable()  # a reader that dies is the answer (a refusal), not a traceback to print
                 os.close(readable)
                 if ids is not None:
                     os.setgroups([])
