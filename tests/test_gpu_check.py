@@ -16,15 +16,17 @@ pytestmark = pytest.mark.system  # every test here starts processes or loads the
 
 @pytest.mark.vulkan
 def test_the_device_check_runs_on_lavapipe_and_reports_everything():
+    # The default batching mode alone here: the mixed mode doubled this test's time (~4 min on 2 cores); the
+    # device run takes both (gpu_check.py's --servers default).
     out = subprocess.run(["bash", "bench/gpu_check.sh", "--backend", "vulkan", "--levels", "1", "--max-tokens", "4",
-                          "--governor-seconds", "3"], cwd=REPO, capture_output=True, text=True, timeout=900,
+                          "--governor-seconds", "3", "--servers", "everycycle"], cwd=REPO, capture_output=True,
+                         text=True, timeout=900,
                          env={**os.environ, "PYTHON": sys.executable})
     doc = json.loads(out.stdout)
     assert out.returncode == 0 and doc["ok"], out.stderr[-2000:]
     assert any(d["backend"] == "Vulkan" for d in doc["llama"]["devices"])
     assert doc["plan"]["fits"] and doc["plan"]["n_gpu_layers"] == 31  # fully offloaded
-    for mode in ("everycycle", "everycycle-mixed"):  # both batching modes, as on the GPU
-        level = doc["serving"]["levels"]["1"][mode]
-        assert level["errors"] == 0 and level["tok_s"] > 0
+    level = doc["serving"]["levels"]["1"]["everycycle"]
+    assert level["errors"] == 0 and level["tok_s"] > 0
     assert doc["governor"]["mode"] == "observe" and doc["governor"]["exit_code"] == 0
     assert "status" in doc["nvml_fixture"]  # unavailable here, with NVML's reason
