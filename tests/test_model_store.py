@@ -144,3 +144,26 @@ def test_add_show_pin_and_rm(served):
     assert listed(store) == [] and not (store / "local-tiny").exists()
     out = models(store, "show", "nope")
     assert out.returncode == 1 and "no model named 'nope'" in out.stderr
+
+
+def test_a_manifest_naming_another_folder_is_not_trusted_and_rm_touches_nothing_outside_the_store(tmp_path):
+    """The serving user can write a manifest; root's `models rm` acted on its name (#56, item 14: a planted "../x"
+    deleted a folder outside the store, and where that held no manifest, rm died with a traceback)."""
+    import json
+
+    from tests.tiny_gguf import write_tiny_llama
+
+    store = tmp_path / "store"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "manifest.json").write_text("{}")
+    (victim / "keep.txt").write_text("the owner's")
+    for name in ("x", "y"):
+        assert models(store, "add", "--name", name, str(write_tiny_llama(tmp_path / f"{name}.gguf"))).returncode == 0
+    for name, change in (("x", {"name": "../victim"}), ("y", {"file": "../../victim/keep.txt"})):
+        path = store / name / "manifest.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+        out = models(store, "rm", name)
+        assert out.returncode != 0 and "not trusted" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert (victim / "keep.txt").read_text() == "the owner's" and (victim / "manifest.json").exists()
+    assert "x" not in models(store, "list").stdout.split()

@@ -49,20 +49,30 @@ class Store:
             if entry.name.startswith(".") or not (entry / MANIFEST).is_file():
                 continue
             try:
-                out.append(Manifest.from_json((entry / MANIFEST).read_text()))
+                out.append(self._trusted(entry.name, Manifest.from_json((entry / MANIFEST).read_text())))
             except (StoreError, OSError):
-                continue  # a damaged manifest hides its model; `models show` says why
+                continue  # a damaged or foreign manifest hides its model; `models show` says why
         return out
 
     def get(self, name: str) -> Manifest:
         path = self.root / check_name(name, "NAME") / MANIFEST
         try:
-            return Manifest.from_json(path.read_text())
+            return self._trusted(name, Manifest.from_json(path.read_text()))
         except FileNotFoundError:
             have = ", ".join(m.name for m in self.list()) or "none"
             raise StoreError(f"no model named {name!r} in {self.root} (the store has: {have})") from None
         except OSError as exc:
             raise StoreError(f"{path}: {exc.strerror}") from None
+
+    def _trusted(self, folder: str, manifest: Manifest) -> Manifest:
+        """A manifest names its own folder and a file inside it, or it is not the store's: the serving user can
+        write one, and root acts on what it says (a planted name "../x" took `models rm` outside the store, #56)."""
+        if manifest.name != folder or not manifest.file or Path(manifest.file).name != manifest.file \
+                or manifest.file in (".", ".."):
+            raise StoreError(f"{self.root / folder / MANIFEST} names {manifest.name!r} with file {manifest.file!r}, "
+                             f"not its own folder {folder!r} and a file in it: not trusted; look at that folder and "
+                             "remove it by hand")
+        return manifest
 
     def path_of(self, manifest: Manifest) -> Path:
         return self.root / manifest.name / manifest.file
@@ -155,8 +165,8 @@ class Store:
             pass  # a store this process may not write: the next load hashes again, nothing worse
 
     def remove(self, name: str) -> Manifest:
-        manifest = self.get(name)
-        directory = self.root / manifest.name
+        manifest = self.get(name)  # trusted: it names this folder
+        directory = self.root / check_name(name, "NAME")
         # The manifest goes first: from that instant the model is not in the store, whatever is left.
         (directory / MANIFEST).unlink()
         shutil.rmtree(directory, ignore_errors=True)
