@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -94,6 +96,16 @@ def test_three_keys_a_token_limit_a_model_limit_and_usage_that_survives_a_restar
         with pytest.raises(openai.PermissionDeniedError) as err:
             client("narrow").chat.completions.create(**ask)
         assert err.value.body["code"] == "model_not_allowed" and "gpt-4o-mini" in err.value.message
+        # nor may it have another model tokenized or counted (#56, item 10: that loaded any store model)
+        for path, body in (("/tokenize", {"model": MODEL_ID, "content": "hi"}),
+                           ("/detokenize", {"model": MODEL_ID, "tokens": [1]}),
+                           ("/v1/messages/count_tokens", {"model": MODEL_ID,
+                                                          "messages": [{"role": "user", "content": "hi"}]})):
+            req = urllib.request.Request(base + path, json.dumps(body).encode(), {
+                "Content-Type": "application/json", "Authorization": f"Bearer {made['narrow']}"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=30)
+            assert refused.value.code == 403 and b"may not use the model" in refused.value.read(), path
     finally:
         proc.stop()
     # Stopped with SIGTERM, as the pool and supervisord stop it: what the keys used since the last save is kept.

@@ -381,6 +381,8 @@ class Tokens:
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         request = (protocol.parse_tokenize(body) if self._op == "tokenize" else protocol.parse_detokenize(body))
+        # A key kept to some models loads no other here either (#56, item 10: it loaded any, evicting idle ones).
+        check_model_allowed(req.context.get("key_policy"), body.get("model"), self._router)
         client, _ = self._router.engine_for(body.get("model"))  # llama-server's shape has no model: the default
         _json(resp, asdict(call_engine(client, request, 30.0)))
 
@@ -470,6 +472,7 @@ class Messages:
 
     def on_post_count(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
+        check_model_allowed(req.context.get("key_policy"), body.get("model"), self._router)
         client, info = self._router.engine_for(body.get("model"))
         logic = MessagesLogic(ServingLogic(client))
         _json(resp, logic.count_tokens(anthropic_protocol.parse_count_tokens(body, info.model_id)))
