@@ -90,7 +90,7 @@ def test_root_reads_a_gguf_header_through_an_unprivileged_child(tmp_path):
     private.mkdir(mode=0o700)
     model = write_tiny_llama(private / "tiny.gguf", n_ctx=256)
     os.chmod(model, 0o600)
-    doc = gguf_info._facts_unprivileged(model)
+    doc = gguf_info.read_isolated(model, "facts")
     assert doc["reader_uid"] == gguf_info.unprivileged_ids()[0] != 0
     with gguf_c.GGUFTable(model) as table:
         assert (doc["architecture"], doc["context_length"], doc["data_end"]) == (

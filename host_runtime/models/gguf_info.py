@@ -40,7 +40,7 @@ def read_info(path: Path) -> dict:
 
     try:
         if gguf_c.available():  # ggml's own reader: milliseconds, where the gguf package takes seconds
-            doc = _facts_unprivileged(path)
+            doc = read_isolated(path, "facts")
             arch, file_type, context, pooling, has_template, end = (
                 doc["architecture"], doc["file_type"], doc["context_length"], doc["pooling"], doc["chat_template"],
                 doc["data_end"])
@@ -100,11 +100,6 @@ def facts_from_fd(fd: int) -> dict:
         arch, file_type, context, pooling, has_template = _facts(table.value)
         return {"architecture": arch, "file_type": file_type, "context_length": context, "pooling": pooling,
                 "chat_template": has_template, "data_end": table.data_end()}
-
-
-def _facts_unprivileged(path: Path) -> dict:
-    """facts_from_fd and the reader's uid, read in the reader's own process (read_isolated)."""
-    return read_isolated(path, "facts")
 
 
 def read_table_isolated(path: Path) -> ModelTable:
