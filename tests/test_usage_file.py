@@ -112,6 +112,21 @@ def test_an_unreadable_file_stops_instead_of_counting_from_zero_and_a_torn_last_
         load(path)
 
 
+def test_a_directory_it_cannot_make_keeps_usage_in_memory_and_the_engine_serving(tmp_path, caplog):
+    """The image's first release named a usage directory the serving user could not make: the engine died at
+    every start (PermissionError from mkdir) and the box never became ready. Now: counted in memory, said once."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path = blocker / "usage" / "m.json"  # mkdir fails (NotADirectoryError), as a root-owned parent's EACCES would
+    book, c = book_at(path)
+    c.used("a", 3)
+    book.fold()
+    c.used("a")
+    assert c.usage["a"]["key_requests_total"] == 4
+    assert [r.message for r in caplog.records].count(
+        next(r.message for r in caplog.records if "kept in memory" in r.message)) == 1
+
+
 @pytest.mark.system
 def test_usage_counted_through_a_hard_kill_of_the_whole_server(tmp_path):
     keys = tmp_path / "keys.json"

@@ -59,7 +59,7 @@ def load_state(path: str | Path) -> tuple[dict[str, dict[str, float]], int]:
         generation = int(doc.get("generation", 0))
         for key, counters in doc["keys"].items():
             _add(usage, key, counters)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # none kept yet (or nowhere it could be: UsageBook says so)
         pass
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageFileError(f"the usage file {path} is unreadable ({exc}): move it away to count from zero, "
@@ -123,11 +123,14 @@ class UsageBook:
         self.path = Path(path)
         self._locked_snapshot = locked_snapshot
         self._usage, self._generation = load_state(self.path)  # UsageFileError: the engine does not start
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._log = None
-        self._open_next_log()
         self._failed = False
         self._changed = False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a directory it may not make (the image's first release lacked it): serve anyway,
+            self._warn(exc)     # counting in memory, said once; the folds keep trying
+        self._open_next_log()
 
     @property
     def loaded(self) -> dict[str, dict[str, float]]:
