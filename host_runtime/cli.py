@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from host_runtime import __version__
+from host_runtime.common import run_layout
 
 
 def _port(text: str) -> int:
@@ -87,8 +88,8 @@ def _probability_below_one(text: str) -> float:
 
 
 def _run_dir(explicit: str | None = None) -> Path:
-    """Where the services publish: the option, else $EVERYCYCLE_RUN_DIR (make run), else the box's /run/everycycle."""
-    return Path(explicit or os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
+    """Where the services publish (common/run_layout.py)."""
+    return run_layout.run_dir(explicit)
 
 
 # A cap, not a size: a model is served at the context it was trained for (its GGUF's context_length), up to this,
@@ -306,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     discover = sub.add_parser("discover", help="enumerate the hardware and write the topology file",
                               description="Enumerate CPUs, memory, GPUs, PCIe, storage, network and BMC.")
     discover.add_argument("--output", metavar="PATH",
-                          help="topology file (default: $EVERYCYCLE_RUN_DIR/topology.json, else /run/everycycle/topology.json)")
+                          help="topology file (default: $EVERYCYCLE_RUN_DIR/discovery/topology.json, else /run/everycycle/...)")
     discover.add_argument("--print", action="store_true", help="print the topology instead of writing it")
     discover.add_argument("--format", choices=["json", "table"], default="json", help="with --print: json or a short table")
     discover.add_argument("--watch", action="store_true", help="keep running: rewrite the file when hardware or addresses change")
@@ -335,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="observe: decide and publish, never change a card (the default for real GPUs); "
                               "enforce: apply the limits (the default for the simulator)")
     gov_run.add_argument("--state", metavar="PATH",
-                         help="state file (default: $EVERYCYCLE_RUN_DIR/governor.json); metrics go beside it as .prom")
+                         help="state file (default: $EVERYCYCLE_RUN_DIR/governor/governor.json); metrics go beside it as .prom")
     gov_run.add_argument("--tick", type=float, default=1.0, metavar="S", help="seconds between decisions (default 1)")
     gov_run.add_argument("--target", type=float, metavar="C", help="target temperature (default: --settings', else 75)")
     gov_run.add_argument("--bmc-url", metavar="URL",
@@ -943,7 +944,7 @@ def cmd_discover(parser, args) -> int:
     from host_runtime.discovery import table, topology
     from host_runtime.discovery.watch import TopologyWatcher
 
-    output = Path(args.output) if args.output else _run_dir() / "topology.json"
+    output = Path(args.output) if args.output else run_layout.topology_file(_run_dir())
     if args.print or args.format == "table":
         doc = topology.collect(args.bmc_address)
         print(table.render(doc) if args.format == "table" else json.dumps(doc, indent=2))
@@ -1020,7 +1021,7 @@ def cmd_governor_run(parser, args) -> int:
                          ceiling_c=settings.ceiling_c, safe_fraction=settings.safe_fraction)
     if policy.ceiling_c <= policy.target_c:
         parser.error(f"--target: {policy.target_c} must be under the ceiling, {policy.ceiling_c} C")
-    state = Path(args.state) if args.state else _run_dir() / "governor.json"
+    state = Path(args.state) if args.state else run_layout.governor_state_file(_run_dir())
     if args.tick <= 0:
         parser.error("--tick: must be more than 0")
     try:

@@ -45,9 +45,9 @@ supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
 [program:serving]
 command=sleep 1000
 [program:discovery]
-command={BIN}/everycycle discover --watch --output {run}/topology.json
+command={BIN}/everycycle discover --watch --output {run}/discovery/topology.json
 [program:governor]
-command={BIN}/everycycle governor run --backend simulator --sim-speed 30 --tick 0.2 --state {run}/governor.json
+command={BIN}/everycycle governor run --backend simulator --sim-speed 30 --tick 0.2 --state {run}/governor/governor.json
 [program:bmc]
 command={BIN}/everycycle bmc --backend ipmi --host 127.0.0.1 --port {sim.port} --user {USER} --password-file {pw} --listen 127.0.0.1:{bmc_port} --period 0.5
 """)
@@ -61,7 +61,8 @@ command={BIN}/everycycle bmc --backend ipmi --host 127.0.0.1 --port {sim.port} -
                            provision_root=tmp_path / "root")
     reader = StatusReader(config)
     try:
-        wait_for(lambda: (run / "topology.json").exists() and (run / "governor.json").exists(), 30, "the services")
+        wait_for(lambda: (run / "discovery" / "topology.json").exists()
+                 and (run / "governor" / "governor.json").exists(), 30, "the services")
         wait_for(lambda: any(c["name"] == "Inlet Temp" for c in reader.read().chassis), 30, "the BMC agent")
         wait_for(lambda: set(reader.read().services.values()) == {"RUNNING"}, 30, "every program RUNNING")
         yield reader, sim, run
@@ -80,12 +81,12 @@ def test_the_data_layer_reads_what_the_services_publish(box):
     s = reader.read()
     assert s.serving.source.ok and s.serving.ready and s.serving.model == MODEL_ID
     assert [g["id"] for g in s.gpus] == ["simulated-gpu-0", "simulated-gpu-1"]
-    governor = json.loads((run / "governor.json").read_text())
+    governor = json.loads((run / "governor" / "governor.json").read_text())
     assert s.throttle_level == governor["throttle_level"]
     inlet = next(c for c in s.chassis if c["name"] == "Inlet Temp")
     assert inlet["value"] == 24.0 and inlet["health"] == "ok"
     assert s.services == {"serving": "RUNNING", "discovery": "RUNNING", "governor": "RUNNING", "bmc": "RUNNING"}
-    topo = json.loads((run / "topology.json").read_text())
+    topo = json.loads((run / "discovery" / "topology.json").read_text())
     global_addrs = [a["address"] for l in topo["network"] if l["kind"] != "loopback" for a in l["addresses"]
                     if a["scope"] == "global"]
     assert len(s.api_urls) == max(1, len(global_addrs))
@@ -422,8 +423,8 @@ def test_the_models_screen_snapshot(snap_compare, tmp_path):
     settings = tmp_path / "serving.toml"
     settings_file.save(ServingSettings(model=str(store.path_of(store.get("tiny-chat")).resolve()),
                                        context_length=2048), settings)
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "topology.json").write_text(json.dumps(
+    (tmp_path / "run" / "discovery").mkdir(parents=True)
+    (tmp_path / "run" / "discovery" / "topology.json").write_text(json.dumps(
         {"gpus": {"llama_devices": []}, "memory": {"available_bytes": 12 << 30, "total_bytes": 16 << 30}}))
 
     class ModelsApp(App):

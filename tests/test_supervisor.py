@@ -72,11 +72,11 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
         cache_dir = tmp_path / "cache" / "prefix-cache"
         assert cache_dir.is_dir() and cache_dir.stat().st_mode & 0o777 == 0o700
         assert not list(run.rglob("prefix-cache"))
-        wait_for(lambda: (run / "topology.json").exists(), 30, "discovery to write the topology")
-        wait_for(lambda: (run / "governor.json").exists(), 30, "the governor to publish its state")
+        wait_for(lambda: (run / "discovery" / "topology.json").exists(), 30, "discovery to write the topology")
+        wait_for(lambda: (run / "governor" / "governor.json").exists(), 30, "the governor to publish its state")
         from host_runtime.discovery import topology
 
-        topology.validate(json.loads((run / "topology.json").read_text()))
+        topology.validate(json.loads((run / "discovery" / "topology.json").read_text()))
         # Kill the engine: the serving program must go down and come back by itself.
         engine_pid = int(subprocess.run(["pgrep", "-f", f"engine --socket {run}/serving/engine.sock"],
                                         capture_output=True, text=True).stdout.split()[0])

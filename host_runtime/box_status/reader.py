@@ -19,6 +19,7 @@ from host_runtime.auth.keystore import KeyStoreError, load_keys
 from host_runtime.box_status.rows import BoxStatus, Serving, Source, models_from_metrics, top_users
 from host_runtime.box_status.sources import serving_get, supervisor_programs
 from host_runtime.common import http_client
+from host_runtime.common.run_layout import governor_state_file, supervisor_socket, topology_file
 from host_runtime.common.prometheus_text import histogram_quantile, metric_samples, parse_prometheus
 from host_runtime.front.tls import fingerprint
 from host_runtime.front.trust import TrustAnchor
@@ -115,7 +116,7 @@ class StatusReader:
 
     def topology(self) -> dict | None:
         try:
-            return json.loads((self.config.run_dir / "topology.json").read_text())
+            return json.loads(topology_file(self.config.run_dir).read_text())
         except (OSError, ValueError):
             return None
 
@@ -137,7 +138,7 @@ class StatusReader:
         return urls or [f"{self.config.api_scheme}://127.0.0.1:{port}/v1"]
 
     def governor(self) -> tuple[Source, list[dict], int | None, list[dict]]:
-        state = read_state(self.config.run_dir / "governor.json")
+        state = read_state(governor_state_file(self.config.run_dir))
         if state.doc is None:
             return Source(False, state.reason), [], None, []
         if not state.fresh:
@@ -159,7 +160,7 @@ class StatusReader:
         return source, snap.get("sensors", []), snap.get("events", [])
 
     def services(self) -> tuple[Source, dict[str, str]]:
-        sock = self.config.run_dir / "supervisor.sock"
+        sock = supervisor_socket(self.config.run_dir)
         try:
             states = supervisor_programs(sock)
         except Exception as exc:  # xmlrpc and socket errors both mean "not answering"

@@ -17,6 +17,7 @@ from host_runtime.auth.factory_reset import describe
 from host_runtime.auth.new_keys import forget_new_keys, read_new_keys
 from host_runtime.box_status.reader import StatusReader
 from host_runtime.box_status.rows import BoxStatus
+from host_runtime.common.run_layout import supervisor_socket, topology_file
 from host_runtime.common.supervisor_rpc import restart_service
 from host_runtime.console.connect import connect_lines
 from host_runtime.console.models_screen import Models
@@ -276,7 +277,7 @@ class Dashboard(App):
     def action_restart_serving(self) -> None:
         def restart():
             try:
-                text = restart_service(self.reader.config.run_dir / "supervisor.sock", "serving")
+                text = restart_service(supervisor_socket(self.reader.config.run_dir), "serving")
             except Exception as exc:
                 text = f"could not restart serving: {exc}"
             self.call_from_thread(self.notice, text)
@@ -342,7 +343,7 @@ class Dashboard(App):
     def _restart_quietly(self) -> None:
         def restart():
             try:
-                restart_service(self.reader.config.run_dir / "supervisor.sock", "serving")
+                restart_service(supervisor_socket(self.reader.config.run_dir), "serving")
             except Exception:
                 pass  # nothing running (first boot, a test): nothing holds the old state
 
@@ -355,7 +356,7 @@ class Dashboard(App):
         links = configurable_links((topo or {}).get("network"))
         memory = ((topo or {}).get("memory") or {}).get("total_bytes") or psutil.virtual_memory().total
         cfg = self.reader.config
-        self.push_screen(Wizard(links, memory, cfg.bundle_dir, cfg.provision_root, cfg.run_dir / "topology.json"))
+        self.push_screen(Wizard(links, memory, cfg.bundle_dir, cfg.provision_root, topology_file(cfg.run_dir)))
 
     def on_provisioned(self, result) -> None:
         self.notice(f"provisioned (bundle {result.digest[:12]}); Esc returns to the dashboard")

@@ -13,6 +13,7 @@ from textual.widgets import Input, OptionList, Static
 
 from host_runtime.cli import DEFAULT_CTX
 from host_runtime.common import settings_file
+from host_runtime.common.run_layout import topology_file
 from host_runtime.models import actions, pull as pulling
 from host_runtime.models.errors import StoreError
 from host_runtime.models.store import Store
@@ -102,7 +103,7 @@ class Models(ModalScreen):
         the devices and free memory discovery last saw (the served model's own memory counts as used)."""
         try:
             store = self._store()
-            text = verdict_for(str(store.path_of(store.get(name))), self.run_dir / "topology.json",
+            text = verdict_for(str(store.path_of(store.get(name))), topology_file(self.run_dir),
                                self._context_cap() or DEFAULT_CTX).text
         except (StoreError, VerdictError, OSError) as exc:
             text = f"{name}: no verdict: {exc}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
@@ -27,6 +28,18 @@ def keepalived_binary() -> str:
     return found
 
 
+def own_folder(run_dir: Path) -> Path:
+    """run_dir, made if missing; FailoverError unless it is a folder of this user's that no other may write:
+    keepalived runs as root what its configuration names (#56, item 2)."""
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(run_dir)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise FailoverError(f"{run_dir} is not a folder of this user's alone (owner uid {st.st_uid}, mode "
+                            f"{stat.filemode(st.st_mode)}): keepalived's configuration goes nowhere another user "
+                            "could change it")
+    return run_dir
+
+
 def prepare(settings: FleetSettings, front_port: int, run_dir: Path) -> list[str]:
     """Write keepalived.conf under run_dir; the command line that runs keepalived on it in the foreground."""
     links = collect_network()
@@ -36,8 +49,7 @@ def prepare(settings: FleetSettings, front_port: int, run_dir: Path) -> list[str
                                 "virtual address's interface with vrrp_interface")
         links = []
     failover = Failover(interface=interface_for(settings, links), front_port=front_port)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    conf = run_dir / CONF_NAME
+    conf = own_folder(run_dir) / CONF_NAME
     atomic_write(conf, render(settings, failover).encode(), mode=0o644)
     return [keepalived_binary(), "--dont-fork", "--log-console", "--vrrp", "--use-file", str(conf),
             "--pid", str(run_dir / "keepalived.pid"), "--vrrp_pid", str(run_dir / "vrrp.pid")]

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common.run_layout import supervisor_socket
 from host_runtime.common.service_user import FRONT_USER, service_owner
 from host_runtime.common.supervisor_rpc import restart_service
 from host_runtime.front import settings as front_settings
@@ -44,7 +45,7 @@ def use_local_ca(settings_path: Path) -> str:
 
 
 def restart_front(run_dir: Path) -> str:
-    socket = run_dir / "supervisor.sock"
+    socket = supervisor_socket(run_dir)
     if not socket.exists():
         return f"no supervisord at {socket}: restart the front yourself"
 

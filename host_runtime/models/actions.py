@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from host_runtime.common import settings_file
+from host_runtime.common.run_layout import run_dir, supervisor_socket
 from host_runtime.common.settings_file import SettingsError
 from host_runtime.common.supervisor_rpc import restart_service
 from host_runtime.engine.errors import RequestRejected
@@ -18,8 +19,6 @@ from host_runtime.pool.protocol import PoolClient
 from host_runtime.serving.settings import ServingSettings
 
 
-def run_dir() -> Path:
-    return Path(os.environ.get("EVERYCYCLE_RUN_DIR", "/run/everycycle"))
 
 
 def serving_settings_path() -> Path:
@@ -50,7 +49,7 @@ def set_default(store: Store, name: str | None, settings_path: Path, *, restart:
         return f"{what} is already the default ({settings_path})"
     settings_file.save(settings.serving(model), settings_path)
     done = f"default model: {what} (written to {settings_path})"
-    socket = (runs or run_dir()) / "supervisor.sock"
+    socket = supervisor_socket(runs or run_dir())
     if not restart or not socket.exists():
         return done + "; it is served from the serving service's next start" + \
             ("" if not restart else f" (no supervisord at {socket} to restart it now)")
