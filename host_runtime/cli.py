@@ -642,6 +642,7 @@ def cmd_serve(parser, args) -> int:
                        prefix_cache_shared=args.prefix_cache_shared or settings.prefix_cache_shared,
                        aliases=tuple(settings.aliases.items()),
                        model_store=str(pool.store.root) if pool else None,
+                       pull_hosts=tuple(settings.pull_hosts),
                        trace_endpoint=args.trace_endpoint or settings.trace_endpoint or None,
                        trace_sample_ratio=settings.trace_sample_ratio)
     if not args.keys:

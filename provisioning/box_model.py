@@ -144,6 +144,9 @@ class Serving(Table):
                                                       "f16); a quantized one turns flash attention on")
     cache_type_v: CacheType = Field(None, description="the KV cache's V type, as llama-server names them (default "
                                                       "f16); a quantized one turns flash attention on")
+    pull_hosts: list[NonEmpty] = Field(None, description="the hosts a pull through the API may fetch from: names, "
+                                                         "addresses or networks (default: any but loopback, "
+                                                         "link-local and metadata addresses)")
 
 
 class Tracing(Table):

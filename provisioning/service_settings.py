@@ -55,7 +55,7 @@ def _serving_table(table: dict, serving, model: dict):
               # a number of seconds is kept as the string the serve process parses, as it would a duration
               "keep_alive": str(keep_alive) if not isinstance(keep_alive, bool) else keep_alive,
               "aliases": dict(table.get("aliases", {})), "cache_type_k": table.get("cache_type_k", ""),
-              "cache_type_v": table.get("cache_type_v", "")}
+              "cache_type_v": table.get("cache_type_v", ""), "pull_hosts": list(table.get("pull_hosts", []))}
     try:
         return dataclasses.replace(serving, **values)
     except SettingsError as exc:

@@ -19,14 +19,17 @@ class Files(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, root: Path, delay_s: float = 0.0, fail_first: int = 0):
-        """fail_first: answer that many GETs with 503 first (a server restarting)."""
+    def __init__(self, root: Path, delay_s: float = 0.0, fail_first: int = 0, host: str = "127.0.0.1",
+                 redirects: dict[str, str] | None = None):
+        """fail_first: answer that many GETs with 503 first (a server restarting). redirects: a path -> the
+        Location a 302 sends it to. Every path asked for is kept in .paths."""
         self.root, self.delay_s, self.ranges, self.fail_first = root, delay_s, [], fail_first
-        super().__init__(("127.0.0.1", 0), Handler)
+        self.redirects, self.paths = redirects or {}, []
+        super().__init__((host, 0), Handler)
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        return f"http://{self.server_address[0]}:{self.server_address[1]}"
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -57,6 +60,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self._headers(path, 0, path.stat().st_size, False)
 
     def do_GET(self):
+        self.server.paths.append(self.path)
+        if self.path in self.server.redirects:
+            self.send_response(302)
+            self.send_header("Location", self.server.redirects[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         path = self._file()
         if path is None:
             self.send_error(404)
@@ -83,8 +93,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 pass
 
 
-def serve_files(root: Path, delay_s: float = 0.0, fail_first: int = 0) -> Files:
+def serve_files(root: Path, delay_s: float = 0.0, fail_first: int = 0, host: str = "127.0.0.1",
+                redirects: dict[str, str] | None = None) -> Files:
     """A started server (daemon thread); call .shutdown() when done."""
-    server = Files(root, delay_s, fail_first)
+    server = Files(root, delay_s, fail_first, host, redirects)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

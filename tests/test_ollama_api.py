@@ -125,7 +125,8 @@ def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path)
     ordinary = subprocess.run(everycycle("keys", "create", "--keys", str(keys), "laptop"),
                               capture_output=True, text=True, check=True).stdout.strip()
     # the owner's pattern alias: a model pulled under a name it covers would take every key's requests for it
-    (tmp_path / "serving.toml").write_text(f'[aliases]\n"claude-*" = "{MODEL_ID}"\n')
+    # the file server is on loopback, which a pull through the API reaches only where the owner names it (#56)
+    (tmp_path / "serving.toml").write_text(f'pull_hosts = ["127.0.0.1"]\n[aliases]\n"claude-*" = "{MODEL_ID}"\n')
     files = tmp_path / "files"
     files.mkdir()
     model = write_tiny_llama(files / "tiny.gguf", n_ctx=256)
@@ -149,7 +150,8 @@ def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path)
         assert client.pull(f"{source.base}/other.gguf").status == "success"  # whole, not streamed
         for asked, status, words in ((f"{source.base}/tiny.gguf", 400, "already in the store"),
                                      ("llama3.2", 400, "no Ollama registry"),
-                                     (f"{source.base}/missing.gguf", 400, "HTTP 404")):
+                                     (f"{source.base}/missing.gguf", 400, "HTTP 404"),
+                                     ("http://127.0.0.2:9290/telemetry", 400, "not among the hosts")):
             with pytest.raises(ollama.ResponseError) as err:
                 client.pull(asked)
             assert err.value.status_code == status and words in err.value.error, err.value.error

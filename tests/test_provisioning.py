@@ -692,7 +692,7 @@ def test_every_box_toml_field_has_an_owner():
         "tracing.endpoint": "serving.toml", "tracing.sample_ratio": "serving.toml",
         **{f"serving.{k}": "serving.toml" for k in ("context_length", "parallel", "kv_budget_mib", "speculation",
                                                      "keep_alive", "models_memory_mib", "aliases", "cache_type_k",
-                                                     "cache_type_v")},
+                                                     "cache_type_v", "pull_hosts")},
         # read from box.toml itself by `everycycle measure` (no service runs on it)
         **{f"requirement.{k}": "box.toml" for k in ("ttft_p50_s", "time_per_token_s", "concurrent_users",
                                                      "prompt_tokens", "answer_tokens")},

@@ -61,13 +61,26 @@ class TooLarge(ValueError):
         self.limit = limit
 
 
-def copy_hashing(stream, dest, progress, *, append: bool = False, digest=None, limit: int | None = None) -> str:
+class Stalled(OSError):
+    """The server sent less than STALL_MIN_BYTES in STALL_WINDOW_S: a download that drips a byte now and then held
+    a thread forever (each read came within the socket's timeout)."""
+
+
+# Slower than about 1 KiB/s for a whole minute is not a download any more; what came is kept to resume from.
+STALL_WINDOW_S = 60.0
+STALL_MIN_BYTES = 64 << 10
+
+
+def copy_hashing(stream, dest, progress, *, append: bool = False, digest=None, limit: int | None = None,
+                 stall_window_s: float = STALL_WINDOW_S, stall_min_bytes: int = STALL_MIN_BYTES) -> str:
     """Write the stream to dest (after what is there, with append) and return the sha256 hex of the whole file;
     `digest` carries the hash of what dest already held. `limit`: the most bytes this copy may write (TooLarge past
     it, with no more written): a server that declares no size (or lies) cannot fill the disk before the hash is
-    checked."""
+    checked. Stalled where less than stall_min_bytes came in any stall_window_s."""
     digest = digest or hashlib.sha256()
     written = 0
+    read = getattr(stream, "read_some", None) or stream.read
+    window_start, window_bytes = time.monotonic(), 0
     # Never through a link: root pulls into a directory the services own, where one could be planted at dest.
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
     fd = os.open(dest, flags, 0o644)
@@ -75,11 +88,17 @@ def copy_hashing(stream, dest, progress, *, append: bool = False, digest=None, l
         os.close(fd)
         raise IsADirectoryError(f"{dest} is not a regular file")
     with stream, os.fdopen(fd, "wb") as out:
-        while block := stream.read(4 << 20):
+        while block := read(4 << 20):
             if limit is not None and written + len(block) > limit:
                 raise TooLarge(limit)
             digest.update(block)
             out.write(block)
             written += len(block)
             progress(len(block))
+            window_bytes += len(block)
+            if window_bytes >= stall_min_bytes:
+                window_start, window_bytes = time.monotonic(), 0
+            elif time.monotonic() - window_start > stall_window_s:  # what came is kept, to resume from
+                raise Stalled(f"under {stall_min_bytes >> 10} KiB came in {stall_window_s:.0f} s: the server "
+                              "stalled")
     return digest.hexdigest()

@@ -71,6 +71,13 @@ class Stream:
         self._chunks = response.iter_raw()
         self._buffer = bytearray()  # grown and trimmed in place: a 4 MiB read of small chunks copies each once
 
+    @property
+    def peer_address(self) -> str | None:
+        """The address this answer came from (the connection's, after any name resolution); None where unknown."""
+        stream = self._response.extensions.get("network_stream")
+        addr = stream.get_extra_info("server_addr") if stream is not None else None
+        return str(addr[0]) if isinstance(addr, tuple) and addr else None
+
     def read(self, n: int = -1) -> bytes:
         """Up to n bytes (all that is left with n < 0); b"" at the end. HTTPFailure when the body stops early."""
         try:
@@ -83,6 +90,21 @@ class Stream:
             raise HTTPFailure(self.url, _why(exc)) from None
         if n < 0:
             n = len(self._buffer)
+        out = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return out
+
+    def read_some(self, n: int) -> bytes:
+        """What has arrived, up to n bytes, waiting only for the next piece (b"" at the end): a caller that
+        judges the rate sees a server that drips, where read(n) would wait for all n."""
+        if not self._buffer:
+            try:
+                chunk = next(self._chunks, None)
+            except (httpx2.HTTPError, OSError) as exc:
+                raise HTTPFailure(self.url, _why(exc)) from None
+            if chunk is None:
+                return b""
+            self._buffer += chunk
         out = bytes(self._buffer[:n])
         del self._buffer[:n]
         return out

@@ -73,6 +73,23 @@ def run(parser: argparse.ArgumentParser, args) -> int:
         return 1
 
 
+def _print_partials(store: Store) -> None:
+    """The pulls' parts: running, or left by a pull that stopped (the same pull resumes it)."""
+    from host_runtime.models.pull_slots import PARTIAL_TTL_S, partials
+    from host_runtime.models.store import PARTIAL
+
+    folder = store.root / PARTIAL
+    parts = partials(folder) if folder.is_dir() else []
+    if not parts:
+        return
+    print(f"\npartial downloads (the same pull resumes one; removed {PARTIAL_TTL_S / 86400:.0f} days after its last "
+          "byte):")
+    for p in parts:
+        of = f" of {p.total_bytes / 2**20:,.1f}M" if p.total_bytes else ""
+        when = "being pulled now" if p.running else f"stopped {p.age_s / 3600:,.1f} h ago"
+        print(f"  {p.name:30} {p.done_bytes / 2**20:9,.1f}M{of}  {when}")
+
+
 def _print(manifest, as_json: bool) -> None:
     print(json.dumps(asdict(manifest), indent=2) if as_json else
           f"{manifest.name}: {manifest.size / 2**20:,.1f} MiB, {manifest.architecture} {manifest.quantization}, "
@@ -93,6 +110,8 @@ def _run(args, store: Store) -> int:
                 kind = f"embedding ({m.pooling})" if m.pooling else "chat"
                 print(f"{m.name:32} {m.size / 2**20:9,.1f}M {m.architecture:10} {m.quantization:8} "
                       f"{m.context_length:>8}  {kind:16} {'yes' if m.pinned else ''}")
+        if not args.json:
+            _print_partials(store)
         return 0
     if command == "show":
         manifest = store.get(args.name)

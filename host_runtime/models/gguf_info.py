@@ -36,7 +36,9 @@ def read_info(path: Path) -> dict:
     except OSError as exc:
         raise StoreError(f"{path}: {exc.strerror or exc}") from None
     if magic != b"GGUF":
-        raise StoreError(f"{path.name} is not a GGUF file (it starts with {magic!r})")
+        # Its bytes are not said: through /api/pull they would tell a client what a server it cannot reach holds.
+        raise StoreError(f"{path.name} is not a GGUF file (it does not begin with GGUF's magic: a web page or "
+                         "another kind of file?)")
 
     try:
         if gguf_c.available():  # ggml's own reader: milliseconds, where the gguf package takes seconds

@@ -12,14 +12,16 @@ import urllib.parse
 from pathlib import Path
 
 from host_runtime.common import http_client
-from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.download import Progress, TooLarge, copy_hashing, file_sha256
 from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.manifest import Manifest, check_name, name_for_file
+from host_runtime.models.pull_hosts import PullHosts
+from host_runtime.models.pull_slots import PullSlot
 from host_runtime.models.sources import check_sha256, hf_parts, source_file_name
 from host_runtime.models.store import Store
 
 HTTP_TIMEOUT_S = 30
+MAX_REDIRECTS = 5  # a download's link to its mirror and the mirror's to its CDN, with room to spare
 
 
 def add(store: Store, file: Path, name: str | None = None, sha256: str | None = None, say=print) -> Manifest:
@@ -38,8 +40,11 @@ def add(store: Store, file: Path, name: str | None = None, sha256: str | None = 
 
 
 def pull(store: Store, source: str, name: str | None = None, sha256: str | None = None, say=print,
-         observe=None) -> Manifest:
-    """observe(download.Progress), if given, follows the download (the first-boot pull's status file)."""
+         observe=None, hosts: PullHosts | None = None, slot: PullSlot | None = None) -> Manifest:
+    """observe(download.Progress), if given, follows the download (the first-boot pull's status file). hosts:
+    the hosts a pull asked for through the API may reach (models/pull_hosts.py); None: anywhere (the owner's CLI).
+    slot: this pull's, taken by the caller (the API, which answers PullsBusy before it starts); else taken here
+    and given back at the end."""
     expected = check_sha256(sha256)
     scheme = urllib.parse.urlsplit(source).scheme
     if scheme not in ("http", "https", "hf"):
@@ -47,21 +52,34 @@ def pull(store: Store, source: str, name: str | None = None, sha256: str | None 
                          "(a file on the box: everycycle models add FILE)")
     name = check_name(name or name_for_file(source_file_name(source)))
     store.refuse_existing(name)
+    own = slot is None
+    slot = slot or PullSlot.take(store.partial_dir(), name)
+    try:
+        manifest = _pull_in(store, source, name, expected, scheme, say, observe, hosts, slot)
+    finally:
+        if own:
+            slot.release()
+    say(f"{name}: {manifest.size / 2**20:,.1f} MiB, {manifest.architecture} {manifest.quantization}, sha256 "
+        f"{manifest.sha256}")
+    return manifest
+
+
+def _pull_in(store: Store, source: str, name: str, expected: str | None, scheme: str, say, observe,
+             hosts: PullHosts | None, slot: PullSlot) -> Manifest:
     if scheme == "hf":
-        file, digest = _pull_hf(store, source, name, say, observe)
+        file, digest = _pull_hf(store, source, name, say, observe, slot)
     else:
-        file, digest = _pull_http(store, source, name, say, observe)
+        file, digest = _pull_http(store, source, name, say, observe, hosts, slot)
     if expected and digest != expected:
-        _forget(store, name)
+        slot.finish()
         raise SourceRefused(f"{source}: sha256 {digest} is not the {expected} given: the download was altered or is "
                          "another file; nothing was added")
     try:
         manifest = store.admit(file, name, digest, source, move=True)
     except StoreError as exc:
-        _forget(store, name)
+        slot.finish()
         raise SourceRefused(str(exc)) from None
-    _forget(store, name)
-    say(f"{name}: {manifest.size / 2**20:,.1f} MiB, {manifest.architecture} {manifest.quantization}, sha256 {digest}")
+    slot.finish()
     return manifest
 
 
@@ -70,14 +88,34 @@ def _partial(store: Store, name: str) -> tuple[Path, Path]:
     return d / f"{name}.gguf.part", d / f"{name}.json"
 
 
-def _forget(store: Store, name: str) -> None:
-    part, meta = _partial(store, name)
-    part.unlink(missing_ok=True)
-    meta.unlink(missing_ok=True)
-    shutil.rmtree(store.partial_dir() / f"hf-{name}", ignore_errors=True)
+def _open(url: str, headers: dict, hosts: PullHosts | None) -> http_client.Stream:
+    """The download's answer. Judged by `hosts` (a pull through the API): every URL before it is fetched, each
+    redirect followed here, and the address actually reached; never through a proxy (whose address is the one
+    reached). Unjudged (the owner's CLI): redirects followed, through the environment's proxy where one is set."""
+    try:
+        if hosts is None:
+            return http_client.open_stream(url, headers=headers, timeout=HTTP_TIMEOUT_S, trust_env=True)
+        for _ in range(MAX_REDIRECTS + 1):
+            hosts.check_url(url)
+            resp = http_client.open_stream(url, headers=headers, timeout=HTTP_TIMEOUT_S, follow_redirects=False)
+            try:
+                if resp.peer_address is not None:
+                    hosts.check_address(urllib.parse.urlsplit(url).hostname or "", resp.peer_address)
+            except SourceRefused:
+                resp.close()
+                raise
+            location = resp.headers.get("Location")
+            if resp.status not in (301, 302, 303, 307, 308) or not location:
+                return resp
+            resp.close()
+            url = urllib.parse.urljoin(url, location)
+        raise SourceRefused(f"more than {MAX_REDIRECTS} redirects")
+    except http_client.HTTPFailure as exc:
+        raise StoreError(f"{exc.why}") from None
 
 
-def _pull_http(store: Store, url: str, name: str, say, observe=None) -> tuple[Path, str]:
+def _pull_http(store: Store, url: str, name: str, say, observe=None, hosts: PullHosts | None = None,
+               slot: PullSlot | None = None) -> tuple[Path, str]:
     part, meta = _partial(store, name)
     try:
         kept = json.loads(meta.read_text()) if meta.exists() else {}
@@ -87,11 +125,9 @@ def _pull_http(store: Store, url: str, name: str, say, observe=None) -> tuple[Pa
     if not already:
         part.unlink(missing_ok=True)
     try:
-        # A server on the LAN or beyond it (through the environment's proxy, as a download may need).
-        resp = http_client.open_stream(url, headers={"Range": f"bytes={already}-"} if already else {},
-                                       timeout=HTTP_TIMEOUT_S, trust_env=True)
-    except http_client.HTTPFailure as exc:
-        raise StoreError(f"{url}: {exc.why}") from None
+        resp = _open(url, {"Range": f"bytes={already}-"} if already else {}, hosts)
+    except StoreError as exc:
+        raise type(exc)(f"{url}: {exc}") from None
     if resp.status >= 300:
         resp.close()
         if resp.status == 416 and already:  # the part is already whole
@@ -103,16 +139,18 @@ def _pull_http(store: Store, url: str, name: str, say, observe=None) -> tuple[Pa
         already = 0
     length = resp.headers.get("Content-Length")
     total = (already + int(length)) if length and length.isdigit() else None
-    store.check_room(None if total is None else total - already, name)
-    atomic_write(meta, json.dumps({"source": url, "total": total}).encode(), mode=0o600)
+    try:
+        may_write = slot.reserve(url, total, store.room(), already)  # beside the other pulls running
+    except StoreError:
+        resp.close()
+        raise
     if already:
         say(f"resuming {name} at {already / 2**20:,.1f} MiB")
     progress = Progress(f"pulling {name}", total, say, already=already, observe=observe)
     digest = file_sha256(part) if already else None
     try:
         # At most what the server declared (or, declaring nothing, the room the store keeps free).
-        sha = copy_hashing(resp, part, progress, append=already > 0, digest=digest,
-                           limit=store.room() if total is None else total - already)
+        sha = copy_hashing(resp, part, progress, append=already > 0, digest=digest, limit=may_write)
     except TooLarge as exc:
         part.unlink(missing_ok=True)
         bound = "the size it declared" if total is not None else f"the room {store.root} has, keeping the reserve"
@@ -127,7 +165,7 @@ def _pull_http(store: Store, url: str, name: str, say, observe=None) -> tuple[Pa
     return part, sha
 
 
-def _pull_hf(store: Store, source: str, name: str, say, observe=None) -> tuple[Path, str]:
+def _pull_hf(store: Store, source: str, name: str, say, observe, slot: PullSlot) -> tuple[Path, str]:
     try:
         from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
@@ -137,7 +175,7 @@ def _pull_hf(store: Store, source: str, name: str, say, observe=None) -> tuple[P
     local = store.partial_dir() / f"hf-{name}"
     try:
         meta = get_hf_file_metadata(hf_hub_url(repo, path, revision=revision))
-        store.check_room(meta.size, name)
+        slot.reserve(source, meta.size, store.room())
         say(f"pulling {name} from {repo} ({(meta.size or 0) / 2**20:,.1f} MiB) through huggingface_hub")
         progress = Progress(f"pulling {name}", meta.size, say, observe=observe)
         file = Path(hf_hub_download(repo, path, revision=revision, local_dir=local,

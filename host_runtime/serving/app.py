@@ -29,6 +29,7 @@ from host_runtime.serving.errors import APIError, handle_api_error, handle_falco
 from host_runtime.serving.fleet_unroutable import FleetUnroutable
 from host_runtime.serving.handlers import ServingLogic, call_engine
 from host_runtime.serving.infill import InfillLogic, parse_infill
+from host_runtime.models.pull_hosts import PullHosts
 from host_runtime.serving.model_pull import PullJob
 from host_runtime.serving.ollama_logic import OllamaLogic
 from host_runtime.serving.ready_stamp import READY_MARGIN_S, ReadyStamp
@@ -60,6 +61,7 @@ class AppConfig:
     # [serving] aliases: (name or pattern a client may ask for, the store model that answers it), in box.toml's order
     aliases: tuple[tuple[str, str], ...] = ()
     model_store: str | None = None  # the store /api/pull adds to (None: pulls are refused)
+    pull_hosts: tuple[str, ...] = ()  # serving.toml's pull_hosts (models/pull_hosts.py)
     trace_endpoint: str | None = None  # an OTLP/HTTP collector: requests are traced (serving/tracing.py)
     trace_sample_ratio: float = 1.0
 
@@ -567,7 +569,7 @@ class Ollama:
         if not self._config.model_store:
             raise APIError(400, "this server has no model store to pull into (it serves one model file)",
                            param="model", code="no_model_store")
-        job = PullJob(self._config.model_store, source)
+        job = PullJob(self._config.model_store, source, PullHosts(self._config.pull_hosts))
         alias = self._router.covering_alias(job.name)
         if alias is not None:  # else every request for that name would go to the pulled model
             raise APIError(409, f"'{job.name}' is a name the owner's aliases give to "

@@ -4,11 +4,14 @@ The pull is the store's own (models/pull.py: http(s) URLs on the LAN, hf://OWNER
 huggingface_hub, resumable, hashed, read as a GGUF before it is admitted), run in a thread of the serving worker;
 its progress comes back as the lines Ollama's clients read: `pulling manifest`, `downloading NAME` with `total`
 and `completed` bytes (at most once a second), `verifying sha256 digest`, `writing manifest`, `success`, or an
-`error`. One pull of a name at a time in this process; a second is refused while the first runs.
+`error`. One pull of a name at a time, and models/pull_slots.MAX_PULLS on the box: a pull beyond them is refused
+(409, 429) before it starts, never queued holding a serving thread. The URL, every redirect and the address
+reached are judged by the owner's pull_hosts (models/pull_hosts.py).
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Iterator
@@ -17,19 +20,20 @@ from pathlib import Path
 from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.manifest import check_name, name_for_file
 from host_runtime.models.pull import pull, source_file_name
+from host_runtime.models.pull_hosts import PullHosts
+from host_runtime.models.pull_slots import PullsBusy, PullSlot
 from host_runtime.models.store import Store
 from host_runtime.serving.errors import APIError
 
-_running: set[str] = set()
-_running_lock = threading.Lock()
+log = logging.getLogger("everycycle.serve")
 _DONE = object()
 
 
 class PullJob:
     """One pull: start() it, then read lines() (each a dict, Ollama's shape) until it ends."""
 
-    def __init__(self, store_root: str, source: str):
-        self.source = source
+    def __init__(self, store_root: str, source: str, hosts: PullHosts = PullHosts()):
+        self.source, self.hosts = source, hosts
         self.store = Store(Path(store_root))
         try:
             self.name = check_name(name_for_file(source_file_name(source)))
@@ -40,11 +44,16 @@ class PullJob:
         self.error: APIError | None = None
 
     def start(self) -> None:
-        with _running_lock:
-            if self.name in _running:
-                raise APIError(409, f"'{self.name}' is being pulled already; wait for that pull to end",
-                               error_type="invalid_request_error", code="pull_in_progress", param="model")
-            _running.add(self.name)
+        try:
+            self._slot = PullSlot.take(self.store.partial_dir(), self.name)
+        except PullsBusy as exc:
+            if exc.same_name:
+                raise APIError(409, str(exc), error_type="invalid_request_error", code="pull_in_progress",
+                               param="model") from None
+            raise APIError(429, str(exc), error_type="rate_limit_error", code="too_many_pulls",
+                           retry_after=30) from None
+        except StoreError as exc:  # the store's partial folder: the box's own trouble
+            raise APIError(503, str(exc), error_type="server_error", code="store_unavailable") from None
         threading.Thread(target=self._run, name=f"pull-{self.name}", daemon=True).start()
 
     def lines(self) -> Iterator[dict]:
@@ -60,7 +69,8 @@ class PullJob:
 
         try:
             self._lines.put({"status": "pulling manifest"})
-            pull(self.store, self.source, self.name, say=lambda _: None, observe=observe)
+            pull(self.store, self.source, self.name, say=lambda _: None, observe=observe, hosts=self.hosts,
+                 slot=self._slot)
             self._lines.put({"status": "writing manifest"})
             self._lines.put({"status": "success"})
         except SourceRefused as exc:  # no such file, no access, not a GGUF, a wrong hash: the request's fault
@@ -71,6 +81,5 @@ class PullJob:
                                   code="pull_failed")
             self._lines.put({"error": self.error.message})
         finally:
-            with _running_lock:
-                _running.discard(self.name)
+            self._slot.release()
             self._lines.put(_DONE)

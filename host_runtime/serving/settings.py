@@ -13,6 +13,7 @@ from host_runtime.common.host_port import split_host_port
 from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
 from host_runtime.models.errors import StoreError
 from host_runtime.models.manifest import check_name, name_for_file
+from host_runtime.models.pull_hosts import check_entry
 from host_runtime.models.sources import check_sha256, source_file_name
 from host_runtime.placement.kv_types import KV_TYPES
 from host_runtime.pool.residency import parse_keep_alive
@@ -80,6 +81,9 @@ class ServingSettings:
     # empty: no tracing. The share of requests traced where the client's traceparent does not decide.
     trace_endpoint: str = ""
     trace_sample_ratio: TraceSampleRatio = 1.0
+    # The hosts a pull through the API (/api/pull) may fetch from (models/pull_hosts.py): names, addresses or
+    # networks. Empty: any but loopback, link-local and metadata addresses, which only a named entry opens.
+    pull_hosts: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.model and not self.model.startswith("/"):
@@ -98,6 +102,13 @@ class ServingSettings:
                 self._check_loopback(name)
         if self.trace_endpoint:
             check_trace_endpoint(self.trace_endpoint, "trace_endpoint")
+        if not isinstance(self.pull_hosts, list | tuple):
+            raise SettingsError("pull_hosts", "must be a list of host names, addresses or networks")
+        for i, entry in enumerate(self.pull_hosts):
+            try:
+                check_entry(entry)
+            except ValueError as exc:
+                raise SettingsError(f"pull_hosts[{i}]", str(exc)) from None
         if self.pull_url:
             self._check_pull()
         elif self.pull_sha256 or self.pull_name:
