@@ -218,6 +218,51 @@ def test_the_local_ca_cannot_vouch_for_names_beyond_the_box(tmp_path):
         == {ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("192.168.1.9")}
 
 
+def test_a_box_named_like_a_top_level_domain_gets_a_ca_for_its_own_names_alone(tmp_path):
+    """#56, item 8: the CA of a box named 'dev' permitted every .dev name, and every box's CA every .local name
+    (checked with cryptography's verifier: www.google.dev and nas.local accepted). Now NAME.local, localhost, a
+    several-label host name, and the LAN ranges (not link-local), checked by OpenSSL in a real handshake."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from host_runtime.front.tls import ca_dns_names, issue_leaf, make_local_ca
+
+    assert ca_dns_names("dev") == ["dev.local", "localhost"]
+    assert ca_dns_names("gpu1.home.arpa") == ["gpu1.home.arpa", "gpu1.local", "localhost"]
+    pair = leaf_paths(tmp_path)
+    make_local_ca(pair.ca, "dev")
+    issue_leaf(pair.ca, pair, {ipaddress.ip_address("127.0.0.1")}, "dev")
+    _handshake(pair, pair.trust_anchor, "dev.local")
+    ca_key = serialization.load_pem_private_key(pair.ca.private_key.read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(pair.ca.certificate.read_bytes())
+
+    def forged(san, server_hostname: str) -> None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = dt.datetime.now(dt.timezone.utc)
+        cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "x")]))
+                .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+                .add_extension(x509.SubjectAlternativeName([san]), critical=False).sign(ca_key, hashes.SHA256()))
+        out = CertificatePair(tmp_path / "f.crt", tmp_path / "f.key", "local-ca")
+        out.certificate.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        out.private_key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption()))
+        _handshake(out, pair.trust_anchor, server_hostname)
+
+    for name in ("www.google.dev", "dev", "nas.local", "fritz.box"):
+        with pytest.raises(ssl.SSLCertVerificationError, match="subtree violation"):
+            forged(x509.DNSName(name), name)
+    with pytest.raises(ssl.SSLCertVerificationError, match="subtree violation"):
+        forged(x509.IPAddress(ipaddress.ip_address("169.254.169.254")), "169.254.169.254")
+    forged(x509.DNSName("dev.local"), "dev.local")  # the box's own name still passes
+    forged(x509.IPAddress(ipaddress.ip_address("192.168.1.9")), "192.168.1.9")  # and a LAN address (#37)
+
+
 def test_the_fronts_certificate_is_issued_again_when_the_addresses_change(tmp_path):
     import datetime as dt
     import ipaddress

@@ -27,11 +27,13 @@ from host_runtime.front.settings import FrontSettings, short_hostname
 CA_DAYS = 3650         # trusted once by every client: replacing it would mean trusting a new one everywhere
 LEAF_DAYS = 397        # issued again by the box itself, so it can be short (and stays within what Apple accepts)
 RENEW_BEFORE_DAYS = 30
-# The CA vouches only for these: the box's names and the address ranges a LAN (or a tailnet) uses.
+# The CA vouches only for the box's own names (ca_dns_names) and for the address ranges a LAN (or a tailnet)
+# uses. Addresses by range, not one by one: a client that connects by address must keep trusting the box after a
+# new DHCP lease (#37), and a client keeps the CA it was given (OpenSSL applies that copy's constraints), so a CA
+# re-made for each new address would have to be trusted again on every client. Link-local ranges are not among
+# them: the front's certificate never names a link-local address (addresses_now leaves them out).
 LAN_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
-    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8",
-    "fc00::/7", "fe80::/10", "::1/128"))
-LAN_DNS = ("local", "localhost")
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "127.0.0.0/8", "fc00::/7", "::1/128"))
 
 KINDS = ("bundle", "self-signed", "local-ca")
 
@@ -103,7 +105,7 @@ def make_local_ca(ca: LocalCA, hostname: str | None = None) -> None:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"EveryCycle box {short_hostname(hostname)} local CA"),
                       x509.NameAttribute(NameOID.ORGANIZATION_NAME, "EveryCycle box")])
     now = dt.datetime.now(dt.timezone.utc)
-    dns = sorted({*LAN_DNS, hostname})
+    dns = ca_dns_names(hostname)
     constraints = x509.NameConstraints(
         permitted_subtrees=[*(x509.DNSName(d) for d in dns), *(x509.IPAddress(n) for n in LAN_NETWORKS)],
         excluded_subtrees=None)
@@ -118,6 +120,18 @@ def make_local_ca(ca: LocalCA, hostname: str | None = None) -> None:
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
     _write_pair(key, cert, ca.private_key, ca.certificate)
+
+
+def ca_dns_names(hostname: str) -> list[str]:
+    """The names the box's CA may vouch for (a DNS constraint covers the name and every name under it):
+    NAME.local, localhost, and the host name itself where it has several labels (box.home.arpa). Never a
+    one-label name, nor all of .local: a box named 'dev' or 'box' made its CA valid for every .dev site or
+    fritz.box, and '.local' for every printer and NAS on the LAN (#56, item 8). Clients reach the box as
+    NAME.local or by address."""
+    names = {f"{short_hostname(hostname)}.local", "localhost"}
+    if "." in hostname.strip(".") and not hostname.endswith(".local"):
+        names.add(hostname.strip(".").lower())
+    return sorted(names)
 
 
 def leaf_addresses(listen: str, current=None, also: tuple[str, ...] = ()) -> set:

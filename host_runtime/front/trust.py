@@ -38,8 +38,9 @@ def trust_lines(anchor: TrustAnchor, fingerprint: str | None) -> list[str]:
                 "issuer is trusted."]
     local_ca = anchor.kind == "local-ca"
     file = "everycycle-ca.crt" if local_ca else "everycycle.crt"
-    what = ("this box's local CA (it vouches for this box's names and LAN addresses only, and stays the same "
-            "when the box's address changes)" if local_ca else "this box's self-signed certificate")
+    what = ("this box's local CA (it vouches for NAME.local, localhost and addresses in the private ranges a LAN "
+            "uses, and stays the same when the box's address changes: connect by NAME.local or by address)"
+            if local_ca else "this box's self-signed certificate")
     return [
         f"Trust {what} once, on each client machine:",
         f"  curl -fsSk -o {file} {anchor.url}",
