@@ -14,8 +14,8 @@ import pytest
 
 from host_runtime.discovery import table, topology
 from host_runtime.discovery.cpu import numa_nodes, parse_cpuinfo, parse_cpulist
-from host_runtime.discovery.fields import is_unavailable
-from host_runtime.discovery.pci import bridge_path, normalize_address, pci_link
+from host_runtime.common.readings import is_unavailable
+from host_runtime.common.pci import bridge_path, normalize_address, pci_link
 from host_runtime.gpu import amdgpu, nvml
 from tests.servers import Proc, everycycle, wait_for
 

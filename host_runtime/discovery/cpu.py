@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psutil
 
-from host_runtime.discovery.fields import is_unavailable, read_text, unavailable
+from host_runtime.common.readings import is_unavailable, read_text, unavailable
 
 # Flags as /proc/cpuinfo spells them (x86 "flags", arm "Features"), mapped to our names.
 FLAGS_OF_INTEREST = {"avx2": "avx2", "avx512f": "avx512f", "avx512_vnni": "avx512_vnni",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host_runtime.discovery.fields import unavailable
-from host_runtime.discovery.pci import normalize_address, pci_link
+from host_runtime.common.readings import unavailable
+from host_runtime.common.pci import normalize_address, pci_link
 from host_runtime.gpu import amdgpu, nvml
 
 VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel", "0x1a03": "aspeed", "0x102b": "matrox"}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import psutil
 
-from host_runtime.discovery.fields import is_unavailable, read_text
+from host_runtime.common.readings import is_unavailable, read_text
 
 
 def parse_hugepages(meminfo: str) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from host_runtime.discovery.fields import unavailable
+from host_runtime.common.readings import unavailable
 
 
 def translate_links(links: list, addresses: list, speed_of) -> list[dict]:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import psutil
 
-from host_runtime.discovery.fields import is_unavailable, read_int, read_text, unavailable
-from host_runtime.discovery.pci import PCI_ADDRESS, pci_link
+from host_runtime.common.readings import is_unavailable, read_int, read_text, unavailable
+from host_runtime.common.pci import PCI_ADDRESS, pci_link
 
 SKIP_PREFIXES = ("loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd")
 

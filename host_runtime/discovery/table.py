@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from host_runtime.discovery.fields import is_unavailable
+from host_runtime.common.readings import is_unavailable
 
 
 def _v(value, fmt=str) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host_runtime.discovery.fields import is_unavailable, read_int, unavailable
-from host_runtime.discovery.pci import normalize_address
+from host_runtime.common.readings import is_unavailable, read_int, unavailable
+from host_runtime.common.pci import normalize_address
 
 
 def snapshot(sys_root: Path = Path("/sys")) -> tuple[list[dict], dict]:

@@ -18,7 +18,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from host_runtime.discovery.fields import is_unavailable
+from host_runtime.common.readings import is_unavailable
 from host_runtime.gpu.nvml import Nvml, NvmlUnavailable, read
 
 CUDA_LIB_DIR = Path("/opt/everycycle/llama-cuda/lib")

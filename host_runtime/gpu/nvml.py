@@ -7,8 +7,8 @@ NVML's own errors on opening become NvmlUnavailable.
 
 from __future__ import annotations
 
-from host_runtime.discovery.fields import is_unavailable, unavailable
-from host_runtime.discovery.pci import normalize_address
+from host_runtime.common.readings import is_unavailable, unavailable
+from host_runtime.common.pci import normalize_address
 
 # NVML clock-event ("throttle") reason bits that mean the hardware is protecting itself.
 NVML_HW_SLOWDOWN = 0x8

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from host_runtime.discovery.fields import is_unavailable
+from host_runtime.common.readings import is_unavailable
 from host_runtime.engine import llama_log
 from host_runtime.gpu.bandwidth import bandwidth_gbps
 from host_runtime.gpu.llama_devices import list_devices

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from host_runtime.discovery.fields import read_int, read_text, unavailable
+from host_runtime.common.readings import read_int, read_text, unavailable
 
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 

@@ -1,4 +1,6 @@
-"""How a value that could not be read is recorded: a marker with the reason, never an exception."""
+"""How a reading that could not be taken is recorded (a marker with the reason, never an exception), and the
+sysfs reads that make one: the vocabulary every hardware reader (discovery, gpu, placement) shares, as nvitop's
+NA."""
 
 from __future__ import annotations
 
