@@ -66,7 +66,7 @@ def settings(table, device, name: str, ctx: int, parallel: int):
 
 
 def measure(model_path: str, names: list[str], ctx: int, parallel: int, n_batch: int) -> list[dict]:
-    from host_runtime.engine import llama_log
+    from host_runtime.gpu import llama_log
     from host_runtime.engine.model import ContextConfig, LoadedModel
     from host_runtime.placement.model_table import read_table
     from host_runtime.placement.proof import prove, tolerance

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from host_runtime.engine import llama_log
+from host_runtime.gpu import llama_log
 from host_runtime.engine.capacity import Capacity
 from host_runtime.models.gguf_info import pooling_name
 from host_runtime.placement.llama_params import DeviceMissing, attention_for, call_tokens, context_params, model_params

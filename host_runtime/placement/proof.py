@@ -13,7 +13,7 @@ import logging
 import re
 from dataclasses import dataclass, replace
 
-from host_runtime.engine import llama_log
+from host_runtime.gpu import llama_log
 from host_runtime.placement.llama_params import attention_for, context_params, model_params
 from host_runtime.placement.model_table import ModelTable
 from host_runtime.placement.planner import Device, Host, Placement, PlacementError, PlanRequest, plan

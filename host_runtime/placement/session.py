@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from host_runtime.common.readings import is_unavailable
-from host_runtime.engine import llama_log
+from host_runtime.gpu import llama_log
 from host_runtime.gpu.bandwidth import bandwidth_gbps
 from host_runtime.gpu.llama_devices import list_devices
 from host_runtime.placement.model_table import ModelTableError, read_table
