@@ -9,7 +9,7 @@ import pytest
 
 from host_runtime.engine.harmony import HarmonyText
 from host_runtime.engine.tool_format import prepare, template_format, wants_argument_text
-from host_runtime.serving.reasoning import prompt_thinking, split, template_thinks
+from host_runtime.engine.reasoning import prompt_thinking, split, template_thinks
 from host_runtime.serving.tool_calls import ToolChoice, grammar_for, parse_output, parse_tools
 
 TEMPLATE = (Path(__file__).parent / "templates" / "openai-gpt-oss-120b.jinja").read_text()

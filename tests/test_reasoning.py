@@ -9,7 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from host_runtime.serving.reasoning import ReasoningSplit, prompt_thinking, split, template_thinks
+from host_runtime.engine.reasoning import ReasoningSplit, prompt_thinking, split, template_thinks
 from tests.servers import Proc, everycycle, free_port, ready, wait_for
 from tests.tiny_gguf import write_tiny_llama
 

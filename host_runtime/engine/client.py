@@ -25,7 +25,7 @@ class GenerationStream:
     def __init__(self, lines: LineStream, accepted: wire.Accepted):
         self._lines = lines
         self.prompt_tokens = accepted.prompt_tokens
-        self.thinking = accepted.thinking  # how the answer starts (serving/reasoning.py MODES)
+        self.thinking = accepted.thinking  # how the answer starts (engine/reasoning.py MODES)
         self.on_event: Callable[[object], None] | None = None  # sees each event first (serving/tracing.py)
 
     def __iter__(self) -> Iterator[wire.Token | wire.Finish | wire.Done | wire.Error]:

@@ -7,7 +7,7 @@ A harmony answer is a run of messages, each a header and a body:
 (the recipient may also stand before the channel: `<|start|>assistant to=functions.NAME<|channel|>commentary json`).
 llama.cpp renders <|channel|>, <|message|>, <|start|>, <|constrain|> and <|end|> as text for this vocabulary and ends
 the generation at <|return|> and <|call|>. Rewritten: the analysis channel as a `<think>` block
-(serving/reasoning.py takes it apart as reasoning), the final channel and a commentary message to no one (a
+(engine/reasoning.py takes it apart as reasoning), the final channel and a commentary message to no one (a
 preamble) as the answer's text, and a call to a function as a Hermes call, `<tool_call>{"name": NAME, "arguments":
 ARGS}</tool_call>` (serving/tool_calls.py reads it back; a call's arguments run to the generation's end, <|call|>,
 whatever text they hold). Text that does not start as harmony (an answer a grammar

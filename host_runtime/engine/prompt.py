@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.tool_format import prepare, template_format, wants_argument_text
-from host_runtime.serving.reasoning import prompt_thinking
+from host_runtime.engine.reasoning import prompt_thinking
 
 # What the template is rendered with: a request's own variables may not replace these.
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "eos_token", "bos_token", "raise_exception",
@@ -18,7 +18,7 @@ RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "eos_token", "bos_
 class RenderedChat:
     tokens: list[int]
     stops: list[str]
-    thinking: str  # serving/reasoning.py MODES: how the answer starts
+    thinking: str  # engine/reasoning.py MODES: how the answer starts
 
 
 class PromptBuilder:

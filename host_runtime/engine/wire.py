@@ -224,7 +224,7 @@ class TokenLogprob:
 class Accepted:
     type: ClassVar[str] = "accepted"
     prompt_tokens: int
-    # How the answer starts, for a template that thinks (serving/reasoning.py MODES): "open" inside a think block,
+    # How the answer starts, for a template that thinks (engine/reasoning.py MODES): "open" inside a think block,
     # "may-open" where the model may open one, "" where it does not think
     thinking: str = ""
 

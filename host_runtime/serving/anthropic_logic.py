@@ -13,7 +13,7 @@ from host_runtime.serving import anthropic_protocol as wire
 from host_runtime.serving.errors import anthropic_body
 from host_runtime.serving.handlers import Choices, ServingLogic, call_engine, engine_down
 from host_runtime.serving.protocol import GenerationCall
-from host_runtime.serving.reasoning import ReasoningSplit
+from host_runtime.engine.reasoning import ReasoningSplit
 
 
 def thinking_block(reasoning: str) -> dict:

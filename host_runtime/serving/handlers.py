@@ -14,7 +14,7 @@ from host_runtime.engine.client import EngineClient, GenerationStream
 from host_runtime.engine.ipc import ClientGone, EngineUnavailable, MessageTooLarge
 from host_runtime.serving.errors import APIError, body_of
 from host_runtime.serving.protocol import EmbeddingCall, GenerationCall, RerankCall
-from host_runtime.serving.reasoning import ReasoningSplit
+from host_runtime.engine.reasoning import ReasoningSplit
 
 FIRST_EVENT_TIMEOUT_S = 15.0
 # Between two events of one generation; long, because a queued request sees none until it gets a slot.

@@ -13,7 +13,7 @@ from host_runtime.serving import ollama_protocol as ollama
 from host_runtime.serving.errors import ollama_body
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
-from host_runtime.serving.reasoning import ReasoningSplit
+from host_runtime.engine.reasoning import ReasoningSplit
 
 
 class OllamaLogic:

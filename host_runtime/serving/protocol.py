@@ -13,7 +13,7 @@ from host_runtime.serving import request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
 from host_runtime.serving.json_schema_grammar import json_object_grammar, schema_grammar
-from host_runtime.serving.reasoning import split
+from host_runtime.engine.reasoning import split
 from host_runtime.serving.request_models import KINDS, check, given
 from host_runtime.serving.tool_calls import ToolCallStream, grammar_for, parse_output, parse_tool_choice, parse_tools
 
@@ -349,7 +349,7 @@ def template_kwargs(body: dict, extra: dict | None = None) -> dict | None:
 
 def reasoning_format(body: dict) -> str:
     """llama-server's `reasoning_format`: "none" leaves a thinking model's text as it is; otherwise (deepseek,
-    auto) its reasoning comes apart from the answer (serving/reasoning.py)."""
+    auto) its reasoning comes apart from the answer (engine/reasoning.py)."""
     return given(body, "reasoning_format", "auto")
 
 

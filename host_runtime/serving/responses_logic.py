@@ -14,7 +14,7 @@ from host_runtime.serving import responses_protocol as shape
 from host_runtime.serving.errors import body_of
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
-from host_runtime.serving.reasoning import ReasoningSplit
+from host_runtime.engine.reasoning import ReasoningSplit
 
 
 def _status(finish: str | None) -> tuple[str, str | None]:
