@@ -11,7 +11,7 @@ from pathlib import Path
 
 from host_runtime.gpu import llama_log
 from host_runtime.engine.capacity import Capacity
-from host_runtime.models.gguf_info import pooling_name
+from host_runtime.engine.pooling import pooling_name
 from host_runtime.placement.llama_params import DeviceMissing, attention_for, call_tokens, context_params, model_params
 from host_runtime.placement.model_table import ModelTableError, read_table
 from host_runtime.placement.planner import PlacementError, PlanRequest

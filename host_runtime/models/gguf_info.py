@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from host_runtime.common.service_user import service_ids
+from host_runtime.engine.pooling import pooling_name
 from host_runtime.models.errors import StoreError
 from host_runtime.placement import gguf_c
 from host_runtime.placement.model_table import ModelTable, ModelTableError, read_table_fd
@@ -65,19 +66,6 @@ def read_info(path: Path) -> dict:
         quant = f"type {file_type}"
     return {"architecture": str(arch), "quantization": quant, "context_length": int(context or 0),
             "chat_template": has_template, "pooling": pooling_name(pooling)}
-
-
-def pooling_name(value) -> str:
-    """An embedding model's pooling ('mean', 'cls', 'last', 'rank'); '' for a generating model (none declared)."""
-    import gguf
-
-    if value is None:
-        return ""
-    try:
-        kind = gguf.PoolingType(int(value))
-    except ValueError:
-        return f"type {value}"
-    return "" if kind == gguf.PoolingType.NONE else kind.name.lower()
 
 
 def _facts(value) -> tuple:
