@@ -17,7 +17,7 @@ import psutil
 from host_runtime import __version__
 from host_runtime.auth.keystore import KeyStoreError, load_keys
 from host_runtime.box_status.rows import BoxStatus, Serving, Source, models_from_metrics, top_users
-from host_runtime.box_status.sources import serving_get, supervisor_programs
+from host_runtime.common.status_sources import serving_get, supervisor_programs
 from host_runtime.common import http_client
 from host_runtime.common.run_layout import governor_state_file, supervisor_socket, topology_file
 from host_runtime.common.prometheus_text import histogram_quantile, metric_samples, parse_prometheus

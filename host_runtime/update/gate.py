@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tenacity
 
-from host_runtime.box_status.sources import serving_get, supervisor_programs
+from host_runtime.common.status_sources import serving_get, supervisor_programs
 from host_runtime.engine.readiness import QUIET_LIMIT_S, ReadyDeadline
 
 EXPECTED_PROGRAMS = frozenset({"front", "serving", "discovery", "governor", "bmc", "fleet", "fleet-address"})
