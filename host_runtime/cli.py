@@ -11,6 +11,7 @@ from pathlib import Path
 
 from host_runtime import __version__
 from host_runtime.common import run_layout
+from host_runtime.engine.limits import DEFAULT_CTX
 
 
 def _port(text: str) -> int:
@@ -92,10 +93,6 @@ def _run_dir(explicit: str | None = None) -> Path:
     return run_layout.run_dir(explicit)
 
 
-# A cap, not a size: a model is served at the context it was trained for (its GGUF's context_length), up to this,
-# as agents' 10,000-25,000-token prompts need; the planner lowers the sequences, then the context, where memory is
-# short, and says so. --ctx-size (serving.toml's context_length) sets another cap.
-DEFAULT_CTX = 32768
 DEFAULT_KV_BUDGET_MIB = 1024
 DEFAULT_CACHE_TYPE = "f16"
 DEFAULT_KEEP_ALIVE_S = 300.0

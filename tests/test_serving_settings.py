@@ -185,11 +185,16 @@ def _store_with(tmp_path, *names: str) -> Store:
 
 def test_models_set_keeps_a_models_own_settings_in_the_store(tmp_path):
     store = _store_with(tmp_path, "tiny")
-    done = _models(tmp_path, "set", "tiny", "--ctx-size", "128", "--speculation", "ngram")
-    assert done.returncode == 0 and "context_length 128, speculation ngram" in done.stdout, done.stderr
-    assert store.settings_of("tiny") == ModelSettings(context_length=128, speculation="ngram")
+    done = _models(tmp_path, "set", "tiny", "--ctx-size", "512", "--speculation", "ngram")
+    assert done.returncode == 0 and "context_length 512, speculation ngram" in done.stdout, done.stderr
+    assert store.settings_of("tiny") == ModelSettings(context_length=512, speculation="ngram")
     shown = json.loads(_models(tmp_path, "show", "tiny", "--json").stdout)
-    assert shown["settings"] == {"context_length": 128, "speculation": "ngram"}
+    assert shown["settings"] == {"context_length": 512, "speculation": "ngram"}
+    # serving.toml's rules, not looser ones of their own (#57: a model took a 1-15 MiB KV budget and a 128-token
+    # context that serving.toml refuses)
+    for option, value, words in (("--kv-budget-mib", "8", "between 16 and"), ("--ctx-size", "128", "between 256 and")):
+        bad = _models(tmp_path, "set", "tiny", option, value)
+        assert bad.returncode == 1 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     bad = _models(tmp_path, "set", "tiny", "--parallel", "-2")
     assert bad.returncode == 1 and "--parallel: must be between" in bad.stderr and "Traceback" not in bad.stderr
     assert store.settings_of("tiny").parallel == 0  # nothing half-applied

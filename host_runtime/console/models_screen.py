@@ -11,9 +11,9 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 
-from host_runtime.cli import DEFAULT_CTX
 from host_runtime.common import settings_file
 from host_runtime.common.run_layout import topology_file
+from host_runtime.engine.limits import DEFAULT_CTX
 from host_runtime.models import actions, pull as pulling
 from host_runtime.models.errors import StoreError
 from host_runtime.models.store import Store

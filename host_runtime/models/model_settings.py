@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from host_runtime.common.settings_file import SettingsError
-from host_runtime.serving.settings import MAX_CONTEXT, MAX_PARALLEL, SPECULATION
+from host_runtime.engine.limits import (MAX_CONTEXT, MAX_MIB, MAX_PARALLEL, MIN_CONTEXT, MIN_KV_BUDGET_MIB,
+                                       SPECULATION)
 
 FILE = "settings.toml"
 
@@ -21,12 +22,14 @@ class ModelSettings:
     speculation: str = ""     # off or ngram
 
     def __post_init__(self) -> None:
-        if not 0 <= self.context_length <= MAX_CONTEXT:
-            raise SettingsError("context_length", f"must be between 1 and {MAX_CONTEXT} (0: box.toml's)")
+        # serving.toml's rules (serving/settings.py), 0 or "" meaning box.toml's
+        if self.context_length and not MIN_CONTEXT <= self.context_length <= MAX_CONTEXT:
+            raise SettingsError("context_length", f"must be between {MIN_CONTEXT} and {MAX_CONTEXT} (0: box.toml's)")
         if not 0 <= self.parallel <= MAX_PARALLEL:
             raise SettingsError("parallel", f"must be between 1 and {MAX_PARALLEL} (0: box.toml's)")
-        if not 0 <= self.kv_budget_mib <= 1 << 24:
-            raise SettingsError("kv_budget_mib", f"must be between 1 and {1 << 24} MiB (0: box.toml's)")
+        if self.kv_budget_mib and not MIN_KV_BUDGET_MIB <= self.kv_budget_mib <= MAX_MIB:
+            raise SettingsError("kv_budget_mib", f"must be between {MIN_KV_BUDGET_MIB} and {MAX_MIB} MiB "
+                                                 "(0: box.toml's)")
         if self.speculation and self.speculation not in SPECULATION:
             raise SettingsError("speculation", f"must be one of {', '.join(SPECULATION)}, got {self.speculation!r}")
 

@@ -11,6 +11,8 @@ from pydantic import Field
 
 from host_runtime.common.host_port import split_host_port
 from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
+from host_runtime.engine.limits import (MAX_CONTEXT, MAX_MIB, MAX_PARALLEL, MIN_CONTEXT, MIN_KV_BUDGET_MIB,
+                                       SPECULATION)
 from host_runtime.models.errors import StoreError
 from host_runtime.models.manifest import check_name, name_for_file
 from host_runtime.models.pull_hosts import check_entry
@@ -18,15 +20,11 @@ from host_runtime.models.sources import check_sha256, source_file_name
 from host_runtime.placement.kv_types import KV_TYPES
 from host_runtime.pool.residency import parse_keep_alive
 
-MAX_CONTEXT = 1 << 20
-MAX_PARALLEL = 256
-MAX_MIB = 1 << 24
-SPECULATION = ("off", "ngram")  # a draft model is a file of its own: `serve --speculation draft --draft-model`
 # The rules box.toml's [serving], [model] and [tracing] share (provisioning/box_model.py). 0 or "" in these
 # settings: not set, the server's default.
-ContextLength = Annotated[int, Field(ge=256, le=MAX_CONTEXT)]
+ContextLength = Annotated[int, Field(ge=MIN_CONTEXT, le=MAX_CONTEXT)]
 Parallel = Annotated[int, Field(ge=1, le=MAX_PARALLEL)]
-KvBudgetMib = Annotated[int, Field(ge=16, le=MAX_MIB)]
+KvBudgetMib = Annotated[int, Field(ge=MIN_KV_BUDGET_MIB, le=MAX_MIB)]
 ModelsMemoryMib = Annotated[int, Field(ge=64, le=MAX_MIB)]
 Speculation = one_of(SPECULATION)
 CacheType = one_of(KV_TYPES)
