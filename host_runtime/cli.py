@@ -390,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--key", required=True, metavar="PRIVKEY", help="Ed25519 private key, PEM")
 
     from host_runtime.measure.cli import add_parser as add_measure_parser
-    from host_runtime.models.cli import add_parser as add_models_parser
+    from host_runtime.admin.models_cli import add_parser as add_models_parser
     from host_runtime.update.cli import add_parser as add_update_parser
 
     add_update_parser(sub)
@@ -1548,7 +1548,7 @@ def _fleet_peers(settings, args) -> int:
 
 
 def cmd_models(parser, args) -> int:
-    from host_runtime.models.cli import run
+    from host_runtime.admin.models_cli import run
 
     return run(parser, args)
 

@@ -1,5 +1,5 @@
 """The console's models screen: the store's models, the one serving starts with, and pulling, switching and
-removing them at the box (models/actions.py and models/pull.py do the work, as for `everycycle models`)."""
+removing them at the box (admin/model_actions.py and models/pull.py do the work, as for `everycycle models`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from textual.widgets import Input, OptionList, Static
 from host_runtime.common import settings_file
 from host_runtime.common.run_layout import topology_file
 from host_runtime.engine.limits import DEFAULT_CTX
-from host_runtime.models import actions, pull as pulling
+from host_runtime.admin import model_actions as actions
+from host_runtime.models import pull as pulling
 from host_runtime.models.errors import StoreError
 from host_runtime.models.store import Store
 from host_runtime.models.verdict import VerdictError, verdict_for

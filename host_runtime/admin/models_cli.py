@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from host_runtime.models import actions
+from host_runtime.admin import model_actions as actions
 from host_runtime.models import pull as pulling
 from host_runtime.models.errors import StoreError
 from host_runtime.models.store import Store
