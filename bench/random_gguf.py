@@ -102,7 +102,7 @@ def write(shape: str, path: Path) -> Path:
     with open(path, "r+b") as f:
         f.seek(0, 2)
         f.write(b"\0" * (gguf.GGUFWriter.ggml_pad(f.tell(), align) - f.tell()))
-        for name, dims, ty in table:
+        for _name, dims, ty in table:
             if ty == Q.F32:
                 data = np.ones(dims[0], np.float32).tobytes()
             else:

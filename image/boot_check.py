@@ -608,7 +608,7 @@ def check(box: Box, t0: float, timeout: float, nvidia_required: bool = False) ->
     result["system_state"] = box.ssh("systemctl is-system-running").stdout.strip()
     say(f"systemctl --failed: {failed or '(none)'}; system {result['system_state']}")
     if failed:
-        detail = box.ssh("systemctl status --no-pager --lines=15 " + " ".join(l.split()[0] for l in failed.splitlines()))
+        detail = box.ssh("systemctl status --no-pager --lines=15 " + " ".join(unit.split()[0] for unit in failed.splitlines()))
         raise CheckFailed(f"failed units:\n{failed}\n{detail.stdout}")
     # The console owns tty1 on a machine that has one (qemu); a container has none and skips it.
     result["console_tty1"] = box.ssh("systemctl is-active everycycle-console.service").stdout.strip()

@@ -258,7 +258,7 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
         for side in fleet.gateways:
             want = {("http://127.0.0.1:8081", m) for m in fleet.boxes[side.index].models} | {
                 (b.base, m) for b in fleet.boxes if b.index not in gateways for m in b.models}
-            wait_for(lambda s=side.index: want <= fleet.registered(s), 60, f"gateway {side.index}'s router's workers "
+            wait_for(lambda s=side.index, want=want: want <= fleet.registered(s), 60, f"gateway {side.index}'s router's workers "
                      f"{sorted(want)}", side.gateway)
             wait_for(lambda s=side: s.certificate.exists(), 30, "the front's certificate", side.front)
         if failover:

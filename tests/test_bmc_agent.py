@@ -82,7 +82,7 @@ def test_new_sel_entries_become_events(sim):
     assert snap["sel"]["count"] == 1 and len(snap["events"]) == 1
     assert snap["events"][0]["component"] == "Inlet Temp" and snap["events"][0]["timestamp"]
     assert "ipmi_sel_entries_count 1" in metrics.render(snap)
-    assert len([l for l in sim.ipmitool("sel", "list").stdout.splitlines() if l.strip()]) == 1
+    assert len([line for line in sim.ipmitool("sel", "list").stdout.splitlines() if line.strip()]) == 1
 
 
 def test_dcmi_power_reading_and_limit_cross_checked_with_ipmitool(sim):

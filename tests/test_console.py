@@ -87,7 +87,7 @@ def test_the_data_layer_reads_what_the_services_publish(box):
     assert inlet["value"] == 24.0 and inlet["health"] == "ok"
     assert s.services == {"serving": "RUNNING", "discovery": "RUNNING", "governor": "RUNNING", "bmc": "RUNNING"}
     topo = json.loads((run / "discovery" / "topology.json").read_text())
-    global_addrs = [a["address"] for l in topo["network"] if l["kind"] != "loopback" for a in l["addresses"]
+    global_addrs = [a["address"] for link in topo["network"] if link["kind"] != "loopback" for a in link["addresses"]
                     if a["scope"] == "global"]
     assert len(s.api_urls) == max(1, len(global_addrs))
     text = render(s)  # `everycycle status` prints the same facts

@@ -37,9 +37,9 @@ def test_every_link_netlink_sees_is_listed_with_its_addresses(doc):
     from pyroute2 import IPRoute
 
     with IPRoute() as ipr:
-        links = {l.get_attr("IFLA_IFNAME"): l["index"] for l in ipr.get_links()}
+        links = {link.get_attr("IFLA_IFNAME"): link["index"] for link in ipr.get_links()}
         addrs = {(a["index"], a.get_attr("IFA_ADDRESS")) for a in ipr.get_addr()}
-    listed = {l["name"]: l for l in doc["network"]}
+    listed = {link["name"]: link for link in doc["network"]}
     assert set(listed) == set(links)
     for name, index in links.items():
         assert {a["address"] for a in listed[name]["addresses"]} == {addr for i, addr in addrs if i == index}
@@ -228,7 +228,7 @@ def test_a_link_added_in_a_namespace_appears_and_disappears(netns, tmp_path):
 
     def links() -> set[str]:
         try:
-            return {l["name"] for l in json.loads(target.read_text())["network"]}
+            return {link["name"] for link in json.loads(target.read_text())["network"]}
         except (OSError, ValueError):
             return set()
 

@@ -52,7 +52,7 @@ def test_a_killed_engine_is_restarted_in_place_and_one_that_keeps_dying_stops_se
     with running_serve(["--ctx-size", "512", "--parallel", "1"], tmp_path, "serve") as (base, proc):
         first = engine_pid(proc.popen.pid)
         os.kill(first, signal.SIGKILL)
-        wait_for(lambda: (p := engine_pid(proc.popen.pid)) not in (None, first) and ready(base), 120,
+        wait_for(lambda: engine_pid(proc.popen.pid) not in (None, first) and ready(base), 120,
                  "the engine started again", proc)
         assert proc.popen.poll() is None  # the API stayed up
         assert answer(base)["choices"][0]["message"]["content"] is not None

@@ -121,7 +121,7 @@ def test_three_keys_a_token_limit_a_model_limit_and_usage_that_survives_a_restar
                  30, "the usage file to follow", proc)
         text = http_get(base + "/metrics")[1].decode()
         assert any(line.startswith("everycycle_key_requests_total") and 'key="free"' in line and line.endswith(" 4.0")
-                   for line in text.splitlines()), [l for l in text.splitlines() if "key_requests" in l]
+                   for line in text.splitlines()), [row for row in text.splitlines() if "key_requests" in row]
     finally:
         proc.stop()
     shown = subprocess.run(everycycle("keys", "usage", "--usage-dir", str(usage), "--json"), capture_output=True,
@@ -129,7 +129,7 @@ def test_three_keys_a_token_limit_a_model_limit_and_usage_that_survives_a_restar
     assert json.loads(shown.stdout)["free"]["key_requests_total"] == 4
     table = subprocess.run(everycycle("keys", "usage", "--usage-dir", str(usage)), capture_output=True, text=True,
                            timeout=60).stdout
-    assert table.splitlines()[0].startswith("KEY") and any(l.startswith("free ") for l in table.splitlines())
+    assert table.splitlines()[0].startswith("KEY") and any(row.startswith("free ") for row in table.splitlines())
 
 
 @pytest.mark.system

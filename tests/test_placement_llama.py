@@ -293,7 +293,7 @@ def test_a_moe_model_serves_with_its_experts_in_host_ram_and_answers_as_on_the_c
                                "--run-dir", str(run), *flags), run / "serve.log", env=env)
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_for(lambda: ready(base), 180, f"the {name} server to become ready", proc)
+            wait_for(lambda base=base: ready(base), 180, f"the {name} server to become ready", proc)
             if name == "split":
                 metrics = http_get(base + "/metrics")[1].decode()
                 assert 'everycycle_model_layers{device="Vulkan0"} 5' in metrics

@@ -64,7 +64,7 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
         assert unix_get(str(run / "serving" / "http.sock"), "/metrics", 5).status == 200
         # fleet: no fleet.toml here, so it waits idle (a box that is not the fleet's gateway), RUNNING all the same.
         for program in ("front", "serving", "discovery", "governor", "bmc", "fleet", "fleet-address"):
-            wait_for(lambda: "RUNNING" in subprocess.run(ctl + ["status", program], capture_output=True,
+            wait_for(lambda program=program: "RUNNING" in subprocess.run(ctl + ["status", program], capture_output=True,
                                                            text=True).stdout, 30, f"{program} RUNNING")
         assert "not the fleet's gateway" in (log / "fleet.log").read_text()
         assert "no virtual_address" in (log / "fleet-address.log").read_text()

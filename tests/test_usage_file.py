@@ -14,7 +14,7 @@ import pytest
 
 from host_runtime.engine import usage_file
 from host_runtime.engine.usage_file import UsageBook, UsageFileError, load
-from tests.servers import everycycle, running_serve, wait_for
+from tests.servers import everycycle, running_serve
 
 
 class Counters:

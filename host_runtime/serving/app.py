@@ -641,7 +641,7 @@ def create_app(config: AppConfig) -> falcon.App:
     # The grammar converter (tools, response_format) pulls in llama_cpp and numpy. Imported here, before the
     # worker's threads serve: a first import of it in a request thread while another thread was importing failed
     # once in the suite with numpy "partially initialized" (a 400 for a valid tool schema).
-    import llama_cpp.llama_grammar  # noqa: F401
+    import llama_cpp.llama_grammar  # noqa: F401  (imported for its side effect: loaded before the threads)
 
     client = EngineClient(config.engine_socket)
     middleware = [FleetPrefix()]
