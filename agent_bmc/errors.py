@@ -1,9 +1,10 @@
 """The agent's own error types: every library failure is mapped to one of these."""
 
 from __future__ import annotations
+from host_runtime.common.errors import UnavailableError
 
 
-class BmcError(Exception):
+class BmcError(UnavailableError):
     state = "error"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from host_runtime import __version__
 from host_runtime.common import run_layout
+from host_runtime.common.errors import EveryCycleError, InputError, UnavailableError
 from host_runtime.engine.limits import DEFAULT_CTX
 
 
@@ -1584,6 +1585,18 @@ def main(argv: list[str] | None = None) -> int:
         return handlers[args.command](parser, args)
     except KeyboardInterrupt:
         return 130
+    except EveryCycleError as exc:  # one no handler said in its own words: its message, its family's code
+        print(f"everycycle {args.command}: {exc}", file=sys.stderr)
+        return exit_code(exc)
+
+
+# The box's error families, mapped once to exit codes (common/errors.py): 2 as argparse's for input that cannot be
+# used, 69 (sysexits' EX_UNAVAILABLE) for a part not answering now, 1 for the rest.
+EXIT_CODES = ((InputError, 2), (UnavailableError, 69), (EveryCycleError, 1))
+
+
+def exit_code(exc: EveryCycleError) -> int:
+    return next(code for family, code in EXIT_CODES if isinstance(exc, family))
 
 
 if __name__ == "__main__":

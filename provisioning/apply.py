@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from host_runtime.common.errors import InputError
 from host_runtime.auth.keystore import FILE_VERSION, hash_key, key_hint
 from host_runtime.common import settings_file
 from host_runtime.common.atomic_file import atomic_write
@@ -39,7 +40,7 @@ SERVICE_READ_FILES = ("etc/everycycle/api_keys.json", "etc/everycycle/tls/api.ke
                       FLEET_KEY)
 
 
-class BundleInvalid(Exception):
+class BundleInvalid(InputError):
     def __init__(self, errors: list[BundleError]):
         super().__init__("; ".join(str(e) for e in errors))
         self.errors = errors

@@ -17,6 +17,7 @@ import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from host_runtime.common.errors import InputError
 
 MAX_TOML_BYTES = 64 << 10
 MAX_FILE_BYTES = 1 << 20          # keys, certificates, passwords
@@ -24,7 +25,7 @@ MAX_MODEL_BYTES = 16 << 30        # a model in the bundle (it lives on the boot 
 MAX_ARCHIVE_BYTES = MAX_MODEL_BYTES + (64 << 20)
 
 
-class BundleError(Exception):
+class BundleError(InputError):
     """A bundle problem, naming the field or file at fault."""
 
     def __init__(self, field: str, message: str):

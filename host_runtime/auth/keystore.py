@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.file_lock import updating
 from host_runtime.engine.wire import PRIORITIES
@@ -25,7 +26,7 @@ KEY_PREFIX = "ec-"
 FILE_VERSION = 1
 
 
-class KeyStoreError(Exception):
+class KeyStoreError(EveryCycleError):
     """The key file is missing, unreadable, malformed or unsafe."""
 
 

@@ -7,6 +7,7 @@ import hashlib
 import os
 import stat
 import time
+from host_runtime.common.errors import InputError, UnavailableError
 
 
 class Progress:
@@ -53,7 +54,7 @@ def file_sha256(path, digest=None, block: int = 4 << 20):
     return digest
 
 
-class TooLarge(ValueError):
+class TooLarge(InputError, ValueError):
     """The stream went on past the most bytes it may bring (its declared size, or the room it has)."""
 
     def __init__(self, limit: int):
@@ -61,7 +62,7 @@ class TooLarge(ValueError):
         self.limit = limit
 
 
-class Stalled(OSError):
+class Stalled(UnavailableError, OSError):
     """The server sent less than STALL_MIN_BYTES in STALL_WINDOW_S: a download that drips a byte now and then held
     a thread forever (each read came within the socket's timeout)."""
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from host_runtime.common.errors import InputError
 
-class BadSignature(Exception):
+
+class BadSignature(InputError):
     """The signature does not verify with the key, or is not a signature at all."""
 
 

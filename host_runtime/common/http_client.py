@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 
 import httpx2
 
+from host_runtime.common.errors import UnavailableError
+
 # Downloads are hashed and sized as sent: a transparently decompressed body would match neither.
 IDENTITY = {"Accept-Encoding": "identity"}
 
 
-class HTTPFailure(OSError):
+class HTTPFailure(UnavailableError, OSError):
     """No usable answer from `url`: `why` says what happened; `status` is set where one was answered but the caller
     asked for success (Answer.raise_for_status), with the start of its body. An OSError, as urllib's were: "the
     peer is not answering" is caught as one wherever sockets are."""

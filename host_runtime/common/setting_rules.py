@@ -12,9 +12,10 @@ from typing import Annotated, Any, Literal
 
 import annotated_types
 import pydantic
+from host_runtime.common.errors import InputError
 
 
-class SettingsError(ValueError):
+class SettingsError(InputError, ValueError):
     """A settings value that cannot be used; names the field."""
 
     def __init__(self, field: str, message: str):

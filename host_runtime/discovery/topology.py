@@ -10,6 +10,7 @@ import socket
 from importlib import resources
 from pathlib import Path
 
+from host_runtime.common.errors import InputError
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.discovery.bmc import collect_bmc
 from host_runtime.discovery.cpu import collect_cpu
@@ -23,7 +24,7 @@ SCHEMA_VERSION = 1
 VOLATILE_KEYS = frozenset({"available_bytes", "free_bytes", "vram_free_bytes", "generated_at", "content_hash"})
 
 
-class TopologyInvalid(Exception):
+class TopologyInvalid(InputError):
     pass
 
 

@@ -3,6 +3,7 @@ carries what the HTTP layer needs for an OpenAI-style error (serving.errors.APIE
 the API's own checks)."""
 
 from __future__ import annotations
+from host_runtime.common.errors import EveryCycleError
 
 
 def default_error_type(status: int) -> str:
@@ -17,7 +18,7 @@ def default_error_type(status: int) -> str:
     return "invalid_request_error"
 
 
-class RequestRejected(Exception):
+class RequestRejected(EveryCycleError):
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  code: str | None = None, error_type: str | None = None,
                  retry_after: int | None = None):

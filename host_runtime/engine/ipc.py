@@ -12,6 +12,7 @@ import select
 import socket
 import time
 from collections.abc import Callable
+from host_runtime.common.errors import UnavailableError
 
 CLIENT_POLL_S = 0.1  # while waiting for the engine, how often to ask whether the HTTP client is still there
 # The longest line each side reads (and the worker sends): a call carries a request body of at most 1 MiB by
@@ -21,7 +22,7 @@ MAX_REQUEST_LINE_BYTES = 16 << 20
 MAX_EVENT_LINE_BYTES = 64 << 20
 
 
-class EngineUnavailable(Exception):
+class EngineUnavailable(UnavailableError):
     """The engine process is not listening, or did not answer in time."""
 
 

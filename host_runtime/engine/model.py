@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.gpu import llama_log
 from host_runtime.engine.capacity import Capacity
 from host_runtime.engine.pooling import pooling_name
@@ -30,7 +31,7 @@ CHATML_TEMPLATE = (
 )
 
 
-class ModelLoadError(Exception):
+class ModelLoadError(EveryCycleError):
     """The model file is missing, not a GGUF, or llama.cpp refused it."""
 
 

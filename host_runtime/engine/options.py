@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 
+from host_runtime.common.errors import InputError
 from host_runtime.engine.model import ContextConfig, model_id_for
 from host_runtime.engine.readiness import WedgePolicy
 from host_runtime.engine.speculation import SpeculationConfig
@@ -21,7 +22,7 @@ class PrefixCacheConfig:
     directory: str | None = None  # None: no disk tier
 
 
-class OptionsError(ValueError):
+class OptionsError(InputError, ValueError):
     """An options document that is not one this version writes (a field missing, unknown or of a wrong type)."""
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.engine.cpu_share import ThreadShare
 from host_runtime.engine.sampling import CompiledGrammar, build_sampler_chain, token_logprobs
 from host_runtime.engine.wire import SamplingParams, TokenLogprob, TopLogprob
@@ -26,7 +27,7 @@ DecodePart = tuple[int, int, list[int], int | None]  # (seq_id, start_pos, token
 log = logging.getLogger(__name__)
 
 
-class DecodeFailed(RuntimeError):
+class DecodeFailed(EveryCycleError, RuntimeError):
     """llama_decode refused a call (no free KV cells, or an error code)."""
 
 

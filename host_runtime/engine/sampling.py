@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from host_runtime.common.errors import InputError
 from host_runtime.engine.wire import MAX_GRAMMAR_BYTES, SamplingParams  # noqa: F401  (the wire's; read here)
 
 
@@ -12,7 +13,7 @@ DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 
 
 
-class GrammarRejected(ValueError):
+class GrammarRejected(InputError, ValueError):
     """llama.cpp could not compile the grammar (it logs why and returns NULL), or it is past MAX_GRAMMAR_BYTES."""
 
 

@@ -19,13 +19,14 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.atomic_file import atomic_write
 
 log = logging.getLogger("everycycle.engine")
 SAVE_EVERY_S = 2.0  # how often the logs are folded into the snapshot
 
 
-class UsageFileError(Exception):
+class UsageFileError(EveryCycleError):
     """The usage file or its log cannot be read; the message names it and what to do."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
+from host_runtime.common.errors import InputError
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.readiness import Verdict
 
@@ -26,7 +27,7 @@ MAX_GRAMMAR_BYTES = 256 * 1024
 PRIORITIES = ("interactive", "default", "batch")
 
 
-class WireError(ValueError):
+class WireError(InputError, ValueError):
     """A line that is not a well-formed engine message: the op or type unknown, a field missing or of a wrong type."""
 
 

@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.fleet import router_process
 from host_runtime.fleet.controller import BoxHealth, Decision, changes, decide, merge_peers
@@ -31,7 +32,7 @@ ROUTER_START_S = 30.0
 PENDING_S = 10.0  # an add the router has queued but not yet listed is not asked again for this long
 
 
-class GatewayError(Exception):
+class GatewayError(EveryCycleError):
     """The gateway cannot run; says why."""
 
 

@@ -12,6 +12,7 @@ import logging
 import threading
 
 from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, ServiceStateChange, Zeroconf
+from host_runtime.common.errors import UnavailableError
 
 log = logging.getLogger("everycycle.fleet")
 
@@ -20,7 +21,7 @@ SERVICE = "_everycycle._tcp.local."
 MAX_FOUND = 64
 
 
-class MDNSError(Exception):
+class MDNSError(UnavailableError):
     """mDNS cannot run here; says why."""
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from host_runtime.common.errors import UnavailableError
 from host_runtime.common.http_client import HTTPClient, HTTPFailure
 from host_runtime.fleet.controller import Registered, Worker
 
 
-class RouterUnavailable(Exception):
+class RouterUnavailable(UnavailableError):
     """The router did not answer, or answered something unusable (`status`: its HTTP status, where it answered)."""
 
     def __init__(self, message: str, status: int | None = None):

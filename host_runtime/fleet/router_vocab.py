@@ -20,6 +20,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from host_runtime.common.errors import InputError
 from host_runtime.common.atomic_file import atomic_write
 
 FILE_NAME = "o200k_base.tiktoken"
@@ -28,7 +29,7 @@ CARRIER = "litellm==1.110.2"
 MEMBER = "litellm/litellm_core_utils/tokenizers/fb374d419588a4632f3f557e76b4b70aebbca790"  # sha1 of its URL
 
 
-class VocabError(Exception):
+class VocabError(InputError):
     """The vocabulary could not be had; says why."""
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.fleet.settings import FleetSettings
 
 ADVERT_INTERVAL_S = 1
@@ -24,7 +25,7 @@ CHECK_FALL = 2          # two failed checks (about 2 s) before the address is gi
 INSTANCE = "everycycle_gateway"
 
 
-class FailoverError(Exception):
+class FailoverError(EveryCycleError):
     """The virtual address cannot be held here (no interface on its network, and none named)."""
 
 

@@ -10,6 +10,7 @@ import threading
 
 from zeroconf import IPVersion, ServiceInfo, Zeroconf
 
+from host_runtime.common.errors import UnavailableError
 from host_runtime.front.tls import addresses_now
 
 log = logging.getLogger("everycycle.front")
@@ -18,7 +19,7 @@ SERVICE = "_https._tcp.local."
 REFRESH_S = 10.0
 
 
-class LanNameError(Exception):
+class LanNameError(UnavailableError):
     """mDNS cannot run here; says why."""
 
 

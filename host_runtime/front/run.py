@@ -14,6 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.front.nginx_conf import FrontPaths, render
 from host_runtime.front.settings import FrontSettings
@@ -24,7 +25,7 @@ log = logging.getLogger("everycycle.front")
 ADDRESS_CHECK_S = 5.0  # a netlink dump: cheap, and a client that moved with the box waits at most this long
 
 
-class FrontError(Exception):
+class FrontError(EveryCycleError):
     """The front cannot start; says why."""
 
 

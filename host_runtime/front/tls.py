@@ -20,6 +20,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from host_runtime.common.errors import InputError
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.discovery.network import collect_network
 from host_runtime.front.settings import FrontSettings, short_hostname
@@ -38,7 +39,7 @@ LAN_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
 KINDS = ("bundle", "self-signed", "local-ca")
 
 
-class TLSError(Exception):
+class TLSError(InputError):
     """The certificate or key cannot be used."""
 
 

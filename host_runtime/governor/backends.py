@@ -11,13 +11,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from host_runtime.common.errors import UnavailableError
 from host_runtime.governor.control import GpuLimits
 from host_runtime.governor.simulator import SimulatedGpu
 from host_runtime.gpu import amdgpu
 from host_runtime.gpu.nvml import Nvml, NvmlUnavailable
 
 
-class GovernorBackendError(Exception):
+class GovernorBackendError(UnavailableError):
     pass
 
 

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from host_runtime.common.errors import EveryCycleError
 
 # Strong definitions (T text, B bss, D data, R read-only) whose mangled name is in namespace std. Mangled, not
 # demangled: a function of ours returning std::string demangles to a line that mentions std:: too. GNU-unique
@@ -25,7 +26,7 @@ from pathlib import Path
 _LIBSTDCXX_DEFINITION = re.compile(r"^\S+ [TBDR] ((?:_ZNSt|_ZNKSt|_ZTVSt|_ZTISt|_ZTSSt|_ZSt|_ZTTSt)\S*)$")
 
 
-class ExportsUnreadable(Exception):
+class ExportsUnreadable(EveryCycleError):
     """nm is missing or could not read the file."""
 
 

@@ -12,13 +12,14 @@ import ctypes
 import os
 from dataclasses import asdict, dataclass
 
+from host_runtime.common.errors import UnavailableError
 from host_runtime.gpu.bandwidth import bandwidth_gbps
 from host_runtime.gpu.llama_build import lib_dir, select
 
 DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 
 
-class LlamaDevicesError(Exception):
+class LlamaDevicesError(UnavailableError):
     """llama.cpp's library could not be loaded or asked."""
 
 

@@ -7,6 +7,7 @@ NVML's own errors on opening become NvmlUnavailable.
 
 from __future__ import annotations
 
+from host_runtime.common.errors import UnavailableError
 from host_runtime.common.readings import is_unavailable, unavailable
 from host_runtime.common.pci import normalize_address
 
@@ -17,7 +18,7 @@ NVML_HW_THERMAL_SLOWDOWN = 0x40
 NVML_HW_POWER_BRAKE_SLOWDOWN = 0x80
 
 
-class NvmlUnavailable(Exception):
+class NvmlUnavailable(UnavailableError):
     """The NVML library is missing or does not answer (no NVIDIA driver)."""
 
 

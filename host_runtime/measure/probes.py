@@ -12,11 +12,12 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.common import http_client
 from host_runtime.fleet.capabilities import Capabilities
 
 
-class ProbeError(Exception):
+class ProbeError(EveryCycleError):
     """A measurement could not be made; says which and why."""
 
 

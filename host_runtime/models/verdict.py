@@ -10,6 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from host_runtime.common.errors import InputError
 from host_runtime.common import http_client
 from host_runtime.models.sources import hf_parts, source_file_name
 from host_runtime.models.errors import StoreError
@@ -21,7 +22,7 @@ HEADER_BYTES = (8 << 20, 64 << 20)  # a small vocabulary's header fits the first
 HTTP_TIMEOUT_S = 20.0
 
 
-class VerdictError(Exception):
+class VerdictError(InputError):
     """The model's header cannot be read; says why."""
 
 

@@ -8,6 +8,7 @@ import functools
 import os
 from dataclasses import dataclass
 
+from host_runtime.common.errors import UnavailableError
 from host_runtime.gpu.llama_devices import cpu_buffer_type, device_handles, list_devices
 from host_runtime.placement.kv_types import DEFAULT_KV, AttentionLayout, attention_layout, kv_type
 from host_runtime.placement.planner import Placement
@@ -19,7 +20,7 @@ class _BufferTypeOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-class DeviceMissing(Exception):
+class DeviceMissing(UnavailableError):
     """The placement names a device this process's llama.cpp does not have."""
 
 

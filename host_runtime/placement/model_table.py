@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from host_runtime.common.errors import InputError
 from host_runtime.placement import gguf_c
 from host_runtime.placement.kv_types import DEFAULT_KV, kv_type
 
@@ -44,7 +45,7 @@ def experts_override_pattern(n_cpu_moe: int, n_layer: int) -> str:
     return rf"^blk\.({'|'.join(str(i) for i in range(n_cpu_moe))}){EXPERT_WEIGHTS}"
 
 
-class ModelTableError(Exception):
+class ModelTableError(InputError):
     """The file is not a GGUF this planner understands (missing hyperparameters, unknown layout)."""
 
 

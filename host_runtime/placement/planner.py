@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.placement.kv_types import DEFAULT_KV
 from host_runtime.placement.model_table import ModelTable, experts_override_pattern
 
@@ -34,7 +35,7 @@ MIN_CTX = 1024              # below this a lowered context is useless to a chat 
 CPU_BANDWIDTH_GBPS = 40.0   # a dual-channel DDR4 desktop; used only to compare placements, never to refuse
 
 
-class PlacementError(Exception):
+class PlacementError(EveryCycleError):
     """A placement that cannot work; the message is one sentence with the numbers."""
 
 

@@ -13,6 +13,7 @@ import logging
 import re
 from dataclasses import dataclass, replace
 
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.gpu import llama_log
 from host_runtime.placement.llama_params import attention_for, context_params, model_params
 from host_runtime.placement.model_table import ModelTable
@@ -30,7 +31,7 @@ def tolerance(planned: int) -> int:
     return max(planned * 3 // 100, 64 << 20)
 
 
-class ProofFailed(Exception):
+class ProofFailed(EveryCycleError):
     """llama.cpp refused the placement in its dry run (the message says why)."""
 
 

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from host_runtime.common.errors import InputError
 from host_runtime.common.readings import is_unavailable
 from host_runtime.gpu import llama_log
 from host_runtime.gpu.bandwidth import bandwidth_gbps
@@ -15,7 +16,7 @@ from host_runtime.placement.planner import Device, Host, Placement, PlacementErr
 from host_runtime.placement.proof import ProofFailed, prove
 
 
-class PlanInputsError(Exception):
+class PlanInputsError(InputError):
     """The topology file or the model cannot be read."""
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import falcon
 
 from host_runtime.auth.keystore import KeyVerifier
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.prometheus_text import merge, up_text
 from host_runtime.common.sockets import peer_closed
 from host_runtime.engine import wire
@@ -25,7 +26,8 @@ from host_runtime.pool.residency import parse_keep_alive
 from host_runtime.serving import anthropic_protocol, ollama_protocol, protocol, request_models, responses_protocol
 from host_runtime.serving.anthropic_logic import MessagesLogic
 from host_runtime.serving.capabilities import CapabilitiesResource
-from host_runtime.serving.errors import APIError, handle_api_error, handle_falcon_error, handle_unexpected
+from host_runtime.serving.errors import (APIError, handle_api_error, handle_box_error, handle_falcon_error,
+                                        handle_unexpected)
 from host_runtime.serving.fleet_unroutable import FleetUnroutable
 from host_runtime.serving.handlers import ServingLogic, call_engine
 from host_runtime.serving.infill import InfillLogic, parse_infill
@@ -684,5 +686,6 @@ def create_app(config: AppConfig) -> falcon.App:
     # Most specific last: falcon picks the handler registered for the closest class.
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPError, handle_falcon_error)
+    app.add_error_handler(EveryCycleError, handle_box_error)
     app.add_error_handler(RequestRejected, handle_api_error)
     return app

@@ -8,6 +8,7 @@ import logging
 
 import falcon
 
+from host_runtime.common.errors import EveryCycleError, InputError, UnavailableError
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.serving.tracing import trace_id_of
 
@@ -74,6 +75,23 @@ def handle_falcon_error(req, resp, err: falcon.HTTPError, params) -> None:
     elif status == 405:
         message = f"method {req.method} is not allowed on {req.path}"
     _write(resp, APIError(status, message), req)
+
+
+# The box's error families, mapped once to HTTP (common/errors.py): an error no handler turned into a RequestRejected
+# of its own is still the client's fault, a part not answering, or the box's.
+HTTP_STATUS = ((InputError, 400, "invalid_request_error"), (UnavailableError, 503, "server_error"),
+               (EveryCycleError, 500, "server_error"))
+
+
+def handle_box_error(req, resp, err: EveryCycleError, params) -> None:
+    """An EveryCycleError no handler answered: its family's status, its message where it is about the request or
+    a part that is not answering, the log's word where it is the box's own failure (500)."""
+    status, kind = next((s, k) for family, s, k in HTTP_STATUS if isinstance(err, family))
+    if status == 500:
+        handle_unexpected(req, resp, err, params)
+        return
+    log.warning("%s %s: %s (%s)", req.method, req.path, err, type(err).__name__)
+    _write(resp, APIError(status, str(err), error_type=kind), req)
 
 
 def handle_unexpected(req, resp, err: Exception, params) -> None:
