@@ -112,7 +112,7 @@ class Generate:
     stop: list[str] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     speculation: bool = True  # False: this request opts out of speculative decoding (same output either way)
-    cache_scope: str | None = None  # whose cached prefixes it may reuse (the API key's name; None: shared)
+    cache_scope: str | None = None  # whose cached prefixes it may reuse (the key's scope, serving/key_privacy.py)
     priority: str = "default"       # one of PRIORITIES
     key: str | None = None          # the API key's name, for its limits (None: no key, no limits)
     key_max_concurrent: int = 0     # its requests running, parked or waiting at once, at most (0: no limit)

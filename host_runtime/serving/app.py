@@ -28,6 +28,7 @@ from host_runtime.serving.anthropic_logic import MessagesLogic
 from host_runtime.serving.capabilities import CapabilitiesResource
 from host_runtime.serving.errors import (APIError, handle_api_error, handle_box_error, handle_falcon_error,
                                         handle_unexpected)
+from host_runtime.serving.key_privacy import cache_scope_of, metrics_for_key
 from host_runtime.serving.fleet_unroutable import FleetUnroutable
 from host_runtime.serving.handlers import ServingLogic, call_engine
 from host_runtime.serving.infill import InfillLogic, parse_infill
@@ -201,7 +202,10 @@ def cache_scope(req: falcon.Request, config: "AppConfig") -> str | None:
     shares the cache between keys (prefix_cache_shared) or the API takes no key (None: shared)."""
     if config.prefix_cache_shared:
         return None
-    return req.context.get("key_name") or None
+    name, policy = req.context.get("key_name"), req.context.get("key_policy")
+    if name and policy is not None:
+        return cache_scope_of(name, policy.sha256)  # not the name alone: a later key of that name is another
+    return name or None
 
 
 def priority_for(req: falcon.Request, body: dict) -> str:
@@ -324,8 +328,12 @@ class Metrics:
                 texts.append(client.call(wire.Metrics(), timeout=5.0).text)
             except EngineUnavailable:
                 continue
-        resp.text = (up_text(True) + (texts[0] if len(texts) == 1 else merge(texts)) + self._router.pool_metrics()
-                     + self._governor_text())
+        text = (up_text(True) + (texts[0] if len(texts) == 1 else merge(texts)) + self._router.pool_metrics()
+                + self._governor_text())
+        policy = req.context.get("key_policy")
+        if self._config.metrics_access == "key" and not is_local_reader(req) and not (policy and policy.may_pull):
+            text = metrics_for_key(text, req.context.get("key_name"))  # its own per-key series, no other key's
+        resp.text = text
 
     def _governor_text(self) -> str:
         """The governor's Prometheus file (written beside its state file, with it), while that state is fresh."""
