@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.otlp_receiver import OTLPReceiver
-from tests.servers import everycycle, running_serve, wait_for
+from tests.servers import everycycle, running_serve
 
 pytestmark = pytest.mark.system
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -102,18 +102,40 @@ def test_without_a_traceparent_a_request_starts_its_own_trace(traced, api_key):
     assert request.parent_id == "" and request.span_id == span_id and int(flags, 16) & 1  # sampled
 
 
-def test_a_refused_request_is_traced_and_its_log_line_names_the_trace(traced):
-    base, receiver, proc = traced
+def test_a_client_without_a_valid_key_makes_no_span(traced, api_key):
+    """#56, item 13: tracing began before the key check, so any client made spans with trace ids it chose."""
+    base, receiver, _ = traced
+    refused, refused_id, _ = _traceparent()
     with pytest.raises(openai.AuthenticationError) as err:
-        _ask(_client(base, "not-a-key"), "Hello.")
-    trace_id = err.value.response.headers["traceresponse"].split("-")[1]
-    spans = receiver.wait_for_trace(trace_id, {MODEL_SPAN})
-    assert spans[0].attributes["http.response.status_code"] == 401 and "everycycle.key" not in spans[0].attributes
-    wait_for(lambda: f"answered 401 (trace_id={trace_id})" in proc.log(), 10, "the refusal's log line")
+        _ask(_client(base, "not-a-key", refused), "Hello.")
+    assert "traceresponse" not in err.value.response.headers
+    header, _ = _ask(_client(base, api_key[1]), "Hello.")  # sent after it: its spans come after the refusal's would
+    receiver.wait_for_trace(header.split("-")[1], {MODEL_SPAN})
+    assert receiver.trace(refused_id) == []
 
 
-def test_a_trace_endpoint_that_is_not_an_otlp_url_is_refused_naming_the_option(tmp_path):
-    out = subprocess.run(everycycle("serve", "--trace-endpoint", "collector:4318", "--run-dir", str(tmp_path)),
+def test_a_clients_sampled_flag_no_longer_forces_a_span():
+    """The sample ratio decides on the trace id, for a client's traceparent too (it followed a sampled flag)."""
+    import falcon.testing
+
+    from host_runtime.serving.tracing import RequestTrace, Tracing
+
+    tracing = Tracing("http://127.0.0.1:9/", sample_ratio=1e-9)
+    kept = 0
+    for _ in range(20):
+        traceparent, _, _ = _traceparent()
+        req = falcon.testing.create_req(path="/v1/chat/completions", method="POST",
+                                        headers={"traceparent": traceparent})
+        trace = RequestTrace(tracing, req)
+        kept += trace.span.get_span_context().trace_flags.sampled
+        assert trace.trace_id == traceparent.split("-")[1]  # still joined to the client's trace
+    assert kept == 0
+
+
+@pytest.mark.parametrize("endpoint, words", [("collector:4318", "must be an OTLP/HTTP collector's"),
+                                             ("http://otel.example.com:4318", "a collector beyond this LAN must be reached over https")])
+def test_a_trace_endpoint_that_is_not_an_otlp_url_is_refused_naming_the_option(tmp_path, endpoint, words):
+    out = subprocess.run(everycycle("serve", "--trace-endpoint", endpoint, "--run-dir", str(tmp_path)),
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "--trace-endpoint: must be an OTLP/HTTP collector's" in out.stderr
+    assert out.returncode == 2 and f"--trace-endpoint: {words}" in out.stderr
     assert "Traceback" not in out.stderr

@@ -655,11 +655,11 @@ def create_app(config: AppConfig) -> falcon.App:
 
     client = EngineClient(config.engine_socket)
     middleware = [FleetPrefix()]
-    if config.trace_endpoint:  # first: every request is traced, a refused key's too
-
-        middleware.insert(0, TraceMiddleware(Tracing(config.trace_endpoint, config.trace_sample_ratio)))
     if config.keys_file:
         middleware.append(AuthMiddleware(KeyVerifier(config.keys_file), config.metrics_access))
+    if config.trace_endpoint:  # after the key check: only an accepted key's requests make spans
+        middleware.append(TraceMiddleware(Tracing(config.trace_endpoint, config.trace_sample_ratio),
+                                          keys_required=bool(config.keys_file)))
     app = falcon.App(middleware=middleware)
     router = Router(client, config.pool_socket, dict(config.aliases))
     app.add_route("/health", Health(client, keyless=not config.keys_file))

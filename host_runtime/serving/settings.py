@@ -3,6 +3,7 @@ by `everycycle serve --settings`. Command-line options given explicitly win (mak
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field, replace
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -40,6 +41,25 @@ def check_trace_endpoint(url: str, name: str) -> None:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise SettingsError(name, f"must be an OTLP/HTTP collector's http(s)://HOST[:PORT] URL, got {url!r}")
+    if parts.scheme == "http" and not _on_the_lan(parts.hostname):
+        # Spans name the keys and paths of every request: in clear only to a collector on this LAN (#56, item 13)
+        raise SettingsError(name, f"a collector beyond this LAN must be reached over https://, got {url!r} (plain "
+                                  "http:// is taken for loopback, private addresses and .local, .lan, .internal, "
+                                  ".home.arpa or one-label names)")
+
+
+LAN_SUFFIXES = (".local", ".lan", ".internal", ".home.arpa")
+
+
+def _on_the_lan(host: str) -> bool:
+    """Whether `host` names a machine on this LAN: a loopback, private or link-local address, a one-label name, or
+    a name under a suffix only LANs use."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return "." not in host.rstrip(".") or host.lower().rstrip(".").endswith(LAN_SUFFIXES)
+    return (address.is_loopback or address.is_private or address.is_link_local
+            or address in ipaddress.ip_network("100.64.0.0/10"))  # a tailnet's
 
 
 @dataclass(frozen=True)

@@ -42,10 +42,14 @@ class Tracing:
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        # A client's sampled traceparent is followed whatever the ratio; the ratio decides the rest.
+        # The ratio decides, on the trace id, for a client's traceparent too: its sampled flag no longer forces a
+        # span (#56, item 13: any client could make every one of its requests traced). A trace id is judged the
+        # same on every box with the same ratio, so a fleet's spans of one trace are kept or dropped together.
+        ratio = TraceIdRatioBased(sample_ratio)
         self.provider = TracerProvider(resource=Resource.create({"service.name": service_name,
                                                                  "host.name": short_hostname()}),
-                                       sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
+                                       sampler=ParentBased(ratio, remote_parent_sampled=ratio,
+                                                           remote_parent_not_sampled=ratio))
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint),
                                                                              timeout=5)))
         self.tracer = self.provider.get_tracer(TRACER_NAME)
@@ -167,12 +171,16 @@ class RequestTrace:
 
 
 class TraceMiddleware:
-    """Opens each request's span (first middleware: a refused key is traced too) and ends it with the answer."""
+    """Opens each request's span once its key is accepted (after the key check: a client without a valid key
+    makes no span, and chooses no trace id the box records, #56 item 13) and ends it with the answer."""
 
-    def __init__(self, tracing: Tracing):
+    def __init__(self, tracing: Tracing, keys_required: bool = True):
         self._tracing = tracing
+        self._keys_required = keys_required
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if self._keys_required and not req.context.get("key_name"):
+            return  # an open path asked without a key (a probe): not traced
         req.context.trace = RequestTrace(self._tracing, req)
 
     def process_response(self, req: falcon.Request, resp: falcon.Response, resource, req_succeeded: bool) -> None:
