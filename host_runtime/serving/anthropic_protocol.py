@@ -109,13 +109,7 @@ def _output_format_grammar(body: dict) -> str | None:
     fmt = given(given(body, "output_config", {}), "format")
     if fmt is None:
         return None
-    try:
-        return protocol._response_format_grammar({"response_format": {"type": "json_schema",
-                                                                      "json_schema": {"schema": fmt["schema"]}}})
-    except APIError as err:
-        raise APIError(err.status, err.message.replace("response_format.json_schema.schema",
-                                                       "output_config.format.schema"),
-                       param="output_config.format.schema", code=err.code) from None
+    return protocol.json_schema_grammar(fmt.get("schema"), "output_config.format.schema")
 
 
 def parse_messages(body: dict, served_model: str, tool_format: str = "generic") -> GenerationCall:

@@ -149,40 +149,33 @@ class GenerationCall:
                                              key_tokens_per_day=key_tokens_per_day))
 
 
-def _stop_strings(body: dict) -> list[str]:
-    stop = given(body, "stop", [])
-    return [stop] if isinstance(stop, str) else stop
+def _stop_strings(stop: str | list[str] | None) -> list[str]:
+    return [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
 
 
-def _logit_bias(body: dict) -> dict[str, float] | None:
-    bias = given(body, "logit_bias")
+def _logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
     return {str(int(token)): float(value) for token, value in bias.items()} if bias else None
 
 
-def _response_format_grammar(body: dict) -> str | None:
-    fmt = given(body, "response_format")
-    if fmt is None:
+def _response_format_grammar(fmt: request_models.ResponseFormat | None) -> str | None:
+    if fmt is None or fmt.type in (None, "text"):
         return None
-    kind = fmt.get("type")
-    if kind in (None, "text"):
-        return None
-    if kind == "json_object":
+    if fmt.type == "json_object":
         return json_object_grammar()
-    if kind == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise bad("'response_format.json_schema.schema' must be a JSON Schema object",
-                      "response_format.json_schema.schema", "invalid_type")
-        where = "response_format.json_schema.schema"
-        GrammarBudget().charge(spec["schema"], where)  # before converting: the converter's work is bounded too
-        try:
-            grammar = schema_grammar(spec["schema"])
-        except Exception as exc:  # the converter raises bare Exceptions (and KeyErrors) for what it cannot do
-            raise bad(f"this JSON Schema cannot be turned into a grammar: {type(exc).__name__}: {exc}",
-                      where) from None
-        return check_grammar_size(grammar, MAX_SCHEMA_GRAMMAR_BYTES, where, "this JSON Schema")
-    raise bad(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",
-              "response_format.type")
+    return json_schema_grammar(fmt.json_schema.schema_ if fmt.json_schema is not None else None,
+                               "response_format.json_schema.schema")
+
+
+def json_schema_grammar(schema: dict | None, where: str) -> str:
+    """A JSON Schema's grammar, its cost bounded before the conversion; the API's 400 naming `where` otherwise."""
+    if not isinstance(schema, dict):
+        raise bad(f"'{where}' must be a JSON Schema object", where, "invalid_type")
+    GrammarBudget().charge(schema, where)  # before converting: the converter's work is bounded too
+    try:
+        grammar = schema_grammar(schema)
+    except Exception as exc:  # the converter raises bare Exceptions (and KeyErrors) for what it cannot do
+        raise bad(f"this JSON Schema cannot be turned into a grammar: {type(exc).__name__}: {exc}", where) from None
+    return check_grammar_size(grammar, MAX_SCHEMA_GRAMMAR_BYTES, where, "this JSON Schema")
 
 
 @dataclass(frozen=True)
@@ -197,26 +190,23 @@ class _Common:
     sampling: dict  # wire.SamplingParams' fields, completed per API
 
 
-def _sampling_and_common(body: dict, default_max_tokens: int | None) -> _Common:
-    """The fields chat and completions share (request_models.Sampling has checked each)."""
-    max_tokens = given(body, "max_completion_tokens", given(body, "max_tokens", default_max_tokens))
-    stream = given(body, "stream", False)
-    options = given(body, "stream_options")
-    if options is not None and not stream:
+def _sampling_and_common(req: request_models.Sampling, default_max_tokens: int | None) -> _Common:
+    """The fields chat and completions share, from the checked request. A sampling value the client left out is
+    left out here too: wire.SamplingParams holds the one default of each."""
+    max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
+    stream = bool(req.stream)
+    if req.stream_options is not None and not stream:
         raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
-    sampling = {
-        "temperature": float(given(body, "temperature", 1.0)),
-        "top_p": float(given(body, "top_p", 1.0)),
-        "presence_penalty": float(given(body, "presence_penalty", 0.0)),
-        "frequency_penalty": float(given(body, "frequency_penalty", 0.0)),
-        "seed": given(body, "seed"),
-        "grammar": _response_format_grammar(body),
-        "logit_bias": _logit_bias(body),
-    }
+    given_values = {"temperature": req.temperature, "top_p": req.top_p, "presence_penalty": req.presence_penalty,
+                    "frequency_penalty": req.frequency_penalty}
+    sampling = {name: float(value) for name, value in given_values.items() if value is not None}
+    sampling.update(seed=req.seed, grammar=_response_format_grammar(req.response_format),
+                    logit_bias=_logit_bias(req.logit_bias))
     # EveryCycle's own field `speculation`: false opts this request out of speculative decoding (the output is
     # the same either way; a client measuring the model's own speed may want it off).
-    return _Common(max_tokens, given(body, "n", 1), stream, bool(given(options or {}, "include_usage", False)),
-                   _stop_strings(body), given(body, "speculation", True), sampling)
+    include_usage = bool(req.stream_options is not None and req.stream_options.include_usage)
+    return _Common(max_tokens, req.n or 1, stream, include_usage, _stop_strings(req.stop), req.speculation is not False,
+                   sampling)
 
 
 def _generate(common: _Common, prompt, **sampling) -> wire.Generate:
@@ -305,63 +295,57 @@ def chat_messages(messages) -> list[dict]:
 
 def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> GenerationCall:
     check_model(body, served_model)
-    check(request_models.ChatRequest, body)
+    req = check(request_models.ChatRequest, body)
     if body.get("functions") is not None or body.get("function_call") is not None:
         raise bad("'functions' is the legacy function-calling API; send 'tools' instead", "functions",
                   "unsupported_parameter")
     rendered = chat_messages(body.get("messages"))
     tools = parse_tools(body)
     choice = parse_tool_choice(body, tools)
-    common = _sampling_and_common(body, None)
+    common = _sampling_and_common(req, None)
     grammar = common.sampling["grammar"]
     if choice.constrained:
         if grammar is not None:
             raise bad("'response_format' and a required tool call cannot both constrain the answer", "tool_choice")
         grammar = grammar_for(tool_format, tools, choice)
-    logprobs = given(body, "logprobs", False)
-    top_logprobs = given(body, "top_logprobs")
+    logprobs, top_logprobs = bool(req.logprobs), req.top_logprobs
     if top_logprobs is not None and not logprobs:
         raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     offered = tools if choice.mode != "none" else []
-    prompt = wire.ChatPrompt(rendered, [t.wire() for t in offered] or None, choice.parallel, template_kwargs(body))
+    prompt = wire.ChatPrompt(rendered, [t.wire() for t in offered] or None, choice.parallel,
+                             template_kwargs(req.chat_template_kwargs, req.reasoning_effort))
     request = _generate(common, prompt, grammar=grammar, top_logprobs=(top_logprobs or 0) if logprobs else None)
     return GenerationCall(request, common.stream, common.include_usage, logprobs, tools=offered, tool_choice=choice,
-                          reasoning=reasoning_format(body) != "none")
+                          reasoning=req.reasoning_format != "none")
 
 
 MAX_TEMPLATE_KWARGS_BYTES = 4096
 
 
-def template_kwargs(body: dict, extra: dict | None = None) -> dict | None:
+def template_kwargs(chat_template_kwargs: dict | None, reasoning_effort: str | None = None,
+                    extra: dict | None = None) -> dict | None:
     """`chat_template_kwargs` (llama-server's and vLLM's: variables the chat template reads, e.g. Qwen3's
     enable_thinking) and `reasoning_effort` (read by templates that have one), checked and bounded."""
-    kwargs = dict(given(body, "chat_template_kwargs", {}))
+    kwargs = dict(chat_template_kwargs or {})
     if len(json.dumps(kwargs)) > MAX_TEMPLATE_KWARGS_BYTES:
         raise bad(f"'chat_template_kwargs' is over {MAX_TEMPLATE_KWARGS_BYTES} bytes", "chat_template_kwargs")
     if not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
         raise bad("'chat_template_kwargs' keys must be identifiers", "chat_template_kwargs")
-    effort = given(body, "reasoning_effort")
-    if effort is not None:
-        kwargs.setdefault("reasoning_effort", effort)
+    if reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", reasoning_effort)
     kwargs.update(extra or {})
     return kwargs or None
 
 
-def reasoning_format(body: dict) -> str:
-    """llama-server's `reasoning_format`: "none" leaves a thinking model's text as it is; otherwise (deepseek,
-    auto) its reasoning comes apart from the answer (engine/reasoning.py)."""
-    return given(body, "reasoning_format", "auto")
-
-
-def infill_extra(value) -> list[dict]:
+def infill_extra(files: list[request_models.InfillFile] | None) -> list[dict]:
     """llama-server's input_extra (checked by request_models.InfillExtra): other files given as context."""
-    return [{"filename": chunk.get("filename") or "", "text": chunk.get("text") or ""} for chunk in value or []]
+    return [{"filename": f.filename or "", "text": f.text or ""} for f in files or []]
 
 
 def parse_completion(body: dict, served_model: str, after: str | None = None) -> GenerationCall:
     check_model(body, served_model)
-    check(request_models.CompletionRequest, body)
-    prompt = body.get("prompt")
+    req = check(request_models.CompletionRequest, body)
+    prompt = req.prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if prompt is None:
@@ -370,17 +354,17 @@ def parse_completion(body: dict, served_model: str, after: str | None = None) ->
         raise bad("'prompt' must be a single string; send one request per prompt", "prompt", "unsupported_value")
     if not isinstance(prompt, str):
         raise bad("'prompt' must be a string", "prompt", "invalid_type")
-    suffix = given(body, "suffix")  # fill in the middle: the prompt is the text before the cursor
+    suffix = req.suffix  # fill in the middle: the prompt is the text before the cursor
     if not prompt and suffix is None:
         raise bad("'prompt' must not be empty", "prompt")
-    if given(body, "echo", False):
+    if req.echo:
         raise bad("'echo' is not supported by this server", "echo", "unsupported_parameter")
-    if given(body, "best_of", 1) > 1:
+    if (req.best_of or 1) > 1:
         raise bad("'best_of' greater than 1 is not supported; use 'n'", "best_of", "unsupported_parameter")
-    common = _sampling_and_common(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
-    top_logprobs = given(body, "logprobs")
+    common = _sampling_and_common(req, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    top_logprobs = req.logprobs
     text = wire.TextPrompt(prompt) if suffix is None else \
-        wire.InfillPrompt(prompt, suffix, extra=infill_extra(body.get("input_extra")), after=after or "")
+        wire.InfillPrompt(prompt, suffix, extra=infill_extra(req.input_extra), after=after or "")
     request = _generate(common, text, top_logprobs=top_logprobs)
     return GenerationCall(request, common.stream, common.include_usage, top_logprobs is not None)
 
