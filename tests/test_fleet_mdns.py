@@ -37,7 +37,13 @@ def test_a_member_announced_by_mdns_is_a_peer_of_the_gateway_until_it_stops(tmp_
                                                "--front-settings", str(front_toml))), tmp_path / "member.log")
         url = f"https://{net.address(1)}:9443"
         wait_for(lambda: url in peers(net, gateway_toml)["found_by_mdns"], 30, "the member found by mDNS", member)
-        assert peers(net, gateway_toml)["peers"] == ["http://127.0.0.1:8081", url]   # fleet.toml's first
+        # found, but without peer_certificates to vouch for it never polled: no fleet key, no prompts (#56, item 9)
+        listed = peers(net, gateway_toml)
+        assert listed["peers"] == ["http://127.0.0.1:8081"] and listed["found_untrusted"] == [url]
+        certified = tmp_path / "certified-fleet.toml"
+        certified.write_text(gateway_toml.read_text() + f'peer_certificates = ["{tmp_path / "peer.crt"}"]\n')
+        (tmp_path / "peer.crt").write_text("")  # the peers command lists; the gateway loads and checks it
+        assert peers(net, certified)["peers"] == ["http://127.0.0.1:8081", url]   # fleet.toml's first
 
         member.stop()
         wait_for(lambda: url not in peers(net, gateway_toml)["found_by_mdns"], 30, "the member gone after its goodbye")

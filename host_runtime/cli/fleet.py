@@ -266,11 +266,16 @@ def _fleet_peers(settings, args) -> int:
             return 1
         finally:
             browser.stop()
-    peers = merge_peers(settings.peers, found)
+    # Found boxes are polled only where peer_certificates can vouch for them (fleet/gateway.trusted_found).
+    trusted = found if settings.peer_certificates else ()
+    peers = merge_peers(settings.peers, trusted)
+    untrusted = [u for u in found if u not in trusted and u not in settings.peers]
     if args.json:
         print(json_module.dumps({"configured": list(settings.peers), "found_by_mdns": list(found),
-                                 "peers": list(peers)}, indent=1))
+                                 "peers": list(peers), "found_untrusted": untrusted}, indent=1))
     else:
         for p in peers:
             print(p + ("  (mDNS)" if p in found and p not in settings.peers else ""))
+        for p in untrusted:
+            print(f"{p}  (mDNS, not polled: name its certificate in peer_certificates)")
     return 0

@@ -21,7 +21,7 @@ from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.fleet import router_process
 from host_runtime.fleet.controller import BoxHealth, Decision, changes, decide, merge_peers
-from host_runtime.fleet.peers import peer_client, poll_all, tls_context
+from host_runtime.fleet.peers import peer_client, poll_all, tls_context, unverified_certificate
 from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
 from host_runtime.fleet.settings import FleetSettings
 from host_runtime.fleet.state import GatewayState, box_state
@@ -41,6 +41,7 @@ class Gateway:
                  browser=None):
         self.settings = settings
         self.browser = browser   # mdns.PeerBrowser when fleet.toml says mdns = true
+        self._untrusted_logged = False
         self.key = key
         self.vocab_dir = vocab_dir
         self.state_file = state_file
@@ -98,15 +99,30 @@ class Gateway:
             shutil.rmtree(self._trust_dir, ignore_errors=True)
             self._trust_dir = None
 
+    def trusted_found(self) -> tuple[str, ...]:
+        """The boxes mDNS found that may be polled: only where fleet.toml's peer_certificates can vouch for them
+        (a poll carries the fleet key, and a box polled well gets clients' prompts); without them none is, and
+        `everycycle fleet peers` lists them as found, untrusted (#56, item 9: any announcement was polled)."""
+        if not self.browser:
+            return ()
+        found = self.browser.peers()
+        if found and not self.settings.peer_certificates and not self._untrusted_logged:
+            self._untrusted_logged = True
+            log.warning("mDNS found %d box(es) (%s); none is polled: a box found on the LAN is trusted only as far "
+                        "as fleet.toml's peer_certificates vouch for it", len(found), ", ".join(found))
+        return found if self.settings.peer_certificates else ()
+
     def step(self, pool: ThreadPoolExecutor) -> None:
         """One poll of every box, and the router brought in line with what it says."""
         timeout = max(0.5, min(2.0, 2 * self.settings.poll_interval_s))
-        peers = merge_peers(self.settings.peers, self.browser.peers() if self.browser else ())
+        peers = merge_peers(self.settings.peers, self.trusted_found())
         reports = poll_all(peers, self.key, timeout, pool, self.peer_http)
         if self.browser:
             for r in reports:
                 if r.caps is None:
                     self.browser.unanswered(r.box)
+                    if r.box not in self.settings.peers and unverified_certificate(r.why):
+                        self.browser.unverified(r.box)
         decision = decide(reports, self.health, self.decision)
         for box, why in decision.left_out.items():
             if self.decision is None or self.decision.left_out.get(box) != why:

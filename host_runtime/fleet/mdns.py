@@ -10,15 +10,20 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
+import time
 
 from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, ServiceStateChange, Zeroconf
+
 from host_runtime.common.errors import UnavailableError
 
 log = logging.getLogger("everycycle.fleet")
 
 SERVICE = "_everycycle._tcp.local."
-# The most boxes found on the LAN at once: anyone on the LAN can announce, and each found box is polled.
+# The most boxes found on the LAN at once: anyone on the LAN can announce.
 MAX_FOUND = 64
+# A found box whose certificate the fleet's peer_certificates do not vouch for is left out this long: 64 bogus
+# announcements no longer fill every place and hide the real boxes (#56, item 9); each is dropped at its first poll.
+UNVERIFIED_HOLD_S = 600.0
 
 
 class MDNSError(UnavailableError):
@@ -61,12 +66,14 @@ class PeerBrowser:
     stays a peer until a poll of it fails (the gateway calls `unanswered`), so a forged goodbye evicts nothing
     that still answers. At most MAX_FOUND boxes are kept."""
 
-    def __init__(self, max_found: int = MAX_FOUND):
+    def __init__(self, max_found: int = MAX_FOUND, clock=time.monotonic):
         self._zc: Zeroconf | None = None
         self._lock = threading.Lock()
         self._found: dict[str, tuple[str, ...]] = {}   # service name -> its URLs
         self._left: dict[str, tuple[str, ...]] = {}    # said goodbye, not yet failed a poll
+        self._held: dict[str, float] = {}              # failed verification -> until when it is left out
         self.max_found = max_found
+        self._clock = clock
         self._full_logged = False
 
     def start(self) -> None:
@@ -85,6 +92,9 @@ class PeerBrowser:
             if gone:
                 log.info("mDNS: %s said goodbye (%s); it stays until a poll of it fails", name, ", ".join(gone))
             return
+        with self._lock:
+            if self._held.get(name, 0.0) > self._clock():
+                return  # its certificate was not the fleet's: not looked at again for a while
         info = zeroconf.get_service_info(service_type, name, timeout=3000)
         if info is None or not info.port:
             return
@@ -108,6 +118,20 @@ class PeerBrowser:
                 if url.rstrip("/") in (u.rstrip("/") for u in urls):
                     del self._left[name]
                     log.info("mDNS: %s left (%s)", name, ", ".join(urls))
+
+    def unverified(self, url: str) -> None:
+        """A poll of `url` found a certificate the fleet's peer_certificates do not vouch for: the box announcing
+        it is left out for UNVERIFIED_HOLD_S, its place free for another."""
+        with self._lock:
+            for table in (self._found, self._left):
+                for name, urls in list(table.items()):
+                    if url.rstrip("/") in (u.rstrip("/") for u in urls):
+                        del table[name]
+                        self._held[name] = self._clock() + UNVERIFIED_HOLD_S
+                        log.warning("mDNS: %s (%s) is not one of the fleet's boxes (its certificate is not among "
+                                    "peer_certificates): left out for %.0f s", name, url, UNVERIFIED_HOLD_S)
+            now = self._clock()
+            self._held = {n: t for n, t in self._held.items() if t > now}
 
     def peers(self) -> tuple[str, ...]:
         with self._lock:

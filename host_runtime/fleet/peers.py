@@ -25,6 +25,12 @@ def tls_context(certificates: tuple[str, ...]) -> ssl.SSLContext:
     return context
 
 
+def unverified_certificate(why: str | None) -> bool:
+    """Whether a poll failed because the box's certificate is not one the fleet trusts (not that it is down)."""
+    text = (why or "").lower()
+    return "certificate verify failed" in text or "certificate_verify_failed" in text or "hostname mismatch" in text
+
+
 def peer_client(context: ssl.SSLContext | None = None) -> HTTPClient:
     """The polls' client: trusting `context` (tls_context's), and never following a redirect: a poll carries the
     fleet key, and a redirect (to anywhere) is an answer."""
