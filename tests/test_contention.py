@@ -1,7 +1,8 @@
 """A busy neighbour and a second model decoding at once slow the box down, never to a stop (#55).
 
-What is asserted is the mechanism, not a speed: each engine's threads follow the cores it gets
-(engine/cpu_share.py), down to one on two cores shared with a neighbour, and every answer runs its full length.
+What is asserted is the mechanism, not a speed: every answer runs its full length, and each engine's threads
+follow the cores it gets (engine/cpu_share.py: its rule is tested alone in test_cpu_share.py), seen at one while a
+neighbour holds the other core. (Not "two alone": on a noisy host an engine alone may drop to one, rightly.)
 Before, every engine kept both threads and waited at each barrier for the one that lost its core: a busy loop left
 0.04 of the alone speed and two models decoding at once 1 token each in 5 s. The speeds themselves are
 bench/contention.py's to measure, against llama-server in the same run (bench/results-2026-12-05-contention-2core.json:
@@ -73,34 +74,38 @@ def threads_of(base: str) -> float:
     return metric_value(http_get(base + "/metrics")[1].decode(), "everycycle_cpu_threads")
 
 
+def decoding_while_watched(bases: list[str]) -> dict[str, set[float]]:
+    """Each server's answer streamed at once, to its full length (decode_rate checks), with each engine's thread
+    count read every 0.2 s while any decodes: the counts each was seen at."""
+    rates: dict[str, float] = {}
+    workers = [threading.Thread(target=lambda base: rates.__setitem__(base, decode_rate(base)), args=(b,))
+               for b in bases]
+    for w in workers:
+        w.start()
+    seen: dict[str, set[float]] = {b: set() for b in bases}
+    while any(w.is_alive() for w in workers):
+        for base in bases:
+            seen[base].add(threads_of(base))
+        time.sleep(0.2)
+    for w in workers:
+        w.join()
+    assert sorted(rates) == sorted(bases)  # every answer ran its full length
+    return seen
+
+
 def test_a_busy_neighbour_slows_an_answer_without_stopping_it(two_models):
     a, _ = two_models
-    decode_rate(a)
-    assert threads_of(a) == 2  # alone: both cores
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)
-        decode_rate(a)  # runs its full length (decode_rate checks)
-        threads = threads_of(a)
+        seen = decoding_while_watched([a])
     finally:
         busy.kill()
         busy.wait()
-    assert threads == 1  # one thread per free core: the other is the neighbour's
+    assert 1 in seen[a], seen  # one thread per free core while the neighbour holds the other
 
 
 def test_two_models_decoding_at_once_each_keep_a_fair_share(two_models):
     a, b = two_models
-    rates: dict[str, float] = {}
-    threads = [threading.Thread(target=lambda name, base: rates.__setitem__(name, decode_rate(base)), args=(n, u))
-               for n, u in (("a", a), ("b", b))]
-    for t in threads:
-        t.start()
-    seen = {a: set(), b: set()}
-    while any(t.is_alive() for t in threads):  # read while both decode: the first to end frees its core
-        for base in seen:
-            seen[base].add(threads_of(base))
-        time.sleep(0.2)
-    for t in threads:
-        t.join()
-    assert sorted(rates) == ["a", "b"]  # both ran their full length, at once
+    seen = decoding_while_watched([a, b])
     assert 1 in seen[a] and 1 in seen[b], seen  # two engines on two cores: one thread each while both decode
