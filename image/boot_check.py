@@ -554,8 +554,16 @@ def check_users(box: Box, result: dict) -> None:
     if leaked.returncode == 0 or "BEGIN" in leaked.stdout:
         raise CheckFailed("the engines' user (everycycle) reads the front's TLS key")
     result["engine_user_reads_tls_key"] = False
+    # The run directory is root's: the engines' user cannot move the front's folder aside (#56, item 2).
+    run_dir = box.ssh("stat -c '%U %a' /run/everycycle").stdout.strip()
+    moved = box.ssh("runuser -u everycycle -- mv /run/everycycle/front /run/everycycle/front.planted")
+    result["run_dir"] = run_dir
+    if moved.returncode == 0 or not run_dir.startswith("root "):
+        raise CheckFailed(f"/run/everycycle is '{run_dir}': the engines' user (everycycle) "
+                          f"{'moved' if moved.returncode == 0 else 'may move'} the front's folder")
     say(f"service users: {result['service_users']}, each program its own service's; as root: supervisord only "
-        f"({len(rows)} processes); secrets: {', '.join(result['secrets'])}; everycycle cannot read the TLS key")
+        f"({len(rows)} processes); secrets: {', '.join(result['secrets'])}; everycycle cannot read the TLS key nor "
+        f"move the front's run folder (/run/everycycle: {run_dir})")
 
 
 def check(box: Box, t0: float, timeout: float, nvidia_required: bool = False) -> dict:
