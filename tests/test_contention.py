@@ -102,6 +102,9 @@ def test_a_busy_neighbour_slows_an_answer_without_stopping_it(two_models):
     finally:
         busy.kill()
         busy.wait()
+    # Seen at one, not held there: a probe gives the second thread back wherever its calls get their cores, which
+    # on this noisy host they sometimes did beside the loop (held-at-one failed 1 of 5 runs). Before #55 an engine
+    # never left its two threads, so this fails there.
     assert 1 in seen[a], seen  # one thread per free core while the neighbour holds the other
 
 

@@ -18,7 +18,8 @@ from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.front.nginx_conf import FrontPaths, render
 from host_runtime.front.settings import FrontSettings
-from host_runtime.front.tls import CertificatePair, LeafKeeper, TLSError, ensure_certificate, lan_address
+from host_runtime.common.lan import lan_address
+from host_runtime.front.tls import CertificatePair, LeafKeeper, TLSError, ensure_certificate
 
 log = logging.getLogger("everycycle.front")
 

@@ -22,19 +22,17 @@ from pathlib import Path
 
 from host_runtime.common.errors import InputError
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.common.lan import LAN_NETWORKS, lan_address
 from host_runtime.discovery.network import collect_network
 from host_runtime.front.settings import FrontSettings, short_hostname
 
 CA_DAYS = 3650         # trusted once by every client: replacing it would mean trusting a new one everywhere
 LEAF_DAYS = 397        # issued again by the box itself, so it can be short (and stays within what Apple accepts)
 RENEW_BEFORE_DAYS = 30
-# The CA vouches only for the box's own names (ca_dns_names) and for the address ranges a LAN (or a tailnet)
-# uses. Addresses by range, not one by one: a client that connects by address must keep trusting the box after a
-# new DHCP lease (#37), and a client keeps the CA it was given (OpenSSL applies that copy's constraints), so a CA
-# re-made for each new address would have to be trusted again on every client. Link-local ranges are not among
-# them: the front's certificate never names a link-local address (addresses_now leaves them out).
-LAN_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
-    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "127.0.0.0/8", "fc00::/7", "::1/128"))
+# The CA vouches only for the box's own names (ca_dns_names) and for the LAN's address ranges (common/lan.py).
+# Addresses by range, not one by one: a client that connects by address must keep trusting the box after a new
+# DHCP lease (#37), and a client keeps the CA it was given (OpenSSL applies that copy's constraints), so a CA
+# re-made for each new address would have to be trusted again on every client.
 
 KINDS = ("bundle", "self-signed", "local-ca")
 
@@ -146,12 +144,6 @@ def leaf_addresses(listen: str, current=None, also: tuple[str, ...] = ()) -> set
     else:
         ips |= (current or addresses_now)()
     return {ip for ip in ips if lan_address(ip)}
-
-
-def lan_address(ip) -> bool:
-    """Whether the local CA may vouch for this address (its name constraints: LAN ranges only)."""
-    ip = ipaddress.ip_address(ip)
-    return any(ip in net for net in LAN_NETWORKS if net.version == ip.version)
 
 
 def issue_leaf(ca: LocalCA, pair: CertificatePair, addresses: set, hostname: str | None = None) -> None:

@@ -10,6 +10,7 @@ a scope is now the name and a digest of the key itself, which a new key of the s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -28,6 +29,7 @@ def metrics_for_key(text: str, own: str | None) -> str:
     return "".join(kept)
 
 
+@functools.lru_cache(maxsize=1024)  # asked on every generation request; a box has few keys
 def cache_scope_of(name: str, key_sha256: str) -> str:
     """A key's prefix-cache scope: its name (readable in the engine's log) and a digest of the key's own hash, so
     that a key made later under the same name starts with an empty scope."""

@@ -322,8 +322,7 @@ def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> G
 MAX_TEMPLATE_KWARGS_BYTES = 4096
 
 
-def template_kwargs(chat_template_kwargs: dict | None, reasoning_effort: str | None = None,
-                    extra: dict | None = None) -> dict | None:
+def template_kwargs(chat_template_kwargs: dict | None, reasoning_effort: str | None = None) -> dict | None:
     """`chat_template_kwargs` (llama-server's and vLLM's: variables the chat template reads, e.g. Qwen3's
     enable_thinking) and `reasoning_effort` (read by templates that have one), checked and bounded."""
     kwargs = dict(chat_template_kwargs or {})
@@ -333,7 +332,6 @@ def template_kwargs(chat_template_kwargs: dict | None, reasoning_effort: str | N
         raise bad("'chat_template_kwargs' keys must be identifiers", "chat_template_kwargs")
     if reasoning_effort is not None:
         kwargs.setdefault("reasoning_effort", reasoning_effort)
-    kwargs.update(extra or {})
     return kwargs or None
 
 

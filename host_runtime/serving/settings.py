@@ -3,7 +3,6 @@ by `everycycle serve --settings`. Command-line options given explicitly win (mak
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, field, replace
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -11,6 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from host_runtime.common.host_port import split_host_port
+from host_runtime.common.lan import on_the_lan
 from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
 from host_runtime.engine.limits import (MAX_CONTEXT, MAX_MIB, MAX_PARALLEL, MIN_CONTEXT, MIN_KV_BUDGET_MIB,
                                        SPECULATION)
@@ -41,25 +41,11 @@ def check_trace_endpoint(url: str, name: str) -> None:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise SettingsError(name, f"must be an OTLP/HTTP collector's http(s)://HOST[:PORT] URL, got {url!r}")
-    if parts.scheme == "http" and not _on_the_lan(parts.hostname):
+    if parts.scheme == "http" and not on_the_lan(parts.hostname):
         # Spans name the keys and paths of every request: in clear only to a collector on this LAN (#56, item 13)
         raise SettingsError(name, f"a collector beyond this LAN must be reached over https://, got {url!r} (plain "
-                                  "http:// is taken for loopback, private addresses and .local, .lan, .internal, "
-                                  ".home.arpa or one-label names)")
-
-
-LAN_SUFFIXES = (".local", ".lan", ".internal", ".home.arpa")
-
-
-def _on_the_lan(host: str) -> bool:
-    """Whether `host` names a machine on this LAN: a loopback, private or link-local address, a one-label name, or
-    a name under a suffix only LANs use."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return "." not in host.rstrip(".") or host.lower().rstrip(".").endswith(LAN_SUFFIXES)
-    return (address.is_loopback or address.is_private or address.is_link_local
-            or address in ipaddress.ip_network("100.64.0.0/10"))  # a tailnet's
+                                  "http:// is taken for the LAN's addresses and .local, .lan, .internal, .home.arpa "
+                                  "or one-label names)")
 
 
 @dataclass(frozen=True)
