@@ -20,6 +20,7 @@ from host_runtime.box_status.rows import BoxStatus
 from host_runtime.common.run_layout import supervisor_socket, topology_file
 from host_runtime.common.supervisor_rpc import restart_service
 from host_runtime.console.connect import connect_lines
+from host_runtime.console.from_worker import draw_from_worker
 from host_runtime.console.models_screen import Models
 from host_runtime.console.status_text import fmt, model_lines, system_line, users_line
 from host_runtime.console.terminal import TerminalWatch
@@ -190,7 +191,7 @@ class Dashboard(App):
 
     def _read(self) -> None:
         status = self.reader.read()
-        self.call_from_thread(self.show, status)
+        draw_from_worker(self, self.show, status)
 
     # ---- drawing ---------------------------------------------------------------------
 
@@ -280,7 +281,7 @@ class Dashboard(App):
                 text = restart_service(supervisor_socket(self.reader.config.run_dir), "serving")
             except Exception as exc:
                 text = f"could not restart serving: {exc}"
-            self.call_from_thread(self.notice, text)
+            draw_from_worker(self, self.notice, text)
 
         self.notice("restarting serving…")
         self.run_worker(restart, thread=True, group="restart")

@@ -13,6 +13,7 @@ from textual.widgets import Input, OptionList, Static
 
 from host_runtime.common import settings_file
 from host_runtime.common.run_layout import topology_file
+from host_runtime.console.from_worker import draw_from_worker
 from host_runtime.engine.limits import DEFAULT_CTX
 from host_runtime.admin import model_actions as actions
 from host_runtime.models import pull as pulling
@@ -108,7 +109,7 @@ class Models(ModalScreen):
                                self._context_cap() or DEFAULT_CTX).text
         except (StoreError, VerdictError, OSError) as exc:
             text = f"{name}: no verdict: {exc}"
-        self.app.call_from_thread(self._show_verdict, name, text)
+        draw_from_worker(self, self._show_verdict, name, text)
 
     def _show_verdict(self, name: str, text: str) -> None:
         self._verdicts[name] = text
@@ -140,7 +141,7 @@ class Models(ModalScreen):
                 text = actions.set_default(self._store(), name, self.settings_path, runs=self.run_dir)
             except StoreError as exc:
                 text = f"not changed: {exc}"
-            self.app.call_from_thread(self._done, text)
+            draw_from_worker(self, self._done, text)
 
         self.say(f"making {name} the default…")
         self.run_worker(work, thread=True, group="models")
@@ -196,14 +197,14 @@ class Models(ModalScreen):
     def _run(self, job, starting: str) -> None:
         """A store job on a worker thread, its progress lines shown as they come, the list read again after."""
         def say(line: str) -> None:
-            self.app.call_from_thread(self.say, line)
+            draw_from_worker(self, self.say, line)
 
         def work():
             try:
                 text = job(self._store(), say)
             except StoreError as exc:
                 text = f"failed: {exc}"
-            self.app.call_from_thread(self._done, text)
+            draw_from_worker(self, self._done, text)
 
         self.say(starting)
         self.run_worker(work, thread=True, group="models")

@@ -16,6 +16,7 @@ from host_runtime.auth import admin_passphrase
 from host_runtime.auth.carried_keys import BOX_KEYS, refresh_carried
 from host_runtime.auth.keystore import KeyStoreError, load_keys, revoke_key
 from host_runtime.common.atomic_file import atomic_write
+from host_runtime.console.from_worker import draw_from_worker
 from host_runtime.engine.model import default_model_path
 from host_runtime.models import pull
 from host_runtime.models.manifest import name_for_file
@@ -264,7 +265,7 @@ class Wizard(Screen):
             verdict = "the context is not a number"
         except (VerdictError, OSError) as exc:
             verdict = f"cannot read it: {exc}"
-        self.app.call_from_thread(self._show_verdict, key, verdict)
+        draw_from_worker(self, self._show_verdict, key, verdict)
 
     def _show_verdict(self, key: tuple, verdict) -> None:
         self._verdict = (key, verdict)
@@ -335,7 +336,7 @@ class Wizard(Screen):
         """In a worker thread: the GGUF file copied into the store (hashed, read as a GGUF, then copied: a minute
         for a large one, said as it goes), then the bundle applied on the UI thread."""
         def say(line: str, enable_apply: bool = False) -> None:  # widgets touched on the UI thread only
-            self.app.call_from_thread(self._show_result, line, enable_apply)
+            draw_from_worker(self, self._show_result, line, enable_apply)
 
         store, name = Store(self.root / MODELS_DIR), box["model"]["name"]
         try:
