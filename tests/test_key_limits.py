@@ -34,6 +34,71 @@ def test_the_ledger_refuses_past_a_window_and_says_when_it_frees():
     assert "limit is 100 a minute" in refusal.message("a")
 
 
+def test_the_ledger_stays_small_and_keeps_the_minute_exact():
+    """It is kept in a file every process rewrites (#56, item 11): a key's busy day is at most one entry a minute
+    past the minute window, and the minute window stays exact."""
+    ledger = KeyLedger()
+    for i in range(86400 // 5):  # a request every 5 s for a day
+        ledger.add("busy", 10, now=float(i * 5))
+    now = 86400 - 5.0
+    doc = ledger.to_doc()
+    assert len(doc["keys"]["busy"]) <= 1440 + 60
+    assert ledger.used("busy", "minute", now) == 120  # the last 12 requests, exactly
+    assert abs(ledger.used("busy", "day", now) - 172800) <= 120  # folding moves at most a minute's worth
+    again = KeyLedger.from_doc(doc)
+    assert again.used("busy", "minute", now) == 120 and again.to_doc() == doc
+    with pytest.raises(ValueError):
+        KeyLedger.from_doc({"keys": []})
+
+
+def _add_from_a_process(path: str, n: int) -> None:
+    from host_runtime.engine.key_ledger_file import SharedKeyLedger
+
+    ledger = SharedKeyLedger(path)
+    for _ in range(n):
+        ledger.add("team", 1, time.time())
+    ledger.flush()
+
+
+def test_one_ledger_for_the_box_across_processes_and_restarts(tmp_path):
+    """Token limits were each engine's, in memory: another model, an engine idled out or restarted, started the
+    key from nothing. Now every process counts into one file, none losing another's uses."""
+    import multiprocessing
+
+    from host_runtime.engine.key_ledger_file import LEDGER_NAME, SharedKeyLedger
+
+    path = str(tmp_path / "usage" / LEDGER_NAME)
+    workers = [multiprocessing.get_context("spawn").Process(target=_add_from_a_process, args=(path, 40))
+               for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert [w.exitcode for w in workers] == [0] * 4
+    restarted = SharedKeyLedger(path)  # a new engine, or the API's worker
+    refusal = restarted.refusal("team", 160, 0, time.time())
+    assert refusal is not None and refusal.used == 160  # 4 processes x 40, none lost
+    assert restarted.refusal("team", 161, 0, time.time()) is None
+    restarted.add("team", 5, time.time())  # seen by its own process before the file has it
+    assert restarted.refusal("team", 165, 0, time.time()).used == 165
+
+
+def test_a_ledger_it_cannot_write_counts_in_memory_and_an_unreadable_one_from_now(tmp_path, caplog):
+    from host_runtime.engine.key_ledger_file import SharedKeyLedger
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    ledger = SharedKeyLedger(blocked / "ledger")  # its folder cannot be made
+    ledger.add("k", 50, time.time())
+    ledger.flush()
+    assert ledger.refusal("k", 50, 0, time.time()).used == 50  # kept, in memory
+    assert "cannot be written" in caplog.text
+    torn = tmp_path / "torn"
+    torn.write_text('{"version": 1, "keys": {"k": [[1')
+    assert SharedKeyLedger(torn).refusal("k", 1, 0, time.time()) is None
+    assert "cannot be read" in caplog.text
+
+
 def _keys(path, *argv) -> subprocess.CompletedProcess:
     return subprocess.run(everycycle("keys", *argv), capture_output=True, text=True, timeout=60)
 
@@ -130,6 +195,48 @@ def test_three_keys_a_token_limit_a_model_limit_and_usage_that_survives_a_restar
     table = subprocess.run(everycycle("keys", "usage", "--usage-dir", str(usage)), capture_output=True, text=True,
                            timeout=60).stdout
     assert table.splitlines()[0].startswith("KEY") and any(row.startswith("free ") for row in table.splitlines())
+
+
+@pytest.mark.system
+def test_tokenize_and_embeddings_count_and_a_limit_outlives_a_restart(tmp_path):
+    """#56, item 11: embeddings, rerank and tokenize were neither counted nor bounded, and a key's limit started
+    again from nothing when its engine restarted."""
+    keys = str(tmp_path / "keys.json")
+    done = _keys(keys, "create", "--keys", keys, "metered", "--tokens-per-minute", "150")
+    assert done.returncode == 0, done.stderr
+    key = done.stdout.strip()
+    usage = tmp_path / "usage"
+
+    def post(base, path, body):
+        req = urllib.request.Request(base + path, json.dumps(body).encode(), {
+            "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read()), r.headers
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read()), e.headers
+
+    text = "the quick brown fox jumps over the lazy dog " * 10  # about 100 tokens
+    proc, base = _serve(tmp_path, keys, usage)
+    try:
+        status, doc, _ = post(base, "/v1/embeddings", {"model": MODEL_ID, "input": text})
+        assert status == 200 and doc["usage"]["prompt_tokens"] >= 90
+        status, doc, _ = post(base, "/tokenize", {"content": text})
+        assert status == 200  # under the limit when asked: now over it
+        status, doc, headers = post(base, "/tokenize", {"content": "hi"})
+        assert status == 429 and doc["error"]["code"] == "token_limit_exceeded", doc
+        assert 1 <= int(headers["Retry-After"]) <= 60
+        status, doc, _ = post(base, "/v1/chat/completions", {
+            "model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert status == 429 and doc["error"]["code"] == "token_limit_exceeded", doc  # the engine sees the API's
+    finally:
+        proc.stop()
+    proc, base = _serve(tmp_path, keys, usage)
+    try:
+        status, doc, _ = post(base, "/v1/embeddings", {"model": MODEL_ID, "input": "hi"})
+        assert status == 429 and "limit is 150 a minute" in doc["error"]["message"], doc
+    finally:
+        proc.stop()
 
 
 @pytest.mark.system

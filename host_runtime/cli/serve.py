@@ -88,6 +88,7 @@ def cmd_serve(parser, args) -> int:
     from host_runtime.auth.keystore import KeyStoreError, check_permissions, load_keys
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.common.settings_file import load as load_settings
+    from host_runtime.engine.key_ledger_file import LEDGER_NAME
     from host_runtime.serving.app import AppConfig
     from host_runtime.pool.engine_child import EngineChild
     from host_runtime.serving.gunicorn_runner import ServingApplication
@@ -151,7 +152,8 @@ def cmd_serve(parser, args) -> int:
                        model_store=str(pool.store.root) if pool else None,
                        pull_hosts=tuple(settings.pull_hosts),
                        trace_endpoint=args.trace_endpoint or settings.trace_endpoint or None,
-                       trace_sample_ratio=settings.trace_sample_ratio)
+                       trace_sample_ratio=settings.trace_sample_ratio,
+                       key_ledger=os.path.join(args.usage_dir, LEDGER_NAME) if args.usage_dir else None)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = [f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"]

@@ -19,7 +19,7 @@ from typing import Callable
 
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.capacity import sequences_allowed
-from host_runtime.engine.key_ledger import KeyLedger
+from host_runtime.engine.key_ledger_file import SharedKeyLedger
 from host_runtime.engine.kv_store import KVStore, disk_budget
 from host_runtime.engine.metrics import EngineMetrics
 from host_runtime.engine.options import PrefixCacheConfig
@@ -179,10 +179,12 @@ class Sequence:
 class Engine:
     def __init__(self, model, *, max_waiting: int = 64, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
                  governor_state: str | None = None, speculation: SpeculationConfig = SpeculationConfig(),
-                 drafter=None, runner=None, park_ram_bytes: int = PARK_RAM_BYTES):
+                 drafter=None, runner=None, park_ram_bytes: int = PARK_RAM_BYTES,
+                 key_ledger: SharedKeyLedger | None = None):
         """model: its shape (engine.model.LoadedModel: n_parallel, n_batch, n_ctx_per_seq, prefill_chunk, ...);
         runner: what calls llama.cpp (runner.LlamaRunner on that model, unless a test gives a fake);
-        park_ram_bytes: parked sequences' states held in RAM, the rest on disk beside the prefix cache's files."""
+        park_ram_bytes: parked sequences' states held in RAM, the rest on disk beside the prefix cache's files;
+        key_ledger: the box's tokens by key, for the keys' token limits (None: this engine's own, in memory)."""
         self.model = model
         self.metrics = EngineMetrics()
         self.runner = runner if runner is not None else LlamaRunner(model, on_threads=self.metrics.set_cpu_threads)
@@ -210,7 +212,7 @@ class Engine:
         self._parking = ParkingSpace(prefix_cache.directory if prefix_cache.enabled else None, park_ram_bytes)
         self.metrics.parked_bytes = self._parking.bytes_by_tier
         self._live_per_key: collections.Counter[str] = collections.Counter()  # under _cv (an RLock)
-        self._ledger = KeyLedger()  # under _cv: tokens each key used, for its per-minute and per-day limits
+        self._ledger = key_ledger or SharedKeyLedger(None)  # tokens each key used, for its per-minute and per-day limits
         self.store = KVStore(prefix_cache.directory if prefix_cache.enabled else None, model.cache_fingerprint)
         found = self.store.scan()
         disk = 0
@@ -304,18 +306,19 @@ class Engine:
         if request.priority not in PRIORITIES:
             raise RequestRejected(400, f"priority must be one of {', '.join(PRIORITIES)}, got {request.priority!r}",
                                   param="priority")
+        if request.key and (request.key_tokens_per_minute or request.key_tokens_per_day):
+            # Outside _cv: the box's ledger may read its file (engine/key_ledger_file.py).
+            refusal = self._ledger.refusal(request.key, request.key_tokens_per_minute,
+                                           request.key_tokens_per_day, time.time())
+            if refusal is not None:
+                raise RequestRejected(429, refusal.message(request.key), code="token_limit_exceeded",
+                                      retry_after=refusal.retry_after)
         with self._cv:
             live = self._live_per_key[request.key] if request.key else 0
             if request.key and request.key_max_concurrent and live >= request.key_max_concurrent:
                 raise RequestRejected(429, f"the key {request.key!r} has {live} requests running or waiting; its "
                                       f"limit is {request.key_max_concurrent} at once (keys set-limit)",
                                       code="concurrency_limit_exceeded", retry_after=1)
-            if request.key and (request.key_tokens_per_minute or request.key_tokens_per_day):
-                refusal = self._ledger.refusal(request.key, request.key_tokens_per_minute,
-                                               request.key_tokens_per_day, time.monotonic())
-                if refusal is not None:
-                    raise RequestRejected(429, refusal.message(request.key), code="token_limit_exceeded",
-                                          retry_after=refusal.retry_after)
             refused = admission.refusal(collections.Counter(r.key for r in self._waiting), len(self._waiting),
                                         self.max_waiting, request.key or None, request.priority)
             if refused is not None:
@@ -647,7 +650,8 @@ class Engine:
                     del self._live_per_key[request.key]
                 self.metrics.key_used(request.key, prompt=len(request.prompt_tokens), cached=request.cached_tokens,
                                       generated=request.generated, failed=failed)
-                self._ledger.add(request.key, len(request.prompt_tokens) + request.generated, time.monotonic())
+                if request.key_tokens_per_minute or request.key_tokens_per_day:  # only limited keys are kept
+                    self._ledger.add(request.key, len(request.prompt_tokens) + request.generated, time.time())
             request.settled = True
 
     def _drop_cancelled_locked(self) -> None:

@@ -18,6 +18,7 @@ from host_runtime.engine import usage_file, wire
 from host_runtime.engine.engine import EmbeddingCancelled, Engine, GenerationRequest
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import LineReader, MessageTooLarge, send_message
+from host_runtime.engine.key_ledger_file import LEDGER_NAME, SharedKeyLedger
 from host_runtime.engine.metrics import model_info_text
 from host_runtime.engine.model import LoadedModel, ModelLoadError, model_id_for
 from host_runtime.engine.options import EngineOptions
@@ -49,6 +50,8 @@ class EngineService:
         self.governor_state = options.governor_state
         self.usage_file = options.usage_file
         self._usage_saver = None
+        # The box's tokens by key, beside the usage files: every engine and the API count into it (#56, item 11).
+        self.key_ledger = SharedKeyLedger(Path(self.usage_file).with_name(LEDGER_NAME) if self.usage_file else None)
         self.model_id = model_id_for(model_path)
         self.state = "loading"
         self.state_reason = "loading the model"
@@ -79,7 +82,7 @@ class EngineService:
                                           self._loading(f"draft model: {phase}", fraction))
             self.engine = Engine(self.model, max_waiting=self.model.capacity.max_waiting,
                                  prefix_cache=self.prefix_cache, governor_state=self.governor_state,
-                                 speculation=self.speculation, drafter=drafter)
+                                 speculation=self.speculation, drafter=drafter, key_ledger=self.key_ledger)
             if self.usage_file:
                 metrics = self.engine.metrics
                 book = usage_file.UsageBook(self.usage_file, metrics.locked_key_usage)  # UsageFileError: stop
@@ -105,9 +108,11 @@ class EngineService:
                  self.model.n_threads, self.model.n_threads_decode)
 
     def save_usage(self) -> None:
-        """Per-key usage to its file now (the engine is stopping)."""
+        """Per-key usage to its file now, and the tokens its keys used to the box's ledger (the engine is
+        stopping)."""
         if self._usage_saver is not None:
             self._usage_saver.fold()
+        self.key_ledger.flush()
 
     def _loading(self, phase: str, fraction: float | None = None) -> None:
         """Where loading is, for /ready, /health and the console (llama.cpp's callback calls this often)."""

@@ -19,6 +19,7 @@ from host_runtime.engine import wire
 from host_runtime.engine.client import EngineClient
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.ipc import EngineUnavailable
+from host_runtime.engine.key_ledger_file import SharedKeyLedger
 from host_runtime.engine.readiness import WedgePolicy, unanswered
 from host_runtime.engine.wire import PRIORITIES
 from host_runtime.governor.state_file import read_state
@@ -29,6 +30,7 @@ from host_runtime.serving.capabilities import CapabilitiesResource
 from host_runtime.serving.errors import (APIError, handle_api_error, handle_box_error, handle_falcon_error,
                                         handle_unexpected)
 from host_runtime.serving.key_privacy import cache_scope_of, metrics_for_key
+from host_runtime.serving.key_tokens import KeyTokens
 from host_runtime.serving.fleet_unroutable import FleetUnroutable
 from host_runtime.serving.handlers import ServingLogic, call_engine
 from host_runtime.serving.infill import InfillLogic, parse_infill
@@ -67,6 +69,7 @@ class AppConfig:
     pull_hosts: tuple[str, ...] = ()  # serving.toml's pull_hosts (models/pull_hosts.py)
     trace_endpoint: str | None = None  # an OTLP/HTTP collector: requests are traced (serving/tracing.py)
     trace_sample_ratio: float = 1.0
+    key_ledger: str | None = None  # the box's tokens by key (engine/key_ledger_file.py; None: this process's memory)
 
 
 FLEET_PREFIX = "/fleet/"
@@ -385,18 +388,22 @@ class Models:
 class Tokens:
     """llama-server's /tokenize and /detokenize."""
 
-    def __init__(self, router: Router, config: AppConfig, op: str):
+    def __init__(self, router: Router, config: AppConfig, op: str, key_tokens: KeyTokens):
         self._router = router
         self._config = config
         self._op = op
+        self._key_tokens = key_tokens
 
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         request = (protocol.parse_tokenize(body) if self._op == "tokenize" else protocol.parse_detokenize(body))
         # A key kept to some models loads no other here either (#56, item 10: it loaded any, evicting idle ones).
         check_model_allowed(req.context.get("key_policy"), body.get("model"), self._router)
+        self._key_tokens.check(req.context)
         client, _ = self._router.engine_for(body.get("model"))  # llama-server's shape has no model: the default
-        _json(resp, asdict(call_engine(client, request, 30.0)))
+        reply = call_engine(client, request, 30.0)
+        self._key_tokens.count(req.context, len(request.tokens) if self._op == "detokenize" else len(reply.tokens))
+        _json(resp, asdict(reply))
 
 
 class Generation:
@@ -472,9 +479,10 @@ def answer(req, resp, call, stream, complete, streamed=None) -> None:
 class Messages:
     """The Anthropic Messages API (POST /v1/messages and /v1/messages/count_tokens)."""
 
-    def __init__(self, router: Router, config: AppConfig):
+    def __init__(self, router: Router, config: AppConfig, key_tokens: KeyTokens):
         self._router = router
         self._config = config
+        self._key_tokens = key_tokens
 
     def on_post(self, req, resp):
         _, client, info, call = generation_call(req, self._router, self._config, anthropic_protocol.parse_messages)
@@ -485,6 +493,7 @@ class Messages:
     def on_post_count(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         check_model_allowed(req.context.get("key_policy"), body.get("model"), self._router)
+        self._key_tokens.check(req.context)  # checked, not counted: serving/key_tokens.py says why
         client, info = self._router.engine_for(body.get("model"))
         logic = MessagesLogic(ServingLogic(client))
         _json(resp, logic.count_tokens(anthropic_protocol.parse_count_tokens(body, info.model_id)))
@@ -516,9 +525,10 @@ def ndjson_stream(resp: falcon.Response, lines) -> None:
 class Ollama:
     """Ollama's API beside ours (/api/*; serving/ollama_protocol.py says what is mapped and what is ignored)."""
 
-    def __init__(self, router: Router, config: AppConfig):
+    def __init__(self, router: Router, config: AppConfig, key_tokens: KeyTokens):
         self._router = router
         self._config = config
+        self._key_tokens = key_tokens
 
     def on_get_version(self, req, resp):
         _json(resp, {"version": ollama_protocol.VERSION})
@@ -615,10 +625,12 @@ class Ollama:
     def on_post_embed(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         check_model_allowed(req.context.get("key_policy"), ollama_protocol.model_name(body, ""), self._router)
+        self._key_tokens.check(req.context)
         client, info = self._router.engine_for(ollama_protocol.model_name(body, ""), keep_alive_of(body))
         started = time.monotonic_ns()
         doc = ServingLogic(client).embed(ollama_protocol.parse_embed(body, info.model_id), info.model_id,
                                          client_watch(req))
+        self._key_tokens.count(req.context, doc["usage"]["prompt_tokens"])
         vectors = [d["embedding"] for d in doc["data"]]
         if req.path == "/api/embeddings":  # the legacy endpoint: one prompt, one vector
             _json(resp, {"embedding": vectors[0]})
@@ -633,18 +645,21 @@ class Pooled:
     (ServingLogic.rerank, llama-server's, for a reranker GGUF). `parse(body, model_id)` checks the body, and
     `answer(logic, call, model_id, client_gone)` is the ServingLogic method that answers it."""
 
-    def __init__(self, router: Router, config: AppConfig, parse, answer):
+    def __init__(self, router: Router, config: AppConfig, parse, answer, key_tokens: KeyTokens):
         self._router = router
         self._config = config
         self._parse = parse
         self._answer = answer
+        self._key_tokens = key_tokens
 
     def on_post(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         check_model_allowed(req.context.get("key_policy"), body.get("model"), self._router)
+        self._key_tokens.check(req.context)
         client, info = self._router.engine_for(body.get("model"), keep_alive_of(body))
-        _json(resp, self._answer(ServingLogic(client), self._parse(body, info.model_id), info.model_id,
-                                 client_watch(req)))
+        doc = self._answer(ServingLogic(client), self._parse(body, info.model_id), info.model_id, client_watch(req))
+        self._key_tokens.count(req.context, doc["usage"]["prompt_tokens"])
+        _json(resp, doc)
 
 
 def create_app(config: AppConfig) -> falcon.App:
@@ -669,20 +684,21 @@ def create_app(config: AppConfig) -> falcon.App:
     models = Models(router)
     app.add_route("/v1/models", models)
     app.add_route("/v1/models/{model_id}", models, suffix="one")
-    app.add_route("/tokenize", Tokens(router, config, "tokenize"))
-    app.add_route("/detokenize", Tokens(router, config, "detokenize"))
+    key_tokens = KeyTokens(SharedKeyLedger(config.key_ledger))
+    app.add_route("/tokenize", Tokens(router, config, "tokenize", key_tokens))
+    app.add_route("/detokenize", Tokens(router, config, "detokenize", key_tokens))
     app.add_route("/v1/chat/completions", Generation(router, config, "chat"))
     app.add_route("/v1/completions", Generation(router, config, "completion"))
     app.add_route("/infill", Infill(router, config))
-    app.add_route("/v1/embeddings", Pooled(router, config, protocol.parse_embeddings, ServingLogic.embed))
-    rerank = Pooled(router, config, protocol.parse_rerank, ServingLogic.rerank)
+    app.add_route("/v1/embeddings", Pooled(router, config, protocol.parse_embeddings, ServingLogic.embed, key_tokens))
+    rerank = Pooled(router, config, protocol.parse_rerank, ServingLogic.rerank, key_tokens)
     app.add_route("/v1/rerank", rerank)
     app.add_route("/rerank", rerank)
-    messages = Messages(router, config)
+    messages = Messages(router, config, key_tokens)
     app.add_route("/v1/messages", messages)
     app.add_route("/v1/messages/count_tokens", messages, suffix="count")
     app.add_route("/v1/responses", Responses(router, config))
-    ollama = Ollama(router, config)
+    ollama = Ollama(router, config, key_tokens)
     for path, suffix in (("version", "version"), ("tags", "tags"), ("ps", "ps"), ("show", "show"), ("chat", "chat"),
                          ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed"), ("pull", "pull")):
         app.add_route(f"/api/{path}", ollama, suffix=suffix)
