@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from host_runtime.common.errors import InputError
-from host_runtime.auth.keystore import FILE_VERSION, hash_key, key_hint
+from host_runtime.auth.keystore import FILE_VERSION, fleet_vouch_fields, hash_key, key_hint
 from host_runtime.common import settings_file
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.service_user import owner_of, service_owner
@@ -86,8 +86,10 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
         # A member is valid for the fleet key from its gateway's address alone (both gateways' with two), where
         # box.toml names it.
         allowed = box_gateway_addresses(fleet) if fleet.get("role") == "member" else []
+        # Every box keeps the public key that checks the gateway's vouchers for clients' keys, the gateway alone
+        # the seed that signs them (auth/fleet_vouch.py).
         keys.append({"name": FLEET_KEY_NAME, "sha256": hash_key(fleet_key), "hint": FLEET_KEY_NAME, "created": 0,
-                     "allowed_from": allowed})
+                     "allowed_from": allowed, **fleet_vouch_fields(fleet_key, fleet.get("role") == "gateway")})
     named = {k["name"] for k in keys}
     # A box that leaves its fleet stops accepting the fleet key (only the one provisioning put there).
     keys = [k for k in existing_keys if isinstance(k, dict) and k.get("name") not in named

@@ -39,6 +39,8 @@ def service_settings(box: dict) -> dict:
     fleet = fleet_from_box(box)
     if fleet.role == "gateway":
         serving = dataclasses.replace(serving, fleet_listen=OWN_API, fleet_router=f"127.0.0.1:{fleet.router_port}")
+        # apply writes the fleet key's signing seed into this gateway's key file (plan_files): it vouches
+        fleet = dataclasses.replace(fleet, vouch_for_clients=True)
     return {"etc/everycycle/front.toml": front_from_box(box), "etc/everycycle/governor.toml": governor_from_box(box),
             "etc/everycycle/serving.toml": serving, "etc/everycycle/bmc.toml": bmc_from_box(box),
             "etc/everycycle/fleet.toml": fleet}

@@ -207,11 +207,14 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
             keys = workdir / f"box{i}_keys.json"
             if i in gateways:  # a gateway's own API takes the clients' keys (the front asks it) and the fleet key
                 shutil.copy(client_keys, keys)
-            subprocess.run(everycycle("keys", "import", "--keys", str(keys), "--key-file", str(key_file), "fleet"),
-                           check=True, capture_output=True)
+            # every box keeps the voucher's public key, a gateway the seed that signs them (auth/fleet_vouch.py)
+            subprocess.run(everycycle("keys", "import", "--keys", str(keys), "--key-file", str(key_file), "fleet",
+                                      *(["--gateway"] if i in gateways else [])), check=True, capture_output=True)
             common = ["--keys", str(keys), "--threads", "1", "--workers", "1", "--ctx-size", str(ctx_size),
                       "--parallel", str(parallel), "--max-queue", str(max_queue),
-                      "--model-store", str(workdir / f"box{i}_store"), "--run-dir", str(workdir / f"box{i}_run")]
+                      "--model-store", str(workdir / f"box{i}_store"), "--run-dir", str(workdir / f"box{i}_run"),
+                      # the box's key ledger, which its engines and API share (vouched keys' use across the fleet)
+                      "--usage-dir", str(workdir / f"box{i}_usage")]
             if model:
                 common += ["--model", model]
             if trace_port is not None:  # the root namespace's address on the bridge
@@ -220,7 +223,8 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
                 common += ["--governor-state", str(workdir / f"box{i}_governor.json")]
             if i in gateways:
                 listen = ["--unix-socket", str(workdir / f"box{i}_api" / "http.sock"), "--also-listen", "127.0.0.1:8081",
-                          "--fleet-router", f"127.0.0.1:{FleetSettings().router_port}"]   # fleet.toml's default
+                          "--fleet-router", f"127.0.0.1:{FleetSettings().router_port}",   # fleet.toml's default
+                          "--fleet-state", str(workdir / f"fleet-state-{i}.json")]  # its controller's (_gateway_side)
                 base = "http://127.0.0.1:8081"
             elif i in behind_front:
                 listen = ["--unix-socket", str(workdir / f"box{i}_api" / "http.sock")]
@@ -286,7 +290,7 @@ def _gateway_side(fleet: Fleet, i: int, policy: str, key_file: Path, poll_interv
     fleet_toml = workdir / f"fleet-{i}.toml"
     text = (f'role = "gateway"\npeers = {json.dumps(peers)}\n'
             f'policy = "{policy}"\nkey_file = "{key_file}"\npoll_interval_s = {poll_interval}\n'
-            f'peer_certificates = {json.dumps(certificates)}\n')
+            f'peer_certificates = {json.dumps(certificates)}\nvouch_for_clients = true\n')
     if fleet.virtual_address:
         other = net.address(1 - i)
         text += (f'virtual_address = "{fleet.virtual_address}/24"\nvrrp_priority = {150 if i == 0 else 100}\n'

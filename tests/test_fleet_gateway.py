@@ -115,6 +115,33 @@ def test_the_clients_key_works_at_the_gateway_and_never_travels_to_the_boxes(fle
         err.value.body["message"]
 
 
+def _gateway_key(fleet, name: str, *limits: str) -> str:
+    keys = str(fleet.workdir / "box0_keys.json")  # the gateway's own key file: its front asks its API
+    return subprocess.run(everycycle("keys", "create", "--keys", keys, name, *limits), capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
+
+
+def test_a_keys_limits_hold_on_the_box_that_serves_it(fleet):
+    """#56, item 6: the router sent every request on with the fleet key, so a client key's models, token limits,
+    concurrency and class held nowhere. The gateway now vouches for the key and the box applies its limits."""
+    narrow = _gateway_key(fleet, "narrow", "--models", SOLO)
+    assert ask(client(fleet, narrow), SOLO, "hi") == SOLO  # box 2, which never saw the key
+    with pytest.raises(openai.PermissionDeniedError) as err:
+        ask(client(fleet, narrow), SMOL, "hi")
+    assert err.value.body["code"] == "model_not_allowed" and "'narrow@fleet' may not use the model" in \
+        err.value.body["message"]
+    metered = _gateway_key(fleet, "metered", "--tokens-per-minute", "60")
+    ask(client(fleet, metered), SOLO, "Tell me a long story about a lighthouse.", max_tokens=48)
+    log_before = len(fleet.boxes[2].proc.log())
+    with pytest.raises(openai.RateLimitError) as err:
+        ask(client(fleet, metered), SOLO, "hi")
+    # the box's 429, as it said it (not the front's page), asked of the box once: the router did not retry it
+    assert err.value.body["code"] == "token_limit_exceeded" and "limit is 60 a minute" in err.value.message
+    assert "metered@fleet" in err.value.message and 1 <= int(err.value.response.headers["retry-after"]) <= 60
+    refusals = [line for line in fleet.boxes[2].proc.log()[log_before:].splitlines() if '" 430 ' in line]
+    assert len(refusals) == 1, refusals
+
+
 def test_a_request_through_the_gateway_is_one_trace_from_its_key_check_to_the_box_that_answers(fleet, collector):
     """The gateway's front gives a request without a traceparent one (and passes a client's on): its key check on
     the gateway and the member's answer are spans of that one trace."""
@@ -131,7 +158,8 @@ def test_a_request_through_the_gateway_is_one_trace_from_its_key_check_to_the_bo
 
     member, check = wait_for(gateway_made_trace, 30, "a member's span and the gateway's key check in one trace")
     assert member.parent_id == check.parent_id != ""  # both children of the span the gateway's front named
-    assert member.attributes["everycycle.key"] == "fleet" and check.attributes["everycycle.key"] == "client"
+    # the member serves the client's key as the gateway vouched for it (#56, item 6), not as the fleet key
+    assert member.attributes["everycycle.key"] == "client@fleet" and check.attributes["everycycle.key"] == "client"
     # A client's own traceparent goes through the gateway to the member as it is
     trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
     traced = client(fleet, default_headers={"traceparent": f"00-{trace_id}-{span_id}-01"})

@@ -97,13 +97,21 @@ def test_on_the_fleet_gateway_v1_goes_to_the_router_after_the_box_accepts_the_ke
     auth = next(line for line in conf.splitlines() if "location = /_fleet_auth" in line)
     assert "proxy_set_header traceparent $fleet_traceparent;" in fleet and "$fleet_traceparent;" in auth
     assert "map $http_traceparent $fleet_traceparent" in conf
-    assert 'proxy_set_header Authorization "";' in fleet and 'proxy_set_header X-Api-Key "";' in fleet
+    # The client's key goes no further: the gateway API's voucher for it goes in its place (#56, item 6).
+    assert "auth_request_set $fleet_vouch $upstream_http_x_everycycle_vouch;" in fleet
+    assert "proxy_set_header Authorization $fleet_authorization;" in fleet and 'proxy_set_header X-Api-Key "";' in fleet
+    assert 'map $fleet_vouch $fleet_authorization { "" ""; default "Bearer $fleet_vouch"; }' in conf
     assert "proxy_pass http://serving/v1/everycycle/auth;" in conf
     assert "location @unauthorized" in conf and '"code": "invalid_api_key"' in conf
     # The router's plain-text 404 and 5xx go to the box's API, which says which it was; nginx's own limits keep
     # their pages there (a location with its own error_page inherits none of the server's).
     assert "proxy_intercept_errors on;" in fleet and "error_page 404 502 503 504 = @fleet_unroutable;" in fleet
-    assert "error_page 429 @too_many;" in fleet and "error_page 413 @too_large;" in fleet
+    # nginx's own limits refuse with 599, answered as 429 by @too_many; a box's 429 passes as the box said it, and
+    # its 403 too (a key kept from a model): neither becomes the front's page.
+    assert "error_page 599 = @too_many;" in fleet and "error_page 413 @too_large;" in fleet
+    assert "error_page 429" not in fleet and "error_page 403" not in fleet and "limit_req_status 599;" in conf
+    assert "error_page 430 = @fleet_key_limit;" in fleet
+    assert "return 429 $upstream_http_x_everycycle_error;" in conf
     assert "rewrite ^ /v1/everycycle/fleet/unroutable break; proxy_pass http://serving;" in conf
     assert "fleet_router" not in _conf()  # a box that is not the gateway serves its own API only
     # The link probe is never spooled to a temp file under /run (RAM) for a client that stops reading.
@@ -521,7 +529,7 @@ def test_request_rate_past_the_burst_gets_openai_style_429_for_that_client_only(
         statuses.append(r.status)
         bodies.append(r.read())
     conn.close()
-    assert 429 in statuses and statuses[0] == 200
+    assert 429 in statuses and statuses[0] == 200, sorted(set(statuses))
     refused = json.loads(bodies[statuses.index(429)])
     assert refused["error"]["type"] == "rate_limit_error" and refused["error"]["code"] == "rate_limited"
     # Another address is not limited by that client's use.

@@ -756,7 +756,8 @@ def test_a_fleet_gateway_and_a_member_read_back_what_provisioning_wrote(tmp_path
     etc = root / "etc/everycycle"
     fleet = load(etc / "fleet.toml")
     assert fleet == FleetSettings(role="gateway", peers=("http://127.0.0.1:8081", "https://10.20.0.6:8443"),
-                                  policy="round_robin", peer_certificates=("/etc/everycycle/fleet-peers/peer-0.pem",))
+                                  policy="round_robin", peer_certificates=("/etc/everycycle/fleet-peers/peer-0.pem",),
+                                  vouch_for_clients=True)  # its key file holds the voucher's seed
     assert (root / fleet.peer_certificates[0].lstrip("/")).read_bytes() == cert
     argv = router_process.argv(fleet)
     assert argv[argv.index("--ca-cert-paths") + 1] == fleet.peer_certificates[0]

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from host_runtime.auth import fleet_vouch
 from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.file_lock import updating
@@ -50,6 +51,10 @@ class StoredKey:
     # It may change the box's models through the API (/api/pull): what every key's requests may then be served by
     # (a pulled model named like an alias the owner set took that name's requests over). The owner's grant alone.
     may_pull: bool = False
+    # The fleet key's record (auth/fleet_vouch.py): the public key that checks the gateway's vouchers for clients'
+    # keys, and on the gateway alone the seed that signs them.
+    vouch_public_key: str = ""
+    vouch_signing_seed: str = ""
 
     def allows_address(self, address: str | None) -> bool:
         """Whether a request from `address` (None: unknown) may use this key."""
@@ -101,7 +106,9 @@ def load_keys(path: str | os.PathLike) -> list[StoredKey]:
                           str(k.get("priority", "default")), int(k.get("max_concurrent", 0)),
                           int(k.get("tokens_per_minute", 0)), int(k.get("tokens_per_day", 0)),
                           tuple(str(m) for m in k.get("models", ())),
-                          check_addresses(k.get("allowed_from", ())), _flag(k, "may_pull")) for k in doc["keys"]]
+                          check_addresses(k.get("allowed_from", ())), _flag(k, "may_pull"),
+                          str(k.get("vouch_public_key", "")), str(k.get("vouch_signing_seed", "")))
+                for k in doc["keys"]]
         for k in keys:
             if k.priority not in PRIORITIES:
                 raise ValueError(f"key {k.name!r}: priority must be one of {', '.join(PRIORITIES)}")
@@ -153,7 +160,8 @@ def _key_name(name: str) -> str:
     return name
 
 
-def _put(path: str | os.PathLike, keys: list[StoredKey], name: str, key: str, priority: str | None = None) -> None:
+def _put(path: str | os.PathLike, keys: list[StoredKey], name: str, key: str, priority: str | None = None,
+         vouch: dict | None = None) -> None:
     """Save `keys` with `key`'s hash under `name`, in place of any key of that name (keeping its priority unless
     one is given)."""
     old = next((k for k in keys if k.name == name), None)
@@ -162,7 +170,7 @@ def _put(path: str | os.PathLike, keys: list[StoredKey], name: str, key: str, pr
               "tokens_per_day": old.tokens_per_day, "models": old.models, "allowed_from": old.allowed_from,
               "may_pull": old.may_pull} if old else {}
     _save(path, [k for k in keys if k.name != name] + [StoredKey(name, hash_key(key), key_hint(key), time.time(),
-                                                                  priority, **limits)])
+                                                                  priority, **limits, **(vouch or {}))])
 
 
 def _priority(priority: str) -> str:
@@ -226,11 +234,21 @@ def create_key(path: str | os.PathLike, name: str, priority: str = "default") ->
     return key
 
 
-def store_key(path: str | os.PathLike, name: str, key: str) -> None:
-    """Store the hash of a key made elsewhere (the fleet key) under `name`, replacing a key of that name."""
+def store_key(path: str | os.PathLike, name: str, key: str, gateway: bool = False) -> None:
+    """Store the hash of a key made elsewhere (the fleet key) under `name`, replacing a key of that name, with
+    the public key that checks vouchers made from it (and on the fleet's gateway the seed that makes them)."""
     name = _key_name(name)
     with updating(path):
-        _put(path, load_keys(path), name, key)
+        _put(path, load_keys(path), name, key, vouch=fleet_vouch_fields(key, gateway))
+
+
+def fleet_vouch_fields(fleet_key: str, gateway: bool) -> dict:
+    """The fleet key's record's voucher fields (auth/fleet_vouch.py): the public key on every box, the signing
+    seed on the gateway alone."""
+    fields = {"vouch_public_key": fleet_vouch.public_key(fleet_key)}
+    if gateway:
+        fields["vouch_signing_seed"] = fleet_vouch.signing_seed(fleet_key)
+    return fields
 
 
 class KeyVerifier:
@@ -241,6 +259,7 @@ class KeyVerifier:
         self._stamp: tuple[int, int] | None = None
         self._hashes: dict[str, str] = {}
         self._policies: dict[str, StoredKey] = {}
+        self._voucher_seed, self._voucher = "", None
         self._reload_if_changed()
 
     def _reload_if_changed(self) -> None:
@@ -278,6 +297,40 @@ class KeyVerifier:
     def policy_of(self, name: str) -> StoredKey | None:
         """The key named `name`, with its limits (as of the last verify)."""
         return self._policies.get(name)
+
+    def checks_vouchers(self) -> bool:
+        """Whether a record can check the gateway's vouchers (the fleet key imported since they exist)."""
+        try:
+            self._reload_if_changed()
+        except KeyStoreError:
+            pass
+        return any(k.vouch_public_key for k in self._policies.values())
+
+    def voucher(self) -> "fleet_vouch.Voucher | None":
+        """The gateway's voucher (a key record holds the signing seed), or None."""
+        seed = next((k.vouch_signing_seed for k in self._policies.values() if k.vouch_signing_seed), "")
+        if seed != self._voucher_seed:
+            self._voucher_seed, self._voucher = seed, fleet_vouch.Voucher(seed) if seed else None
+        return self._voucher
+
+    def vouched(self, token: str, now: float) -> tuple[StoredKey, StoredKey, "fleet_vouch.Vouch"] | None:
+        """For a gateway's voucher (fleet_vouch.PREFIX): (the fleet key's record, whose address rule applies; the
+        client's key as vouched, named KEY@fleet, with its limits and class; the voucher's claims). None where no
+        record's public key verifies it or it is out of date."""
+        try:
+            self._reload_if_changed()
+        except KeyStoreError:
+            pass
+        for record in self._policies.values():
+            if record.vouch_public_key:
+                vouch = fleet_vouch.check(token, record.vouch_public_key, now)
+                if vouch is not None:
+                    name = vouch.key + fleet_vouch.VOUCHED_SUFFIX if vouch.key else record.name
+                    return record, StoredKey(name, "", "vouched by the fleet's gateway", 0.0,
+                                             vouch.priority if vouch.priority in PRIORITIES else "default",
+                                             vouch.max_concurrent, vouch.tokens_per_minute, vouch.tokens_per_day,
+                                             vouch.models, record.allowed_from), vouch
+        return None
 
     def max_concurrent_of(self, name: str) -> int:
         """How many requests the key named `name` may have at once (0: no limit; as of the last verify)."""

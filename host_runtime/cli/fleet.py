@@ -228,9 +228,10 @@ def _fleet_status(args) -> int:
     import json as json_module
     import time as time_module
 
+    from host_runtime.common.run_layout import fleet_state_file
     from host_runtime.fleet.state import GatewayState, render
 
-    path = Path(args.state) if args.state else _run_dir(args.run_dir) / "fleet" / "fleet.json"
+    path = Path(args.state) if args.state else fleet_state_file(_run_dir(args.run_dir))
     try:
         state = GatewayState.from_json(json_module.loads(path.read_text()))
     except FileNotFoundError:

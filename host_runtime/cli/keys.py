@@ -45,8 +45,10 @@ def cmd_keys(parser, args) -> int:
             except SettingsError as exc:
                 print(f"everycycle keys: --key-file: {exc.message}", file=sys.stderr)
                 return 2
-            store_key(args.keys, args.name, key)
-            print(f"stored the hash of key {args.name!r} in {args.keys}", file=sys.stderr)
+            store_key(args.keys, args.name, key, gateway=args.gateway)
+            print(f"stored the hash of key {args.name!r} in {args.keys}"
+                  + (", with the seed that vouches for clients' keys to the fleet's boxes" if args.gateway else ""),
+                  file=sys.stderr)
         elif args.keys_command == "usage":
             return _keys_usage(args)
         else:

@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--fleet-router", metavar="HOST:PORT", type=_host_port,
                        help="on the fleet's gateway: the router's loopback address, asked which models the fleet has "
                             "when it could not route a request (serving.toml's fleet_router)")
+    serve.add_argument("--fleet-state", metavar="FILE",
+                       help="on the fleet's gateway: the fleet program's state file, whose view of each key's use "
+                            "across the boxes goes into the vouchers (default: RUN_DIR/fleet/fleet.json)")
     serve.add_argument("--keys", metavar="FILE", help="API key file (from 'everycycle keys create'); without it the API is open")
     serve.add_argument("--prefix-cache-shared", action="store_true",
                        help="let every API key's requests reuse each other's cached prompt prefixes (default: each key "
@@ -253,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     imported.add_argument("--keys", required=True, metavar="FILE", help="key file (created 0600 if missing)")
     imported.add_argument("--key-file", required=True, metavar="FILE", help="a file holding the key (0600)")
     imported.add_argument("name", metavar="NAME", help="a label for the key, e.g. fleet")
+    imported.add_argument("--gateway", action="store_true",
+                          help="the fleet key on the fleet's gateway: keep the seed that vouches for clients' keys "
+                               "to the boxes (their limits hold there); every box keeps the public half")
 
     fleet = sub.add_parser("fleet", help="several boxes behind one endpoint: the gateway (a router fed by every "
                                          "box's capability map)")

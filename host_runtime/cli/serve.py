@@ -88,6 +88,8 @@ def cmd_serve(parser, args) -> int:
     from host_runtime.auth.keystore import KeyStoreError, check_permissions, load_keys
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.common.settings_file import load as load_settings
+    from host_runtime.common import run_layout
+    from host_runtime.common.run_layout import fleet_state_file
     from host_runtime.engine.key_ledger_file import LEDGER_NAME
     from host_runtime.serving.app import AppConfig
     from host_runtime.pool.engine_child import EngineChild
@@ -153,7 +155,10 @@ def cmd_serve(parser, args) -> int:
                        pull_hosts=tuple(settings.pull_hosts),
                        trace_endpoint=args.trace_endpoint or settings.trace_endpoint or None,
                        trace_sample_ratio=settings.trace_sample_ratio,
-                       key_ledger=os.path.join(args.usage_dir, LEDGER_NAME) if args.usage_dir else None)
+                       key_ledger=os.path.join(args.usage_dir, LEDGER_NAME) if args.usage_dir else None,
+                       # on the gateway: the fleet's use of each vouched key, which its vouchers carry
+                       fleet_state=(args.fleet_state or str(fleet_state_file(run_layout.run_dir())))
+                       if (args.fleet_router or settings.fleet_router) else None)
     if not args.keys:
         logging.getLogger("everycycle.serve").warning("no --keys file: the API accepts requests without a key")
     bind = [f"unix:{args.unix_socket}" if args.unix_socket else f"{args.host}:{args.port}"]

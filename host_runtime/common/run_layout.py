@@ -13,6 +13,7 @@ BOX_RUN_DIR = "/run/everycycle"
 SUPERVISOR_SOCKET = "supervisor.sock"  # root's, in the run directory itself
 TOPOLOGY = "discovery/topology.json"  # discovery's folder
 GOVERNOR_STATE = "governor/governor.json"  # the governor's folder; its metrics beside it as governor.prom
+FLEET_STATE = "fleet/fleet.json"  # the fleet program's folder: the gateway's view (fleet/state.py)
 
 
 def run_dir(explicit: str | os.PathLike | None = None) -> Path:
@@ -26,6 +27,10 @@ def topology_file(runs: Path) -> Path:
 
 def governor_state_file(runs: Path) -> Path:
     return runs / GOVERNOR_STATE
+
+
+def fleet_state_file(runs: Path) -> Path:
+    return runs / FLEET_STATE
 
 
 def supervisor_socket(runs: Path) -> Path:

@@ -42,6 +42,9 @@ class KeyLedger:
         self._prune(entries, now)
         self._fold(entries, now)
 
+    def __bool__(self) -> bool:
+        return any(self._entries.values())
+
     def merge(self, other: "KeyLedger", now: float) -> None:
         """Another ledger's entries added to this one's (a process's uses not yet in the shared file)."""
         for key, theirs in other._entries.items():
@@ -79,19 +82,25 @@ class KeyLedger:
         start = now - WINDOWS[window]
         return sum(tokens for t, tokens in self._entries.get(key, ()) if t > start)
 
-    def refusal(self, key: str, per_minute: int, per_day: int, now: float) -> Refusal | None:
-        """Why a new request of `key` must wait (the first limit reached), or None (0: no limit)."""
-        entries = self._entries.get(key)
-        if not entries:
-            return None
+    def refusal(self, key: str, per_minute: int, per_day: int, now: float,
+                elsewhere: tuple[int, int] = (0, 0)) -> Refusal | None:
+        """Why a new request of `key` must wait (the first limit reached), or None (0: no limit). `elsewhere`: what
+        the key used in the last minute and day on the fleet's other boxes (their part is taken to stay: a wait
+        they alone would hold is the whole window)."""
+        entries = self._entries.setdefault(key, deque())
         self._prune(entries, now)
-        for window, limit in (("minute", per_minute), ("day", per_day)):
+        for window, limit, other in (("minute", per_minute, elsewhere[0]), ("day", per_day, elsewhere[1])):
             if not limit:
                 continue
-            used = self.used(key, window, now)
+            used = self.used(key, window, now) + other
             if used >= limit:
-                return Refusal(window, used, limit, self._wait(entries, window, limit, now))
+                return Refusal(window, used, limit, self._wait(entries, window, limit - other, now))
         return None
+
+    def use_by_key(self, suffix: str, now: float) -> dict[str, list[int]]:
+        """[minute, day] use of each key whose name ends with `suffix` (the fleet's vouched keys, KEY@fleet)."""
+        return {key: [self.used(key, "minute", now), self.used(key, "day", now)]
+                for key in self._entries if key.endswith(suffix) and self.used(key, "day", now)}
 
     @staticmethod
     def _wait(entries, window: str, limit: int, now: float) -> int:

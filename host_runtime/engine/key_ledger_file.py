@@ -33,8 +33,10 @@ class SharedKeyLedger:
         self.path = Path(path) if path else None
         self._lock = threading.Lock()
         self._pending = KeyLedger()        # uses not yet in the file
+        self._writing = KeyLedger()        # uses being written: still counted until the file has them
         self._read = KeyLedger()           # the file as last read
         self._read_stamp: tuple | None = None
+        self._writer_lock = threading.Lock()
         self._wake = threading.Event()
         self._warned = False
         self._writer: threading.Thread | None = None
@@ -47,11 +49,21 @@ class SharedKeyLedger:
                 self._writer.start()
         self._wake.set()
 
-    def refusal(self, key: str, per_minute: int, per_day: int, now: float) -> Refusal | None:
+    def refusal(self, key: str, per_minute: int, per_day: int, now: float,
+                elsewhere: tuple[int, int] = (0, 0)) -> Refusal | None:
         with self._lock:
             seen = self._read_locked().only(key)
+            seen.merge(self._writing.only(key), now)
             seen.merge(self._pending.only(key), now)
-        return seen.refusal(key, per_minute, per_day, now)
+        return seen.refusal(key, per_minute, per_day, now, elsewhere)
+
+    def use_by_key(self, suffix: str, now: float) -> dict[str, list[int]]:
+        with self._lock:
+            seen = KeyLedger()
+            seen.merge(self._read_locked(), now)
+            seen.merge(self._writing, now)
+            seen.merge(self._pending, now)
+        return seen.use_by_key(suffix, now)
 
     def flush(self) -> None:
         """What is pending into the file now (the process is stopping)."""
@@ -62,7 +74,8 @@ class SharedKeyLedger:
 
     def _read_locked(self) -> KeyLedger:
         """The file's ledger, read again only when its inode, size or time changed (under self._lock)."""
-        if self.path is None:
+        if self.path is None or self._writing:
+            # while this process writes, the file may already hold what _writing still counts: read it after
             return self._read
         try:
             st = self.path.stat()
@@ -90,22 +103,28 @@ class SharedKeyLedger:
             self._write_pending()
 
     def _write_pending(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, KeyLedger()
-        if not pending.to_doc()["keys"]:
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # one writer at a time among the box's processes
-                ledger = self._load()
-                ledger.merge(pending, time.time())
-                atomic_write(self.path, json.dumps(ledger.to_doc(), separators=(",", ":")).encode(), 0o600)
-        except OSError as exc:
+        with self._writer_lock:  # the writer thread and flush() one at a time
             with self._lock:
-                pending.merge(self._pending, time.time())
-                self._pending = pending  # kept, and tried again at the next use
-            if not self._warned:
-                self._warned = True
-                log.warning("the key ledger %s cannot be written (%s): key token limits count in this process "
-                            "only", self.path, exc)
+                pending, self._pending = self._pending, KeyLedger()
+                self._writing = pending
+            if not pending:
+                return
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)  # one writer at a time among the box's processes
+                    ledger = self._load()
+                    ledger.merge(pending, time.time())
+                    atomic_write(self.path, json.dumps(ledger.to_doc(), separators=(",", ":")).encode(), 0o600)
+                    st = self.path.stat()
+                    with self._lock:  # the file as written, in one step with the uses leaving _writing
+                        self._read, self._read_stamp = ledger, (st.st_ino, st.st_size, st.st_mtime_ns)
+                        self._writing = KeyLedger()
+            except OSError as exc:
+                with self._lock:
+                    pending.merge(self._pending, time.time())
+                    self._pending, self._writing = pending, KeyLedger()  # kept, and tried again at the next use
+                if not self._warned:
+                    self._warned = True
+                    log.warning("the key ledger %s cannot be written (%s): key token limits count in this "
+                                "process only", self.path, exc)

@@ -56,6 +56,14 @@ class Capabilities:
     # host_memory_bytes, cpu_count, and accelerators: [{device, description, memory_bytes}] as the loaded
     # models' placements saw them (what `everycycle measure` reports per machine)
     hardware: dict = field(default_factory=dict)
+    # The box checks the gateway's vouchers for clients' keys (auth/fleet_vouch.py): the router may send it a
+    # client's request with the voucher instead of the fleet key. A box that cannot (not provisioned since, or an
+    # older version in a rollout) is sent the fleet key, as before.
+    checks_vouchers: bool = False
+    # Each vouched key's (KEY@fleet) use here in the last minute and day, [minute, day], under this box's use id:
+    # the gateway puts the fleet's in its vouchers, so a key's token limits hold across boxes.
+    use_id: str = ""
+    vouched_use: dict = field(default_factory=dict)
 
     def accepts_new_work(self) -> tuple[bool, str]:
         if self.draining:

@@ -61,6 +61,26 @@ class Decision:
     left_out: dict[str, str]                   # box -> why it has no workers (absent: it has some or no models)
 
 
+def vouches(settings, reports: list["Report"]) -> bool:
+    """Whether the router's workers go without the fleet key, the front's voucher for the client's key in its
+    place (auth/fleet_vouch.py): where fleet.toml says this gateway vouches and every box that answered checks
+    vouchers. All or none: the router sends the client's header and adds a worker's key beside it, and a box's
+    front refuses a request with two (400, measured)."""
+    answered = [r.caps for r in reports if r.caps is not None]
+    return settings.vouch_for_clients and bool(answered) and all(c.checks_vouchers for c in answered)
+
+
+def vouching_reason(settings, reports: list["Report"]) -> str:
+    """Why vouches() is False, for the log."""
+    if not settings.vouch_for_clients:
+        return "fleet.toml's vouch_for_clients is off (a gateway provisioned before vouchers: re-apply its bundle)"
+    older = [r.box for r in reports if r.caps is not None and not r.caps.checks_vouchers]
+    if older:
+        return (f"{', '.join(older)} cannot check them (provisioned before vouchers, or an older version): "
+                "re-apply their bundles; until then a key's limits hold only at the gateway's key check")
+    return "no box answered"
+
+
 def merge_peers(configured: tuple[str, ...], found: tuple[str, ...]) -> tuple[str, ...]:
     """The boxes to poll: fleet.toml's, then those found on the LAN that it does not already name."""
     known = {p.rstrip("/") for p in configured}

@@ -4,6 +4,7 @@ box.toml says [fleet] role = "gateway"; the router is its child and ends with it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,11 +21,12 @@ from pathlib import Path
 from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.fleet import router_process
-from host_runtime.fleet.controller import BoxHealth, Decision, changes, decide, merge_peers
+from host_runtime.fleet.controller import (BoxHealth, Decision, changes, decide, merge_peers, vouches,
+                                           vouching_reason)
 from host_runtime.fleet.peers import peer_client, poll_all, tls_context, unverified_certificate
 from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
 from host_runtime.fleet.settings import FleetSettings
-from host_runtime.fleet.state import GatewayState, box_state
+from host_runtime.fleet.state import GatewayState, box_state, vouched_use
 
 log = logging.getLogger("everycycle.fleet")
 
@@ -49,6 +51,7 @@ class Gateway:
         self.admin_key = secrets.token_urlsafe(32)
         self.api = RouterAPI(f"http://127.0.0.1:{settings.router_port}", admin_key=self.admin_key)
         self.health = BoxHealth()
+        self.vouching: bool | None = None  # whether the router's workers go without the fleet key (vouches())
         self.decision: Decision | None = None
         self._pending: dict[str, float] = {}
         self._router: subprocess.Popen | None = None
@@ -129,6 +132,19 @@ class Gateway:
                 log.warning("box %s takes no work: %s", box, why)
         self.decision = decision
         registered = self.api.workers()
+        vouching = vouches(self.settings, reports)
+        if vouching != self.vouching:
+            # Every worker again, with the fleet key or without: the router sends the client's header and adds a
+            # worker's key beside it, and a box's front refuses two (400), so the front's voucher and a worker's
+            # key never meet. The router has no worker for a poll; the state file says the mode once it holds.
+            for r in registered:
+                self.api.remove(r)
+            self._pending.clear()
+            registered = []
+            decision = dataclasses.replace(decision, workers={})  # added at the next poll, once the state says so
+            log.warning("the gateway %s vouch for clients' keys: %s", "now does" if vouching else "does not",
+                        "every box checks its vouchers" if vouching else vouching_reason(self.settings, reports))
+            self.vouching = vouching
         add, remove = changes(decision, registered)
         now = time.monotonic()
         for r in remove:
@@ -138,7 +154,7 @@ class Gateway:
         for w in add:
             if now - self._pending.get(w.url, -PENDING_S) < PENDING_S:
                 continue
-            self.api.add(w, self.key)
+            self.api.add(w, None if self.vouching else self.key)
             self._pending[w.url] = now
             log.info("added worker %s (%s)", w.url, w.model_id)
         listed = {r.url for r in registered}
@@ -150,7 +166,8 @@ class Gateway:
             return
         state = GatewayState(time.time(), self.settings.policy,
                              tuple(box_state(r, self.decision.left_out.get(r.box, "")) for r in reports),
-                             tuple(self.decision.workers.values()), tuple(registered))
+                             tuple(self.decision.workers.values()), tuple(registered), vouched_use(reports),
+                             bool(self.vouching))
         atomic_write(self.state_file, json.dumps(state.to_json(), indent=1).encode(), 0o644)
 
     def run(self, stop: threading.Event) -> int:

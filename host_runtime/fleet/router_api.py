@@ -67,9 +67,11 @@ class RouterAPI:
         except (KeyError, TypeError) as exc:
             raise RouterUnavailable(f"GET /workers: unexpected answer ({exc})") from None
 
-    def add(self, worker: Worker, api_key: str) -> None:
-        """Queue the worker's registration; the router reaches it with `api_key` (the fleet key)."""
-        self._call("POST", "/workers", {"url": worker.url, "model_id": worker.model_id, "api_key": api_key})
+    def add(self, worker: Worker, api_key: str | None) -> None:
+        """Queue the worker's registration; the router reaches it with `api_key` (the fleet key), or, None, with
+        the bearer token the request came with (the gateway's voucher for the client's key)."""
+        self._call("POST", "/workers", {"url": worker.url, "model_id": worker.model_id,
+                                        **({"api_key": api_key} if api_key is not None else {})})
 
     def remove(self, registered: Registered) -> None:
         self._call("DELETE", f"/workers/{quote(registered.id, safe='')}")

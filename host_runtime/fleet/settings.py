@@ -64,6 +64,11 @@ class FleetSettings:
     vrrp_router_id: VrrpRouterId = 51         # the same on both gateways, unique on the LAN segment
     vrrp_peers: tuple[str, ...] = ()  # the other gateway's address (unicast adverts); empty: VRRP's multicast
     vrrp_interface: str = ""         # empty: the interface whose network holds virtual_address
+    # The gateway's API vouches for clients' keys (its key file holds the fleet key's signing seed: provisioning
+    # or `keys import --gateway`): boxes that check vouchers are registered without the fleet key, so the router
+    # passes the voucher and a key's limits hold where it is served (auth/fleet_vouch.py). Off: every box gets
+    # the fleet key, as before vouchers (a gateway provisioned before them).
+    vouch_for_clients: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peers", tuple(self.peers))

@@ -3,8 +3,9 @@ and `everycycle fleet status` reads, through these types, so that both sides agr
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from host_runtime.auth.fleet_vouch import VOUCHED_SUFFIX
 from host_runtime.fleet.capabilities import ROUTABLE_STATES, known_fields
 from host_runtime.fleet.controller import Registered, Worker
 
@@ -37,6 +38,10 @@ class GatewayState:
     boxes: tuple[BoxState, ...] = ()
     workers: tuple[Worker, ...] = ()         # what the controller decided
     registered: tuple[Registered, ...] = ()  # what the router lists
+    # {client key: {box's use id: [minute, day]}}: the tokens each vouched key used on each box, as polled; the
+    # gateway's API puts a key's row in its vouchers (auth/fleet_vouch.py)
+    vouched_use: dict = field(default_factory=dict)
+    vouching: bool = False  # the router's workers go without the fleet key: the API gives the front vouchers
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -49,7 +54,21 @@ class GatewayState:
         return cls(at_unix=float(doc.get("at_unix", 0.0)), policy=str(doc.get("policy", "")),
                    boxes=tuple(only(BoxState, b) for b in doc.get("boxes", [])),
                    workers=tuple(only(Worker, w) for w in doc.get("workers", [])),
-                   registered=tuple(only(Registered, r) for r in doc.get("registered", [])))
+                   registered=tuple(only(Registered, r) for r in doc.get("registered", [])),
+                   vouched_use=dict(doc.get("vouched_use") or {}), vouching=doc.get("vouching") is True)
+
+
+def vouched_use(reports) -> dict:
+    """The polled boxes' vouched use, by client key (KEY@fleet -> KEY), then by box."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for r in reports:
+        caps = r.caps
+        if caps is None or not caps.use_id:
+            continue
+        for key, use in caps.vouched_use.items():
+            if key.endswith(VOUCHED_SUFFIX) and isinstance(use, list) and len(use) == 2:
+                out.setdefault(key[:-len(VOUCHED_SUFFIX)], {})[caps.use_id] = [int(use[0]), int(use[1])]
+    return out
 
 
 def box_state(report, left_out: str) -> BoxState:

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from host_runtime.auth.fleet_vouch import ERROR_HEADER, VOUCHED_LIMIT_STATUS
 from host_runtime.front.settings import FrontSettings, gateway_addresses, serves_plain_http
 from host_runtime.front.tls import CertificatePair
 
@@ -23,7 +24,7 @@ class FrontPaths:
     # user whose services own it (on the box the front runs unprivileged and this stays None).
     worker_user: str | None = None
     # On the fleet's gateway: the router's loopback port. /v1/ goes there once the box's own API has accepted the
-    # client's key (auth_request); the client's key goes no further, the router reaches boxes with the fleet key.
+    # client's key (auth_request); the client's key goes no further: the gateway's voucher for it goes in its place.
     gateway_port: int | None = None
 
 
@@ -44,13 +45,20 @@ ERROR_PAGES = {
                      "invalid_request_error", "invalid_api_key"),
 }
 
+# nginx's own per-client limits refuse with this status, which @too_many answers as a 429: on the gateway's /v1/
+# (proxy_intercept_errors on) a box's own 429 (a key past its token limit, with its Retry-After and code) must
+# reach the client as the box said it, not as the front's "too many requests from this client".
+OWN_LIMIT_STATUS = 599
 # Which status goes to which page: nginx's own refusals first. In a location that sets its own error_page, nginx
-# inherits none of the server's, so the gateway's /v1/ starts from the same ones.
-LIMIT_PAGES = ((429, "@too_many"), (413, "@too_large"), (403, "@forbidden"), (408, "@timeout"))
+# inherits none of the server's, so the gateway's /v1/ starts from the same ones, less 403 (no deny rule there; a
+# box's 403, a key kept from a model, passes).
+LIMIT_PAGES = ((f"429 {OWN_LIMIT_STATUS}", "= @too_many"), (413, "@too_large"), (403, "@forbidden"), (408, "@timeout"))
 SERVER_ERROR_PAGES = (*LIMIT_PAGES, ("502 503 504", "@upstream_down"))
 # The router's own answers are plain text, and one 503 whether no box serves the model or every box that does is
 # busy: the box's API tells the client which (serving/fleet_unroutable.py), with the status it chooses ("=").
-GATEWAY_ERROR_PAGES = (*LIMIT_PAGES, (401, "@unauthorized"), ("404 502 503 504", "= @fleet_unroutable"))
+GATEWAY_ERROR_PAGES = ((OWN_LIMIT_STATUS, "= @too_many"), (413, "@too_large"), (408, "@timeout"),
+                       (401, "@unauthorized"), ("404 502 503 504", "= @fleet_unroutable"),
+                       (VOUCHED_LIMIT_STATUS, "= @fleet_key_limit"))
 
 
 def _error_pages(pages) -> list[str]:
@@ -87,6 +95,9 @@ TRACE_MAPS = (
     'default 00-$request_id-$fleet_parent_id-01; }',
 )
 TRACE_HEADER = "proxy_set_header traceparent $fleet_traceparent;"
+# The voucher as the request's bearer, or no Authorization at all where the API gave none (an empty value is not
+# sent): the router then adds the fleet key, and a box's front refuses a request with two.
+VOUCH_MAP = '    map $fleet_vouch $fleet_authorization { "" ""; default "Bearer $fleet_vouch"; }'
 
 
 def _gateway_locations() -> list[str]:
@@ -102,10 +113,19 @@ def _gateway_locations() -> list[str]:
         # box's own API (location /), which answers what it does not serve with its own 404.
         f"        location ~ {FLEET_ROUTES} {{ auth_request /_fleet_auth; proxy_intercept_errors on; "
         f"{' '.join(_error_pages(GATEWAY_ERROR_PAGES))} proxy_pass http://fleet_router; "
-        f"{PROXY_HEADERS} {TRACE_HEADER} proxy_set_header Authorization \"\"; proxy_set_header X-Api-Key \"\"; "
+        # The client's key goes no further: in its place the voucher the API gave (auth/fleet_vouch.py), which the
+        # router passes to a box registered without the fleet key, so the key's limits hold there.
+        "auth_request_set $fleet_vouch $upstream_http_x_everycycle_vouch; "
+        f"{PROXY_HEADERS} {TRACE_HEADER} proxy_set_header Authorization $fleet_authorization; "
+        "proxy_set_header X-Api-Key \"\"; "
         "proxy_buffering off; }",
         "        location /v1/everycycle/ { proxy_pass http://serving; }  # this box's own map and key check",
         "        location @fleet_unroutable { rewrite ^ /v1/everycycle/fleet/unroutable break; proxy_pass http://serving; }",
+        # A box's refusal of a vouched key for its limits, made 430 so that the router does not retry it on every
+        # box (auth/fleet_vouch.py): the 429 it meant, its body and Retry-After as the box gave them.
+        "        location @fleet_key_limit { default_type application/json; "
+        "add_header Retry-After $upstream_http_retry_after always; "
+        f"return 429 $upstream_http_{ERROR_HEADER.lower().replace('-', '_')}; }}",
         # sglang-router has no Anthropic route for HTTP workers: Messages are this box's own models.
         "        location /v1/messages { proxy_pass http://serving; }",
     ]
@@ -169,12 +189,13 @@ def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
         *_per_client_key(s),
         f"    limit_conn_zone {key} zone=per_client_conn:4m;",
         f"    limit_req_zone {key} zone=per_client_req:4m rate={s.requests_per_second_per_client}r/s;",
-        "    limit_conn_status 429;",
-        "    limit_req_status 429;",
+        f"    limit_conn_status {OWN_LIMIT_STATUS};",
+        f"    limit_req_status {OWN_LIMIT_STATUS};",
         "    limit_conn_log_level warn;",
         "    limit_req_log_level warn;",
         f"    upstream serving {{ server unix:{paths.upstream_socket}; }}",
-        *([f"    upstream fleet_router {{ server 127.0.0.1:{paths.gateway_port}; keepalive 32; }}", *TRACE_MAPS]
+        *([f"    upstream fleet_router {{ server 127.0.0.1:{paths.gateway_port}; keepalive 32; }}", *TRACE_MAPS,
+            VOUCH_MAP]
           if paths.gateway_port else []),
         "    proxy_http_version 1.1;",
         f"    {PROXY_HEADERS}",

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import socket
+import secrets
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
 import falcon
 
+from host_runtime.auth.fleet_vouch import PREFIX as VOUCH_PREFIX
+from host_runtime.auth.fleet_vouch import VOUCH_HEADER, Vouch
 from host_runtime.auth.keystore import KeyVerifier
 from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.prometheus_text import merge, up_text
@@ -70,6 +73,10 @@ class AppConfig:
     trace_endpoint: str | None = None  # an OTLP/HTTP collector: requests are traced (serving/tracing.py)
     trace_sample_ratio: float = 1.0
     key_ledger: str | None = None  # the box's tokens by key (engine/key_ledger_file.py; None: this process's memory)
+    # This box's name for its vouched keys' use, in its capability map and the gateway's vouchers (made once per
+    # `serve`, before its workers fork: boxes in network namespaces share a host name)
+    use_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    fleet_state: str | None = None  # on the gateway: the controller's state file, with the fleet's vouched use
 
 
 FLEET_PREFIX = "/fleet/"
@@ -89,10 +96,58 @@ class FleetPrefix:
 
 class KeyCheck:
     """GET /v1/everycycle/auth: 204 when the request's key is valid here (the middleware refused it otherwise).
-    The fleet gateway's front asks this before passing a client's request to the router (nginx auth_request)."""
+    The fleet gateway's front asks this before passing a client's request to the router (nginx auth_request); on
+    the gateway (its key file holds the fleet key's signing seed) the answer carries the voucher the front sends
+    on in the key's place, so that its limits hold on the box that serves it (auth/fleet_vouch.py)."""
+
+    def __init__(self, verifier: KeyVerifier | None = None, fleet_state: str | None = None):
+        self._verifier = verifier
+        self._fleet_use = FleetUse(fleet_state)
 
     def on_get(self, req, resp):
         resp.status = falcon.HTTP_204
+        voucher = self._verifier.voucher() if self._verifier is not None else None
+        if voucher is None or not self._fleet_use.vouching():
+            return  # the router adds the fleet key (fleet/controller.vouches): no second bearer beside it
+        policy = req.context.get("key_policy")
+        name = req.context.get("key_name") or ""
+        limited = policy is not None and (policy.tokens_per_minute or policy.tokens_per_day)
+        vouch = Vouch(name, req.context.get("key_priority") or "default", req.context.get("key_max_concurrent") or 0,
+                      policy.tokens_per_minute if policy else 0, policy.tokens_per_day if policy else 0,
+                      tuple(policy.models) if policy else (), self._fleet_use.of(name) if limited else {})
+        resp.set_header(VOUCH_HEADER, voucher.issue(vouch, time.time()))
+
+
+class FleetUse:
+    """The fleet's vouched use by key, from the gateway controller's state file (fleet/state.py), read again when
+    it changes (every poll: about a second)."""
+
+    def __init__(self, path: str | None):
+        self._path = Path(path) if path else None
+        self._stamp: tuple | None = None
+        self._doc: dict = {}
+
+    def _read(self) -> dict:
+        if self._path is None:
+            return {}
+        try:
+            st = self._path.stat()
+            if (st.st_ino, st.st_mtime_ns, st.st_size) != self._stamp:
+                doc = json.loads(self._path.read_bytes())
+                self._doc = doc if isinstance(doc, dict) else {}
+                self._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except (OSError, ValueError):
+            self._doc = {}  # no fleet view yet: no vouchers, the router adds the fleet key
+        return self._doc
+
+    def vouching(self) -> bool:
+        """Whether the controller registered the router's workers without the fleet key (fleet/controller.py)."""
+        return self._read().get("vouching") is True
+
+    def of(self, key: str) -> dict[str, list[int]]:
+        use = self._read().get("vouched_use")
+        use = use.get(key) if isinstance(use, dict) else None
+        return use if isinstance(use, dict) else {}
 
 
 class LinkProbe:
@@ -126,9 +181,12 @@ class LinkProbe:
 
 
 class AuthMiddleware:
-    def __init__(self, verifier: KeyVerifier, metrics_access: str = "key"):
+    def __init__(self, verifier: KeyVerifier, metrics_access: str = "key", key_tokens: KeyTokens | None = None,
+                 use_id: str = ""):
         self._verifier = verifier
         self._open = OPEN_PATHS | ({"/metrics"} if metrics_access != "key" else set())
+        self._key_tokens = key_tokens  # the box's ledger, for a vouched key's use across the fleet
+        self._use_id = use_id          # this box's name in the gateway's view of the fleet's use (AppConfig)
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         # Behind /fleet/BOX/ only /health is open (the router's health check): /metrics is open here only where
@@ -143,6 +201,9 @@ class AuthMiddleware:
         if not token:
             raise APIError(401, "no API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                            code="missing_api_key")
+        if token.startswith(VOUCH_PREFIX):
+            self._vouched(req, token)
+            return
         name = self._verifier.verify(token)
         if name is None:
             raise APIError(401, "the API key is not valid for this box", code="invalid_api_key")
@@ -154,6 +215,24 @@ class AuthMiddleware:
         req.context.key_max_concurrent = self._verifier.max_concurrent_of(name)
         req.context.key_policy = policy  # its token limits and models (generation_call)
 
+
+    def _vouched(self, req: falcon.Request, token: str) -> None:
+        """A client's key as the fleet's gateway vouches for it (auth/fleet_vouch.py): its limits and class apply
+        here under the name KEY@fleet; the fleet key's address rule (its gateways' addresses) applies too."""
+        found = self._verifier.vouched(token, time.time())
+        if found is None:
+            raise APIError(401, "the fleet gateway's voucher is not valid here (out of date, or signed for another "
+                                "fleet)", code="invalid_api_key")
+        record, policy, vouch = found
+        if not record.allows_address(client_address(req)):
+            raise APIError(403, "this API key is not valid from this address", code="address_not_allowed")
+        req.context.vouched = True  # a refusal for its limits goes back as VOUCHED_LIMIT_STATUS (serving/errors.py)
+        req.context.key_name = policy.name
+        req.context.key_priority = policy.priority
+        req.context.key_max_concurrent = policy.max_concurrent
+        req.context.key_policy = policy
+        if self._key_tokens is not None:  # its tokens on the other boxes count here too
+            self._key_tokens.check(req.context, vouch.elsewhere(self._use_id))
 
     def _note_key(self, req: falcon.Request) -> None:
         token = _presented_key(req)
@@ -670,8 +749,10 @@ def create_app(config: AppConfig) -> falcon.App:
 
     client = EngineClient(config.engine_socket)
     middleware = [FleetPrefix()]
-    if config.keys_file:
-        middleware.append(AuthMiddleware(KeyVerifier(config.keys_file), config.metrics_access))
+    verifier = KeyVerifier(config.keys_file) if config.keys_file else None
+    key_tokens = KeyTokens(SharedKeyLedger(config.key_ledger))
+    if verifier is not None:
+        middleware.append(AuthMiddleware(verifier, config.metrics_access, key_tokens, config.use_id))
     if config.trace_endpoint:  # after the key check: only an accepted key's requests make spans
         middleware.append(TraceMiddleware(Tracing(config.trace_endpoint, config.trace_sample_ratio),
                                           keys_required=bool(config.keys_file)))
@@ -684,7 +765,6 @@ def create_app(config: AppConfig) -> falcon.App:
     models = Models(router)
     app.add_route("/v1/models", models)
     app.add_route("/v1/models/{model_id}", models, suffix="one")
-    key_tokens = KeyTokens(SharedKeyLedger(config.key_ledger))
     app.add_route("/tokenize", Tokens(router, config, "tokenize", key_tokens))
     app.add_route("/detokenize", Tokens(router, config, "detokenize", key_tokens))
     app.add_route("/v1/chat/completions", Generation(router, config, "chat"))
@@ -703,8 +783,8 @@ def create_app(config: AppConfig) -> falcon.App:
                          ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed"), ("pull", "pull")):
         app.add_route(f"/api/{path}", ollama, suffix=suffix)
 
-    app.add_route("/v1/everycycle/capabilities", CapabilitiesResource(router, config))
-    app.add_route("/v1/everycycle/auth", KeyCheck())
+    app.add_route("/v1/everycycle/capabilities", CapabilitiesResource(router, config, verifier, key_tokens.ledger))
+    app.add_route("/v1/everycycle/auth", KeyCheck(verifier, config.fleet_state))
     app.add_route("/v1/everycycle/probe", LinkProbe())
     app.add_route("/v1/everycycle/fleet/unroutable", FleetUnroutable(config.fleet_router, config.max_body_bytes))
     # Most specific last: falcon picks the handler registered for the closest class.

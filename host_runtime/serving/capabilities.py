@@ -3,11 +3,13 @@ the engine pool's listing, each loaded engine's info, the governor's published s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
 import time
 
+from host_runtime.auth.fleet_vouch import VOUCHED_SUFFIX
 from host_runtime.engine.client import EngineClient
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.engine.wire import EngineInfo
@@ -73,12 +75,18 @@ def gather(router, governor_state: str | None) -> Capabilities:
 
 
 class CapabilitiesResource:
-    def __init__(self, router, config):
+    def __init__(self, router, config, verifier=None, ledger=None):
         self._router = router
         self._config = config
+        self._verifier = verifier  # the API's KeyVerifier (None: no key file)
+        self._ledger = ledger      # the box's key ledger: its vouched keys' use (engine/key_ledger_file.py)
 
     def on_get(self, req, resp):
         import falcon
 
+        caps = gather(self._router, self._config.governor_state)
+        if self._verifier is not None and self._verifier.checks_vouchers():
+            use = self._ledger.use_by_key(VOUCHED_SUFFIX, time.time()) if self._ledger is not None else {}
+            caps = dataclasses.replace(caps, checks_vouchers=True, use_id=self._config.use_id, vouched_use=use)
         resp.content_type = falcon.MEDIA_JSON
-        resp.text = json.dumps(gather(self._router, self._config.governor_state).to_wire())
+        resp.text = json.dumps(caps.to_wire())

@@ -8,6 +8,7 @@ import logging
 
 import falcon
 
+from host_runtime.auth.fleet_vouch import ERROR_HEADER, VOUCHED_LIMIT_STATUS
 from host_runtime.common.errors import EveryCycleError, InputError, UnavailableError
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.serving.tracing import trace_id_of
@@ -57,6 +58,10 @@ def _write(resp: falcon.Response, err: RequestRejected, req=None) -> None:
         resp.text = json.dumps(body_of(err))
     if err.retry_after is not None:
         resp.set_header("Retry-After", str(err.retry_after))
+    if err.status == 429 and req is not None and req.context.get("vouched"):
+        # through the fleet's router, which would retry a 429 on every box: auth/fleet_vouch.py
+        resp.status = f"{VOUCHED_LIMIT_STATUS} Key Limit"
+        resp.set_header(ERROR_HEADER, json.dumps(body_of(err), separators=(",", ":"), ensure_ascii=True))
     if err.status == 401:
         resp.set_header("WWW-Authenticate", "Bearer")
 

@@ -22,13 +22,14 @@ class KeyTokens:
             return None
         return name, policy.tokens_per_minute, policy.tokens_per_day
 
-    def check(self, context) -> None:
-        """APIError 429 (Retry-After) where the request's key is past one of its token limits."""
+    def check(self, context, elsewhere: tuple[int, int] = (0, 0)) -> None:
+        """APIError 429 (Retry-After) where the request's key is past one of its token limits (`elsewhere`: its
+        minute's and day's use on the fleet's other boxes, for a key the gateway vouched for)."""
         limited = self._limited(context)
         if limited is None:
             return
         name, per_minute, per_day = limited
-        refusal = self.ledger.refusal(name, per_minute, per_day, time.time())
+        refusal = self.ledger.refusal(name, per_minute, per_day, time.time(), elsewhere)
         if refusal is not None:
             raise APIError(429, refusal.message(name), code="token_limit_exceeded", retry_after=refusal.retry_after)
 
@@ -36,3 +37,5 @@ class KeyTokens:
         limited = self._limited(context)
         if limited is not None and tokens > 0:
             self.ledger.add(limited[0], int(tokens), time.time())
+            # in the file before the answer goes: the client's next request may reach another of the API's workers
+            self.ledger.flush()
