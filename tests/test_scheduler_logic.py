@@ -14,6 +14,7 @@ from host_runtime.engine import wire
 from host_runtime.engine.engine import Engine, GenerationRequest
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.sampling import SamplingParams
+from host_runtime.engine.wire import PRIORITIES
 from host_runtime.engine.speculation import SpeculationConfig
 from tests.fake_runner import EOG, FakeModel, FakeRunner
 
@@ -422,7 +423,7 @@ def test_an_interactive_request_parks_a_batch_one_and_each_answers_as_if_alone(m
     assert events.text("chat") == "abcde"
     figures = engine.metrics.snapshot()
     assert figures["requests_preempted_total"] == 1 and figures["requests_resumed_total"] == 1
-    assert engine.cache.free_slots() == 1 and not engine._parked
+    assert engine.cache.free_slots() == 1 and not engine.scheduler.parked
     batch, chat = events.of("batch")[-1].timings, events.of("chat")[-1].timings
     # The batch's trace says it was parked, and for about as long as the chat took (5 tokens at a millisecond)
     assert batch.preemptions == 1 and 0.004 <= batch.parked_s <= batch.decode_s and chat.preemptions == 0
@@ -464,9 +465,12 @@ def test_a_batch_job_that_has_run_for_minutes_is_still_parked_for_a_person(make)
 
 
 def test_only_a_request_that_higher_classes_alone_keep_out_ages():
+    """The scheduler alone (engine/scheduler.py: no engine, no model)."""
     from types import SimpleNamespace
 
-    engine = Engine(FakeModel(n_parallel=2), runner=FakeRunner(FakeModel(n_parallel=2)))
+    from host_runtime.engine.scheduler import Scheduler
+
+    scheduler = Scheduler(max_waiting=8, now=1000.0)
 
     def request(priority: str) -> GenerationRequest:
         return GenerationRequest(prompt_tokens=[1], max_tokens=1, sink=lambda e: None, priority=priority)
@@ -474,18 +478,46 @@ def test_only_a_request_that_higher_classes_alone_keep_out_ages():
     running = [SimpleNamespace(request=request("batch")), SimpleNamespace(request=request("interactive"))]
     behind_its_own = request("batch")      # a batch request runs: it waits its turn in its class
     default = request("default")           # only a lower class (batch) and a higher one run: it would park the batch
-    engine._active, engine._waiting = running, [behind_its_own, default]
-    engine._aged_at -= 61
-    engine._age_locked()
+    scheduler.enqueue(behind_its_own)
+    scheduler.enqueue(default)
+    scheduler.age(1061.0, running)
     assert behind_its_own.shut_out_s == 0 and default.shut_out_s == 0
-    engine._active = [SimpleNamespace(request=request("interactive"))] * 2  # people hold every slot
-    engine._aged_at -= 61
-    engine._age_locked()
-    assert behind_its_own.shut_out_s >= 61 and behind_its_own.rank() == 1 and default.rank() == 0
-    engine._active = []  # nothing runs (the governor holds every sequence back): nobody is passed over
-    engine._aged_at -= 600
-    engine._age_locked()
+    people = [SimpleNamespace(request=request("interactive"))] * 2  # people hold every slot
+    scheduler.age(1122.0, people)
+    assert behind_its_own.shut_out_s == 61 and behind_its_own.rank() == 1 and default.rank() == 0
+    scheduler.age(1722.0, [])  # nothing runs (the governor holds every sequence back): nobody is passed over
     assert behind_its_own.rank() == 1
+
+
+def test_the_scheduler_picks_by_class_then_arrival_and_parks_the_latest_lowest():
+    """The scheduler's decisions, without an engine: the pick keeps class order within the free slots (a parked
+    sequence competes with the waiting), and the preemption victim is the latest of the lowest class below."""
+    from types import SimpleNamespace
+
+    from host_runtime.engine.scheduler import Scheduler
+
+    scheduler = Scheduler(max_waiting=8, now=0.0)
+
+    def request(priority: str, arrived: float, n: int = 1) -> GenerationRequest:
+        return GenerationRequest(prompt_tokens=[1, 2], max_tokens=1, sink=lambda e: None, priority=priority,
+                                 arrived=arrived, n=n)
+
+    batch, chat, default = request("batch", 1.0), request("interactive", 3.0), request("default", 2.0)
+    for r in (batch, chat, default):
+        scheduler.enqueue(r)
+    parked_seq = SimpleNamespace(request=request("default", 0.5))
+    scheduler.park(parked_seq, "kv", now=5.0)
+    assert parked_seq.request.preemptions == 1 and parked_seq.request.parked_at == 5.0
+    never_wait = lambda r, running: False  # noqa: E731 (the prefix cache's answer)
+    picked = scheduler.pick(free=2, allowed=4, busy=2, free_slots=2, running=[], worth_waiting=never_wait)
+    assert [getattr(p, "request", p) for p in picked] == [chat, parked_seq.request]
+    assert list(scheduler.waiting) == [batch, default] and scheduler.parked == []
+    # the prefix cache says a running sequence computes its prefix: it waits, the next goes
+    assert scheduler.pick(1, 4, 3, 1, [], lambda r, running: r is default) == [batch]
+    running = [SimpleNamespace(request=request("batch", 1.0)), SimpleNamespace(request=request("batch", 4.0)),
+               SimpleNamespace(request=request("default", 0.0)), SimpleNamespace(request=request("batch", 9.0, n=2))]
+    assert Scheduler.preemption_victim(running, rank=PRIORITIES.index("interactive")) is running[1]
+    assert Scheduler.preemption_victim(running, rank=PRIORITIES.index("batch")) is None
 
 
 def _parked_behind_a_chat(engine, events, batch: str, chat: str, *, batch_tokens: int,
@@ -495,7 +527,7 @@ def _parked_behind_a_chat(engine, events, batch: str, chat: str, *, batch_tokens
     while len(events.of(batch)) < 3:
         threading.Event().wait(0.001)
     ask(engine, events, chat, "xyz", max_tokens=chat_tokens, priority="interactive")
-    while not engine._parked:
+    while not engine.scheduler.parked:
         threading.Event().wait(0.001)
     return request
 
@@ -508,7 +540,7 @@ def test_a_parked_request_cancelled_is_dropped(make):
     batch.cancel()
     events.wait("chat")
     threading.Event().wait(0.05)
-    assert not engine._parked and engine.metrics.snapshot()["requests_resumed_total"] == 0
+    assert not engine.scheduler.parked and engine.metrics.snapshot()["requests_resumed_total"] == 0
     assert not any(isinstance(e, wire.FINAL) for e in events.of("batch"))
 
 
@@ -530,7 +562,7 @@ def test_a_key_past_its_concurrency_limit_gets_a_429_and_other_keys_do_not(make)
     ask(engine, events, "job-4", "abc", max_tokens=3, key="nightly", key_max_concurrent=2)
     ask(engine, events, "job-5", "abc", max_tokens=3, key="nightly", key_max_concurrent=2)
     events.wait("job-4", "job-5")
-    assert not engine._live_per_key
+    assert not engine.scheduler.live_per_key
 
 
 def test_each_keys_usage_is_counted_by_its_name(make):
@@ -610,4 +642,4 @@ def test_a_parked_state_past_the_ram_bound_waits_on_disk_and_comes_back_whole(ma
     batch.cancel()
     events.wait("chat2")
     threading.Event().wait(0.05)
-    assert list(parked_dir.iterdir()) == [] and not engine._parked
+    assert list(parked_dir.iterdir()) == [] and not engine.scheduler.parked

@@ -23,11 +23,11 @@ from host_runtime.engine.key_ledger_file import SharedKeyLedger
 from host_runtime.engine.kv_store import KVStore, disk_budget
 from host_runtime.engine.metrics import EngineMetrics
 from host_runtime.engine.options import PrefixCacheConfig
-from host_runtime.engine.parking import PARK_RAM_BYTES, ParkedState, ParkingSpace
+from host_runtime.engine.parking import PARK_RAM_BYTES, ParkingSpace
+from host_runtime.engine.scheduler import AGING_S, Parked, Scheduler
 from host_runtime.engine.progress import DecodeProgress
 from host_runtime.engine.prefix_cache import (Admission, Copy, DropDisk, DropRam, Demote, PrefixCache, Restore,
                                               Running, Spill, Trim)
-from host_runtime.engine import admission
 from host_runtime.engine.runner import DecodePart, LlamaRunner
 from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected, SamplingParams
 from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLength, NgramIndex, SpeculationConfig,
@@ -43,12 +43,6 @@ log = logging.getLogger(__name__)
 EventSink = Callable[[Token | Finish | Done | Error], None]  # wire events, from the loop thread
 # A test hook, named as such: seconds added to every decode call, to show readiness on a slow box.
 TEST_DECODE_DELAY_S = float(os.environ.get("EVERYCYCLE_TEST_DECODE_DELAY_S") or 0)
-# A request waiting or parked rises one class per AGING_S of being shut out: waiting while every running sequence
-# is of a higher class (none of its own class or a lower one runs). A batch request is never shut out for longer than
-# two of them (it then ranks as interactive, and nothing may park it); while its class runs, it waits its turn there.
-# Counted this way, not from its arrival: a long batch job's requests, which wait behind each other, would
-# otherwise all rank as interactive after two minutes and nobody could preempt them.
-AGING_S = 60.0
 
 
 @dataclass
@@ -122,19 +116,6 @@ class _EmbeddingJob:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
-@dataclass
-class _Parked:
-    """A sequence taken off its slot for a higher class: its KV cells as llama.cpp saved them, and everything else
-    (sampler chain and its RNG, stop matcher, decoder, drafts' state) in the Sequence itself, so that it resumes
-    where it stopped and its output is what it would have been."""
-    seq: "Sequence"
-    state: ParkedState  # where its KV waits (engine/parking.py: RAM, then disk)
-
-    @property
-    def request(self) -> GenerationRequest:
-        return self.seq.request
-
-
 class Sequence:
     """One choice of one request, bound to a llama.cpp seq_id while it runs."""
 
@@ -204,14 +185,13 @@ class Engine:
         self.throttle = ThrottleReader(governor_state)
         self.progress = DecodeProgress()
         self.max_waiting = max_waiting
-        self._cv = threading.Condition()  # guards _waiting; everything below it is the loop thread's alone
-        self._waiting: collections.deque[GenerationRequest] = collections.deque()
+        # _cv guards the scheduler (its queue, parked sequences and keys' counts: engine/scheduler.py) and the
+        # embedding jobs; _active and the rest are the loop thread's alone.
+        self._cv = threading.Condition()
+        self.scheduler = Scheduler(max_waiting, time.monotonic())
         self._active: list[Sequence] = []
-        self._parked: list[_Parked] = []  # the loop thread's, like _active
-        self._aged_at = time.monotonic()  # the last look of _age_locked
         self._parking = ParkingSpace(prefix_cache.directory if prefix_cache.enabled else None, park_ram_bytes)
         self.metrics.parked_bytes = self._parking.bytes_by_tier
-        self._live_per_key: collections.Counter[str] = collections.Counter()  # under _cv (an RLock)
         self._ledger = key_ledger or SharedKeyLedger(None)  # tokens each key used, for its per-minute and per-day limits
         self.store = KVStore(prefix_cache.directory if prefix_cache.enabled else None, model.cache_fingerprint)
         found = self.store.scan()
@@ -314,20 +294,12 @@ class Engine:
                 raise RequestRejected(429, refusal.message(request.key), code="token_limit_exceeded",
                                       retry_after=refusal.retry_after)
         with self._cv:
-            live = self._live_per_key[request.key] if request.key else 0
-            if request.key and request.key_max_concurrent and live >= request.key_max_concurrent:
-                raise RequestRejected(429, f"the key {request.key!r} has {live} requests running or waiting; its "
-                                      f"limit is {request.key_max_concurrent} at once (keys set-limit)",
-                                      code="concurrency_limit_exceeded", retry_after=1)
-            refused = admission.refusal(collections.Counter(r.key for r in self._waiting), len(self._waiting),
-                                        self.max_waiting, request.key or None, request.priority)
-            if refused is not None:
-                self.metrics.add("requests_rejected_total")
-                raise refused
-            request.open_choices = request.n
-            if request.key:
-                self._live_per_key[request.key] += 1
-            self._waiting.append(request)
+            try:
+                self.scheduler.enqueue(request)
+            except RequestRejected as refused:
+                if refused.code != "concurrency_limit_exceeded":  # the queue's refusals (engine/admission.py)
+                    self.metrics.add("requests_rejected_total")
+                raise
             self.progress.pending(True)
             self.metrics.add("requests_total")
             self._publish_queue_locked()
@@ -413,8 +385,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while (not self._stopping and not self._active and not self._waiting and not self._embed_jobs
-                       and not self._parked):
+                while not self._stopping and not self._active and not self.scheduler.has_work() and not self._embed_jobs:
                     self._cv.wait(timeout=1.0)
                 if self._stopping:
                     for job in self._embed_jobs:
@@ -422,13 +393,13 @@ class Engine:
                         job.done.set()
                     return
                 self._drop_cancelled_locked()
-                self._age_locked()
+                self.scheduler.age(time.monotonic(), self._active)
                 admitted = self._pop_admissible_locked()
-                waiting_rank = min((r.rank() for r in self._waiting), default=None)
+                waiting_rank = self.scheduler.waiting_rank()
                 self._publish_queue_locked()
             try:
                 for entry in admitted:
-                    if isinstance(entry, _Parked):
+                    if isinstance(entry, Parked):
                         self._resume(entry)
                     else:
                         self._admit(entry)
@@ -452,77 +423,40 @@ class Engine:
             with self._cv:
                 # Finished sequences left during the step: the gauges must say so even if the loop now idles.
                 self._publish_queue_locked()
-                self.progress.pending(bool(self._active or self._waiting))
-
-    def _age_locked(self) -> None:
-        """Waiting and parked requests that only higher classes' sequences kept out since the last look age by the
-        time between (AGING_S): a class that has one running is served, in its turn, and does not age."""
-        now = time.monotonic()
-        elapsed, self._aged_at = now - self._aged_at, now
-        if not (self._waiting or self._parked) or not self._active:
-            return
-        lowest_running = max(s.request.class_index for s in self._active)
-        for request in [*self._waiting, *(p.request for p in self._parked)]:
-            if request.class_index > lowest_running:
-                request.shut_out_s += elapsed
+                self.progress.pending(bool(self._active or self.scheduler.waiting))
 
     def _pop_admissible_locked(self) -> list:
-        """Requests (and parked sequences) that get their slots now, strictly in order of class, then arrival."""
-        if not self._waiting and not self._parked:
+        """Requests (and parked sequences) that get their slots now: the scheduler's pick, given the governor's
+        hint and the slots the prefix cache has free."""
+        if not self.scheduler.has_work():
             return []  # the common case mid-generation: no need to stat the governor's file every step
-        admitted = []
         level = self.throttle.level()
         allowed = sequences_allowed(level, self.model.n_parallel)
         busy = self.model.n_parallel - self.cache.free_slots()
-        free = min(self.cache.free_slots(), max(0, allowed - busy))
         self.metrics.set_throttle(level, allowed)
-
-        def order(entry) -> tuple[int, float]:
-            request = entry.request if isinstance(entry, _Parked) else entry
-            return request.rank(), request.arrived
-        running = self._running_prompts()
-        for entry in sorted([*self._waiting, *self._parked], key=order):
-            n = 1 if isinstance(entry, _Parked) else entry.n
-            # A request wanting more choices than the hint allows still runs, alone, when nothing else does.
-            alone = busy == 0 and not admitted and n > allowed and self.cache.free_slots() >= n
-            if free < n and not alone:
-                break
-            # Asked only of a request that would get a slot now: the prefix comparisons stay off full-queue steps.
-            if n == 1 and not isinstance(entry, _Parked) and self.cache.worth_waiting(entry.prompt_tokens,
-                                                                                     entry.cache_scope, running):
-                continue  # a running sequence is computing its prefix: copied once it has (admit's "running")
-            free = max(0, free - n)
-            admitted.append(entry)
-            if n == 1 and not isinstance(entry, _Parked):  # it will prefill: the next in line may wait for it
-                running.append(Running(-1, entry.prompt_tokens, 0, entry.cache_scope))
-            if isinstance(entry, _Parked):
-                self._parked.remove(entry)
-            else:
-                self._waiting.remove(entry)
-        return admitted
+        return self.scheduler.pick(min(self.cache.free_slots(), max(0, allowed - busy)), allowed, busy,
+                                   self.cache.free_slots(), self._running_prompts(),
+                                   lambda r, running: self.cache.worth_waiting(r.prompt_tokens, r.cache_scope,
+                                                                               running))
 
     def _park_one_below(self, rank: int) -> None:
         """A request of class `rank` waits and every slot is busy: park the running single-choice sequence of the
         lowest class below it (the latest to arrive among those), freeing its slot for the next step."""
         if self.cache.free_slots() > 0:
             return
-        now = time.monotonic()
-        candidates = [s for s in self._active if s.request.n == 1 and not s.request.cancelled.is_set()
-                      and s.request.rank() > rank]
-        if not candidates:
+        seq = self.scheduler.preemption_victim(self._active, rank)
+        if seq is None:
             return
-        seq = max(candidates, key=lambda s: (s.request.rank(), s.request.arrived))
         state = self.runner.save(seq.seq_id)
         self._active.remove(seq)
         self.cache.release(seq.seq_id, [], cacheable=False)
         self.runner.forget(seq.seq_id)
-        self._parked.append(_Parked(seq, self._parking.put(state)))
-        seq.request.parked_at = now
-        seq.request.preemptions += 1
+        with self._cv:
+            self.scheduler.park(seq, self._parking.put(state), time.monotonic())
         self.metrics.add("requests_preempted_total")
         self._publish_cache()
 
-    def _resume(self, parked: _Parked) -> None:
+    def _resume(self, parked: Parked) -> None:
         """A parked sequence back on a free slot, its cells restored: it goes on from where it stopped."""
         seq, request = parked.seq, parked.request
         slot_id = None
@@ -644,23 +578,18 @@ class Engine:
         """The request is answered (failed False) or failed or dropped: its key's count goes down and its usage is
         counted, once."""
         with self._cv:
-            if request.key and not request.settled:
-                self._live_per_key[request.key] -= 1
-                if self._live_per_key[request.key] <= 0:
-                    del self._live_per_key[request.key]
+            if self.scheduler.settle(request):
                 self.metrics.key_used(request.key, prompt=len(request.prompt_tokens), cached=request.cached_tokens,
                                       generated=request.generated, failed=failed)
                 if request.key_tokens_per_minute or request.key_tokens_per_day:  # only limited keys are kept
                     self._ledger.add(request.key, len(request.prompt_tokens) + request.generated, time.time())
-            request.settled = True
 
     def _drop_cancelled_locked(self) -> None:
-        for request in [r for r in self._waiting if r.cancelled.is_set()]:
-            self._waiting.remove(request)
+        requests, parked_ones = self.scheduler.drop_cancelled()
+        for request in requests:
             self._settle(request)
             self.metrics.add("requests_cancelled_total")
-        for parked in [p for p in self._parked if p.request.cancelled.is_set()]:
-            self._parked.remove(parked)
+        for parked in parked_ones:
             self._parking.drop(parked.state)
             parked.seq.sampler.close()
             self._settle(parked.request)
@@ -675,7 +604,8 @@ class Engine:
     def _publish_queue_locked(self) -> None:
         running = len({id(s.request) for s in self._active})
         kv_used = sum(s.n_past for s in self._active)
-        self.metrics.set_queue(running, len(self._waiting), kv_used, self.model.n_ctx_per_seq * self.model.n_parallel)
+        self.metrics.set_queue(running, len(self.scheduler.waiting), kv_used,
+                               self.model.n_ctx_per_seq * self.model.n_parallel)
 
     def _release(self, seq: Sequence) -> None:
         if seq not in self._active:
