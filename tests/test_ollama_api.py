@@ -167,6 +167,27 @@ def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path)
             client.pull(f"{source.base}/claude-sonnet-4-5.gguf")
         assert err.value.status_code == 409 and "'claude-*'" in err.value.error
         assert "claude-sonnet-4-5:latest" not in [m.model for m in client.list().models]
+
+        # Ollama's idioms (#59): an empty prompt or chat loads a model, keep_alive 0 unloads it now (both were 400s)
+        loaded = client.generate(model="tiny")
+        assert loaded.done and loaded.done_reason == "load" and loaded.response == ""
+        assert "tiny:latest" in [m.model for m in client.ps().models]
+        unloaded = client.chat(model="tiny:latest", messages=[], keep_alive=0)
+        assert unloaded.done and unloaded.done_reason == "unload" and unloaded.message.content == ""
+        assert "tiny:latest" not in [m.model for m in client.ps().models]
+        assert client.chat(model="tiny", messages=[]).done_reason == "load"
+        with pytest.raises(ollama.ResponseError) as err:
+            client.generate(model=MODEL_ID, keep_alive=0)  # the server's own model stays
+        assert err.value.status_code == 409 and "stays loaded" in err.value.error
+        # /api/delete: the owner's right, as a pull; a loaded model is unloaded first
+        with pytest.raises(ollama.ResponseError) as err:
+            ollama.Client(host=base, headers={"Authorization": f"Bearer {ordinary}"}, timeout=60).delete("tiny")
+        assert err.value.status_code == 403
+        assert client.delete("tiny").status == "success"
+        assert "tiny:latest" not in [m.model for m in client.list().models + client.ps().models]
+        with pytest.raises(ollama.ResponseError) as err:
+            client.delete("tiny")
+        assert err.value.status_code == 404
     finally:
         proc.stop()
         source.shutdown()

@@ -35,9 +35,11 @@ from host_runtime.serving.errors import (APIError, handle_api_error, handle_box_
 from host_runtime.serving.key_privacy import cache_scope_of, metrics_for_key
 from host_runtime.serving.key_tokens import KeyTokens
 from host_runtime.serving.fleet_unroutable import FleetUnroutable
-from host_runtime.serving.handlers import ServingLogic, call_engine
+from host_runtime.serving.handlers import ServingLogic, call_engine, engine_down
 from host_runtime.serving.infill import InfillLogic, parse_infill
+from host_runtime.models.errors import StoreError
 from host_runtime.models.pull_hosts import PullHosts
+from host_runtime.models.store import Store
 from host_runtime.serving.model_pull import PullJob
 from host_runtime.serving.ollama_logic import OllamaLogic
 from host_runtime.serving.ready_stamp import READY_MARGIN_S, ReadyStamp
@@ -515,10 +517,12 @@ class Infill:
                lambda gone: logic.complete(call, info.model_id, gone))
 
 
-def generation_call(req, router: Router, config: AppConfig, parse, model_of=lambda body: body.get("model")):
-    """A generation's common path for every API: its body read, its model's engine found (loaded first if it must
-    be), the body parsed by parse(body, model_id, tool_format), and the key's prefix scope and class set."""
-    body = read_json(req, config.max_body_bytes)
+def generation_call(req, router: Router, config: AppConfig, parse, model_of=lambda body: body.get("model"),
+                    body: dict | None = None):
+    """A generation's common path for every API: its body read (or the one a handler already read), its model's
+    engine found (loaded first if it must be), the body parsed by parse(body, model_id, tool_format), and the key's
+    prefix scope and class set."""
+    body = read_json(req, config.max_body_bytes) if body is None else body
     policy = req.context.get("key_policy")
     check_model_allowed(policy, model_of(body), router)
     client, info = router.engine_for(model_of(body), keep_alive_of(body))
@@ -657,14 +661,7 @@ class Ollama:
     def on_post_pull(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
         source, stream = ollama_protocol.parse_pull(body)
-        policy = req.context.get("key_policy")
-        if policy is not None and policy.models:  # a key kept to some models does not add others to the box
-            raise APIError(403, f"the key {policy.name!r} may use only {', '.join(policy.models)}; it may not pull "
-                                "models", error_type="permission_error", code="pull_not_allowed", param="model")
-        if policy is not None and not policy.may_pull:  # a model it adds would serve every key that names it
-            raise APIError(403, f"the key {policy.name!r} may not change the box's models; the owner grants it with "
-                                f"'everycycle keys set-limit --keys FILE {policy.name} --may-pull yes'",
-                           error_type="permission_error", code="pull_not_allowed", param="model")
+        self._may_change_models(req)
         if not self._config.model_store:
             raise APIError(400, "this server has no model store to pull into (it serves one model file)",
                            param="model", code="no_model_store")
@@ -687,13 +684,75 @@ class Ollama:
         _json(resp, last)
 
     def _generation(self, req, resp, kind: str):
+        body = read_json(req, self._config.max_body_bytes)
+        if ollama_protocol.loads_only(body, kind):
+            self._load_or_unload(req, resp, kind, body)
+            return
         parse = ollama_protocol.parse_chat if kind == "chat" else ollama_protocol.parse_generate
         _, client, info, call = generation_call(req, self._router, self._config, parse,
-                                                lambda body: ollama_protocol.model_name(body, ""))
+                                                lambda body: ollama_protocol.model_name(body, ""), body)
         logic = OllamaLogic(ServingLogic(client))
         name = ollama_protocol.listed_name(info.model_id)
         answer(req, resp, call, lambda: logic.stream(call, kind, name),
                lambda gone: logic.complete(call, kind, name, gone), ndjson_stream)
+
+    def _load_or_unload(self, req, resp, kind: str, body: dict) -> None:
+        """Ollama's idioms with nothing to generate: an empty prompt or messages loads the model (and keeps it for
+        the request's keep_alive), and with keep_alive 0 unloads it now."""
+        name = ollama_protocol.model_name(body, "")
+        check_model_allowed(req.context.get("key_policy"), name, self._router)
+        keep_alive = keep_alive_of(body)
+        if keep_alive == 0:
+            target = self._router.alias_target(name) or name
+            if self._router.pool is None or target == self._router.default_info().model_id:
+                raise APIError(409, f"'{name}' is the model the server started with (serving.toml or --model): it "
+                                    "stays loaded", code="model_in_use", param="model")
+            try:
+                self._router.pool.unload(target)  # False where it was not loaded: unloaded all the same
+            except EngineUnavailable as exc:
+                raise engine_down(exc) from None
+            reason = "unload"
+        else:
+            self._router.engine_for(name, keep_alive)  # loaded, and ready, or the refusal says why not
+            reason = "load"
+        _json(resp, ollama_protocol.load_answer(ollama_protocol.listed_name(name), kind, reason))
+
+    def on_delete_delete(self, req, resp):
+        """DELETE /api/delete: a model out of the store, with the permission a pull needs (it changes what every key's
+        requests for that name get); a loaded one is unloaded first, the server's own model refused."""
+        body = read_json(req, self._config.max_body_bytes)
+        request_models.check(request_models.OllamaDeleteRequest, body)
+        name = ollama_protocol.model_name(body, "")
+        self._may_change_models(req)
+        if not self._config.model_store or self._router.pool is None:
+            raise APIError(400, "this server has no model store (it serves one model file)", param="model",
+                           code="no_model_store")
+        store = Store(Path(self._config.model_store))
+        try:
+            store.get(name)
+        except StoreError:
+            raise APIError(404, f"model '{name}' not found", error_type="not_found_error", code="model_not_found",
+                           param="model") from None
+        if name == self._router.default_info().model_id:
+            raise APIError(409, f"'{name}' is the model the server started with (serving.toml or --model): change "
+                                "that first", code="model_in_use", param="model")
+        try:
+            self._router.pool.unload(name)
+        except EngineUnavailable as exc:
+            raise engine_down(exc) from None
+        store.remove(name)
+        resp.status = falcon.HTTP_200
+
+    def _may_change_models(self, req) -> None:
+        policy = req.context.get("key_policy")
+        if policy is not None and policy.models:  # a key kept to some models does not add others to the box
+            raise APIError(403, f"the key {policy.name!r} may use only {', '.join(policy.models)}; it may not pull "
+                                "or remove models", error_type="permission_error", code="pull_not_allowed",
+                           param="model")
+        if policy is not None and not policy.may_pull:  # a model it adds would serve every key that names it
+            raise APIError(403, f"the key {policy.name!r} may not change the box's models; the owner grants it with "
+                                f"'everycycle keys set-limit --keys FILE {policy.name} --may-pull yes'",
+                           error_type="permission_error", code="pull_not_allowed", param="model")
 
     def on_post_chat(self, req, resp):
         self._generation(req, resp, "chat")
@@ -780,7 +839,8 @@ def create_app(config: AppConfig) -> falcon.App:
     app.add_route("/v1/responses", Responses(router, config))
     ollama = Ollama(router, config, key_tokens)
     for path, suffix in (("version", "version"), ("tags", "tags"), ("ps", "ps"), ("show", "show"), ("chat", "chat"),
-                         ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed"), ("pull", "pull")):
+                         ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed"), ("pull", "pull"),
+                         ("delete", "delete")):
         app.add_route(f"/api/{path}", ollama, suffix=suffix)
 
     app.add_route("/v1/everycycle/capabilities", CapabilitiesResource(router, config, verifier, key_tokens.ledger))

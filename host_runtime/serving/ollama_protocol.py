@@ -43,6 +43,20 @@ def model_name(body: dict, served: str) -> str:
     return name[:-len(TAG)] if name.endswith(TAG) else name
 
 
+def loads_only(body: dict, kind: str) -> bool:
+    """Ollama's load-or-unload idiom: a chat with no messages, a generate with no prompt (and no suffix)."""
+    if kind == "chat":
+        return not body.get("messages")
+    return not body.get("prompt") and not body.get("suffix") and not body.get("images")
+
+
+def load_answer(model: str, kind: str, reason: str) -> dict:
+    """What Ollama answers to the idiom: done at once, done_reason "load" or "unload"."""
+    doc = {"model": model, "created_at": now_iso()}
+    doc.update({"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""})
+    return {**doc, "done": True, "done_reason": reason}
+
+
 def _renamed(err: APIError) -> APIError:
     param = _PARAM_OF.get(err.param or "", err.param)
     message = err.message

@@ -416,6 +416,10 @@ class OllamaPullRequest(Body):
     stream: Optional[bool] = Field(None, description="default true, as Ollama")
 
 
+class OllamaDeleteRequest(Body):
+    model: str = Field(description="the store model to remove, its tag optional")
+
+
 class UnroutableRequest(Body):
     """Read leniently by fleet_unroutable (it explains why the fleet could not route; a body it cannot read still
     gets that explanation), so documented here and not checked."""
@@ -425,7 +429,8 @@ class UnroutableRequest(Body):
 # The models the document names, by the component name it gives each.
 DOCUMENTED = (ChatRequest, CompletionRequest, InfillRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest,
               RerankRequest, MessagesRequest, CountTokensRequest, ResponsesRequest, OllamaChatRequest, OllamaGenerateRequest,
-              OllamaEmbedRequest, OllamaEmbeddingsRequest, OllamaShowRequest, OllamaPullRequest, UnroutableRequest)
+              OllamaEmbedRequest, OllamaEmbeddingsRequest, OllamaShowRequest, OllamaPullRequest, OllamaDeleteRequest,
+              UnroutableRequest)
 
 
 # ---- checking a body -----------------------------------------------------------------------------------------------
