@@ -174,6 +174,16 @@ def _owner_state(root, bundle):
 
 
 
+async def _open_wizard(pilot, app, passphrase: str = "correct horse"):
+    """On a set-up box: `w`, the admin passphrase, and the wizard it opens."""
+    await pilot.pause(0.3)
+    await pilot.press("w")
+    await pilot.pause(0.2)
+    await pilot.press(*passphrase, "enter")
+    await _until(pilot, lambda: app.screen.__class__.__name__ == "Wizard")
+    return app.screen
+
+
 async def _until(pilot, condition, timeout_s: float = 15.0) -> None:
     """Wait for what a key press leads to (a screen pushed, a notice shown) instead of a fixed pause, which a
     loaded machine overruns; fails with the condition unmet after timeout_s."""
@@ -362,13 +372,7 @@ def test_re_provisioning_from_the_wizard_lists_the_keys_and_revokes_those_ticked
 
     async def drive():
         async with app.run_test(size=(120, 80)) as pilot:
-            await pilot.pause(0.3)
-            await pilot.press("w")
-            await pilot.pause(0.2)
-            await pilot.press(*"correct horse", "enter")
-            await pilot.pause(0.5)
-            wizard = app.screen
-            assert wizard.__class__.__name__ == "Wizard"
+            wizard = await _open_wizard(pilot, app)
             listed = wizard.query_one("#revoke", SelectionList)
             assert [listed.get_option_at_index(i).value for i in range(listed.option_count)] == ["laptop", "old-ci"]
             listed.select("old-ci")
@@ -598,13 +602,7 @@ def test_a_verdict_that_arrives_as_the_console_quits_is_dropped(tmp_path):
 
     async def drive():
         async with app.run_test(size=(120, 40)) as pilot:
-            await pilot.pause(0.3)
-            await pilot.press("w")
-            await pilot.pause(0.2)
-            await pilot.press(*"correct horse", "enter")
-            await _until(pilot, lambda: app.screen.__class__.__name__ == "Wizard")
-            wizard = app.screen
-            assert wizard.__class__.__name__ == "Wizard"
+            wizard = await _open_wizard(pilot, app)
             await wizard.query_one("#model_verdict").remove()
             await wizard.query_one("#result").remove()
             wizard._verdict = None
