@@ -14,7 +14,7 @@ import pytest
 
 from host_runtime.console.app import Dashboard
 from host_runtime.common.supervisor_rpc import supervisor_proxy
-from host_runtime.box_status.reader import ConsoleConfig, StatusReader
+from host_runtime.box_status.reader import StatusConfig, StatusReader
 from host_runtime.box_status.rows import BoxStatus, Serving, Source
 from host_runtime.console.status_text import render
 from tests.conftest import MODEL_ID
@@ -56,7 +56,7 @@ command={BIN}/everycycle bmc --backend ipmi --host 127.0.0.1 --port {sim.port} -
     provisioned.mkdir(parents=True)
     (provisioned / "provisioned.json").write_text(json.dumps({"provisioned": True, "digest": "ab" * 32, "history": [
         {"digest": "ab" * 32, "applied_at": "2026-11-29T12:00:00+00:00", "hostname": "box-1"}]}))
-    config = ConsoleConfig(run_dir=run, serving_url=server, bmc_url=f"http://127.0.0.1:{bmc_port}/telemetry",
+    config = StatusConfig(run_dir=run, serving_url=server, bmc_url=f"http://127.0.0.1:{bmc_port}/telemetry",
                            keys_file=Path(api_key[0]), api_port=int(server.rsplit(":", 1)[1]),
                            provision_root=tmp_path / "root")
     reader = StatusReader(config)
@@ -149,7 +149,7 @@ async def _until(pilot, predicate, timeout: float = 10.0):
 class FixedReader:
     """A reader with fixed figures, for the layout snapshot (live values would change every run)."""
 
-    config = ConsoleConfig(run_dir=Path("/nonexistent"))
+    config = StatusConfig(run_dir=Path("/nonexistent"))
 
     def read(self) -> BoxStatus:
         return BoxStatus(
@@ -184,7 +184,7 @@ def test_first_boot_keys_are_shown_once_on_the_screen_and_then_forgotten(tmp_pat
     assert keys_file.stat().st_mode & 0o777 == 0o600
 
     class Reader(FixedReader):
-        config = ConsoleConfig(run_dir=tmp_path, new_keys_file=keys_file)
+        config = StatusConfig(run_dir=tmp_path, new_keys_file=keys_file)
 
     async def drive():
         app = Dashboard(Reader(), tick_s=60)
@@ -322,7 +322,7 @@ def test_the_models_screen_pulls_switches_and_removes_models(tmp_path):
     pulling.add(store, write_tiny_llama(tmp_path / "tiny-a.gguf", n_ctx=256), say=lambda line: None)
     settings = tmp_path / "serving.toml"
     settings_file.save(ServingSettings(context_length=2048), settings)
-    config = ConsoleConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
+    config = StatusConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
                            provision_root=tmp_path / "root", bundle_dir=tmp_path / "bundle",
                            model_store=store.root, serving_settings=settings)
     (tmp_path / "root/var/lib/everycycle").mkdir(parents=True)

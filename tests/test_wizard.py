@@ -11,7 +11,7 @@ import pytest
 
 from host_runtime.auth.keystore import KeyVerifier
 from host_runtime.console.app import Dashboard
-from host_runtime.box_status.reader import ConsoleConfig, StatusReader
+from host_runtime.box_status.reader import StatusConfig, StatusReader
 from host_runtime.console.from_worker import draw_from_worker
 from host_runtime.console.wizard import box_from_answers, context_for_memory
 from tests.file_server import serve_files
@@ -50,7 +50,7 @@ def test_answers_make_the_same_box_as_the_hand_written_bundle():
 
 
 def test_the_wizard_checks_as_typed_writes_applies_and_shows_the_key_once(tmp_path):
-    config = ConsoleConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
+    config = StatusConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
                            provision_root=tmp_path / "root", bundle_dir=tmp_path / "bundle")
     app = Dashboard(StatusReader(config), tick_s=30)
 
@@ -121,7 +121,7 @@ def _provisioned_app(tmp_path, passphrase: str | None):
                  0o600)
     if passphrase:
         admin_passphrase.save(root, passphrase)
-    config = ConsoleConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
+    config = StatusConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
                            provision_root=root, bundle_dir=tmp_path / "bundle")
     return Dashboard(StatusReader(config), tick_s=30), root
 
@@ -306,7 +306,7 @@ def test_on_a_signed_image_the_wizard_applies_nothing(tmp_path):
 
     root = tmp_path / "root"
     atomic_write(root / TRUSTED_BUNDLE_KEY, b"-----BEGIN PUBLIC KEY-----\n", 0o644)
-    config = ConsoleConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
+    config = StatusConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
                            provision_root=root, bundle_dir=tmp_path / "bundle")
     app = Dashboard(StatusReader(config), tick_s=30)
 
@@ -408,7 +408,7 @@ def test_authorized_keys_are_checked_line_by_line():
 
 def test_the_wizard_takes_an_ssh_key_for_the_admin(tmp_path):
     """The wizard collected no SSH key, so a box set up at its console could not be reached over SSH (#37)."""
-    config = ConsoleConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
+    config = StatusConfig(run_dir=tmp_path / "run", serving_url="http://127.0.0.1:9", bmc_url=None,
                            provision_root=tmp_path / "root", bundle_dir=tmp_path / "bundle")
     app = Dashboard(StatusReader(config), tick_s=30)
     key = _public_key()

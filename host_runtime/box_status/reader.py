@@ -33,7 +33,10 @@ READY_TIMEOUT_S = 5.0
 
 
 @dataclass
-class ConsoleConfig:
+class StatusConfig:
+    """Where the status reader looks (the run directory, the API, the BMC agent, the key file) and what the box
+    tells clients (its API address, scheme, certificate). The console reads the box through it today; it belongs
+    to the UI-free layer, so that any other reader can (hence not ConsoleConfig, its old name)."""
     run_dir: Path
     serving_url: str = "http://127.0.0.1:8080"
     serving_socket: Path | None = None  # the API's own Unix socket: read there (no key, no front) when set
@@ -54,7 +57,7 @@ class ConsoleConfig:
 
 
 class StatusReader:
-    def __init__(self, config: ConsoleConfig):
+    def __init__(self, config: StatusConfig):
         self.config = config
         self._last_tokens: tuple[float, float] | None = None
         self._last_model_tokens: dict[str, tuple[float, float]] = {}  # model -> (when, tokens)

@@ -129,7 +129,7 @@ def cmd_governor_run(parser, args) -> int:
 def cmd_console(parser, args) -> int:
     from urllib.parse import urlparse
 
-    from host_runtime.box_status.reader import ConsoleConfig, StatusReader
+    from host_runtime.box_status.reader import StatusConfig, StatusReader
     from host_runtime.models.store import default_root as default_store_root
 
     run_dir = _run_dir(args.run_dir)
@@ -148,7 +148,7 @@ def cmd_console(parser, args) -> int:
         pair = certificate_pair(front, Path(args.state_dir or os.path.dirname(args.front_settings)))
         certificate, anchor = pair.trust_anchor, trust_anchor(front, pair)
         lan_name = f"{front_settings.short_hostname()}.local" if front.lan_name else None
-    config = ConsoleConfig(run_dir=run_dir, serving_url=args.serving_url.rstrip("/"), bmc_url=args.bmc_url,
+    config = StatusConfig(run_dir=run_dir, serving_url=args.serving_url.rstrip("/"), bmc_url=args.bmc_url,
                            serving_socket=Path(args.serving_socket) if args.serving_socket else None,
                            keys_file=Path(args.keys) if args.keys else None,
                            api_port=api_port, api_scheme=api_scheme, api_listen=api_listen, tls_certificate=certificate,

@@ -29,7 +29,7 @@ class MessagesLogic:
         return {"input_tokens": call_engine(self.logic.client, request, 30.0).prompt_tokens}
 
     def complete(self, call: GenerationCall, model_id: str, client_gone=None) -> dict:
-        stream = self.logic._open(call, client_gone)
+        stream = self.logic.open_generation(call, client_gone)
         choices = Choices(1, stream.prompt_tokens).gather(stream)
         text, finish, stop_string = choices.text[0], choices.finish[0], choices.stop_string[0]
         reasoning, content, calls = call.answer_parts(text, finish, stream.thinking)
@@ -43,7 +43,7 @@ class MessagesLogic:
 
     def stream(self, call: GenerationCall, model_id: str) -> Iterator[bytes]:
         """Open the generation now (so refusals are real HTTP errors), then stream the events."""
-        return self._events(self.logic._open(call), call, model_id)
+        return self._events(self.logic.open_generation(call), call, model_id)
 
     def _events(self, stream: GenerationStream, call: GenerationCall, model_id: str) -> Iterator[bytes]:
         prompt_tokens = stream.prompt_tokens

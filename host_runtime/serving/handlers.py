@@ -123,7 +123,7 @@ class ServingLogic:
     def __init__(self, client: EngineClient):
         self.client = client
 
-    def _open(self, call: GenerationCall, client_gone=None) -> GenerationStream:
+    def open_generation(self, call: GenerationCall, client_gone=None) -> GenerationStream:
         """Start the generation and wait for the engine to accept it (its refusal raised as the API's error)."""
         sent = time.time_ns()
         try:
@@ -139,7 +139,7 @@ class ServingLogic:
     def complete(self, call: GenerationCall, kind: str, model_id: str, client_gone=None) -> dict:
         """The whole answer at once. `client_gone` is polled while waiting: a client that hangs up cancels the
         generation at the engine, as closing a stream does."""
-        stream = self._open(call, client_gone)
+        stream = self.open_generation(call, client_gone)
         choices = Choices(call.n, stream.prompt_tokens).gather(stream)
         created = int(time.time())
         if kind == "chat":
@@ -165,7 +165,7 @@ class ServingLogic:
         When the client goes away the WSGI server closes this generator; closing the
         engine stream in `finally` is what cancels the generation.
         """
-        return self._sse(self._open(call), call, kind, model_id)
+        return self._sse(self.open_generation(call), call, kind, model_id)
 
     def _sse(self, stream: GenerationStream, call: GenerationCall, kind: str, model_id: str) -> Iterator[bytes]:
         created = int(time.time())

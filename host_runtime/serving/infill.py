@@ -49,14 +49,14 @@ class InfillLogic:
 
     def complete(self, call: GenerationCall, model: str, client_gone=None) -> dict:
         started = time.monotonic()
-        stream = self.logic._open(call, client_gone)
+        stream = self.logic.open_generation(call, client_gone)
         choices = Choices(1, stream.prompt_tokens).gather(stream)
         return _last(model, choices.text[0], choices.finish[0], choices.prompt_tokens, choices.completion_tokens,
                      started)
 
     def stream(self, call: GenerationCall, model: str) -> Iterator[bytes]:
         """Open the generation now (so refusals are real HTTP errors), then stream llama-server's SSE lines."""
-        return self._lines(self.logic._open(call), model, time.monotonic())
+        return self._lines(self.logic.open_generation(call), model, time.monotonic())
 
     def _lines(self, stream, model: str, started: float) -> Iterator[bytes]:
         def line(doc: dict) -> bytes:

@@ -23,7 +23,7 @@ class OllamaLogic:
     def complete(self, call: GenerationCall, kind: str, model: str, client_gone=None) -> dict:
         """kind: "chat" (a message) or "generate" (a response string)."""
         started = time.monotonic_ns()
-        stream = self.logic._open(call, client_gone)
+        stream = self.logic.open_generation(call, client_gone)
         choices = Choices(1, stream.prompt_tokens).gather(stream)
         reasoning, content, calls = call.answer_parts(choices.text[0], choices.finish[0], stream.thinking)
         thought = {"thinking": reasoning} if reasoning is not None and call.show_reasoning else {}
@@ -35,7 +35,7 @@ class OllamaLogic:
 
     def stream(self, call: GenerationCall, kind: str, model: str) -> Iterator[bytes]:
         """Open the generation now (so refusals are real HTTP errors), then stream the lines."""
-        return self._lines(self.logic._open(call), call, kind, model, time.monotonic_ns())
+        return self._lines(self.logic.open_generation(call), call, kind, model, time.monotonic_ns())
 
     def _lines(self, stream: GenerationStream, call: GenerationCall, kind: str, model: str,
                started: int) -> Iterator[bytes]:

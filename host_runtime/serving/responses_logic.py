@@ -26,7 +26,7 @@ class ResponsesLogic:
         self.logic = logic
 
     def complete(self, call: GenerationCall, body: dict, model: str, client_gone=None) -> dict:
-        stream = self.logic._open(call, client_gone)
+        stream = self.logic.open_generation(call, client_gone)
         choices = Choices(1, stream.prompt_tokens).gather(stream)
         finish = choices.finish[0]
         reasoning, text, calls = call.answer_parts(choices.text[0], finish, stream.thinking)
@@ -41,7 +41,7 @@ class ResponsesLogic:
 
     def stream(self, call: GenerationCall, body: dict, model: str) -> Iterator[bytes]:
         """Open the generation now (so refusals are real HTTP errors), then stream the events."""
-        return self._events(self.logic._open(call), call, body, model)
+        return self._events(self.logic.open_generation(call), call, body, model)
 
     def _events(self, stream: GenerationStream, call: GenerationCall, body: dict, model: str) -> Iterator[bytes]:
         response_id, created = shape.new_id("resp"), shape.now()
