@@ -29,7 +29,7 @@ def read_text(path: Path) -> str | dict:
 
 def read_int(path: Path, base: int = 10) -> int | dict:
     text = read_text(path)
-    if is_unavailable(text):
+    if not isinstance(text, str):  # unavailable, with its reason
         return text
     try:
         return int(text, base)

@@ -83,18 +83,9 @@ class SharedKeyLedger:
             return self._read
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         if stamp != self._read_stamp:
-            self._read = self._load()
+            self._read = _load(self.path)
             self._read_stamp = stamp
         return self._read
-
-    def _load(self) -> KeyLedger:
-        try:
-            return KeyLedger.from_doc(json.loads(self.path.read_bytes()))
-        except FileNotFoundError:
-            return KeyLedger()
-        except (OSError, ValueError, TypeError) as exc:
-            log.warning("the key ledger %s cannot be read (%s): key token limits count from now", self.path, exc)
-            return KeyLedger()
 
     def _write_loop(self) -> None:
         while True:
@@ -103,6 +94,9 @@ class SharedKeyLedger:
             self._write_pending()
 
     def _write_pending(self) -> None:
+        path = self.path
+        if path is None:
+            return
         with self._writer_lock:  # the writer thread and flush() one at a time
             with self._lock:
                 pending, self._pending = self._pending, KeyLedger()
@@ -110,13 +104,13 @@ class SharedKeyLedger:
             if not pending:
                 return
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(path.with_name(path.name + ".lock"), "a") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)  # one writer at a time among the box's processes
-                    ledger = self._load()
+                    ledger = _load(path)
                     ledger.merge(pending, time.time())
-                    atomic_write(self.path, json.dumps(ledger.to_doc(), separators=(",", ":")).encode(), 0o600)
-                    st = self.path.stat()
+                    atomic_write(path, json.dumps(ledger.to_doc(), separators=(",", ":")).encode(), 0o600)
+                    st = path.stat()
                     with self._lock:  # the file as written, in one step with the uses leaving _writing
                         self._read, self._read_stamp = ledger, (st.st_ino, st.st_size, st.st_mtime_ns)
                         self._writing = KeyLedger()
@@ -127,4 +121,14 @@ class SharedKeyLedger:
                 if not self._warned:
                     self._warned = True
                     log.warning("the key ledger %s cannot be written (%s): key token limits count in this "
-                                "process only", self.path, exc)
+                                "process only", path, exc)
+
+
+def _load(path: Path) -> KeyLedger:
+    try:
+        return KeyLedger.from_doc(json.loads(path.read_bytes()))
+    except FileNotFoundError:
+        return KeyLedger()
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("the key ledger %s cannot be read (%s): key token limits count from now", path, exc)
+        return KeyLedger()

@@ -22,7 +22,7 @@ MODES = ("", "open", "may-open")
 def template_thinks(template: str | None) -> bool:
     """Whether a chat template knows think blocks (it writes or strips `</think>`), or has an analysis channel
     (gpt-oss's harmony, which the engine writes as a think block: engine/harmony.py)."""
-    return bool(template) and (CLOSE_TAG in template or "<|channel|>analysis" in template)
+    return template is not None and (CLOSE_TAG in template or "<|channel|>analysis" in template)
 
 
 def prompt_thinking(template: str | None, rendered: str) -> str:

@@ -13,6 +13,7 @@ model its argmax (llama.cpp's speculative example verifies its draft model's tok
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import AbstractSet
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -184,7 +185,7 @@ PROBE_GAIN = 1.5  # how much faster a wholly accepted probe must make the step (
 
 def share_drafts(wanted: dict[int, int], acceptance: dict[int, float], n_active: int, step_tokens: int,
                  cost: CallCost | None = None, equal_lengths: bool = False,
-                 draft_cost: CallCost | None = None, probes: set[int] = frozenset(),
+                 draft_cost: CallCost | None = None, probes: AbstractSet[int] = frozenset(),
                  continuation: Sequence[float] | None = None) -> dict[int, int]:
     """Draft tokens per sequence for one step: the amount that maximises the step's expected tokens per second.
 

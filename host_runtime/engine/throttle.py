@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 class ThrottleReader:
     def __init__(self, path: str | None):
         self.path = path
-        self._stamp = None
+        self._stamp: tuple[int, int] | None = None
         self._level = 0
         self._updated = 0.0
 

@@ -197,8 +197,8 @@ def request_to_wire(request) -> dict:
 def request_from_wire(doc) -> Any:
     """The typed request; WireError naming what is wrong."""
     op = doc.get("op") if isinstance(doc, dict) else None
-    cls = REQUESTS.get(op)
-    if cls is None:
+    cls = REQUESTS.get(op) if isinstance(op, str) else None
+    if cls is None or op is None:
         raise WireError(f"unknown engine op {op!r}")
     from_wire = getattr(cls, "from_wire", None)
     return from_wire(doc) if from_wire else _build(cls, doc, op)
@@ -390,8 +390,8 @@ def event_from_wire(doc) -> Any:
     kind = doc.get("type") if isinstance(doc, dict) else None
     if kind == VERDICT:
         return Verdict.from_wire(doc)
-    cls = EVENTS.get(kind)
-    if cls is None:
+    cls = EVENTS.get(kind) if isinstance(kind, str) else None
+    if cls is None or kind is None:
         raise WireError(f"unknown engine event type {kind!r}")
     from_wire = getattr(cls, "from_wire", None)
     return from_wire(doc) if from_wire else _build(cls, doc, kind)

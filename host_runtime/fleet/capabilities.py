@@ -110,9 +110,10 @@ def governor_view(state: dict | None, fresh: bool, reason_if_missing: str) -> Go
 
 def draining_from_update(last_update: dict | None) -> tuple[bool, str]:
     """An update being copied or written, or installed and waiting for its reboot, drains the box."""
-    phase = (last_update or {}).get("phase")
+    update = last_update or {}
+    phase = update.get("phase")
     if phase in IN_APPLY or phase == INSTALLED:
-        return True, f"update to {last_update.get('target')} is {phase}"
+        return True, f"update to {update.get('target')} is {phase}"
     return False, ""
 
 

@@ -260,7 +260,7 @@ def plan(model: ModelTable, devices: list[Device], host: Host, request: PlanRequ
                                                          else QUEUE_PER_SEQUENCE * par)
         notes = placement.notes + ((note,) if note else ())
         return replace(placement, max_waiting=waiting, notes=notes)
-    raise first_error
+    raise first_error or PlacementError("no context and sequence count to try")  # _reductions gives at least one
 
 
 def _reductions(n_ctx: int, n_parallel: int, parallel_is_auto: bool):
@@ -309,6 +309,7 @@ def _share(model, request, dev: Device | None, host: Host | None, first: int, la
     kv = sum(model.kv_layer_bytes(il, ctx, par, request.n_ubatch, request.kv_types) for il in range(first, last))
     compute, measured = _compute(model, request, dev, holds_output, ctx)
     if dev is None:
+        assert host is not None, "the CPU's share is planned against the host"
         free, margin = host.available_bytes, host.reserve_bytes()
         name, desc = "CPU", "host RAM"
     else:
