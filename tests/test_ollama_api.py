@@ -3,6 +3,7 @@ model, a key required, sent as Ollama clients send it: Authorization: Bearer).""
 
 from __future__ import annotations
 
+import datetime
 import json
 import urllib.request
 
@@ -169,9 +170,13 @@ def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path)
         assert "claude-sonnet-4-5:latest" not in [m.model for m in client.list().models]
 
         # Ollama's idioms (#59): an empty prompt or chat loads a model, keep_alive 0 unloads it now (both were 400s)
-        loaded = client.generate(model="tiny")
+        loaded = client.generate(model="tiny", keep_alive="10m")
         assert loaded.done and loaded.done_reason == "load" and loaded.response == ""
-        assert "tiny:latest" in [m.model for m in client.ps().models]
+        running = {m.model: m for m in client.ps().models}
+        # expires_at: when its keep-alive unloads it (it was the time of asking); the server's own model stays
+        left = (running["tiny:latest"].expires_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+        assert 500 < left <= 600, left
+        assert running[NAME].expires_at.year > datetime.datetime.now().year + 50
         unloaded = client.chat(model="tiny:latest", messages=[], keep_alive=0)
         assert unloaded.done and unloaded.done_reason == "unload" and unloaded.message.content == ""
         assert "tiny:latest" not in [m.model for m in client.ps().models]

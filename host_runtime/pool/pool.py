@@ -27,7 +27,7 @@ from host_runtime.models.store import Store
 from host_runtime.pool.engine_child import EngineChild
 from host_runtime.pool.protocol import (DEFAULT_KEEP_ALIVE, Acquire, Acquired, Download, ListModels, PoolModel,
                                         Unload, refusal_to_wire, request_from_wire)
-from host_runtime.pool.residency import Resident, expired, plan_load
+from host_runtime.pool.residency import Resident, expired, expires_in, plan_load
 
 log = logging.getLogger("everycycle.serve")
 JANITOR_S = 2.0
@@ -110,6 +110,7 @@ class EnginePool:
     def listing(self) -> list[PoolModel]:
         with self._lock:
             loaded = dict(self._loaded)
+        now = time.monotonic()
         rows = []
         for name, info in self.available().items():
             state, served, trained = "available", None, info["context_length"]
@@ -118,8 +119,11 @@ class EnginePool:
                 trained = trained or n_ctx_train
             if served is None and trained and name != self.default_name:
                 served = self._served_context(info["path"], trained)
-            rows.append(PoolModel(name, state, bool(info["pinned"]) or name == self.default_name, served,
-                                  loaded[name].socket if name in loaded else None, trained_context_length=trained))
+            pinned = bool(info["pinned"]) or name == self.default_name
+            rows.append(PoolModel(name, state, pinned, served, loaded[name].socket if name in loaded else None,
+                                  trained_context_length=trained,
+                                  expires_in_s=None if pinned or name not in loaded
+                                  else expires_in(loaded[name].keep_alive_s, loaded[name].last_used, now)))
         pulling = self.provisioned.status if self.provisioned is not None else None
         if pulling is not None and pulling.state != "pulled" and all(r.id != pulling.name for r in rows):
             rows.append(PoolModel(pulling.name, "downloading" if pulling.state != "failed" else "failed",

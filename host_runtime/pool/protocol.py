@@ -31,6 +31,9 @@ class PoolModel:
     socket: str | None = None   # its engine's socket, while it has one
     download: Download | None = None
     trained_context_length: int | None = None  # what it was trained for (its GGUF's context_length)
+    # A loaded model's seconds until its keep-alive unloads it, counted from its last use (None: it stays: pinned,
+    # the server's own, or keep_alive forever); Ollama's /api/ps says it as expires_at
+    expires_in_s: float | None = None
 
     def to_wire(self) -> dict:
         return asdict(self)
@@ -39,7 +42,8 @@ class PoolModel:
     def from_wire(cls, doc: dict) -> "PoolModel":
         download = doc.get("download")
         return cls(str(doc["id"]), str(doc["state"]), bool(doc.get("pinned")), doc.get("context_length"),
-                   doc.get("socket"), Download(**download) if download else None, doc.get("trained_context_length"))
+                   doc.get("socket"), Download(**download) if download else None, doc.get("trained_context_length"),
+                   doc.get("expires_in_s"))
 
 
 # ---- requests ----------------------------------------------------------------------------------------------

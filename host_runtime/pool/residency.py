@@ -53,6 +53,11 @@ def expired(residents: list[Resident], now: float) -> list[str]:
             if not r.busy and not r.pinned and r.keep_alive_s is not None and now - r.last_used >= r.keep_alive_s]
 
 
+def expires_in(keep_alive_s: float | None, last_used: float, now: float) -> float | None:
+    """Seconds until an idle model's keep-alive unloads it (None: it stays), counted from its last use."""
+    return None if keep_alive_s is None else max(0.0, last_used + keep_alive_s - now)
+
+
 def parse_keep_alive(value) -> float | None:
     """Ollama's forms: seconds as a number, a duration string ('5m', '1h', '30s'), or negative for forever."""
     if isinstance(value, bool):

@@ -632,7 +632,7 @@ class Ollama:
                      "modified_at": ollama_protocol.now_iso(), "size": size, "digest": "",
                      "details": ollama_protocol.details(None)}
             if loaded_only:
-                entry |= {"expires_at": ollama_protocol.now_iso(), "size_vram": 0}
+                entry |= {"expires_at": ollama_protocol.expires_at(row.expires_in_s), "size_vram": 0}
             out.append(entry)
         return out
 

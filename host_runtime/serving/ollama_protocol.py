@@ -223,8 +223,19 @@ def parse_pull(body: dict) -> tuple[str, bool]:
 # ---- answers ---------------------------------------------------------------------------------------------------
 
 def now_iso() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+    return iso_at(time.time())
+
+
+def iso_at(unix: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1e6):06d}Z"
+
+
+FOREVER_S = 100 * 365 * 86400  # a model that stays: Ollama says keep_alive -1 so, an expiry far off
+
+
+def expires_at(expires_in_s: float | None) -> str:
+    """/api/ps's expires_at: when the keep-alive unloads the model (far off where it stays)."""
+    return iso_at(time.time() + (FOREVER_S if expires_in_s is None else expires_in_s))
 
 
 def listed_name(model_id: str) -> str:
