@@ -14,7 +14,7 @@ from host_runtime.engine import wire as engine_wire
 from host_runtime.serving import protocol, request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import GenerationCall, bad, check_model
-from host_runtime.serving.request_models import check, given
+from host_runtime.serving.request_models import check
 from host_runtime.serving.tool_calls import ToolCall, grammar_for, parse_tool_choice, parse_tools
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -82,60 +82,62 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
-def _tools(body: dict) -> tuple[list, object]:
+def _tools(request: request_models.CountTokensRequest) -> tuple[list, object]:
     """Anthropic tools and tool_choice, checked by the chat API's rules (errors name the Anthropic fields)."""
-    wire = []
-    for tool in given(body, "tools", []):
-        wire.append({"type": "function", "function": {"name": tool["name"],
-                                                      "description": tool.get("description", ""),
-                                                      "parameters": tool.get("input_schema",
-                                                                             {"type": "object", "properties": {}})}})
-    choice = given(body, "tool_choice", {"type": "auto"})
-    openai_choice = {"auto": "auto", "any": "required", "none": "none"}.get(choice["type"]) or \
-        {"type": "function", "function": {"name": choice.get("name")}}
-    parallel = not choice.get("disable_parallel_tool_use", False)
+    wire = [{"type": "function", "function": {"name": tool.name, "description": tool.description or "",
+                                               "parameters": tool.input_schema if tool.input_schema is not None
+                                               else {"type": "object", "properties": {}}}}
+            for tool in request.tools or []]
+    choice = request.tool_choice or request_models.AnthropicToolChoice(type="auto")
+    openai_choice = {"auto": "auto", "any": "required", "none": "none"}.get(choice.type) or \
+        {"type": "function", "function": {"name": choice.name}}
     try:
         parsed = parse_tools({"tools": wire})
-        return parsed, parse_tool_choice({"tool_choice": openai_choice if wire or choice["type"] == "none" else None,
-                                          "parallel_tool_calls": parallel}, parsed)
+        return parsed, parse_tool_choice({"tool_choice": openai_choice if wire or choice.type == "none" else None,
+                                          "parallel_tool_calls": not choice.disable_parallel_tool_use}, parsed)
     except APIError as err:
         param = (err.param or "").replace(".function.parameters", ".input_schema").replace(".function.name", ".name")
         message = err.message.replace(".function.parameters", ".input_schema").replace(".function.name", ".name")
         raise APIError(err.status, message, param=param, code=err.code) from None
 
 
-def _output_format_grammar(body: dict) -> str | None:
+def _output_format_grammar(request: request_models.MessagesRequest) -> str | None:
     """Structured outputs (`output_config.format`, a JSON Schema): the chat API's response_format grammar."""
-    fmt = given(given(body, "output_config", {}), "format")
+    fmt = request.output_config.format if request.output_config is not None else None
     if fmt is None:
         return None
-    return protocol.json_schema_grammar(fmt.get("schema"), "output_config.format.schema")
+    return protocol.json_schema_grammar(fmt.schema_, "output_config.format.schema")
+
+
+# The Messages API's own defaults, where a request leaves them out (or null)
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
 
 
 def parse_messages(body: dict, served_model: str, tool_format: str = "generic") -> GenerationCall:
     check_model(body, served_model)
-    check(request_models.MessagesRequest, body)
-    stops = given(body, "stop_sequences", [])
-    if body.get("top_k") is not None:
+    request = check(request_models.MessagesRequest, body)
+    stops = request.stop_sequences or []
+    if (request.model_extra or {}).get("top_k") is not None:
         raise bad("'top_k' is not supported by this server; use 'temperature' or 'top_p'", "top_k",
                   "unsupported_parameter")
-    thinking = given(body, "thinking")
     # A thinking model's reasoning comes back as thinking blocks when asked for; otherwise it is left out.
-    show_thinking = thinking is not None and thinking.get("type") != "disabled"
+    show_thinking = request.thinking is not None and request.thinking.type != "disabled"
     messages = _messages(body)
-    tools, choice = _tools(body)
+    tools, choice = _tools(request)
     grammar = grammar_for(tool_format, tools, choice) if choice.constrained else None
-    structured = _output_format_grammar(body)
+    structured = _output_format_grammar(request)
     if structured is not None:
         if grammar is not None:
             raise bad("'output_config.format' and a forced tool use cannot both constrain the answer",
                       "output_config.format")
         grammar = structured
-    sampling = engine_wire.SamplingParams(temperature=float(given(body, "temperature", 1.0)),
-                                          top_p=float(given(body, "top_p", 1.0)), grammar=grammar)
+    sampling = engine_wire.SamplingParams(
+        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p, grammar=grammar)
     offered = tools if choice.mode != "none" else []
-    request = engine_wire.Generate(_prompt(messages, offered, choice), body["max_tokens"], 1, list(stops), sampling)
-    return GenerationCall(request, given(body, "stream", False), False, False, tools=offered, tool_choice=choice,
+    generate = engine_wire.Generate(_prompt(messages, offered, choice), request.max_tokens, 1, list(stops), sampling)
+    return GenerationCall(generate, bool(request.stream), False, False, tools=offered, tool_choice=choice,
                           stop_sequences=list(stops), show_reasoning=show_thinking)
 
 
@@ -145,8 +147,8 @@ def _prompt(messages: list[dict], offered: list, choice) -> engine_wire.ChatProm
 
 def parse_count_tokens(body: dict, served_model: str) -> engine_wire.CountTokens:
     check_model(body, served_model)
-    check(request_models.CountTokensRequest, body)
-    tools, choice = _tools(body)
+    request = check(request_models.CountTokensRequest, body)
+    tools, choice = _tools(request)
     return engine_wire.CountTokens(_prompt(_messages(body), tools if choice.mode != "none" else [], choice))
 
 

@@ -13,7 +13,7 @@ the hand-written checks used."""
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal, Optional, TypeVar, Union
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -566,7 +566,10 @@ def given(body: dict, name: str, default=None):
     return default if value is None else value
 
 
-def check(model: type[BaseModel], body: dict) -> BaseModel:
+CheckedBody = TypeVar("CheckedBody", bound=BaseModel)
+
+
+def check(model: type[CheckedBody], body: dict) -> CheckedBody:
     """`body` as `model`, or the API's 400 naming the first field that breaks its rule."""
     try:
         return model.model_validate(body)
