@@ -18,7 +18,6 @@ import time
 from host_runtime.serving import protocol, request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import GenerationCall, bad
-from host_runtime.serving.request_models import given
 
 # The chat field a refusal names -> the Responses field the client sent.
 _PARAM_OF = {"max_tokens": "max_output_tokens", "response_format": "text.format",
@@ -57,12 +56,11 @@ def _text(content, where: str) -> str:
     return "".join(out)
 
 
-def _messages(body: dict) -> list[dict]:
+def _messages(request: request_models.ResponsesRequest) -> list[dict]:
     out: list[dict] = []
-    instructions = given(body, "instructions")
-    if instructions:
-        out.append({"role": "system", "content": instructions})
-    items = body["input"]  # a string or a non-empty array of objects (request_models.ResponsesRequest)
+    if request.instructions:
+        out.append({"role": "system", "content": request.instructions})
+    items = request.input  # a string or a non-empty array of objects, each read below by its kind
     if isinstance(items, str):
         return out + [{"role": "user", "content": items}]
     for i, item in enumerate(items):
@@ -123,49 +121,49 @@ def _function_tools(tools: list, where: str) -> list[dict]:
     return out
 
 
-def _tools(body: dict) -> dict:
-    tools = body.get("tools")
+def _tools(request: request_models.ResponsesRequest) -> dict:
     out: dict = {}
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise bad("'tools' must be an array of tools", "tools", "invalid_type")
+    if request.tools is not None:
+        offered = [tool.model_dump(exclude_none=True) for tool in request.tools]  # as checked, extras kept
         out["tools"] = [{"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters")
                                                            if k in tool}}
-                        for tool in _function_tools(tools, "tools")]
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        choice = {"type": "function", "function": {"name": choice.get("name")}}
-    if choice is not None:
+                        for tool in _function_tools(offered, "tools")]
+    choice = request.tool_choice
+    if isinstance(choice, request_models.ResponsesNamedTool):
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    elif choice is not None:
         out["tool_choice"] = choice
-    if body.get("parallel_tool_calls") is not None:
-        out["parallel_tool_calls"] = body["parallel_tool_calls"]
+    if request.parallel_tool_calls is not None:
+        out["parallel_tool_calls"] = request.parallel_tool_calls
     return out
 
 
-def _format(body: dict) -> dict:
-    fmt = given(given(body, "text", {}), "format")
+def _format(request: request_models.ResponsesRequest) -> dict:
+    fmt = request.text.format if request.text is not None else None
     if fmt is None:
         return {}
-    if fmt["type"] == "json_schema":
-        return {"response_format": {"type": "json_schema", "json_schema": {"name": fmt.get("name", "format"),
-                                                                           "schema": fmt.get("schema")}}}
-    return {"response_format": {"type": fmt["type"]}}
+    if fmt.type == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": fmt.name or "format",
+                                                                           "schema": fmt.schema_}}}
+    return {"response_format": {"type": fmt.type}}
 
 
 def parse_responses(body: dict, served: str, tool_format: str) -> GenerationCall:
     protocol.check_model(body, served)
-    request_models.check(request_models.ResponsesRequest, body)
-    if body.get("previous_response_id") is not None:
+    request = request_models.check(request_models.ResponsesRequest, body)
+    if (request.model_extra or {}).get("previous_response_id") is not None:
         raise bad("'previous_response_id': this server stores no responses; send the whole conversation in 'input'",
                   "previous_response_id", "unsupported_parameter")
-    chat = {"model": served, "messages": _messages(body), "stream": given(body, "stream", False),
-            **_tools(body), **_format(body)}
-    for name in ("temperature", "top_p"):
-        if body.get(name) is not None:
-            chat[name] = body[name]
-    if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
-    effort = given(given(body, "reasoning", {}), "effort")
+    # The chat API's request, made from the checked one: the chat parser derives the engine's call from it.
+    chat = {"model": served, "messages": _messages(request), "stream": bool(request.stream), **_tools(request),
+            **_format(request)}
+    if request.temperature is not None:
+        chat["temperature"] = request.temperature
+    if request.top_p is not None:
+        chat["top_p"] = request.top_p
+    if request.max_output_tokens is not None:
+        chat["max_tokens"] = request.max_output_tokens
+    effort = request.reasoning.effort if request.reasoning is not None else None
     if effort is not None:
         chat["reasoning_effort"] = effort  # for templates that read it (gpt-oss)
     try:
