@@ -21,7 +21,6 @@ from dataclasses import replace
 from host_runtime.serving import protocol, request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import GenerationCall, bad, field_of
-from host_runtime.serving.request_models import given
 
 VERSION = "0.6.3"  # what /api/version says: the Ollama API this follows (clients check for features by it)
 TAG = ":latest"    # Ollama names carry a tag; ours have none: listed with ":latest", accepted with or without
@@ -65,11 +64,12 @@ def _renamed(err: APIError) -> APIError:
     return APIError(err.status, message, param=param, code=err.code)
 
 
-def _options(body: dict) -> dict:
-    options = given(body, "options", {})  # types and bounds: request_models.OllamaOptions
-    out = {}
+def _options(request: request_models.OllamaGeneration) -> dict:
+    out: dict = {}
+    if request.options is None:
+        return out
     for name, target in OPTIONS.items():
-        value = options.get(name)
+        value = getattr(request.options, name)
         if value is None:
             continue
         if name == "num_predict":
@@ -82,8 +82,8 @@ def _options(body: dict) -> dict:
     return out
 
 
-def _format(body: dict) -> dict | None:
-    fmt = body.get("format")
+def _format(request: request_models.OllamaGeneration) -> dict | None:
+    fmt = request.format
     if fmt is None or fmt == "":
         return None
     if fmt == "json":
@@ -130,40 +130,38 @@ def _latest_call_id(previous: list[dict], tool_name) -> str:
     return "call_0"
 
 
-def _common(body: dict) -> dict:
-    """The OpenAI body's sampling fields, from Ollama's options, format and think."""
-    openai = {"stream": given(body, "stream", True), **_options(body)}  # Ollama streams by default
-    fmt = _format(body)
+def _common(request: request_models.OllamaGeneration) -> dict:
+    """The OpenAI body's sampling fields, from Ollama's options, format and think (checked by its model)."""
+    openai = {"stream": True if request.stream is None else request.stream, **_options(request)}  # Ollama streams
+    fmt = _format(request)
     if fmt is not None:
         openai["response_format"] = fmt
-    think = body.get("think")
-    if think is False:
+    if request.think is False:
         openai["chat_template_kwargs"] = {"enable_thinking": False}
-    elif isinstance(think, str):
-        if think not in ("low", "medium", "high"):
-            raise bad("'think' must be true, false, or low, medium or high", "think")
-        openai["reasoning_effort"] = think
-    elif think is not None and think is not True:
-        raise bad("'think' must be true, false, or low, medium or high", "think", "invalid_type")
+    elif isinstance(request.think, str):
+        openai["reasoning_effort"] = request.think
     return openai
 
 
-def _thinking(call: GenerationCall, body: dict) -> GenerationCall:
+def _thinking(call: GenerationCall, request: request_models.OllamaGeneration) -> GenerationCall:
     """A thinking model's reasoning shown as Ollama's `thinking`, unless `think` is false."""
-    return replace(call, show_reasoning=body.get("think") is not False)
+    return replace(call, show_reasoning=request.think is not False)
 
 
 def parse_chat(body: dict, served: str, tool_format: str) -> GenerationCall:
     model_name(body, served)
-    request_models.check(request_models.OllamaChatRequest, body)
-    openai = {"model": served, "messages": _messages(body), **_common(body)}
+    request = request_models.check(request_models.OllamaChatRequest, body)
+    if not request.messages:
+        raise bad("'messages' is required to generate (empty: the model is only loaded)", "messages",
+                  "missing_required_parameter")
+    openai = {"model": served, "messages": _messages(body), **_common(request)}
     if body.get("tools"):
         openai["tools"] = body["tools"]
         # EveryCycle's own field (Ollama has none): the chat API's tool_choice, to require a call.
         if body.get("tool_choice") is not None:
             openai["tool_choice"] = body["tool_choice"]
     try:
-        return _thinking(protocol.parse_chat(openai, served, tool_format), body)
+        return _thinking(protocol.parse_chat(openai, served, tool_format), request)
     except APIError as err:
         raise _renamed(err) from None
 
@@ -172,25 +170,24 @@ def parse_generate(body: dict, served: str, tool_format: str) -> GenerationCall:
     """/api/generate: a prompt with an optional system prompt, rendered by the chat template (Ollama's default);
     `raw: true` sends the prompt as it is."""
     model_name(body, served)
-    request_models.check(request_models.OllamaGenerateRequest, body)
-    prompt = body["prompt"]
-    if prompt == "" and not body.get("suffix"):
+    request = request_models.check(request_models.OllamaGenerateRequest, body)
+    prompt, suffix = request.prompt, request.suffix
+    if prompt == "" and not suffix:
         raise bad("'prompt' is required", "prompt", "missing_required_parameter")
     _no_images(body, "body")
-    suffix = given(body, "suffix")
-    common = _common(body)
+    common = _common(request)
     try:
         if suffix:  # fill in the middle (Continue's autocomplete): the model's FIM tokens around the two texts
             return protocol.parse_completion({"model": served, "prompt": prompt, "suffix": suffix,
                                               "max_tokens": NO_LIMIT, **common}, served)
-        if given(body, "raw", False):
+        if request.raw:
             # No num_predict: no limit (Ollama's default), which the engine ends where the context does.
             return protocol.parse_completion({"model": served, "prompt": prompt, "max_tokens": NO_LIMIT, **common},
                                              served)
-        system = given(body, "system")
+        system = request.system
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return _thinking(protocol.parse_chat({"model": served, "messages": messages, **common}, served, tool_format),
-                         body)
+                         request)
     except APIError as err:
         raise _renamed(err) from None
 
@@ -209,15 +206,15 @@ PULL_SCHEMES = ("http://", "https://", "hf://")
 def parse_pull(body: dict) -> tuple[str, bool]:
     """(source, stream) of a /api/pull body. There is no Ollama registry here: the model is named by where its GGUF
     is, an http(s) URL (on the LAN) or hf://OWNER/REPO/FILE.gguf; `insecure` is accepted and ignored."""
-    request_models.check(request_models.OllamaPullRequest, body)
-    source = field_of(body, "model", str) or field_of(body, "name", str)  # older clients send `name`
+    request = request_models.check(request_models.OllamaPullRequest, body)
+    source = request.model or request.name  # older clients send `name`
     if not source:
         raise bad("'model' is required: where the GGUF is (an http(s) URL, or hf://OWNER/REPO/FILE.gguf)", "model",
                   "missing_required_parameter")
     if not source.startswith(PULL_SCHEMES):
         raise bad(f"'model' {source!r} is not a source this box pulls from: there is no Ollama registry here; give "
                   "where the GGUF is, an http(s) URL or hf://OWNER/REPO/FILE.gguf", "model")
-    return source, given(body, "stream", True)
+    return source, True if request.stream is None else request.stream
 
 
 # ---- answers ---------------------------------------------------------------------------------------------------

@@ -370,6 +370,9 @@ class OllamaGeneration(Body):
     options: Optional[OllamaOptions] = None
     format: Union[Literal["json"], Json, None] = None
     keep_alive: Optional[KeepAlive] = None
+    think: Union[bool, Literal["low", "medium", "high"], None] = Field(
+        None, description="a thinking model's reasoning as message.thinking or thinking (false: the template is "
+                          "asked not to think)")
 
 
 class OllamaMessage(Body):
@@ -379,15 +382,14 @@ class OllamaMessage(Body):
 
 
 class OllamaChatRequest(OllamaGeneration):
-    messages: Annotated[list[OllamaMessage], Field(min_length=1)]
+    messages: list[OllamaMessage] = Field(description="empty (or absent): the model is loaded, or with keep_alive 0 "
+                                                      "unloaded, and nothing is generated (Ollama's idiom)")
     tools: Optional[list[Tool]] = None
-    think: Union[bool, Literal["low", "medium", "high"], None] = Field(
-        None, description="a thinking model's reasoning as message.thinking (false: the template is asked not to "
-                          "think)")
 
 
 class OllamaGenerateRequest(OllamaGeneration):
-    prompt: str = Field(description="empty only with a suffix")
+    prompt: str = Field(description="empty (or absent) and no suffix: the model is loaded, or with keep_alive 0 "
+                                    "unloaded, and nothing is generated (Ollama's idiom)")
     system: Optional[str] = None
     raw: Optional[bool] = None
     suffix: Optional[str] = Field(None, description="fill in the middle: the text after the cursor")
