@@ -13,7 +13,6 @@ from host_runtime.serving import protocol, request_models
 from host_runtime.serving.errors import body_of
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
-from host_runtime.serving.request_models import given
 
 # llama-server's /infill fields that are the completion's own.
 _KEPT = ("model", "temperature", "top_p", "seed", "stop", "stream", "input_extra", "presence_penalty",
@@ -21,11 +20,13 @@ _KEPT = ("model", "temperature", "top_p", "seed", "stop", "stream", "input_extra
 
 
 def parse_infill(body: dict, served: str) -> GenerationCall:
-    request_models.check(request_models.InfillRequest, body)
-    after = given(body, "prompt", "")
-    n_predict = given(body, "n_predict", -1)
-    completion = {"model": served, **{k: body[k] for k in _KEPT if k in body},
-                  "prompt": given(body, "input_prefix", ""), "suffix": given(body, "input_suffix", ""),
+    request = request_models.check(request_models.InfillRequest, body)
+    after = request.prompt or ""
+    n_predict = -1 if request.n_predict is None else request.n_predict
+    # The completion's own fields as checked (the completion parser checks them again, by its own rules)
+    checked = request.model_dump(include=set(_KEPT), exclude_none=True, by_alias=True)
+    completion = {"model": served, **checked,
+                  "prompt": request.input_prefix or "", "suffix": request.input_suffix or "",
                   # -1 (llama-server's default) is no limit: the engine ends where the context does
                   "max_tokens": protocol.NO_LIMIT if n_predict == -1 else n_predict}
     return protocol.parse_completion(completion, served, after=after)

@@ -14,7 +14,7 @@ from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
 from host_runtime.serving.json_schema_grammar import json_object_grammar, schema_grammar
 from host_runtime.engine.reasoning import split
-from host_runtime.serving.request_models import KINDS, check, given
+from host_runtime.serving.request_models import KINDS, check
 from host_runtime.serving.tool_calls import ToolCallStream, grammar_for, parse_output, parse_tool_choice, parse_tools
 
 # JSON bodies nest at most this deep: Python's parser would otherwise recurse until RecursionError.
@@ -375,11 +375,10 @@ class EmbeddingCall:
 
 def parse_embeddings(body: dict, served_model: str) -> EmbeddingCall:
     check_model(body, served_model)
-    check(request_models.EmbeddingRequest, body)
-    data = body["input"]
-    inputs = [data] if isinstance(data, str) else data
-    fmt = given(body, "encoding_format", "float")
-    if body.get("dimensions") is not None:
+    request = check(request_models.EmbeddingRequest, body)
+    inputs = [request.input] if isinstance(request.input, str) else list(request.input)
+    fmt = request.encoding_format or "float"
+    if (request.model_extra or {}).get("dimensions") is not None:
         raise bad("'dimensions' is not supported: this model's embeddings have a fixed size", "dimensions",
                   "unsupported_parameter")
     return EmbeddingCall(inputs, fmt)
@@ -397,20 +396,19 @@ def parse_rerank(body: dict, served_model: str) -> RerankCall:
     """llama-server's /v1/rerank, in Jina's and Cohere's shape: a query, documents (strings, or objects with a
     `text`), top_n (default: all), return_documents (default false)."""
     check_model(body, served_model)
-    check(request_models.RerankRequest, body)
-    texts = [doc["text"] if isinstance(doc, dict) else doc for doc in body["documents"]]
-    top_n = given(body, "top_n", len(texts))
-    return RerankCall(body["query"], texts, min(top_n, len(texts)), given(body, "return_documents", False))
+    request = check(request_models.RerankRequest, body)
+    texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
+    top_n = len(texts) if request.top_n is None else min(request.top_n, len(texts))
+    return RerankCall(request.query, texts, top_n, bool(request.return_documents))
 
 
 
 
 def parse_tokenize(body: dict) -> wire.Tokenize:
     """llama-server's /tokenize: {"content": str, "add_special": bool, "with_pieces": bool}."""
-    check(request_models.TokenizeRequest, body)
-    return wire.Tokenize(body["content"], given(body, "add_special", False), given(body, "with_pieces", False))
+    request = check(request_models.TokenizeRequest, body)
+    return wire.Tokenize(request.content, bool(request.add_special), bool(request.with_pieces))
 
 
 def parse_detokenize(body: dict) -> wire.Detokenize:
-    check(request_models.DetokenizeRequest, body)
-    return wire.Detokenize(body["tokens"])
+    return wire.Detokenize(list(check(request_models.DetokenizeRequest, body).tokens))

@@ -562,12 +562,6 @@ def _refuse(hint, value, path: tuple) -> None:
     raise APIError(400, message, param=param or None, code=code)
 
 
-def given(body: dict, name: str, default=None):
-    """A field its model has checked: its value, or `default` where it is absent or null."""
-    value = body.get(name)
-    return default if value is None else value
-
-
 CheckedBody = TypeVar("CheckedBody", bound=BaseModel)
 
 
