@@ -184,6 +184,19 @@ def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path)
         with pytest.raises(ollama.ResponseError) as err:
             client.generate(model=MODEL_ID, keep_alive=0)  # the server's own model stays
         assert err.value.status_code == 409 and "stays loaded" in err.value.error
+        # /api/copy: a second name for a store model (the same file), the owner's right too
+        with pytest.raises(ollama.ResponseError) as err:
+            ollama.Client(host=base, headers={"Authorization": f"Bearer {ordinary}"}, timeout=60).copy("other", "x")
+        assert err.value.status_code == 403
+        assert client.copy("other", "other-copy:latest").status == "success"
+        store = tmp_path / "store"
+        assert (store / "other-copy" / "other.gguf").stat().st_ino == (store / "other" / "other.gguf").stat().st_ino
+        assert client.generate(model="other-copy", prompt="hi", options={"num_predict": 2}).done
+        for copied, second, status in (("other", "other-copy", 400), ("nothing-here", "y", 404),
+                                       ("other", "claude-sonnet-4-5", 409)):
+            with pytest.raises(ollama.ResponseError) as err:
+                client.copy(copied, second)
+            assert err.value.status_code == status, (copied, second, err.value.error)
         # /api/delete: the owner's right, as a pull; a loaded model is unloaded first
         with pytest.raises(ollama.ResponseError) as err:
             ollama.Client(host=base, headers={"Authorization": f"Bearer {ordinary}"}, timeout=60).delete("tiny")

@@ -130,6 +130,30 @@ class Store:
         self._stamp(manifest, target.stat())  # hashed just now: verify() need not hash it again
         return manifest
 
+    def copy(self, source: str, name: str) -> Manifest:
+        """The model `source` under a second name (Ollama's copy): the same file, hard-linked where the folder's
+        file system allows (a copy of its bytes otherwise), its manifest and own settings, the manifest last."""
+        check_name(name)
+        self.refuse_existing(name)
+        manifest = self.get(source)
+        original = self.path_of(manifest)
+        target = self.file_for(name).with_name(manifest.file)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
+        try:
+            os.link(original, target, follow_symlinks=False)
+        except OSError:
+            staged = target.with_name(target.name + ".partial")
+            _copy_without_links(original, staged)
+            os.replace(staged, target)
+        settings = self.root / source / FILE
+        if settings.is_file():
+            atomic_write(target.parent / FILE, settings.read_bytes(), mode=0o644)
+        copied = Manifest(**{**manifest.__dict__, "name": name, "source": f"copy of {source}", "added_at": _now(),
+                             "pinned": False})
+        atomic_write(target.parent / MANIFEST, copied.to_json().encode(), mode=0o644)
+        return copied
+
     # ---- checking ------------------------------------------------------------------------------------------
 
     def verify(self, manifest: Manifest) -> None:

@@ -743,6 +743,34 @@ class Ollama:
         store.remove(name)
         resp.status = falcon.HTTP_200
 
+    def on_post_copy(self, req, resp):
+        """/api/copy: a store model under a second name (the same file, hard-linked), with the pull's permission; a
+        name one of the owner's aliases covers is refused as a pull's would be."""
+        body = read_json(req, self._config.max_body_bytes)
+        request = request_models.check(request_models.OllamaCopyRequest, body)
+        self._may_change_models(req)
+        if not self._config.model_store:
+            raise APIError(400, "this server has no model store (it serves one model file)", param="source",
+                           code="no_model_store")
+        source = ollama_protocol.model_name({"model": request.source}, "")
+        name = ollama_protocol.model_name({"model": request.destination}, "")
+        alias = self._router.covering_alias(name)
+        if alias is not None:
+            raise APIError(409, f"'{name}' is a name the owner's aliases give to '{self._router.aliases[alias]}' "
+                                f"({alias!r} in [serving.aliases]): copy it under another name",
+                           code="name_is_an_alias", param="destination")
+        store = Store(Path(self._config.model_store))
+        try:
+            store.get(source)
+        except StoreError:
+            raise APIError(404, f"model '{source}' not found", error_type="not_found_error", code="model_not_found",
+                           param="source") from None
+        try:
+            store.copy(source, name)
+        except StoreError as exc:
+            raise APIError(400, str(exc), param="destination", code="invalid_value") from None
+        resp.status = falcon.HTTP_200
+
     def _may_change_models(self, req) -> None:
         policy = req.context.get("key_policy")
         if policy is not None and policy.models:  # a key kept to some models does not add others to the box
@@ -840,7 +868,7 @@ def create_app(config: AppConfig) -> falcon.App:
     ollama = Ollama(router, config, key_tokens)
     for path, suffix in (("version", "version"), ("tags", "tags"), ("ps", "ps"), ("show", "show"), ("chat", "chat"),
                          ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed"), ("pull", "pull"),
-                         ("delete", "delete")):
+                         ("delete", "delete"), ("copy", "copy")):
         app.add_route(f"/api/{path}", ollama, suffix=suffix)
 
     app.add_route("/v1/everycycle/capabilities", CapabilitiesResource(router, config, verifier, key_tokens.ledger))

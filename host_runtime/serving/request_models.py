@@ -422,6 +422,11 @@ class OllamaDeleteRequest(Body):
     model: str = Field(description="the store model to remove, its tag optional")
 
 
+class OllamaCopyRequest(Body):
+    source: str = Field(description="the store model to copy, its tag optional")
+    destination: str = Field(description="its second name (the same file, hard-linked)")
+
+
 class UnroutableRequest(Body):
     """Read leniently by fleet_unroutable (it explains why the fleet could not route; a body it cannot read still
     gets that explanation), so documented here and not checked."""
@@ -430,9 +435,9 @@ class UnroutableRequest(Body):
 
 # The models the document names, by the component name it gives each.
 DOCUMENTED = (ChatRequest, CompletionRequest, InfillRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest,
-              RerankRequest, MessagesRequest, CountTokensRequest, ResponsesRequest, OllamaChatRequest, OllamaGenerateRequest,
-              OllamaEmbedRequest, OllamaEmbeddingsRequest, OllamaShowRequest, OllamaPullRequest, OllamaDeleteRequest,
-              UnroutableRequest)
+              RerankRequest, MessagesRequest, CountTokensRequest, ResponsesRequest, OllamaChatRequest,
+              OllamaGenerateRequest, OllamaEmbedRequest, OllamaEmbeddingsRequest, OllamaShowRequest, OllamaPullRequest,
+              OllamaDeleteRequest, OllamaCopyRequest, UnroutableRequest)
 
 
 # ---- checking a body -----------------------------------------------------------------------------------------------
