@@ -8,7 +8,6 @@ finish or are cancelled; their events (wire.py's) go to the request's own sink.
 
 from __future__ import annotations
 
-import codecs
 import collections
 import logging
 import os
@@ -23,6 +22,7 @@ from host_runtime.engine.key_ledger_file import SharedKeyLedger
 from host_runtime.engine.kv_store import KVStore, disk_budget
 from host_runtime.engine.metrics import EngineMetrics
 from host_runtime.engine.options import PrefixCacheConfig
+from host_runtime.engine.output import ChoiceOutput
 from host_runtime.engine.parking import PARK_RAM_BYTES, ParkingSpace
 from host_runtime.engine.scheduler import AGING_S, Parked, Scheduler
 from host_runtime.engine.progress import DecodeProgress
@@ -33,8 +33,6 @@ from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected, Sampl
 from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLength, NgramIndex, SpeculationConfig,
                                              share_drafts)
 from host_runtime.engine.step_plan import next_cut, plan_step
-from host_runtime.engine.harmony import HarmonyText
-from host_runtime.engine.stop_matcher import StopMatcher
 from host_runtime.engine.throttle import ThrottleReader
 from host_runtime.engine.wire import PRIORITIES, Done, Error, Finish, Timings, Token, TokenLogprob
 
@@ -126,9 +124,7 @@ class Sequence:
         self.n_past = n_past  # prompt tokens already in the KV cache (a prefix cache hit)
         self.next_token: int | None = None
         self.generated = 0
-        self.stop = StopMatcher(request.stops)
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.harmony = HarmonyText() if request.harmony else None
+        self.output = ChoiceOutput(request.stops, request.harmony)  # its text: engine/output.py
         self.sampler = engine.runner.sampler(request.sampling, index, request.grammar)
         self.model = engine.model
         self.last_token_at: float | None = None
@@ -754,26 +750,24 @@ class Engine:
         seq.last_token_at = now
 
         if runner.is_end_of_generation(token) and not request.sampling.ignore_eos:
-            self._emit_text(seq, seq.decoder.decode(b"", final=True) + seq.stop.flush(), None)
+            self._emit_text(seq, seq.output.flush(), None)
             self._finish(seq, "stop")
             return token
         logprob_entry = None
         if request.sampling.top_logprobs is not None:
             logprob_entry = runner.logprobs(batch_index, token, request.sampling.top_logprobs)
-        text, hit_stop = seq.stop.feed(seq.decoder.decode(runner.piece(token)))
+        text, hit_stop = seq.output.piece(runner.piece(token))
         self._emit_text(seq, text, logprob_entry)
         if hit_stop:
-            self._finish(seq, "stop", stop_string=seq.stop.matched)
+            self._finish(seq, "stop", stop_string=seq.output.stop_string)
         elif seq.generated >= request.max_tokens or seq.n_past + 1 >= self.model.n_ctx_per_seq:
-            self._emit_text(seq, seq.decoder.decode(b"", final=True) + seq.stop.flush(), None)
+            self._emit_text(seq, seq.output.flush(), None)
             self._finish(seq, "length")
         else:
             seq.next_token = token
         return token
 
     def _emit_text(self, seq: Sequence, text: str, logprob_entry: TokenLogprob | None) -> None:
-        if seq.harmony is not None:
-            text = seq.harmony.feed(text)
         if text or logprob_entry is not None:
             seq.request.sink(Token(seq.index, text, logprob_entry))
 
@@ -787,7 +781,7 @@ class Engine:
                 request.cancel()
                 request.sink(Error(error))
             return
-        if seq.harmony is not None and (rest := seq.harmony.finish()):
+        if rest := seq.output.finish():
             request.sink(Token(seq.index, rest, None))
         request.sink(Finish(seq.index, reason, seq.generated, stop_string))
         request.open_choices -= 1

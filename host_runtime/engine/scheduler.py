@@ -2,8 +2,8 @@
 gets a slot now, which running sequence gives its slot up for a higher class, and who ages. engine/engine.py
 carries its decisions out (the KV cells saved and restored, the prefix cache's copies, the decode calls) and plans
 each step's calls with step_plan.plan_step (pure too); runner.py is the one caller of llama.cpp. vLLM v1 splits its
-engine core so: the scheduler decides, the model runner executes. Not yet apart: turning tokens into text (stops,
-harmony, logprobs) is still the engine loop's (_sample, _emit_text, _finish).
+engine core so: the scheduler decides, the model runner executes, the output processor (engine/output.py here: a
+choice's bytes into text, stop strings, harmony's channels) detokenizes.
 """
 
 from __future__ import annotations
