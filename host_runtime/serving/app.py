@@ -724,16 +724,8 @@ class Ollama:
         request_models.check(request_models.OllamaDeleteRequest, body)
         name = ollama_protocol.model_name(body, "")
         self._may_change_models(req)
-        if not self._config.model_store or self._router.pool is None:
-            raise APIError(400, "this server has no model store (it serves one model file)", param="model",
-                           code="no_model_store")
-        store = Store(Path(self._config.model_store))
-        try:
-            store.get(name)
-        except StoreError:
-            raise APIError(404, f"model '{name}' not found", error_type="not_found_error", code="model_not_found",
-                           param="model") from None
-        if name == self._router.default_info().model_id:
+        store = self._store_holding(name, "model")
+        if self._router.pool is None or name == self._router.default_info().model_id:
             raise APIError(409, f"'{name}' is the model the server started with (serving.toml or --model): change "
                                 "that first", code="model_in_use", param="model")
         try:
@@ -749,9 +741,6 @@ class Ollama:
         body = read_json(req, self._config.max_body_bytes)
         request = request_models.check(request_models.OllamaCopyRequest, body)
         self._may_change_models(req)
-        if not self._config.model_store:
-            raise APIError(400, "this server has no model store (it serves one model file)", param="source",
-                           code="no_model_store")
         source = ollama_protocol.model_name({"model": request.source}, "")
         name = ollama_protocol.model_name({"model": request.destination}, "")
         alias = self._router.covering_alias(name)
@@ -759,17 +748,25 @@ class Ollama:
             raise APIError(409, f"'{name}' is a name the owner's aliases give to '{self._router.aliases[alias]}' "
                                 f"({alias!r} in [serving.aliases]): copy it under another name",
                            code="name_is_an_alias", param="destination")
-        store = Store(Path(self._config.model_store))
-        try:
-            store.get(source)
-        except StoreError:
-            raise APIError(404, f"model '{source}' not found", error_type="not_found_error", code="model_not_found",
-                           param="source") from None
+        store = self._store_holding(source, "source")
         try:
             store.copy(source, name)
         except StoreError as exc:
             raise APIError(400, str(exc), param="destination", code="invalid_value") from None
         resp.status = falcon.HTTP_200
+
+    def _store_holding(self, name: str, param: str) -> Store:
+        """The box's model store, where `name` is a model (404 where it is not; 400 where there is no store)."""
+        if not self._config.model_store:
+            raise APIError(400, "this server has no model store (it serves one model file)", param=param,
+                           code="no_model_store")
+        store = Store(Path(self._config.model_store))
+        try:
+            store.get(name)
+        except StoreError:
+            raise APIError(404, f"model '{name}' not found", error_type="not_found_error", code="model_not_found",
+                           param=param) from None
+        return store
 
     def _may_change_models(self, req) -> None:
         policy = req.context.get("key_policy")
