@@ -225,7 +225,8 @@ def test_tokenize_and_embeddings_count_and_a_limit_outlives_a_restart(tmp_path):
         assert status == 200  # under the limit when asked: now over it
         status, doc, headers = post(base, "/tokenize", {"content": "hi"})
         assert status == 429 and doc["error"]["code"] == "token_limit_exceeded", doc
-        assert 1 <= int(headers["Retry-After"]) <= 60
+        # the minute frees once the embeddings' tokens (a few seconds old) leave it, not a whole day or none
+        assert 40 <= int(headers["Retry-After"]) <= 60, headers["Retry-After"]
         status, doc, _ = post(base, "/v1/chat/completions", {
             "model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         assert status == 429 and doc["error"]["code"] == "token_limit_exceeded", doc  # the engine sees the API's

@@ -25,6 +25,7 @@ from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.engine.key_ledger_file import SharedKeyLedger
 from host_runtime.engine.readiness import WedgePolicy, unanswered
 from host_runtime.engine.wire import PRIORITIES
+from host_runtime.fleet.state import GatewayState
 from host_runtime.governor.state_file import read_state
 from host_runtime.pool.residency import parse_keep_alive
 from host_runtime.serving import anthropic_protocol, ollama_protocol, protocol, request_models, responses_protocol
@@ -120,35 +121,36 @@ class KeyCheck:
         resp.set_header(VOUCH_HEADER, voucher.issue(vouch, time.time()))
 
 
+NO_FLEET_VIEW = GatewayState(0.0, "")
+
+
 class FleetUse:
-    """The fleet's vouched use by key, from the gateway controller's state file (fleet/state.py), read again when
-    it changes (every poll: about a second)."""
+    """The fleet's vouched use by key, from the gateway controller's state file (fleet/state.GatewayState, read
+    again when it changes: every poll, about a second)."""
 
     def __init__(self, path: str | None):
         self._path = Path(path) if path else None
         self._stamp: tuple | None = None
-        self._doc: dict = {}
+        self._state = NO_FLEET_VIEW
 
-    def _read(self) -> dict:
+    def _read(self) -> GatewayState:
         if self._path is None:
-            return {}
+            return self._state
         try:
             st = self._path.stat()
             if (st.st_ino, st.st_mtime_ns, st.st_size) != self._stamp:
-                doc = json.loads(self._path.read_bytes())
-                self._doc = doc if isinstance(doc, dict) else {}
+                self._state = GatewayState.from_json(json.loads(self._path.read_bytes()))
                 self._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except (OSError, ValueError):
-            self._doc = {}  # no fleet view yet: no vouchers, the router adds the fleet key
-        return self._doc
+        except (OSError, ValueError, TypeError, AttributeError):
+            self._state = NO_FLEET_VIEW  # no fleet view yet: no vouchers, the router adds the fleet key
+        return self._state
 
     def vouching(self) -> bool:
         """Whether the controller registered the router's workers without the fleet key (fleet/controller.py)."""
-        return self._read().get("vouching") is True
+        return self._read().vouching
 
     def of(self, key: str) -> dict[str, list[int]]:
-        use = self._read().get("vouched_use")
-        use = use.get(key) if isinstance(use, dict) else None
+        use = self._read().vouched_use.get(key)
         return use if isinstance(use, dict) else {}
 
 
