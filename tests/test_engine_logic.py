@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
+
 import pytest
 
 from host_runtime.engine.metrics import EngineMetrics, Histogram
@@ -270,9 +272,14 @@ def test_engine_options_cross_to_the_engine_as_themselves_and_a_bad_document_is_
                          PrefixCacheConfig(ram_bytes=1 << 20, directory="/pc"),
                          SpeculationConfig(enabled=True, k_max=6), None, "/run/governor.json", WedgePolicy(floor_s=5))
     assert EngineOptions.from_json(full.to_json()) == full
-    for bad in ("{}", "[]", '{"model": "/m.gguf"}', "not json"):
-        with pytest.raises(OptionsError):
+    for bad, said in (("{}", "model: Field required"), ("[]", "(document)"), ("not json", "Invalid JSON"),
+                      ('{"model": "/m.gguf", "context": {"n_parallel": "ten"}}', "context.n_parallel"),
+                      ('{"model": "/m.gguf", "context": {"n_paralel": 4}}', "context.n_paralel: unknown field"),
+                      ('{"model": "/m.gguf", "wedge": {"floor_s": 5, "ceiling_s": 9}}', "wedge.ceiling_s")):
+        with pytest.raises(OptionsError, match=re.escape(said)):
             EngineOptions.from_json(bad)
+    # a field left out takes its default: what a newer field reads as from an older writer
+    assert EngineOptions.from_json('{"model": "/m.gguf"}') == EngineOptions("/m.gguf")
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'{"model": 1}')))
     with pytest.raises(SystemExit) as exc:
         main(["engine", "--socket", str(tmp_path / "e.sock"), "--options-stdin"])

@@ -4,9 +4,12 @@ An engine for a model loaded on demand gets a copy changed where that model need
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
+
+import pydantic
 
 from host_runtime.common.errors import InputError
 from host_runtime.engine.model import ContextConfig, model_id_for
@@ -23,7 +26,27 @@ class PrefixCacheConfig:
 
 
 class OptionsError(InputError, ValueError):
-    """An options document that is not one this version writes (a field missing, unknown or of a wrong type)."""
+    """An options document that is not one this version writes (a field unknown or of a wrong type)."""
+
+
+@functools.cache
+def _reader() -> pydantic.TypeAdapter:
+    # made from the dataclasses themselves, so a field added to one is read without a line here
+    return pydantic.TypeAdapter(EngineOptions)
+
+
+def _unknown(doc, known, where: str = "") -> str | None:
+    """The first key of `doc` that the options written back (`known`) do not have: one this version does not
+    read, which pydantic would drop without a word."""
+    if not isinstance(doc, dict):
+        return None
+    for key, value in doc.items():
+        if key not in known:
+            return f"{where}{key}"
+        found = _unknown(value, known[key], f"{where}{key}.") if isinstance(known[key], dict) else None
+        if found:
+            return found
+    return None
 
 
 @dataclass(frozen=True)
@@ -42,18 +65,18 @@ class EngineOptions:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "EngineOptions":
+        """The options to_json wrote: each field checked by its type (strict: "ten" is not a number), a field
+        left out at its default, an unknown one refused."""
         try:
-            doc = json.loads(text)
-            context = doc["context"]
-            split = context.get("tensor_split")
-            return cls(model=doc["model"],
-                       context=ContextConfig(**{**context, "tensor_split": tuple(split) if split else None}),
-                       prefix_cache=PrefixCacheConfig(**doc["prefix_cache"]),
-                       speculation=SpeculationConfig(**doc["speculation"]), draft_model=doc["draft_model"],
-                       governor_state=doc["governor_state"], wedge=WedgePolicy(**doc["wedge"]),
-                       usage_file=doc.get("usage_file"))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise OptionsError(f"not an engine options document: {type(exc).__name__}: {exc}") from None
+            options = _reader().validate_json(text, strict=True)
+        except pydantic.ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"]) or "(document)"
+            raise OptionsError(f"not an engine options document: {where}: {error['msg']}") from None
+        unknown = _unknown(json.loads(text), asdict(options))
+        if unknown:
+            raise OptionsError(f"not an engine options document: {unknown}: unknown field")
+        return options
 
     def with_serving(self, ctx_size: int = 0, parallel: int = 0, kv_budget_mib: int = 0,
                      speculation: str = "") -> "EngineOptions":
