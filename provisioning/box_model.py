@@ -20,14 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from host_runtime.engine.wire import PRIORITIES
 from host_runtime.common import generated_file
 from host_runtime.common.generated_file import readable_schema
-from host_runtime.common.setting_rules import TYPE_WORDS, error_words, hint_parts, one_of
+from host_runtime.common.setting_rules import TYPE_WORDS, error_words, hint_parts, one_of, tunables
 from host_runtime.fleet.settings import Mdns, Policy, Role, VrrpPriority, VrrpRouterId
 from host_runtime.front.settings import BOX_HTTP_MODES, MetricsAccess, Port
 from host_runtime.governor.settings import CeilingC, Mode, SafeFraction, TargetC
 from host_runtime.measure.requirement import AnswerTokens, ConcurrentUsers, PromptTokens, TimePerToken, TtftP50
 from host_runtime.models.manifest import ModelName
-from host_runtime.serving.settings import (CacheType, ContextLength, KvBudgetMib, ModelsMemoryMib, Parallel,
-                                           Speculation, TraceSampleRatio)
+from host_runtime.serving.settings import ContextLength, ServingSettings, TraceSampleRatio
 
 SCHEMA_FILE = Path(__file__).with_name("box_schema.json")
 
@@ -122,31 +121,15 @@ class Model(Table):
     quantization: str = None
 
 
-class Serving(Table):
-    context_length: ContextLength = Field(None, description="tokens per sequence (default: the model's trained "
-                                                            "context, up to 32768); also accepted as [model] "
-                                                            "context_length, not both")
-    parallel: Parallel = Field(None, description="sequences served at once (default: as many as kv_budget_mib holds "
-                                                 "at full context, up to 16)")
-    kv_budget_mib: KvBudgetMib = Field(None, description="memory for the KV cache of running sequences, MiB "
-                                                         "(default 1024)")
-    speculation: Speculation = Field(None, description="ngram: drafts from the prompt's own text, verified by the "
-                                                       "model (default off)")
-    keep_alive: Union[str, float] = Field(None, description="how long a model loaded on demand stays after its last "
-                                                            "request: seconds or '10m', '1h'; negative: forever "
-                                                            "(default 5m)")
-    models_memory_mib: ModelsMemoryMib = Field(None, description="memory for loaded models, the one served at start "
-                                                                 "included, MiB (default: 90% of what is available at "
-                                                                 "start)")
-    aliases: dict[str, str] = Field(None, description="other names clients may ask for, each naming a model of the "
-                                                      "store, e.g. { \"gpt-4o-mini\" = \"qwen2.5-7b-instruct\" }")
-    cache_type_k: CacheType = Field(None, description="the KV cache's K type, as llama-server names them (default "
-                                                      "f16); a quantized one turns flash attention on")
-    cache_type_v: CacheType = Field(None, description="the KV cache's V type, as llama-server names them (default "
-                                                      "f16); a quantized one turns flash attention on")
-    pull_hosts: list[NonEmpty] = Field(None, description="the hosts a pull through the API may fetch from: names, "
-                                                         "addresses or networks (default: any but loopback, "
-                                                         "link-local and metadata addresses)")
+# [serving] is made from serving.toml's declarations (serving/settings.py: each field's rule, words and default said
+# once, the flags made from the same); TOML's own shapes where they differ from the settings' (a keep_alive of
+# seconds as a number, the tables' and lists' item types), and what only box.toml says, are here.
+_SERVING_SHAPES = {"keep_alive": Union[str, float], "aliases": dict[str, str], "pull_hosts": list[NonEmpty]}
+_SERVING_NOTES = {"context_length": "; also accepted as [model] context_length, not both"}
+Serving = pydantic.create_model(
+    "Serving", __base__=Table, __doc__="box.toml's [serving]: serving.toml's tunables, field by field.",
+    **{t.name: (_SERVING_SHAPES.get(t.name, t.hint), Field(None, description=t.described + _SERVING_NOTES.get(t.name, "")))
+       for t in tunables(ServingSettings)})
 
 
 class Tracing(Table):

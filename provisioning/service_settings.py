@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from agent_bmc.settings import from_box as bmc_from_box
-from host_runtime.common.setting_rules import SettingsError
+from host_runtime.common.setting_rules import SettingsError, tunables
 from host_runtime.fleet.settings import OWN_API
 from host_runtime.fleet.settings import from_box as fleet_from_box
 from host_runtime.front.settings import from_box as front_from_box
@@ -50,14 +50,9 @@ def _serving_table(table: dict, serving, model: dict):
     """box.toml's [serving] onto the settings [model] gave; errors name the box.toml field."""
     if "context_length" in table and "context_length" in model:
         raise SettingsError("serving.context_length", "is also given as model.context_length: give it once")
-    keep_alive = table.get("keep_alive", "")
-    values = {"context_length": table.get("context_length", serving.context_length),
-              "parallel": table.get("parallel", 0), "kv_budget_mib": table.get("kv_budget_mib", 0),
-              "speculation": table.get("speculation", "off"), "models_memory_mib": table.get("models_memory_mib", 0),
-              # a number of seconds is kept as the string the serve process parses, as it would a duration
-              "keep_alive": str(keep_alive) if not isinstance(keep_alive, bool) else keep_alive,
-              "aliases": dict(table.get("aliases", {})), "cache_type_k": table.get("cache_type_k", ""),
-              "cache_type_v": table.get("cache_type_v", ""), "pull_hosts": list(table.get("pull_hosts", []))}
+    values = {t.name: table[t.name] for t in tunables(ServingSettings) if t.name in table}
+    if "keep_alive" in values and not isinstance(values["keep_alive"], bool):
+        values["keep_alive"] = str(values["keep_alive"])  # seconds kept as the text serve parses, as a duration
     try:
         return dataclasses.replace(serving, **values)
     except SettingsError as exc:

@@ -71,7 +71,7 @@ def test_schemathesis_finds_no_server_error_and_the_engine_survives(tmp_path, ap
     pytest.importorskip("schemathesis", reason="schemathesis is in the project's test extra")
     keys_file, key = api_key
     port = free_port()
-    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--threads", "2", "--ctx-size", "128",
+    proc = Proc(everycycle("serve", "--port", str(port), "--keys", keys_file, "--threads", "2", "--ctx-size", "256",
                            "--parallel", "2", "--run-dir", str(tmp_path)), tmp_path / "serve.log")
     base = f"http://127.0.0.1:{port}"
     try:

@@ -5,17 +5,19 @@ from that file alone, the engine's context and sequences, the keep-alive and an 
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import openai
 import pytest
 
-from host_runtime.cli import (DEFAULT_CTX, DEFAULT_KEEP_ALIVE_S, DEFAULT_KV_BUDGET_MIB, build_parser, engine_options,
-                              serve_arguments)
+from host_runtime.cli import build_parser, engine_options, serve_arguments
 from host_runtime.common.settings_file import load
 from host_runtime.engine.client import EngineClient
+from host_runtime.engine.limits import DEFAULT_CTX, DEFAULT_KV_BUDGET_MIB
 from host_runtime.models.model_settings import ModelSettings
 from host_runtime.models.store import Store
+from host_runtime.pool.residency import KEEP_ALIVE_S
 from host_runtime.serving.settings import ServingSettings
 from provisioning.apply import apply
 from provisioning.bundle import open_bundle
@@ -64,7 +66,7 @@ def test_a_bundles_serving_table_reaches_serving_toml_and_the_serve_process(tmp_
     assert (args.parallel, args.keep_alive, args.speculation, args.ctx_size) == (3, None, "off", 512)
     args = _as_serve_reads_it(tmp_path / "nothing.toml")
     assert (args.ctx_size, args.parallel, args.kv_budget_mib, args.speculation, args.keep_alive,
-            args.models_memory_mib) == (DEFAULT_CTX, None, DEFAULT_KV_BUDGET_MIB, "off", DEFAULT_KEEP_ALIVE_S, None)
+            args.models_memory_mib) == (DEFAULT_CTX, None, DEFAULT_KV_BUDGET_MIB, "off", KEEP_ALIVE_S, None)
 
 
 def test_a_keep_alive_in_seconds_or_forever_is_kept_as_serve_parses_it(tmp_path):
@@ -241,3 +243,37 @@ def test_models_default_waits_for_the_bundles_pull(tmp_path):
     refused = _models(tmp_path, "default", "tiny", "--settings", str(path))
     assert refused.returncode == 1 and "big is still being pulled" in refused.stderr
     assert load(ServingSettings, path) == pulling
+
+
+def test_each_serving_setting_is_said_once_and_makes_its_flag_box_tomls_field_and_serving_tomls_rule(capsys):
+    """#57: a setting lived in six shapes whose rules and defaults drifted (a 1-15 MiB KV budget one took and
+    another refused; a default context of 4096 in one and 32768 in another). Each is now declared once
+    (serving/settings.py) and the flag, box.toml's [serving] field and the reader are made from that."""
+    from host_runtime.common.setting_rules import SettingsError, tunables
+    from host_runtime.engine.model import ContextConfig
+    from provisioning.box_model import Serving
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    serve_help = " ".join(capsys.readouterr().out.split())
+    declared = tunables(ServingSettings)
+    assert {t.name for t in declared} == set(Serving.model_fields)
+    for t in declared:
+        assert Serving.model_fields[t.name].description.startswith(t.described)
+        if t.flag:  # the flag's help is the same words (argparse wraps them)
+            assert " ".join(t.described.split()) in serve_help, t.name
+    # What a flag refuses, serving.toml refuses in the same words
+    for name, flag, bad in (("context_length", "--ctx-size", 128), ("kv_budget_mib", "--kv-budget-mib", 8),
+                            ("keep_alive", "--keep-alive", "5x")):
+        with pytest.raises(SettingsError) as refused:
+            ServingSettings(**{name: bad})
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", flag, str(bad)])
+        assert f"argument {flag}: {refused.value.message}" in capsys.readouterr().err
+    # One default: the engine's own and serve's are the same values
+    defaults = {t.name: t.default for t in declared}
+    assert ContextConfig().n_ctx_per_seq == defaults["context_length"] == DEFAULT_CTX
+    assert ContextConfig().kv_budget_bytes == defaults["kv_budget_mib"] << 20
+    assert (ContextConfig().cache_type_k, ContextConfig().cache_type_v) == (defaults["cache_type_k"],
+                                                                            defaults["cache_type_v"])
+    assert re.fullmatch(r"\d+m", defaults["keep_alive"]) and int(defaults["keep_alive"][:-1]) * 60 == KEEP_ALIVE_S

@@ -7,18 +7,15 @@ import logging
 import sys
 
 from host_runtime.common.errors import EveryCycleError, InputError, UnavailableError
-from host_runtime.engine.limits import DEFAULT_CTX
 from host_runtime.cli.box import cmd_bmc, cmd_console, cmd_discover, cmd_governor, cmd_provision
 from host_runtime.cli.fleet import cmd_fleet
 from host_runtime.cli.front import cmd_front
 from host_runtime.cli.keys import cmd_keys
-from host_runtime.cli.options import DEFAULT_CACHE_TYPE, DEFAULT_KEEP_ALIVE_S, DEFAULT_KV_BUDGET_MIB
 from host_runtime.cli.parser import build_parser
 from host_runtime.cli.serve import cmd_engine, cmd_plan, cmd_serve, engine_options, serve_arguments
 
 # What other modules and the tests take from the CLI by its package's name.
-__all__ = ["DEFAULT_CACHE_TYPE", "DEFAULT_CTX", "DEFAULT_KEEP_ALIVE_S", "DEFAULT_KV_BUDGET_MIB", "EXIT_CODES",
-           "build_parser", "engine_options", "exit_code", "main", "serve_arguments"]
+__all__ = ["EXIT_CODES", "build_parser", "engine_options", "exit_code", "main", "serve_arguments"]
 
 
 def _setup_logging() -> None:

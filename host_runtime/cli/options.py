@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import typing
+
 from host_runtime.common import run_layout
-from host_runtime.engine.limits import DEFAULT_CTX
+from host_runtime.engine.limits import (DRAFT_CEILING, DRAFT_MAX, GPU_MARGIN_MIB, PREFIX_CACHE_DISK_MIB,
+                                       PREFIX_CACHE_RAM_MIB)
+from host_runtime.engine.readiness import WedgePolicy
+from host_runtime.common.setting_rules import SettingsError, Tunable, check_value, hint_parts, tunables
+from host_runtime.serving.settings import ServingSettings
 
 
 def _port(text: str) -> int:
@@ -46,15 +52,6 @@ _positive = _int_at_least(1)
 _non_negative = _int_at_least(0)
 
 
-def _keep_alive(text: str) -> float | None:
-    from host_runtime.pool.residency import parse_keep_alive
-
-    try:
-        return parse_keep_alive(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -71,8 +68,8 @@ def _positive_float(text: str) -> float:
 
 def _draft_max(text: str) -> int:
     value = _positive(text)
-    if value > 15:  # a step holds 16 decode tokens: the pending one and up to 15 drafted
-        raise argparse.ArgumentTypeError(f"must be at most 15, got {value}")
+    if value > DRAFT_CEILING:
+        raise argparse.ArgumentTypeError(f"must be at most {DRAFT_CEILING}, got {value}")
     return value
 
 
@@ -88,19 +85,52 @@ def _run_dir(explicit: str | None = None) -> Path:
     return run_layout.run_dir(explicit)
 
 
-DEFAULT_KV_BUDGET_MIB = 1024
-DEFAULT_CACHE_TYPE = "f16"
-DEFAULT_KEEP_ALIVE_S = 300.0
-_UNSET = object()  # an option's default where None is a value (--keep-alive -1: forever)
+# The flags a serving setting makes (serving/settings.py declares each once), by the field's name
+ENGINE_SETTINGS = ("context_length", "parallel", "kv_budget_mib", "cache_type_k", "cache_type_v", "speculation")
+SERVE_SETTINGS = ("keep_alive", "models_memory_mib")
+_METAVARS = {"keep_alive": "DURATION", "cache_type_k": "TYPE", "cache_type_v": "TYPE"}
 
 
-def _add_cache_types(p: argparse.ArgumentParser) -> None:
-    from host_runtime.placement.kv_types import KV_TYPES
+def serving_tunable(name: str) -> Tunable:
+    return next(t for t in tunables(ServingSettings) if t.name == name)
 
-    for which in ("k", "v"):
-        p.add_argument(f"--cache-type-{which}", choices=list(KV_TYPES), metavar="TYPE",
-                       help=f"the KV cache's {which.upper()} type, as llama-server names them ({', '.join(KV_TYPES)}; "
-                            f"default {DEFAULT_CACHE_TYPE}); a quantized one turns flash attention on")
+
+def _checked_by_settings(tunable: Tunable):
+    """The flag's text as the setting's type, checked by the setting's own rule: a flag takes what serving.toml
+    takes, and its error says the same words."""
+    base = hint_parts(tunable.hint)[0]
+
+    def parse(text: str):
+        try:
+            value = int(text) if base is int else text
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        try:
+            if typing.get_origin(tunable.hint) is typing.Annotated:
+                check_value(tunable.name, tunable.hint, value)  # 0 too: "unset" is the file's word, not a flag's
+            else:
+                ServingSettings(**{tunable.name: value})  # a rule the class checks itself (keep_alive's)
+        except SettingsError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+        return value
+
+    return parse
+
+
+def add_setting_flags(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """The flags of these serving settings, made from their declarations: name, rule, help and default said once.
+    Not given, a flag is None: serve_arguments then takes the model's own setting, serving.toml's, the default."""
+    for name in names:
+        tunable = serving_tunable(name)
+        base = hint_parts(tunable.hint)[0]
+        choices = typing.get_args(base) + tunable.flag_also if typing.get_origin(base) is typing.Literal else None
+        metavar = _METAVARS.get(name, "MIB" if name.endswith("_mib") else "N")
+        help_text = (tunable.described + tunable.flag_details).replace("%", "%%")
+        if choices:
+            p.add_argument(tunable.flag, choices=list(choices), metavar=None if name == "speculation" else metavar,
+                           help=help_text)
+        else:
+            p.add_argument(tunable.flag, type=_checked_by_settings(tunable), metavar=metavar, help=help_text)
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -108,20 +138,13 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_non_negative, default=0, metavar="N", help="CPU threads for llama.cpp (0: all cores)")
     p.add_argument("--decode-threads", type=_non_negative, default=0, metavar="N",
                    help="CPU threads for a decode call of one token, a lone stream's step (0: as --threads)")
-    p.add_argument("--ctx-size", type=_positive, metavar="N",
-                   help="context tokens per sequence, at most the model's trained context (default: the trained "
-                        f"context, up to {DEFAULT_CTX})")
-    p.add_argument("--parallel", type=_positive, metavar="N",
-                   help="sequences decoded together (default: as many as --kv-budget-mib holds at full context, up to 16)")
-    p.add_argument("--kv-budget-mib", type=_positive, metavar="MIB",
-                   help=f"memory for the KV cache of running sequences (default {DEFAULT_KV_BUDGET_MIB})")
-    _add_cache_types(p)
+    add_setting_flags(p, ENGINE_SETTINGS)
     p.add_argument("--max-queue", type=_non_negative, metavar="N",
                    help="requests allowed to wait for a sequence before new ones get 503 (default 4 per sequence)")
-    p.add_argument("--prefix-cache-ram-mib", type=_non_negative, default=1024, metavar="MIB",
-                   help="host RAM for cached prompt prefixes moved out of the context (default 1024)")
-    p.add_argument("--prefix-cache-disk-mib", type=_non_negative, default=4096, metavar="MIB",
-                   help="disk space for cached prompt prefixes moved out of RAM (default 4096)")
+    p.add_argument("--prefix-cache-ram-mib", type=_non_negative, default=PREFIX_CACHE_RAM_MIB, metavar="MIB",
+                   help=f"host RAM for cached prompt prefixes moved out of the context (default {PREFIX_CACHE_RAM_MIB})")
+    p.add_argument("--prefix-cache-disk-mib", type=_non_negative, default=PREFIX_CACHE_DISK_MIB, metavar="MIB",
+                   help=f"disk space for cached prompt prefixes moved out of RAM (default {PREFIX_CACHE_DISK_MIB})")
     p.add_argument("--prefix-cache-dir", metavar="DIR",
                    help="where the disk tier lives (serve: RUN_DIR/prefix-cache; engine: no disk tier without it)")
     p.add_argument("--no-prefix-cache", action="store_true", help="recompute every prompt from scratch")
@@ -129,18 +152,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="prompt chunks and decode tokens in one llama_decode call over one shared KV buffer, as "
                         "llama-server batches; a request's output then depends on what else is batched (default: "
                         "batch-invariant, the faster of the two on CPU as measured by bench/serving.py)")
-    p.add_argument("--speculation", choices=["ngram", "draft", "off"],
-                   help="ngram: each decoding sequence drafts the tokens that followed the latest earlier occurrence "
-                        "of its last few tokens (prompt lookup) and the model verifies them in the same call, so "
-                        "edits and quotes come several tokens a step; drafts stop when a step holds 16 tokens or the "
-                        "measured cost of calls says they would not pay (--draft-always). The "
-                        "output is the one decoding without it gives (on the CPU in the default batching mode, "
-                        "which then lays attention out for it: README). draft: a smaller model of the "
-                        "same vocabulary (--draft-model) drafts its most likely tokens. off (default): one token a "
-                        "step")
-    p.add_argument("--draft-max", type=_draft_max, default=12, metavar="N",
-                   help="the most tokens a sequence drafts in a step, 1 to 15; up to this, each sequence drafts "
-                        "as many as its acceptance and the measured cost of calls say pay (default 12)")
+    p.add_argument("--draft-max", type=_draft_max, default=DRAFT_MAX, metavar="N",
+                   help=f"the most tokens a sequence drafts in a step, 1 to {DRAFT_CEILING}; up to this, each "
+                        f"sequence drafts as many as its acceptance and the measured cost of calls say pay (default {DRAFT_MAX})")
     p.add_argument("--draft-always", action="store_true",
                    help="draft as much as acceptance earned and the step has room for, whatever the calls cost "
                         "(default: only as much as the measured cost of this box's decode calls says pays; on a "
@@ -152,9 +166,10 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="with --speculation draft: the GGUF that drafts for the served model (models loaded on "
                         "demand beside it run without); its tokens must be the target's (loaded after the target, "
                         "placed by the same planner, with as many sequences)")
-    p.add_argument("--wedge-floor", type=_positive_float, default=30.0, metavar="S",
+    p.add_argument("--wedge-floor", type=_positive_float, default=WedgePolicy.floor_s, metavar="S",
                    help="the engine counts as wedged when pending work sees no decode call complete for the larger "
-                        "of this and 10x its expected call time, measured (default 30)")
+                        f"of this and {WedgePolicy.multiple:g}x its expected call time, measured (default "
+                        f"{WedgePolicy.floor_s:g})")
     p.add_argument("--governor-state", metavar="PATH",
                    help="the power governor's state file: its throttle level lowers concurrency (default: none)")
     _add_placement_options(p)
@@ -189,5 +204,5 @@ def _add_placement_options(p: argparse.ArgumentParser) -> None:
                           "the GPUs, and none where whole layers fit)")
     moe.add_argument("--n-cpu-moe", type=_non_negative, metavar="N",
                      help="keep the expert weights of the first N layers in host RAM, as llama-server's --n-cpu-moe")
-    p.add_argument("--gpu-margin-mib", type=_non_negative, default=512, metavar="MIB",
-                   help="memory each GPU keeps free: the larger of this and 5%% of the card (default 512)")
+    p.add_argument("--gpu-margin-mib", type=_non_negative, default=GPU_MARGIN_MIB, metavar="MIB",
+                   help=f"memory each GPU keeps free: the larger of this and 5%% of the card (default {GPU_MARGIN_MIB})")

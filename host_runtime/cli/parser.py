@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 
 from host_runtime import __version__
-from host_runtime.engine.limits import DEFAULT_CTX
-from host_runtime.cli.options import (_UNSET, _add_cache_types, _add_engine_options, _add_placement_options,
-                                      _host_port, _keep_alive, _port, _positive, _positive_float)
+from host_runtime.cli.options import (SERVE_SETTINGS, _add_engine_options, _add_placement_options, _host_port, _port,
+                                      _positive, _positive_float, add_setting_flags)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,12 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-store", metavar="DIR",
                        help="models a request may name, loaded on demand (default: $EVERYCYCLE_MODEL_STORE, else "
                             "/var/lib/everycycle/models)")
-    serve.add_argument("--keep-alive", type=_keep_alive, default=_UNSET, metavar="DURATION",
-                       help="how long a model loaded on demand stays after its last request (default 5m; -1: "
-                            "forever; a request's keep_alive wins)")
-    serve.add_argument("--models-memory-mib", type=_positive, metavar="MIB",
-                       help="memory for loaded models, the one served at start included (default: 90%% of what is "
-                            "available at start)")
+    add_setting_flags(serve, SERVE_SETTINGS)
     serve.add_argument("--usage-dir", metavar="DIR",
                        help="keep per-key usage here across restarts (default: serving.toml's usage_dir; without "
                             "one, in memory only)")
@@ -94,15 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Plan a model's placement (layers per device, weights, KV, compute, margin), "
                                       "proven with llama.cpp's own dry run. Exit 0 when it fits, 1 when it does not.")
     plan.add_argument("--model", metavar="PATH", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
-    plan.add_argument("--ctx-size", type=_positive, default=DEFAULT_CTX, metavar="N",
-                      help=f"context tokens per sequence, at most the model's trained context (default: the trained "
-                           f"context, up to {DEFAULT_CTX})")
-    plan.add_argument("--parallel", type=_positive, metavar="N",
-                      help="sequences decoded together (default: as many as --kv-budget-mib holds, up to 16)")
-    plan.add_argument("--kv-budget-mib", type=_positive, default=1024, metavar="MIB",
-                      help="memory for the KV cache of running sequences (default 1024)")
+    add_setting_flags(plan, ("context_length", "parallel", "kv_budget_mib", "cache_type_k", "cache_type_v"))
     plan.add_argument("--batch", type=_positive, default=512, metavar="N", help="prompt tokens per step (default 512)")
-    _add_cache_types(plan)
     plan.add_argument("--topology", metavar="FILE",
                       help="plan for the devices in this topology file (from 'everycycle discover') instead of the "
                            "live ones; such a plan is not proven, as llama.cpp can only size devices it has")

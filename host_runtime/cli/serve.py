@@ -9,8 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from host_runtime.engine.limits import DEFAULT_CTX
-from host_runtime.cli.options import _UNSET, DEFAULT_CACHE_TYPE, DEFAULT_KEEP_ALIVE_S, DEFAULT_KV_BUDGET_MIB
+from host_runtime.cli.options import ENGINE_SETTINGS, SERVE_SETTINGS, serving_tunable
 
 
 def _resolve_model(parser: argparse.ArgumentParser, model: str | None) -> str:
@@ -189,22 +188,17 @@ def serve_arguments(args, settings, own: dict | None = None):
     """serve's options with, where the command line gave none (explicit options win), the served model's own
     settings (`own`: models/model_settings.py), then serving.toml's, then the defaults: what the serve process
     runs with, from box.toml's [model] and [serving] without an argv. `explicit` names the options given."""
+    from host_runtime.pool.residency import parse_keep_alive
+
     resolved = argparse.Namespace(**vars(args))
-    resolved.explicit = frozenset(name for name in ("ctx_size", "parallel", "kv_budget_mib", "speculation",
-                                                    "cache_type_k", "cache_type_v") if getattr(args, name) is not None)
+    flagged = [serving_tunable(name) for name in ENGINE_SETTINGS + SERVE_SETTINGS]
+    resolved.explicit = frozenset(t.dest for t in flagged if getattr(args, t.dest) is not None)
     own = own or {}
-    for name, value, default in (("ctx_size", settings.context_length, DEFAULT_CTX),
-                                 ("parallel", settings.parallel, None),
-                                 ("kv_budget_mib", settings.kv_budget_mib, DEFAULT_KV_BUDGET_MIB),
-                                 ("models_memory_mib", settings.models_memory_mib, None),
-                                 ("speculation", settings.speculation, "off"),
-                                 ("cache_type_k", settings.cache_type_k, DEFAULT_CACHE_TYPE),
-                                 ("cache_type_v", settings.cache_type_v, DEFAULT_CACHE_TYPE)):
-        if getattr(args, name) is None:
-            setattr(resolved, name, own.get(name) or value or default)
+    for t in flagged:
+        if getattr(args, t.dest) is None:  # each setting's default is said once, where it is declared
+            setattr(resolved, t.dest, own.get(t.dest) or getattr(settings, t.name) or t.default)
+    resolved.keep_alive = parse_keep_alive(resolved.keep_alive)  # in seconds; None: forever
     resolved.usage_dir = args.usage_dir or settings.usage_dir or None
-    if args.keep_alive is _UNSET:  # None is forever
-        resolved.keep_alive = settings.keep_alive_s if settings.keep_alive else DEFAULT_KEEP_ALIVE_S
     return resolved
 
 
@@ -274,6 +268,15 @@ def _engine_pool(run_dir: Path, socket_path: str, options, engine, args):
                       store=store, budget_bytes=budget, need_for=need_for, keep_alive_s=args.keep_alive)
 
 
+def _given(**values) -> dict:
+    """The settings the command line gave (None: not given, the settings class's own default stands)."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _mib(mib: int | None) -> int | None:
+    return None if mib is None else mib << 20
+
+
 def engine_options(parser, args, model: str | None):
     """The engine's settings from `serve`'s or `engine`'s options (checked first, the model last), as one
     EngineOptions."""
@@ -284,15 +287,14 @@ def engine_options(parser, args, model: str | None):
 
     _check_offload_flags(parser, args)
     speculating = args.speculation not in (None, "off")
-    context = ContextConfig(n_ctx_per_seq=args.ctx_size or DEFAULT_CTX, n_parallel=args.parallel,
-                            n_threads=args.threads, n_threads_decode=args.decode_threads,
-                            kv_budget_bytes=(args.kv_budget_mib or DEFAULT_KV_BUDGET_MIB) << 20,
+    context = ContextConfig(**_given(n_ctx_per_seq=args.ctx_size, kv_budget_bytes=_mib(args.kv_budget_mib),
+                                     cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v),
+                            n_parallel=args.parallel, n_threads=args.threads, n_threads_decode=args.decode_threads,
                             max_waiting=args.max_queue,
                             placement=args.placement, n_gpu_layers=args.gpu_layers,
                             tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,
                             main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches, speculation=speculating,
-                            cache_type_k=args.cache_type_k or DEFAULT_CACHE_TYPE,
-                            cache_type_v=args.cache_type_v or DEFAULT_CACHE_TYPE, n_cpu_moe=_n_cpu_moe(args))
+                            n_cpu_moe=_n_cpu_moe(args))
     cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
                               disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
     speculation = SpeculationConfig(enabled=speculating, kind="ngram" if not speculating else args.speculation,
@@ -343,11 +345,11 @@ def cmd_plan(parser, args) -> int:
     model = _resolve_model(parser, args.model)
     try:
         outcome = plan_for_cli(model, ContextConfig(
-            n_ctx_per_seq=args.ctx_size, n_parallel=args.parallel, kv_budget_bytes=args.kv_budget_mib << 20,
-            placement=args.placement, n_gpu_layers=args.gpu_layers, tensor_split=_split_values(args.tensor_split),
-            gpu_margin_bytes=args.gpu_margin_mib << 20, main_gpu=args.main_gpu,
-            cache_type_k=args.cache_type_k or DEFAULT_CACHE_TYPE, cache_type_v=args.cache_type_v or DEFAULT_CACHE_TYPE,
-            n_cpu_moe=_n_cpu_moe(args)),
+            **_given(n_ctx_per_seq=args.ctx_size, kv_budget_bytes=_mib(args.kv_budget_mib),
+                     cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v),
+            n_parallel=args.parallel, placement=args.placement, n_gpu_layers=args.gpu_layers,
+            tensor_split=_split_values(args.tensor_split),
+            gpu_margin_bytes=args.gpu_margin_mib << 20, main_gpu=args.main_gpu, n_cpu_moe=_n_cpu_moe(args)),
             n_batch=args.batch,
             topology=args.topology)
     except PlanInputsError as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Annotated, Any, Literal
 
 import annotated_types
@@ -146,3 +146,51 @@ def base_type(cls, name: str):
     if typing.get_origin(base) is Literal:
         return type(typing.get_args(base)[0])
     return base
+
+
+def setting(unset, *, description: str, default=None, flag: str | None = None, flag_details: str = "",
+            flag_also: tuple = ()) -> Any:
+    """A settings dataclass field said once. `unset`: its value where the file gives none ("the service
+    chooses"); `default`: what the service then uses (None: it decides at start, as `description` says);
+    `description`: box.toml's schema words and the flag's help; `flag`: the command-line option that gives it
+    (serve --ctx-size), with `flag_details` added to its help and `flag_also` values only the command line takes."""
+    metadata = {"description": description, "default": default, "flag": flag, "flag_details": flag_details,
+                "flag_also": tuple(flag_also)}
+    if isinstance(unset, dict | list):  # a fresh empty table or list for each instance
+        return field(default_factory=type(unset), metadata=metadata)
+    return field(default=unset, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """One field declared with `setting`: what the flags, the file's reader and box.toml's model are made from."""
+    name: str
+    hint: Any
+    unset: Any
+    description: str
+    default: Any
+    flag: str | None
+    flag_details: str
+    flag_also: tuple
+
+    @property
+    def dest(self) -> str:
+        """The flag's attribute on argparse's namespace (--ctx-size: ctx_size); the field's name without a flag."""
+        return self.flag.lstrip("-").replace("-", "_") if self.flag else self.name
+
+    @property
+    def described(self) -> str:
+        """The description with the service's default, as box.toml's schema and the flag's help say it."""
+        if "{default}" in self.description:
+            return self.description.format(default=self.default)
+        return f"{self.description} (default {self.default})" if self.default is not None else self.description
+
+
+@functools.cache
+def tunables(cls) -> tuple[Tunable, ...]:
+    """The fields of a settings dataclass declared with `setting`, in their order."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return tuple(Tunable(f.name, hints[f.name], f.default_factory() if f.default is MISSING else f.default,
+                         f.metadata["description"], f.metadata["default"],
+                         f.metadata["flag"], f.metadata["flag_details"], f.metadata["flag_also"])
+                 for f in fields(cls) if "description" in f.metadata)

@@ -13,3 +13,13 @@ SPECULATION = ("off", "ngram")  # a draft model is a file of its own: `serve --s
 # as agents' 10,000-25,000-token prompts need; the planner lowers the sequences, then the context, where memory is
 # short, and says so. --ctx-size (serving.toml's context_length) sets another cap.
 DEFAULT_CTX = 32768
+DEFAULT_KV_BUDGET_MIB = 1024  # the KV cache's memory where neither the owner nor the model says
+# The engine's other defaults, which serve's flags show and the engine's settings classes take (engine/options.py,
+# engine/speculation.py, engine/model.py)
+PREFIX_CACHE_RAM_MIB = 1024   # host RAM for cached prompt prefixes moved out of the context
+PREFIX_CACHE_DISK_MIB = 4096  # disk for those moved out of RAM
+# The most tokens one sequence drafts in a step: measured on a code edit at c=1 (bench/serving.py), 1.39x without
+# speculation; 6 gave 1.30x. At most DRAFT_CEILING: a step holds 16 decode tokens, the pending one and 15 drafted.
+DRAFT_MAX = 12
+DRAFT_CEILING = 15
+GPU_MARGIN_MIB = 512          # each GPU keeps the larger of this and 5% of the card free

@@ -12,7 +12,9 @@ from pathlib import Path
 from host_runtime.common.errors import EveryCycleError
 from host_runtime.gpu import llama_log
 from host_runtime.engine.capacity import Capacity
+from host_runtime.engine.limits import DEFAULT_CTX, DEFAULT_KV_BUDGET_MIB, GPU_MARGIN_MIB
 from host_runtime.engine.pooling import pooling_name
+from host_runtime.placement.kv_types import DEFAULT_KV
 from host_runtime.placement.llama_params import DeviceMissing, attention_for, call_tokens, context_params, model_params
 from host_runtime.placement.model_table import ModelTableError, read_table
 from host_runtime.placement.planner import PlacementError, PlanRequest
@@ -76,9 +78,9 @@ def model_id_for(path: str | os.PathLike) -> str:
 
 @dataclass(frozen=True)
 class ContextConfig:
-    n_ctx_per_seq: int = 4096
+    n_ctx_per_seq: int = DEFAULT_CTX  # a cap: the model's trained context where that is less (engine/limits.py)
     n_parallel: int | None = None  # None: as many as the KV budget holds at full context
-    kv_budget_bytes: int = 1 << 30
+    kv_budget_bytes: int = DEFAULT_KV_BUDGET_MIB << 20
     max_waiting: int | None = None  # None: follows n_parallel
     n_batch: int = 512  # a step's prompt-token budget (several prompts, one chunk each)
     prefill_chunk: int = 128  # prompt tokens per chunk: the unit of chunked prefill and of prefix caching
@@ -90,10 +92,10 @@ class ContextConfig:
     placement: str = "auto"  # auto: the planner spreads layers over the GPUs llama.cpp sees; cpu: none offloaded
     n_gpu_layers: int | None = None  # explicit, as llama-server's --gpu-layers; checked by the same proof
     tensor_split: tuple[float, ...] | None = None
-    gpu_margin_bytes: int = 512 << 20  # each GPU keeps the larger of this and 5% free
+    gpu_margin_bytes: int = GPU_MARGIN_MIB << 20  # each GPU keeps the larger of this and 5% free
     main_gpu: int | None = None  # only this GPU (llama-server's --split-mode none --main-gpu)
-    cache_type_k: str = "f16"  # the KV cache's types, by llama-server's names (placement/kv_types.py)
-    cache_type_v: str = "f16"
+    cache_type_k: str = DEFAULT_KV[0]  # the KV cache's types, by llama-server's names (placement/kv_types.py)
+    cache_type_v: str = DEFAULT_KV[1]
     # A MoE model: the expert weights of layers [0, N) stay in host RAM (llama-server's --n-cpu-moe N); None: the
     # planner decides (placement/planner.py), 0: they go with their layers.
     n_cpu_moe: int | None = None

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 import pydantic
 
 from host_runtime.common.errors import InputError
+from host_runtime.engine.limits import PREFIX_CACHE_DISK_MIB, PREFIX_CACHE_RAM_MIB
 from host_runtime.engine.model import ContextConfig, model_id_for
 from host_runtime.engine.readiness import WedgePolicy
 from host_runtime.engine.speculation import SpeculationConfig
@@ -20,8 +21,8 @@ from host_runtime.engine.speculation import SpeculationConfig
 @dataclass(frozen=True)
 class PrefixCacheConfig:
     enabled: bool = True
-    ram_bytes: int = 1 << 30
-    disk_bytes: int = 4 << 30
+    ram_bytes: int = PREFIX_CACHE_RAM_MIB << 20
+    disk_bytes: int = PREFIX_CACHE_DISK_MIB << 20
     directory: str | None = None  # None: no disk tier
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from host_runtime.engine.limits import DRAFT_MAX
+
 
 @dataclass(frozen=True)
 class SpeculationConfig:
@@ -27,7 +29,7 @@ class SpeculationConfig:
     # The most tokens one sequence drafts in a step (serve --draft-max). Exactness does not bound it (with
     # speculation the context lays attention out so that any number of rows computes as one does: see
     # placement/kv_types.attention_layout); the step's 16 tokens and the cost of a verify call do.
-    k_max: int = 12  # measured on a code edit at c=1 (bench/serving.py): 1.39x without speculation, 6 gave 1.30x
+    k_max: int = DRAFT_MAX  # engine/limits.py says why 12
     step_tokens: int = 16  # decode tokens a step may hold, drafts included, before drafts stop (share_drafts)
     n_max: int = 4         # the longest n-gram looked up
     n_min: int = 2         # the shortest: one-token matches draft too often wrongly to pay on a CPU

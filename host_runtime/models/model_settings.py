@@ -7,31 +7,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from host_runtime.common.settings_file import SettingsError
-from host_runtime.engine.limits import (MAX_CONTEXT, MAX_MIB, MAX_PARALLEL, MIN_CONTEXT, MIN_KV_BUDGET_MIB,
-                                       SPECULATION)
+from host_runtime.common.setting_rules import check_fields
+from host_runtime.engine.setting_types import ContextLength, KvBudgetMib, Parallel, Speculation
 
 FILE = "settings.toml"
 
 
 @dataclass(frozen=True)
 class ModelSettings:
-    context_length: int = 0   # tokens per sequence (at most what the model was trained for: the engine caps it)
-    parallel: int = 0         # sequences at once
-    kv_budget_mib: int = 0    # the KV cache's memory when the planner chooses the sequences
-    speculation: str = ""     # off or ngram
+    # serving.toml's rules, by the same types (engine/setting_types.py); 0 or "" leaves a setting to box.toml's
+    context_length: ContextLength = 0  # tokens per sequence (at most what the model was trained for: the engine caps it)
+    parallel: Parallel = 0             # sequences at once
+    kv_budget_mib: KvBudgetMib = 0     # the KV cache's memory when the planner chooses the sequences
+    speculation: Speculation = ""  # off or ngram ("": unset, which the rule is not asked about)
 
     def __post_init__(self) -> None:
-        # serving.toml's rules (serving/settings.py), 0 or "" meaning box.toml's
-        if self.context_length and not MIN_CONTEXT <= self.context_length <= MAX_CONTEXT:
-            raise SettingsError("context_length", f"must be between {MIN_CONTEXT} and {MAX_CONTEXT} (0: box.toml's)")
-        if not 0 <= self.parallel <= MAX_PARALLEL:
-            raise SettingsError("parallel", f"must be between 1 and {MAX_PARALLEL} (0: box.toml's)")
-        if self.kv_budget_mib and not MIN_KV_BUDGET_MIB <= self.kv_budget_mib <= MAX_MIB:
-            raise SettingsError("kv_budget_mib", f"must be between {MIN_KV_BUDGET_MIB} and {MAX_MIB} MiB "
-                                                 "(0: box.toml's)")
-        if self.speculation and self.speculation not in SPECULATION:
-            raise SettingsError("speculation", f"must be one of {', '.join(SPECULATION)}, got {self.speculation!r}")
+        check_fields(self)
 
     def serve_options(self) -> dict:
         """The settings given, by the name of `serve`'s option each stands for."""

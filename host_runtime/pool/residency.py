@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+KEEP_ALIVE_S = 300.0  # how long an idle model loaded on demand stays (Ollama's default, 5m)
+
 
 @dataclass(frozen=True)
 class Resident:
@@ -14,7 +16,7 @@ class Resident:
     last_used: float        # when a request last named it
     busy: bool              # requests running or waiting on it
     pinned: bool = False
-    keep_alive_s: float | None = 300.0  # None: forever (Ollama's keep_alive -1)
+    keep_alive_s: float | None = KEEP_ALIVE_S  # None: forever (Ollama's keep_alive -1)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ by `everycycle serve --settings`. Command-line options given explicitly win (mak
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -11,24 +11,21 @@ from pydantic import Field
 
 from host_runtime.common.host_port import split_host_port
 from host_runtime.common.lan import on_the_lan
-from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
-from host_runtime.engine.limits import (MAX_CONTEXT, MAX_MIB, MAX_PARALLEL, MIN_CONTEXT, MIN_KV_BUDGET_MIB,
-                                       SPECULATION)
+from host_runtime.common.setting_rules import SettingsError, check_fields, setting
+from host_runtime.engine.limits import DEFAULT_CTX, DEFAULT_KV_BUDGET_MIB
+from host_runtime.engine.setting_types import (CacheType, ContextLength, KvBudgetMib, ModelsMemoryMib, Parallel,
+                                               Speculation)
 from host_runtime.models.errors import StoreError
 from host_runtime.models.manifest import check_name, name_for_file
 from host_runtime.models.pull_hosts import check_entry
 from host_runtime.models.sources import check_sha256, source_file_name
-from host_runtime.placement.kv_types import KV_TYPES
-from host_runtime.pool.residency import parse_keep_alive
+from host_runtime.placement.kv_types import DEFAULT_KV
+from host_runtime.pool.residency import KEEP_ALIVE_S, parse_keep_alive
 
-# The rules box.toml's [serving], [model] and [tracing] share (provisioning/box_model.py). 0 or "" in these
-# settings: not set, the server's default.
-ContextLength = Annotated[int, Field(ge=MIN_CONTEXT, le=MAX_CONTEXT)]
-Parallel = Annotated[int, Field(ge=1, le=MAX_PARALLEL)]
-KvBudgetMib = Annotated[int, Field(ge=MIN_KV_BUDGET_MIB, le=MAX_MIB)]
-ModelsMemoryMib = Annotated[int, Field(ge=64, le=MAX_MIB)]
-Speculation = one_of(SPECULATION)
-CacheType = one_of(KV_TYPES)
+__all__ = ["CacheType", "ContextLength", "KvBudgetMib", "ModelsMemoryMib", "Parallel", "ServingSettings",
+           "Speculation", "TraceSampleRatio"]
+
+# box.toml's [tracing] shares this rule (provisioning/box_model.py); [serving]'s are engine/setting_types.py's.
 TraceSampleRatio = Annotated[float, Field(gt=0, le=1)]
 
 
@@ -67,17 +64,41 @@ class ServingSettings:
     # box.toml's [api] prefix_cache = "shared": requests of every API key may reuse each other's cached prefixes
     # (by default each key finds only its own: serving/app.py cache_scope).
     prefix_cache_shared: bool = False
-    # box.toml's [serving]: what a GPU owner tunes. 0 or empty: serve's own default (the planner's choice of
-    # sequences, a 1 GiB KV budget, 5 minutes, 90% of the memory available at start).
-    parallel: Parallel = 0     # sequences served at once
-    kv_budget_mib: KvBudgetMib = 0  # the KV cache's memory when the planner chooses the sequences
-    speculation: Speculation = "off"  # off or ngram (drafts from the prompt's own text)
-    keep_alive: str = ""       # how long a model loaded on demand stays after its last request ('10m', '-1')
-    models_memory_mib: ModelsMemoryMib = 0  # memory for loaded models, the one served at start included
-    # another name a client may ask for, or a pattern of names (* and ?), -> a model of the store
-    aliases: dict = field(default_factory=dict)
-    cache_type_k: CacheType = ""  # the KV cache's types, by llama-server's names (placement/kv_types.py)
-    cache_type_v: CacheType = ""
+    # box.toml's [serving]: what a GPU owner tunes, each said once here: its rule (the type), its value where unset
+    # (0 or empty: serve's own default), that default, the words box.toml's schema and serve's --help both show,
+    # and serve's flag for it (cli/options.py makes the flags from these; box.toml's [serving] is made from them).
+    context_length: ContextLength = setting(
+        0, flag="--ctx-size", default=DEFAULT_CTX,
+        description="tokens per sequence, at most the model's trained context (default: the trained context, up "
+                    "to {default})")
+    parallel: Parallel = setting(0, flag="--parallel", description="sequences served at once (default: as many as "
+                                                                   "kv_budget_mib holds at full context, up to 16)")
+    kv_budget_mib: KvBudgetMib = setting(0, flag="--kv-budget-mib", default=DEFAULT_KV_BUDGET_MIB,
+                                         description="memory for the KV cache of running sequences, MiB")
+    speculation: Speculation = setting(
+        "off", flag="--speculation", default="off", flag_also=("draft",),
+        description="ngram: each decoding sequence drafts from the prompt's own text and the model verifies the "
+                    "drafts in the same call",
+        flag_details="; edits and quotes come several tokens a step; drafts stop when a step holds 16 tokens or "
+                     "the measured cost of calls says they would not pay (--draft-always). The output is the one "
+                     "decoding without it gives (on the CPU in the default batching mode, which then lays "
+                     "attention out for it: docs/). draft (command line only): a smaller model of the same "
+                     "vocabulary (--draft-model) drafts its most likely tokens. off: one token a step")
+    keep_alive: str = setting("", flag="--keep-alive", default=f"{KEEP_ALIVE_S / 60:g}m",
+                              description="how long a model loaded on demand stays after its last request: seconds "
+                                          "or '10m', '1h'; negative: forever; a request's keep_alive wins")
+    models_memory_mib: ModelsMemoryMib = setting(
+        0, flag="--models-memory-mib", description="memory for loaded models, the one served at start included, "
+                                                   "MiB (default: 90% of what is available at start)")
+    aliases: dict = setting({}, description="other names clients may ask for (or patterns of names, with * and "
+                                            "?), each naming a model of the store, e.g. "
+                                            "{ \"gpt-4o-mini\" = \"qwen2.5-7b-instruct\" }")
+    cache_type_k: CacheType = setting("", flag="--cache-type-k", default=DEFAULT_KV[0],
+                                      description="the KV cache's K type, as llama-server names them; a quantized "
+                                                  "one turns flash attention on")
+    cache_type_v: CacheType = setting("", flag="--cache-type-v", default=DEFAULT_KV[1],
+                                      description="the KV cache's V type, as llama-server names them; a quantized "
+                                                  "one turns flash attention on")
     # Where per-key usage is kept across restarts (engine/usage_file.py): the box's data partition, written by
     # provisioning; empty: counted in memory only.
     usage_dir: str = ""
@@ -85,9 +106,9 @@ class ServingSettings:
     # empty: no tracing. The share of requests traced where the client's traceparent does not decide.
     trace_endpoint: str = ""
     trace_sample_ratio: TraceSampleRatio = 1.0
-    # The hosts a pull through the API (/api/pull) may fetch from (models/pull_hosts.py): names, addresses or
-    # networks. Empty: any but loopback, link-local and metadata addresses, which only a named entry opens.
-    pull_hosts: list = field(default_factory=list)
+    pull_hosts: list = setting([], description="the hosts a pull through the API may fetch from: names, "
+                                               "addresses or networks (default: any but loopback, link-local and "
+                                               "metadata addresses, which only a named entry opens)")
 
     def __post_init__(self) -> None:
         if self.model and not self.model.startswith("/"):
