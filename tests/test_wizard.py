@@ -606,9 +606,12 @@ def test_a_verdict_that_arrives_as_the_console_quits_is_dropped(tmp_path):
             await wizard.query_one("#model_verdict").remove()
             await wizard.query_one("#result").remove()
             wizard._verdict = None
-            await asyncio.to_thread(wizard._judged, wizard._model_key())  # the header worker, ending late
+            key = wizard._model_key()
+            await asyncio.to_thread(wizard._judged, key)  # the header worker, ending late
             await asyncio.to_thread(draw_from_worker, wizard, wizard._show_result, "a late line", True)
             await pilot.pause(0.2)
-            assert wizard._verdict[1].fits  # kept for the checks, only not shown
+            # kept for the checks, only not shown (whether the model fits is not this test's: it follows the memory
+            # free at the time, and once failed here under the full suite's load)
+            assert wizard._verdict is not None and wizard._verdict[0] == key
 
     asyncio.run(drive())
