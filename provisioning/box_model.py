@@ -23,7 +23,7 @@ from host_runtime.common.generated_file import readable_schema
 from host_runtime.common.setting_rules import TYPE_WORDS, error_words, hint_parts, one_of, tunables
 from host_runtime.fleet.settings import Mdns, Policy, Role, VrrpPriority, VrrpRouterId
 from host_runtime.front.settings import BOX_HTTP_MODES, MetricsAccess, Port
-from host_runtime.governor.settings import CeilingC, Mode, SafeFraction, TargetC
+from host_runtime.governor.settings import GovernorSettings
 from host_runtime.measure.requirement import AnswerTokens, ConcurrentUsers, PromptTokens, TimePerToken, TtftP50
 from host_runtime.models.manifest import ModelName
 from host_runtime.serving.settings import ContextLength, ServingSettings, TraceSampleRatio
@@ -128,8 +128,9 @@ _SERVING_SHAPES = {"keep_alive": Union[str, float], "aliases": dict[str, str], "
 _SERVING_NOTES = {"context_length": "; also accepted as [model] context_length, not both"}
 Serving = pydantic.create_model(
     "Serving", __base__=Table, __doc__="box.toml's [serving]: serving.toml's tunables, field by field.",
-    **{t.name: (_SERVING_SHAPES.get(t.name, t.hint), Field(None, description=t.described + _SERVING_NOTES.get(t.name, "")))
-       for t in tunables(ServingSettings)})
+    **{t.name: (_SERVING_SHAPES.get(t.name, t.hint),
+                Field(None, description=t.described + _SERVING_NOTES.get(t.name, "")))
+       for t in tunables(ServingSettings) if t.box})
 
 
 class Tracing(Table):
@@ -146,11 +147,9 @@ class Bmc(Table):
     password_file: str = None
 
 
-class Power(Table):
-    target_c: TargetC = None
-    ceiling_c: CeilingC = None
-    safe_fraction: SafeFraction = None
-    mode: Mode = None
+Power = pydantic.create_model(
+    "Power", __base__=Table, __doc__="box.toml's [power]: governor.toml's settings, field by field.",
+    **{t.name: (t.hint, Field(None, description=t.described)) for t in tunables(GovernorSettings) if t.box})
 
 
 class Requirement(Table):

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from agent_bmc.settings import from_box as bmc_from_box
-from host_runtime.common.setting_rules import SettingsError, tunables
+from host_runtime.common.setting_rules import SettingsError, from_table
 from host_runtime.fleet.settings import OWN_API
 from host_runtime.fleet.settings import from_box as fleet_from_box
 from host_runtime.front.settings import from_box as front_from_box
@@ -50,13 +50,7 @@ def _serving_table(table: dict, serving, model: dict):
     """box.toml's [serving] onto the settings [model] gave; errors name the box.toml field."""
     if "context_length" in table and "context_length" in model:
         raise SettingsError("serving.context_length", "is also given as model.context_length: give it once")
-    values = {t.name: table[t.name] for t in tunables(ServingSettings) if t.name in table}
-    if "keep_alive" in values and not isinstance(values["keep_alive"], bool):
-        values["keep_alive"] = str(values["keep_alive"])  # seconds kept as the text serve parses, as a duration
-    try:
-        return dataclasses.replace(serving, **values)
-    except SettingsError as exc:
-        raise SettingsError(f"serving.{exc.field}", exc.message) from None
+    return from_table(ServingSettings, table, "serving", onto=serving)
 
 
 def _tracing_table(table: dict, serving):

@@ -6,6 +6,7 @@ import json
 import random
 import subprocess
 
+import pytest
 
 from host_runtime.governor.control import GpuController, GpuLimits, PowerPolicy, Reading, throttle_level
 from host_runtime.governor.simulate import Scenario, run
@@ -134,3 +135,33 @@ def test_every_reader_judges_the_governors_state_by_one_rule(tmp_path):
     stale = read_state(path)
     assert not stale.fresh and stale.doc is not None and stale.reason.endswith("s old")
     assert ThrottleReader(str(path)).level() == 0  # the same rule: a stale hint throttles nothing
+
+
+def test_the_governors_settings_are_said_once_and_make_its_flags_and_box_tomls_power_table(capsys):
+    """#57: `governor run --target` took any number (governor.toml takes 30-95) and restated the default 75 that
+    the control loop, governor.toml and box.toml's schema each said again. Now the flags, [power]'s model and
+    from_box are made from GovernorSettings' declarations, whose defaults are the control loop's own."""
+    from host_runtime.cli import build_parser
+    from host_runtime.common.setting_rules import SettingsError, tunables
+    from host_runtime.governor.control import PowerPolicy
+    from host_runtime.governor.settings import GovernorSettings, from_box
+    from provisioning.box_model import Power
+
+    declared = {t.name: t for t in tunables(GovernorSettings)}
+    assert set(Power.model_fields) == {name for name, t in declared.items() if t.box} == {
+        "mode", "target_c", "ceiling_c", "safe_fraction"}
+    for name in Power.model_fields:
+        assert Power.model_fields[name].description == declared[name].described
+    assert (GovernorSettings().target_c, GovernorSettings().ceiling_c) == (PowerPolicy().target_c,
+                                                                           PowerPolicy().ceiling_c)
+    with pytest.raises(SettingsError) as refused:
+        GovernorSettings(target_c=200.0)
+    for command in (["governor", "run"], ["governor", "simulate"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*command, "--target", "200"])
+        assert f"argument --target: {refused.value.message}" in capsys.readouterr().err
+    assert build_parser().parse_args(["governor", "run", "--target", "70"]).target == 70.0
+    assert from_box({"power": {"target_c": 70, "mode": "enforce"}}) == GovernorSettings(target_c=70.0,
+                                                                                         mode="enforce")
+    with pytest.raises(SettingsError, match=r"^power\.ceiling_c: must be between 40 and 105"):
+        from_box({"power": {"ceiling_c": 200}})

@@ -61,7 +61,7 @@ def cmd_governor(parser, args) -> int:
     if args.seconds <= 0:
         parser.error("--seconds: must be more than 0")
     summary = run(Scenario(seconds=args.seconds, ambient_c=args.ambient, inlet_step_c=step_c, inlet_step_at_s=step_at,
-                           gpus=args.gpus), PowerPolicy(target_c=args.target))
+                           gpus=args.gpus), PowerPolicy(**({} if args.target is None else {"target_c": args.target})))
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -92,24 +92,29 @@ _METAVARS = {"keep_alive": "DURATION", "cache_type_k": "TYPE", "cache_type_v": "
 
 
 def serving_tunable(name: str) -> Tunable:
-    return next(t for t in tunables(ServingSettings) if t.name == name)
+    return tunable_of(ServingSettings, name)
 
 
-def _checked_by_settings(tunable: Tunable):
-    """The flag's text as the setting's type, checked by the setting's own rule: a flag takes what serving.toml
-    takes, and its error says the same words."""
+def tunable_of(cls, name: str) -> Tunable:
+    return next(t for t in tunables(cls) if t.name == name)
+
+
+def _checked_by_settings(cls, tunable: Tunable):
+    """The flag's text as the setting's type, checked by the setting's own rule: a flag takes what the service's
+    file takes, and its error says the same words."""
     base = hint_parts(tunable.hint)[0]
+    word = {int: "a whole number", float: "a number"}.get(base)
 
     def parse(text: str):
         try:
-            value = int(text) if base is int else text
+            value = base(text) if word else text
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not {word}: {text!r}") from None
         try:
             if typing.get_origin(tunable.hint) is typing.Annotated:
                 check_value(tunable.name, tunable.hint, value)  # 0 too: "unset" is the file's word, not a flag's
             else:
-                ServingSettings(**{tunable.name: value})  # a rule the class checks itself (keep_alive's)
+                cls(**{tunable.name: value})  # a rule the class checks itself (keep_alive's)
         except SettingsError as exc:
             raise argparse.ArgumentTypeError(exc.message) from None
         return value
@@ -117,20 +122,20 @@ def _checked_by_settings(tunable: Tunable):
     return parse
 
 
-def add_setting_flags(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
-    """The flags of these serving settings, made from their declarations: name, rule, help and default said once.
-    Not given, a flag is None: serve_arguments then takes the model's own setting, serving.toml's, the default."""
+def add_setting_flags(p: argparse.ArgumentParser, names: tuple[str, ...], cls=ServingSettings) -> None:
+    """The flags of these settings of `cls`, made from their declarations: name, rule, help and default said once.
+    Not given, a flag is None: the command then takes the settings file's value (serve: the model's own first),
+    else the declared default."""
     for name in names:
-        tunable = serving_tunable(name)
+        tunable = tunable_of(cls, name)
         base = hint_parts(tunable.hint)[0]
         choices = typing.get_args(base) + tunable.flag_also if typing.get_origin(base) is typing.Literal else None
-        metavar = _METAVARS.get(name, "MIB" if name.endswith("_mib") else "N")
         help_text = (tunable.described + tunable.flag_details).replace("%", "%%")
         if choices:
-            p.add_argument(tunable.flag, choices=list(choices), metavar=None if name == "speculation" else metavar,
-                           help=help_text)
+            p.add_argument(tunable.flag, choices=list(choices), metavar=_METAVARS.get(name), help=help_text)
         else:
-            p.add_argument(tunable.flag, type=_checked_by_settings(tunable), metavar=metavar, help=help_text)
+            metavar = _METAVARS.get(name, "MIB" if name.endswith("_mib") else "C" if name.endswith("_c") else "N")
+            p.add_argument(tunable.flag, type=_checked_by_settings(cls, tunable), metavar=metavar, help=help_text)
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:

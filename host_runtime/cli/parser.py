@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from host_runtime import __version__
+from host_runtime.governor.settings import GovernorSettings
 from host_runtime.cli.options import (SERVE_SETTINGS, _add_engine_options, _add_placement_options, _host_port, _port,
                                       _positive, _positive_float, add_setting_flags)
 
@@ -120,24 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--ambient", type=float, default=25.0, metavar="C", help="inlet air temperature (default 25)")
     sim.add_argument("--inlet-step", metavar="C@T", help="raise the inlet by C degrees at T seconds, e.g. 10@300")
     sim.add_argument("--gpus", type=_positive, default=1, metavar="N")
-    sim.add_argument("--target", type=float, default=75.0, metavar="C", help="target temperature (default 75)")
+    add_setting_flags(sim, ("target_c",), GovernorSettings)
     sim.add_argument("--json", action="store_true", help="print the whole summary as JSON")
 
     gov_run = gov_sub.add_parser("run", help="run the governor: read temperatures, decide limits, publish them")
     gov_run.add_argument("--settings", metavar="FILE",
                          help="governor.toml (written by provisioning from box.toml's [power]); options given "
                               "here win over it")
-    gov_run.add_argument("--backend", choices=["auto", "nvml", "amdgpu", "simulator"],
-                         help="where temperatures come from and limits go (auto: nvml, else amdgpu, else no GPU "
-                              "to govern; simulator: simulated GPUs, for demos and tests; default: --settings', "
-                              "else auto)")
-    gov_run.add_argument("--mode", choices=["observe", "enforce"],
-                         help="observe: decide and publish, never change a card (the default for real GPUs); "
-                              "enforce: apply the limits (the default for the simulator)")
+    add_setting_flags(gov_run, ("backend", "mode"), GovernorSettings)
     gov_run.add_argument("--state", metavar="PATH",
                          help="state file (default: $EVERYCYCLE_RUN_DIR/governor/governor.json); metrics go beside it as .prom")
     gov_run.add_argument("--tick", type=float, default=1.0, metavar="S", help="seconds between decisions (default 1)")
-    gov_run.add_argument("--target", type=float, metavar="C", help="target temperature (default: --settings', else 75)")
+    add_setting_flags(gov_run, ("target_c",), GovernorSettings)
     gov_run.add_argument("--bmc-url", metavar="URL",
                          help="the BMC agent's /telemetry: a hot chassis inlet lowers every GPU's target")
     gov_run.add_argument("--sim-gpus", type=_positive, default=2, metavar="N", help="simulator: number of GPUs")

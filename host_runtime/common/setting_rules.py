@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Annotated, Any, Literal
 
 import annotated_types
@@ -149,13 +149,16 @@ def base_type(cls, name: str):
 
 
 def setting(unset, *, description: str, default=None, flag: str | None = None, flag_details: str = "",
-            flag_also: tuple = ()) -> Any:
-    """A settings dataclass field said once. `unset`: its value where the file gives none ("the service
-    chooses"); `default`: what the service then uses (None: it decides at start, as `description` says);
-    `description`: box.toml's schema words and the flag's help; `flag`: the command-line option that gives it
-    (serve --ctx-size), with `flag_details` added to its help and `flag_also` values only the command line takes."""
+            flag_also: tuple = (), box: bool = True) -> Any:
+    """A settings dataclass field said once. `unset`: its value where the file gives none; `default`: what the
+    service then uses (None: it decides at start, as `description` says; a real value as `unset`, 75.0, is its own
+    default); `description`: box.toml's schema words and the flag's help; `flag`: the command-line option that
+    gives it (serve --ctx-size), with `flag_details` added to its help and `flag_also` values only the command
+    line takes; `box`: whether box.toml says it too (its table's model is made from these)."""
+    if default is None and not isinstance(unset, bool | dict | list) and unset not in (0, ""):
+        default = unset
     metadata = {"description": description, "default": default, "flag": flag, "flag_details": flag_details,
-                "flag_also": tuple(flag_also)}
+                "flag_also": tuple(flag_also), "box": box}
     if isinstance(unset, dict | list):  # a fresh empty table or list for each instance
         return field(default_factory=type(unset), metadata=metadata)
     return field(default=unset, metadata=metadata)
@@ -172,6 +175,7 @@ class Tunable:
     flag: str | None
     flag_details: str
     flag_also: tuple
+    box: bool
 
     @property
     def dest(self) -> str:
@@ -181,9 +185,10 @@ class Tunable:
     @property
     def described(self) -> str:
         """The description with the service's default, as box.toml's schema and the flag's help say it."""
+        default = _number(self.default) if isinstance(self.default, int | float) else self.default
         if "{default}" in self.description:
-            return self.description.format(default=self.default)
-        return f"{self.description} (default {self.default})" if self.default is not None else self.description
+            return self.description.format(default=default)
+        return f"{self.description} (default {default})" if self.default is not None else self.description
 
 
 @functools.cache
@@ -192,5 +197,23 @@ def tunables(cls) -> tuple[Tunable, ...]:
     hints = typing.get_type_hints(cls, include_extras=True)
     return tuple(Tunable(f.name, hints[f.name], f.default_factory() if f.default is MISSING else f.default,
                          f.metadata["description"], f.metadata["default"],
-                         f.metadata["flag"], f.metadata["flag_details"], f.metadata["flag_also"])
+                         f.metadata["flag"], f.metadata["flag_details"], f.metadata["flag_also"], f.metadata["box"])
                  for f in fields(cls) if "description" in f.metadata)
+
+
+def _as_toml_gives(tunable: Tunable, value):
+    """TOML's whole number where a setting takes a number (target_c = 80), or a duration's text (keep_alive = 90)."""
+    base = hint_parts(tunable.hint)[0]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value) if base is float else str(value) if base is str else value
+    return value
+
+
+def from_table(cls, table: dict, where: str, onto=None):
+    """A box.toml table as a settings class (or onto settings already made, `onto`): the fields declared with
+    `setting` and box=True, checked by the class; errors name box.toml's field ("power.target_c")."""
+    values = {t.name: _as_toml_gives(t, table[t.name]) for t in tunables(cls) if t.box and t.name in table}
+    try:
+        return replace(onto, **values) if onto is not None else cls(**values)
+    except SettingsError as exc:
+        raise SettingsError(f"{where}.{exc.field}", exc.message) from None

@@ -9,28 +9,37 @@ from typing import Annotated
 from pydantic import Field
 
 from host_runtime.common.service_user import SERVICE_USER
-from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
+from host_runtime.governor.control import PowerPolicy
+from host_runtime.common.setting_rules import SettingsError, check_fields, from_table, one_of, setting
 
 BACKENDS = ("auto", "nvml", "amdgpu", "simulator")
 MODES = ("observe", "enforce")
-# The rules box.toml's [power] shares (provisioning/box_model.py)
-Mode = Annotated[one_of(MODES), Field(description="observe (default): decide and publish limits; enforce: apply "
-                                                  "them to the cards")]
-TargetC = Annotated[float, Field(ge=30, le=95, description="the temperature the cards are held under, C")]
-CeilingC = Annotated[float, Field(ge=40, le=105, description="the temperature the governor never lets a card reach, "
-                                                            "C (above target_c)")]
-SafeFraction = Annotated[float, Field(gt=0, le=1, description="the fail-safe limit, this far from a card's minimum "
-                                                             "power limit to its maximum")]
+# Each setting's rule, words and default said once: governor run's flags, box.toml's [power] (provisioning/box_model.py)
+# and from_box are made from these declarations.
+TargetC = Annotated[float, Field(ge=30, le=95)]
+CeilingC = Annotated[float, Field(ge=40, le=105)]
+SafeFraction = Annotated[float, Field(gt=0, le=1)]
 
 
 @dataclass(frozen=True)
 class GovernorSettings:
-    backend: one_of(BACKENDS) = "auto"
+    backend: one_of(BACKENDS) = setting(
+        "auto", flag="--backend", box=False,
+        description="where temperatures come from and limits go (auto: nvml, else amdgpu, else no GPU to govern; "
+                    "simulator: simulated GPUs, for demos and tests)")
     # observe: decide and publish, never touch a card (the default: an owner opts in to enforcing).
-    mode: Mode = "observe"
-    target_c: TargetC = 75.0
-    ceiling_c: CeilingC = 87.0
-    safe_fraction: SafeFraction = 0.5
+    mode: one_of(MODES) = setting("observe", flag="--mode",
+                                  description="observe: decide and publish limits, never change a card; enforce: "
+                                              "apply them to the cards",
+                                  flag_details="; without --settings the simulator's default is enforce")
+    # the defaults are the control loop's own (governor/control.py PowerPolicy)
+    target_c: TargetC = setting(PowerPolicy.target_c, flag="--target",
+                                description="the temperature the cards are held under, C")
+    ceiling_c: CeilingC = setting(PowerPolicy.ceiling_c,
+                                  description="the temperature the governor never lets a card reach, above target_c, C")
+    safe_fraction: SafeFraction = setting(PowerPolicy.safe_fraction,
+                                          description="the fail-safe limit, this far from a card's minimum power limit "
+                                                      "to its maximum")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -47,12 +56,4 @@ def process_environment(settings: GovernorSettings) -> bytes:
 
 def from_box(box: dict) -> GovernorSettings:
     """box.toml's [power] as the governor's settings; errors name the box.toml field."""
-    power = box.get("power", {})
-    defaults = GovernorSettings()
-    try:
-        return GovernorSettings(mode=power.get("mode", defaults.mode),
-                                target_c=float(power.get("target_c", defaults.target_c)),
-                                ceiling_c=float(power.get("ceiling_c", defaults.ceiling_c)),
-                                safe_fraction=float(power.get("safe_fraction", defaults.safe_fraction)))
-    except SettingsError as exc:
-        raise SettingsError(f"power.{exc.field}", exc.message) from None
+    return from_table(GovernorSettings, box.get("power", {}), "power")
