@@ -191,11 +191,15 @@ class Tunable:
         return f"{self.description} (default {default})" if self.default is not None else self.description
 
 
+def _unset(f) -> Any:
+    return f.default_factory() if f.default is MISSING else f.default
+
+
 @functools.cache
 def tunables(cls) -> tuple[Tunable, ...]:
     """The fields of a settings dataclass declared with `setting`, in their order."""
     hints = typing.get_type_hints(cls, include_extras=True)
-    return tuple(Tunable(f.name, hints[f.name], f.default_factory() if f.default is MISSING else f.default,
+    return tuple(Tunable(f.name, hints[f.name], _unset(f),
                          f.metadata["description"], f.metadata["default"],
                          f.metadata["flag"], f.metadata["flag_details"], f.metadata["flag_also"], f.metadata["box"])
                  for f in fields(cls) if "description" in f.metadata)

@@ -48,7 +48,6 @@ def check_trace_endpoint(url: str, name: str) -> None:
 @dataclass(frozen=True)
 class ServingSettings:
     model: str = ""            # a GGUF path; empty: the image's default model
-    context_length: ContextLength = 0  # tokens per sequence; 0: the server's default
     quantization: str = ""     # what the owner asked for, checked against the model at provisioning
     # box.toml's [model] source = "pull": a model the box pulls into its store at first boot and then serves
     # (until it has, `model` or the built-in one answers). Checked here, by the type both sides use.
