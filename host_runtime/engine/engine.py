@@ -30,8 +30,8 @@ from host_runtime.engine.prefix_cache import (Admission, Copy, DropDisk, DropRam
                                               Running, Spill, Trim)
 from host_runtime.engine.runner import DecodePart, LlamaRunner
 from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected, SamplingParams
-from host_runtime.engine.speculation import (AcceptanceCurve, CallCost, DraftLength, NgramIndex, SpeculationConfig,
-                                             share_drafts)
+from host_runtime.engine.drafting import StepDrafter
+from host_runtime.engine.speculation import DraftLength, NgramIndex, SpeculationConfig
 from host_runtime.engine.step_plan import next_cut, plan_step
 from host_runtime.engine.throttle import ThrottleReader
 from host_runtime.engine.wire import PRIORITIES, Done, Error, Finish, Timings, Token, TokenLogprob
@@ -166,18 +166,13 @@ class Engine:
         self.metrics = EngineMetrics()
         self.runner = runner if runner is not None else LlamaRunner(model, on_threads=self.metrics.set_cpu_threads)
         self.speculation = speculation
-        if speculation.enabled and speculation.kind == "draft" and drafter is None:
-            raise ValueError("speculation with a draft model needs the DraftModel (drafter)")
         self.drafter = drafter  # draft_model.DraftModel, for speculation.kind "draft"
         # A decode call holds the decoding sequences' tokens and drafts; with mixed batches the prompt budget
         # takes the rest of the call's room.
-        room = model.n_batch - (0 if model.batch_invariant else model.prefill_budget)
-        self._spec_step_tokens = min(speculation.step_tokens, room)
-        # What decode calls cost here, and what a draft model's drafting costs per position drafted:
-        # drafts go out only where they are expected to raise the step's tokens per second (share_drafts).
-        self.call_cost = CallCost() if speculation.enabled and speculation.cost_aware else None
-        self.draft_cost = CallCost() if self.call_cost is not None and drafter is not None else None
-        self.acceptance_curve = AcceptanceCurve(speculation.k_max)  # how drafts fare past their first token
+        self.drafting = StepDrafter(speculation, step_room=model.n_batch - (0 if model.batch_invariant
+                                                                            else model.prefill_budget),
+                                    batch_invariant=model.batch_invariant, n_ctx_per_seq=model.n_ctx_per_seq,
+                                    draft_model=drafter)
         self.throttle = ThrottleReader(governor_state)
         self.progress = DecodeProgress()
         self.max_waiting = max_waiting
@@ -617,51 +612,9 @@ class Engine:
 
     def _step(self) -> None:
         if self.speculation.enabled:
-            self._draft()
+            self.drafting.draft([s for s in self._active if not s.is_prefilling() and s.next_token is not None])
         for call in plan_step(self._active, self.model.prefill_budget, self.model.batch_invariant):
             self._decode_call(call)
-
-    def _draft(self) -> None:
-        """This step's drafts: each decoding sequence asks for up to --draft-max tokens (drafting always: the
-        length it has earned), within what it may still generate and its context; share_drafts gives the step's
-        spare tokens to those expected to yield most, as far as the measured cost of calls says they pay."""
-        decoding = [s for s in self._active if not s.is_prefilling() and s.next_token is not None]
-        wanted, acceptance = {}, {}
-        for seq in decoding:
-            if not seq.speculating:
-                continue
-            room = min(seq.request.max_tokens - seq.generated - 1, self.model.n_ctx_per_seq - seq.n_past - 2)
-            # Priced drafts: as long as the step allows, and share_drafts chooses the length that pays.
-            k = min(seq.draft_length.next_k() if self.call_cost is None else self.speculation.k_max, room)
-            if k > 0:
-                wanted[seq.seq_id] = k
-                acceptance[seq.seq_id] = seq.draft_length.acceptance
-        probes = {seq.seq_id for seq in decoding if seq.seq_id in wanted and seq.draft_length.probe_due()}
-        shares = share_drafts(wanted, acceptance, len(decoding), self._spec_step_tokens, self.call_cost,
-                              equal_lengths=self.model.batch_invariant and len(decoding) > 1,
-                              draft_cost=self.draft_cost, probes=probes,
-                              continuation=self.acceptance_curve.chances() if wanted else None)
-        for seq in decoding:
-            if seq.seq_id in wanted and not shares.get(seq.seq_id):
-                seq.draft_length.declined()
-        if self.drafter is not None:
-            started = time.monotonic()
-            drafts = self.drafter.draft({seq.seq_id: (seq.history, shares[seq.seq_id])
-                                         for seq in decoding if shares.get(seq.seq_id)})
-            positions = max((len(d) for d in drafts.values()), default=0)
-            if positions and self.draft_cost is not None:  # per position, its catch-up call shared among them
-                self.draft_cost.observe(1, (time.monotonic() - started) / positions)
-        else:
-            drafts = {seq.seq_id: seq.ngrams.draft(shares[seq.seq_id]) for seq in decoding if shares.get(seq.seq_id)}
-        if self.model.batch_invariant and len(decoding) > 1:
-            # A KV stream per sequence: llama.cpp splits a call whose sequences carry unequal token counts into
-            # equal-count pieces, a weight pass each. So drafts go out only when every decoding sequence has
-            # one, cut to one length: one call. (Measured at c=4 on a code edit, letting the sequences without
-            # a draft take a second call cost 0.88x the tok/s of no speculation.)
-            lengths = [len(drafts.get(seq.seq_id, ())) for seq in decoding]
-            drafts = {s: d[:min(lengths)] for s, d in drafts.items()} if min(lengths) > 0 else {}
-        for seq in decoding:  # every one: a sequence with nothing drafted now drops last step's draft
-            seq.draft = drafts.get(seq.seq_id, [])
 
     def _decode_call(self, call) -> None:
         parts: list[DecodePart] = []
@@ -693,8 +646,7 @@ class Engine:
             self.metrics.add("predicted_seconds_total", elapsed)
             self.metrics.add("n_decode_generated_total")
             self.metrics.add("n_busy_slots_generated_total", len(call))
-            if self.call_cost is not None:
-                self.call_cost.observe(n_tokens, elapsed)
+            self.drafting.decode_call_took(n_tokens, elapsed)
         if failed is not None:
             raise failed
         for part in call:
@@ -725,8 +677,7 @@ class Engine:
             accepted += 1
             seq.n_past += 1
         self.metrics.speculated(self.speculation.kind, drafted, accepted)
-        seq.draft_length.record(drafted, accepted)
-        self.acceptance_curve.record(drafted, accepted)
+        self.drafting.verified(seq, drafted, accepted)
         if seq in self._active:
             self.runner.forget(seq.seq_id, seq.n_past)
 
