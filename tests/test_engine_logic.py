@@ -123,6 +123,24 @@ def test_prompts_are_also_cut_after_message_ends():
     assert last_cut(prompt, 4, 16, {END}) == 0
 
 
+def test_an_image_is_never_cut_by_a_chunk_or_a_cache_point():
+    """#58: an image's places (tokens from the vocabulary's end up: engine/projector.py) go into one call whole,
+    however long, and a prefix the cache could resume stops before an image, never inside it."""
+    V = 1000  # the vocabulary's size: placeholders from here up
+    image = [V + 7 + j for j in range(20)]  # longer than a chunk
+    prompt = [1, 2, 3] + image + [4, 5, 6] + image[:4] + list(range(10, 40))
+    cuts, pos = [], 0
+    while pos < len(prompt):
+        pos = next_cut(prompt, pos, 16, frozenset(), media_from=V)
+        cuts.append(pos)
+    assert cuts == [3, 23, 26, 30, 32, 48, len(prompt)]  # before, the whole image, text, the second image whole
+    assert next_cut(prompt, 0, 16, frozenset()) == 16  # without the rule, a chunk would cut the image
+    for upto in range(4, 23):  # inside the first image: back to its start
+        assert last_cut(prompt, upto, 16, frozenset(), media_from=V) == (3 if upto >= 16 else 0)
+    assert last_cut(prompt, 32, 16, frozenset(), media_from=V) == 32
+    assert last_cut(prompt, 31, 16, frozenset(), media_from=V) == 3  # 16 is inside the image: its start
+
+
 def test_token_logprobs_match_a_softmax():
     logits = np.array([2.0, 1.0, 0.5, -1.0], dtype=np.float32)
     chosen, top = token_logprobs(logits, 1, 2)

@@ -234,3 +234,74 @@ def write_tiny_moe(path: Path, *, n_layer: int = 4, n_embd: int = 256, n_head: i
     t("output.weight", n_vocab, n_embd, scale=2.0)
     _write_out(w)
     return path
+
+
+def write_gemma3_projector(path: Path, *, n_embd_text: int, image_size: int = 64, patch: int = 8, n_embd: int = 32,
+                           n_ff: int = 48, n_layer: int = 1, n_head: int = 2, merge: int = 2, seed: int = 0) -> Path:
+    """A random-weight gemma3 vision projector (SigLIP blocks, then gemma3's pooling and projection) that libmtmd
+    loads and runs for a text model of width n_embd_text: a 64x64 image in 8x8 patches pooled 2x2 is 16 places.
+    Its feed-forward width differs from its embedding width, which libmtmd requires to tell them apart."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_string("clip.vision.projector_type", "gemma3")
+    for key, number in (("image_size", image_size), ("patch_size", patch), ("embedding_length", n_embd),
+                        ("feed_forward_length", n_ff), ("block_count", n_layer), ("projection_dim", n_embd_text),
+                        ("attention.head_count", n_head), ("projector.scale_factor", merge)):
+        w.add_uint32(f"clip.vision.{key}", number)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_bool("clip.use_gelu", True)
+
+    def t(name: str, *shape: int, scale: float = 0.2):
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def norm(name: str, n: int):
+        w.add_tensor(f"{name}.weight", np.ones(n, dtype=np.float32))
+        w.add_tensor(f"{name}.bias", np.zeros(n, dtype=np.float32))
+
+    def linear(name: str, rows: int, cols: int):
+        t(f"{name}.weight", rows, cols)
+        w.add_tensor(f"{name}.bias", np.zeros(rows, dtype=np.float32))
+
+    t("v.patch_embd.weight", n_embd, 3, patch, patch)
+    w.add_tensor("v.patch_embd.bias", np.zeros(n_embd, dtype=np.float32))
+    t("v.position_embd.weight", (image_size // patch) ** 2, n_embd)
+    for i in range(n_layer):
+        norm(f"v.blk.{i}.ln1", n_embd)
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            linear(f"v.blk.{i}.{part}", n_embd, n_embd)
+        norm(f"v.blk.{i}.ln2", n_embd)
+        linear(f"v.blk.{i}.ffn_up", n_ff, n_embd)
+        linear(f"v.blk.{i}.ffn_down", n_embd, n_ff)
+    norm("v.post_ln", n_embd)
+    t("mm.input_projection.weight", n_embd, n_embd_text)
+    w.add_tensor("mm.soft_emb_norm.weight", np.ones(n_embd, dtype=np.float32))
+    _write_out(w)
+    return path
+
+
+def write_vision_pair(directory: Path, *, n_embd: int = 64) -> tuple[Path, Path]:
+    """A text model with SmolLM2's tokenizer and chat template (ChatML) and a gemma3 projector made for its width:
+    the pair `serve --model ... --mmproj ...` takes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    text = write_long_context_llama(directory / "tiny-vision.gguf", n_ctx=4096, n_embd=n_embd)
+    return text, write_gemma3_projector(directory / "mmproj-tiny-vision.gguf", n_embd_text=n_embd)
+
+
+def png(width: int, height: int, pixel) -> bytes:
+    """A PNG of one colour (pixel: an (r, g, b) function of (x, y) or a tuple), made with the standard library."""
+    import struct
+    import zlib
+
+    colour = pixel if callable(pixel) else (lambda x, y: pixel)
+    rows = b"".join(b"\x00" + b"".join(bytes(colour(x, y)) for x in range(width)) for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))

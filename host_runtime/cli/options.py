@@ -167,6 +167,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-p-min", type=_probability_below_one, default=0.0, metavar="P",
                    help="with --speculation draft: the draft stops at a token the draft model gives less than P "
                         "(a likely rejection; default 0: never, as llama.cpp's default)")
+    p.add_argument("--mmproj", metavar="PATH",
+                   help="the model's projector GGUF (llama-server's --mmproj): requests may then carry images, "
+                        "encoded by it (models loaded on demand beside it run without)")
     p.add_argument("--draft-model", metavar="PATH",
                    help="with --speculation draft: the GGUF that drafts for the served model (models loaded on "
                         "demand beside it run without); its tokens must be the target's (loaded after the target, "

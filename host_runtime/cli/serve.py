@@ -40,6 +40,18 @@ def _resolve_draft_model(parser: argparse.ArgumentParser, args) -> str | None:
         parser.error(f"--draft-model: {exc}")
 
 
+def _resolve_gguf(parser: argparse.ArgumentParser, option: str, path: str | None) -> str | None:
+    """An optional GGUF file's path, checked as --model's."""
+    from host_runtime.engine.model import ModelLoadError, check_gguf_file
+
+    if not path:
+        return None
+    try:
+        return str(check_gguf_file(path).resolve())
+    except ModelLoadError as exc:
+        parser.error(f"{option}: {exc}")
+
+
 def _refuse_an_unsupported_cpu(parser) -> None:
     """Before llama.cpp is loaded: an image's portable build on too old a CPU would die of SIGILL."""
     from host_runtime.engine.cpu_support import check_this_machine
@@ -305,7 +317,8 @@ def engine_options(parser, args, model: str | None):
     return EngineOptions(model=model_path, context=context, prefix_cache=cache,
                          speculation=speculation, draft_model=draft_model, governor_state=args.governor_state,
                          wedge=WedgePolicy(floor_s=args.wedge_floor),
-                         usage_file=os.path.join(usage_dir, f"{model_id_for(model_path)}.json") if usage_dir else None)
+                         usage_file=os.path.join(usage_dir, f"{model_id_for(model_path)}.json") if usage_dir else None,
+                         mmproj=_resolve_gguf(parser, "--mmproj", args.mmproj))
 
 
 def cmd_engine(parser, args) -> int:

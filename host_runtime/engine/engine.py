@@ -75,6 +75,7 @@ class GenerationRequest:
     parked_s: float = 0.0
     preemptions: int = 0
     cache_hit: str = ""  # wire.Timings.cache_hit
+    media: dict = field(default_factory=dict)  # an image's first place in prompt_tokens -> projector.MediaChunk
     shut_out_s: float = 0.0  # time it waited or was parked while only higher classes ran (AGING_S)
 
     def cancel(self) -> None:
@@ -127,6 +128,7 @@ class Sequence:
         self.output = ChoiceOutput(request.stops, request.harmony)  # its text: engine/output.py
         self.sampler = engine.runner.sampler(request.sampling, index, request.grammar)
         self.model = engine.model
+        self.media_from = engine.media_from
         self.last_token_at: float | None = None
         # Speculation: the n-gram index over prompt and output (prompt lookup) or the history a draft model
         # continues (None: not that kind, or not speculating), the draft length this sequence has earned, and
@@ -145,7 +147,7 @@ class Sequence:
     def next_cut(self, pos: int | None = None) -> int:
         model = self.model
         return next_cut(self.request.prompt_tokens, self.n_past if pos is None else pos, model.prefill_chunk,
-                        model.boundary_tokens)
+                        model.boundary_tokens, self.media_from)
 
     def pending_tokens(self):
         if self.is_prefilling():
@@ -157,14 +159,19 @@ class Engine:
     def __init__(self, model, *, max_waiting: int = 64, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
                  governor_state: str | None = None, speculation: SpeculationConfig = SpeculationConfig(),
                  drafter=None, runner=None, park_ram_bytes: int = PARK_RAM_BYTES,
-                 key_ledger: SharedKeyLedger | None = None):
+                 key_ledger: SharedKeyLedger | None = None, projector=None):
         """model: its shape (engine.model.LoadedModel: n_parallel, n_batch, n_ctx_per_seq, prefill_chunk, ...);
         runner: what calls llama.cpp (runner.LlamaRunner on that model, unless a test gives a fake);
         park_ram_bytes: parked sequences' states held in RAM, the rest on disk beside the prefix cache's files;
-        key_ledger: the box's tokens by key, for the keys' token limits (None: this engine's own, in memory)."""
+        key_ledger: the box's tokens by key, for the keys' token limits (None: this engine's own, in memory);
+        projector: the model's (engine/projector.py), for requests with images."""
         self.model = model
         self.metrics = EngineMetrics()
-        self.runner = runner if runner is not None else LlamaRunner(model, on_threads=self.metrics.set_cpu_threads)
+        self.runner = runner if runner is not None else LlamaRunner(model, on_threads=self.metrics.set_cpu_threads,
+                                                                    projector=projector)
+        # Token ids from here up are an image's places (projector.placeholder_tokens): never cut, decoded through
+        # the projector
+        self.media_from: int | None = model.n_vocab if projector is not None else None
         self.speculation = speculation
         self.drafter = drafter  # draft_model.DraftModel, for speculation.kind "draft"
         # A decode call holds the decoding sequences' tokens and drafts; with mixed batches the prompt budget
@@ -195,7 +202,8 @@ class Engine:
                             "reserve", disk / 2**30, prefix_cache.disk_bytes / 2**30, self.store.directory,
                             free / 2**30)
         self.cache = PrefixCache(model.n_parallel, model.prefill_chunk, prefix_cache.ram_bytes, disk,
-                                 prefix_cache.enabled, boundary_tokens=model.boundary_tokens)
+                                 prefix_cache.enabled, boundary_tokens=model.boundary_tokens,
+                                 media_from=self.media_from)
         for key, nbytes in found:
             if not self.cache.found_on_disk(key, nbytes):
                 self.store.drop_disk(key)  # past today's budget: not left behind as an orphan
@@ -614,7 +622,30 @@ class Engine:
         if self.speculation.enabled:
             self.drafting.draft([s for s in self._active if not s.is_prefilling() and s.next_token is not None])
         for call in plan_step(self._active, self.model.prefill_budget, self.model.batch_invariant):
-            self._decode_call(call)
+            images = [part for part in call if self.media_from is not None and part.tokens[0] >= self.media_from]
+            for part in images:  # each image alone, encoded and decoded for its own sequence
+                self._decode_images(part)
+            text = [part for part in call if part not in images]
+            if text:
+                self._decode_call(text)
+
+    def _decode_images(self, part) -> None:
+        """A prompt chunk that is a run of images' places (step_plan cuts it so): each image through the
+        projector, at its place in the sequence."""
+        seq = part.seq
+        media = seq.request.media
+        self.progress.call_started(len(part.tokens))
+        pos = part.start_pos
+        try:
+            while pos < part.start_pos + len(part.tokens):
+                chunk = media[pos]
+                self.runner.decode_media(seq.seq_id, pos, chunk)
+                pos += chunk.n_tokens
+        finally:
+            elapsed = self.progress.call_ended()
+        self.metrics.add("prompt_seconds_total", elapsed)
+        self.metrics.add("prompt_tokens_total", len(part.tokens))
+        seq.n_past += len(part.tokens)
 
     def _decode_call(self, call) -> None:
         parts: list[DecodePart] = []

@@ -60,6 +60,7 @@ class EngineOptions:
     governor_state: str | None = None
     wedge: WedgePolicy = field(default_factory=WedgePolicy)
     usage_file: str | None = None  # per-key usage kept across restarts (engine/usage_file.py); None: memory only
+    mmproj: str | None = None  # the model's projector GGUF (images: engine/projector.py); None: text only
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -99,8 +100,8 @@ class EngineOptions:
     def for_on_demand(self, model: str) -> "EngineOptions":
         """These settings for another model of the store, loaded on demand beside this one: its own prefix cache
         (entries are valid only for their weights), its own usage file, and no draft model (it drafts for this
-        model, not that)."""
-        options = replace(self, model=model)
+        model, not that), and no projector (one is made for its model)."""
+        options = replace(self, model=model, mmproj=None)
         if self.usage_file:
             options = replace(options, usage_file=os.path.join(os.path.dirname(self.usage_file),
                                                                f"{model_id_for(model)}.json"))

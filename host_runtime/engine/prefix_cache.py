@@ -133,10 +133,13 @@ def common_prefix(a, b) -> int:
 
 class PrefixCache:
     def __init__(self, n_slots: int, chunk: int, ram_budget: int, disk_budget: int, enabled: bool = True,
-                 boundary_tokens: frozenset[int] = frozenset()):
+                 boundary_tokens: frozenset[int] = frozenset(), media_from: int | None = None):
+        """media_from: token ids from here up are an image's places (engine/projector.py): a prefix never ends
+        inside an image's run."""
         self.slots = [Slot(i) for i in range(n_slots)]
         self.chunk = chunk
         self.boundary_tokens = boundary_tokens
+        self.media_from = media_from
         self.ram_budget = ram_budget
         self.disk_budget = disk_budget
         self.enabled = enabled
@@ -154,13 +157,13 @@ class PrefixCache:
 
     def cacheable_length(self, prompt) -> int:
         """The longest prefix of `prompt` ending at a cut point that still leaves a token to compute logits from."""
-        return last_cut(prompt, len(prompt) - 1, self.chunk, self.boundary_tokens) if prompt else 0
+        return last_cut(prompt, len(prompt) - 1, self.chunk, self.boundary_tokens, self.media_from) if prompt else 0
 
     def aligned_match(self, key: Key, prompt) -> int:
         if not prompt:
             return 0
         shared = min(common_prefix(key, prompt), len(prompt) - 1)
-        return last_cut(prompt, shared, self.chunk, self.boundary_tokens)
+        return last_cut(prompt, shared, self.chunk, self.boundary_tokens, self.media_from)
 
     def bytes_in(self, tier: str) -> int:
         return sum(e.nbytes for e in (self.ram if tier == "ram" else self.disk).values())
@@ -274,7 +277,7 @@ class PrefixCache:
         slot.busy = False
         slot.scope = scope
         slot.last_used = next(self._clock)
-        keep = last_cut(prefilled, len(prefilled), self.chunk, self.boundary_tokens) \
+        keep = last_cut(prefilled, len(prefilled), self.chunk, self.boundary_tokens, self.media_from) \
             if (cacheable and self.enabled) else 0
         slot.prefix = tuple(prefilled[:keep])
         return Trim(slot_id, keep)

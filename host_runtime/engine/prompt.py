@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import base64
+import binascii
+from dataclasses import dataclass, field
 
 from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.tool_format import prepare, template_format, wants_argument_text
@@ -19,13 +21,16 @@ class RenderedChat:
     tokens: list[int]
     stops: list[str]
     thinking: str  # engine/reasoning.py MODES: how the answer starts
+    media: dict = field(default_factory=dict)  # an image's first place in tokens -> its projector.MediaChunk
 
 
 class PromptBuilder:
-    def __init__(self, model):
+    def __init__(self, model, projector=None):
+        """projector: engine/projector.Projector where the model has one (serve --mmproj): images then read."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         self._model = model
+        self._projector = projector
         self._formatter = Jinja2ChatFormatter(
             template=model.chat_template, eos_token=model.eos_text, bos_token=model.bos_text,
             add_generation_prompt=True)
@@ -41,8 +46,9 @@ class PromptBuilder:
         return rendered.tokens, rendered.stops
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, parallel_tool_calls: bool = True,
-             template_kwargs: dict | None = None) -> RenderedChat:
-        """The conversation rendered with the template (and the request's own template variables), tokenized."""
+             template_kwargs: dict | None = None, images: list[str] | None = None) -> RenderedChat:
+        """The conversation rendered with the template (and the request's own template variables), tokenized;
+        with images (base64, one per wire.MEDIA_MARKER in the messages), through the model's projector."""
         messages, tools = prepare(messages, self.tool_format, tools, parallel_tool_calls,
                                   wants_argument_text(self._model.chat_template))
         if template_kwargs is not None and not isinstance(template_kwargs, dict):
@@ -56,9 +62,27 @@ class PromptBuilder:
         except Exception as exc:  # jinja raises its own types, and templates call raise_exception()
             raise RequestRejected(400, f"the model's chat template refused these messages: {exc}",
                                   param="messages") from None
-        tokens = self._model.tokenize(rendered.prompt, add_bos=self._model.add_bos(), special=True)
         stops = rendered.stop if isinstance(rendered.stop, list) else ([rendered.stop] if rendered.stop else [])
-        return RenderedChat(tokens, stops, prompt_thinking(self._model.chat_template, rendered.prompt))
+        thinking = prompt_thinking(self._model.chat_template, rendered.prompt)
+        if images:
+            media = self._with_images(rendered.prompt, images)
+            return RenderedChat(media.tokens, stops, thinking, media.media)
+        tokens = self._model.tokenize(rendered.prompt, add_bos=self._model.add_bos(), special=True)
+        return RenderedChat(tokens, stops, thinking)
+
+    def _with_images(self, prompt: str, images: list[str]):
+        if self._projector is None or not self._projector.vision:
+            raise RequestRejected(400, "this model reads no images: it is served without a vision projector (serve "
+                                  "--mmproj PATH, the projector GGUF made for it)", param="messages",
+                                  code="model_not_multimodal")
+        decoded = []
+        for i, text in enumerate(images):
+            try:
+                decoded.append(base64.b64decode(text, validate=True))
+            except (binascii.Error, ValueError):
+                raise RequestRejected(400, f"image {i + 1} of the request is not valid base64", param="messages",
+                                      code="invalid_image") from None
+        return self._projector.tokenize(prompt, decoded)
 
     def completion_tokens(self, prompt: str) -> list[int]:
         # Prompts from /v1/completions are plain text: special-token markup is not parsed.

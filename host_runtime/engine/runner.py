@@ -32,12 +32,14 @@ class DecodeFailed(EveryCycleError, RuntimeError):
 
 
 class LlamaRunner:
-    def __init__(self, model, on_threads: Callable[[int], None] | None = None):
+    def __init__(self, model, on_threads: Callable[[int], None] | None = None, projector=None):
         """model: engine.model.LoadedModel (its context, weights and shape); on_threads: told the CPU threads the
-        calls use, at the start and whenever that changes."""
+        calls use, at the start and whenever that changes; projector: the model's (engine/projector.py), for
+        images."""
         from llama_cpp._internals import LlamaBatch
 
         self.model = model
+        self.projector = projector
         self._batch = LlamaBatch(n_tokens=model.n_batch, embd=0, n_seq_max=1, verbose=False)
         # Threads that follow the cores this engine gets (cpu_share.py), where every layer is on the CPU: a call
         # that waits for a GPU says nothing of the CPU's contention.
@@ -74,6 +76,13 @@ class LlamaRunner:
                 self._use_threads(threads)
         if rc != 0:
             raise DecodeFailed("no free KV cache cells" if rc == 1 else f"llama_decode returned {rc}")
+
+    def decode_media(self, seq_id: int, start_pos: int, chunk) -> None:
+        """An image (projector.MediaChunk) encoded and decoded into the sequence at start_pos, its places."""
+        try:
+            self.projector.decode(self.model.ctx.ctx, chunk, start_pos, seq_id, self.model.n_batch)
+        except RuntimeError as exc:
+            raise DecodeFailed(str(exc)) from None
 
     def _use_threads(self, threads: int) -> None:
         import llama_cpp

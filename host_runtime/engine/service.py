@@ -23,6 +23,7 @@ from host_runtime.engine.metrics import model_info_text
 from host_runtime.engine.model import LoadedModel, ModelLoadError, model_id_for
 from host_runtime.engine.options import EngineOptions
 from host_runtime.engine.prefix_cache import scope_marker
+from host_runtime.engine.projector import Projector
 from host_runtime.engine.prompt import PromptBuilder
 from host_runtime.engine.readiness import CanaryRecord, Verdict, judge
 from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected
@@ -72,7 +73,11 @@ class EngineService:
         started = time.monotonic()
         try:
             self.model = LoadedModel(self.model_path, self.config, on_progress=self._loading)
-            self.prompts = PromptBuilder(self.model)
+            projector = None
+            if self.options.mmproj:
+                self._loading("loading the projector")
+                projector = Projector(self.options.mmproj, self.model, self.model.n_threads)
+            self.prompts = PromptBuilder(self.model, projector)
             drafter = None
             if self.speculation.enabled and self.speculation.kind == "draft":
                 from host_runtime.engine.draft_model import DraftModel
@@ -82,7 +87,8 @@ class EngineService:
                                           self._loading(f"draft model: {phase}", fraction))
             self.engine = Engine(self.model, max_waiting=self.model.capacity.max_waiting,
                                  prefix_cache=self.prefix_cache, governor_state=self.governor_state,
-                                 speculation=self.speculation, drafter=drafter, key_ledger=self.key_ledger)
+                                 speculation=self.speculation, drafter=drafter, key_ledger=self.key_ledger,
+                                 projector=projector)
             if self.usage_file:
                 metrics = self.engine.metrics
                 book = usage_file.UsageBook(self.usage_file, metrics.locked_key_usage)  # UsageFileError: stop
@@ -244,7 +250,7 @@ class EngineService:
 
     def _chat(self, prompt: wire.ChatPrompt):
         return self.prompts.chat(prompt.messages, prompt.tools, bool(prompt.parallel_tool_calls),
-                                 prompt.template_kwargs)
+                                 prompt.template_kwargs, prompt.images)
 
     def build_request(self, request: wire.Generate, sink) -> GenerationRequest:
         self._check_ready()
@@ -255,11 +261,13 @@ class EngineService:
         prompt = request.prompt
         stops = list(request.stop)
         thinking = ""
+        media: dict = {}
         harmony = isinstance(prompt, wire.ChatPrompt) and self.prompts.tool_format == "harmony"
         if isinstance(prompt, wire.ChatPrompt):
             rendered = self._chat(prompt)
             # A grammar (a required call, response_format) shapes the answer from its first token: no think block.
             tokens, thinking = rendered.tokens, "" if request.sampling.grammar else rendered.thinking
+            media = rendered.media
             stops += [s for s in rendered.stops if s not in stops]
             param = "messages"
         elif isinstance(prompt, wire.InfillPrompt):
@@ -280,7 +288,10 @@ class EngineService:
             except GrammarRejected as exc:
                 raise RequestRejected(400, f"'response_format': {exc}", param="response_format") from None
         return GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink, sampling=sampling,
-                                 stops=stops, n=int(request.n), speculation=bool(request.speculation),
+                                 stops=stops, n=int(request.n),
+                                 # drafts are tokens: one copied from an image's places would be decoded as a
+                                 # token id past the vocabulary
+                                 speculation=bool(request.speculation) and not media, media=media,
                                  grammar=compiled, cache_scope=_cache_scope(request.cache_scope),
                                  priority=request.priority, key=request.key,
                                  key_max_concurrent=int(request.key_max_concurrent or 0),

@@ -26,21 +26,37 @@ from dataclasses import dataclass
 from typing import AbstractSet, Protocol, Sequence
 
 
-def next_cut(tokens: Sequence[int], pos: int, chunk: int, boundary_tokens: AbstractSet[int]) -> int:
-    """The first cut point after `pos`: the next multiple of `chunk`, or just after a boundary token."""
+def next_cut(tokens: Sequence[int], pos: int, chunk: int, boundary_tokens: AbstractSet[int],
+             media_from: int | None = None) -> int:
+    """The first cut point after `pos`: the next multiple of `chunk`, or just after a boundary token. Media
+    (tokens from `media_from` up: an image's places, engine/projector.py) is never cut: a cut falls before a run
+    of them, and a run goes whole, however long (its embeddings are one encoder pass)."""
+    if media_from is not None and pos < len(tokens) and tokens[pos] >= media_from:
+        end = pos
+        while end < len(tokens) and tokens[end] >= media_from:
+            end += 1
+        return end
     limit = min((pos // chunk + 1) * chunk, len(tokens))
     for i in range(pos, limit):
         if tokens[i] in boundary_tokens:
             return i + 1
+        if media_from is not None and tokens[i] >= media_from and i > pos:
+            return i
     return limit
 
 
-def last_cut(tokens: Sequence[int], upto: int, chunk: int, boundary_tokens: AbstractSet[int]) -> int:
-    """The last cut point at or before `upto` (0 if none)."""
+def last_cut(tokens: Sequence[int], upto: int, chunk: int, boundary_tokens: AbstractSet[int],
+             media_from: int | None = None) -> int:
+    """The last cut point at or before `upto` (0 if none); never inside a run of media tokens (moved back to
+    the run's start: a prefix that ends inside an image cannot be resumed)."""
     best = (upto // chunk) * chunk
     for i in range(upto - 1, best - 1, -1):
         if tokens[i] in boundary_tokens:
-            return i + 1
+            best = i + 1
+            break
+    if media_from is not None:
+        while 0 < best < len(tokens) and tokens[best - 1] >= media_from and tokens[best] >= media_from:
+            best -= 1
     return best
 
 

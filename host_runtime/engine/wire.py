@@ -64,6 +64,11 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+# Where an image goes in a message's text: the API writes it for each image part, the engine's projector reads it
+# (libmtmd's own default marker, engine/projector.py checks they agree).
+MEDIA_MARKER = "<__media__>"
+
+
 @dataclass(frozen=True)
 class ChatPrompt:
     """A conversation the engine renders with the model's chat template (messages in the template's shape)."""
@@ -72,6 +77,8 @@ class ChatPrompt:
     parallel_tool_calls: bool = True
     # Variables the template reads beside the messages (chat_template_kwargs: enable_thinking, reasoning_effort)
     template_kwargs: dict | None = None
+    # The request's images, base64, in the order MEDIA_MARKER stands for them in the messages' text (#58)
+    images: list[str] | None = None
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,13 @@ Every refusal names the field (`param`) and what was expected.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import dataclass, field, replace
 
 from host_runtime.engine import wire
+from host_runtime.engine.media import image_format
 from host_runtime.serving import request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
@@ -229,13 +232,57 @@ def joined_text(content, where: str, part: str = "part") -> str:
     raise bad(f"'{where}' must be a string or an array of text {part}s", where, "invalid_type")
 
 
-def _message_content(message: dict, i: int) -> str:
+def _message_content(message: dict, i: int, images: list[str] | None) -> str:
     content = message.get("content")
+    where = f"messages[{i}].content"
     if content is None:
         if message.get("role") == "assistant":
             return ""
-        raise bad(f"'messages[{i}].content' is required", f"messages[{i}].content", "missing_required_parameter")
-    return joined_text(content, f"messages[{i}].content")
+        raise bad(f"'{where}' is required", where, "missing_required_parameter")
+    if images is not None and isinstance(content, list) and any(
+            isinstance(item, dict) and item.get("type") == "image_url" for item in content):
+        return _with_images(content, where, images)
+    return joined_text(content, where)
+
+
+def _with_images(content: list, where: str, images: list[str]) -> str:
+    """Text and image parts as the text the engine renders, wire.MEDIA_MARKER standing where each image goes
+    (its base64 appended to `images`, in order), as llama-server lays a multimodal message out."""
+    texts = []
+    for j, item in enumerate(content):
+        if isinstance(item, dict) and item.get("type") == "image_url":
+            images.append(image_url_payload(item.get("image_url"), f"{where}[{j}].image_url"))
+            texts.append(wire.MEDIA_MARKER)
+        else:
+            texts.append(joined_text([item], where))
+    return "".join(texts)
+
+
+MAX_IMAGE_BYTES = 20 << 20  # one image, decoded (OpenAI's own limit)
+
+
+def image_url_payload(value, where: str) -> str:
+    """An image_url part's image, as its base64 text: a data: URI (data:image/png;base64,...) whose bytes are a
+    PNG, JPEG, GIF or BMP image of at most MAX_IMAGE_BYTES. A remote URL is refused: the box does not fetch what
+    a client names (it would reach the owner's LAN for them)."""
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str):
+        raise bad(f"'{where}' must be {{\"url\": \"data:image/png;base64,...\"}}", where, "invalid_type")
+    if not url.startswith("data:"):
+        raise bad(f"'{where}': remote image URLs are not fetched; send the image inline as a data: URI "
+                  "(data:image/png;base64,...)", where, "unsupported_image_url")
+    header, comma, payload = url.partition(",")
+    if not comma or not header.endswith(";base64"):
+        raise bad(f"'{where}' must be a base64 data: URI (data:image/png;base64,...)", where, "invalid_image")
+    if len(payload) * 3 // 4 > MAX_IMAGE_BYTES:
+        raise bad(f"'{where}': an image may be at most {MAX_IMAGE_BYTES >> 20} MiB", where, "image_too_large")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad(f"'{where}' is not valid base64", where, "invalid_image") from None
+    if image_format(data) is None:
+        raise bad(f"'{where}' is not a PNG, JPEG, GIF or BMP image", where, "invalid_image")
+    return payload
 
 
 def _tool_calls_of(message: dict, i: int) -> list[dict] | None:
@@ -259,8 +306,9 @@ def _tool_calls_of(message: dict, i: int) -> list[dict] | None:
     return out
 
 
-def chat_messages(messages) -> list[dict]:
-    """The conversation, checked message by message, in the shape the engine renders."""
+def chat_messages(messages, images: list[str] | None = None) -> list[dict]:
+    """The conversation, checked message by message, in the shape the engine renders; image parts' images
+    appended to `images` (None: image parts refused, as text-only APIs do)."""
     if messages is None:
         raise bad("'messages' is required", "messages", "missing_required_parameter")
     if not isinstance(messages, list):
@@ -279,7 +327,7 @@ def chat_messages(messages) -> list[dict]:
             raise bad(f"'messages[{i}].role' must be one of {sorted(CHAT_ROLES)}, got {role!r}", f"messages[{i}].role")
         calls = _tool_calls_of(message, i)
         entry = {"role": "system" if role == "developer" else role,  # templates know only 'system'
-                 "content": "" if calls and message.get("content") is None else _message_content(message, i)}
+                 "content": "" if calls and message.get("content") is None else _message_content(message, i, images)}
         if calls:
             entry["tool_calls"] = calls
         if role == "assistant" and isinstance(message.get("reasoning_content"), str):
@@ -299,7 +347,8 @@ def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> G
     if body.get("functions") is not None or body.get("function_call") is not None:
         raise bad("'functions' is the legacy function-calling API; send 'tools' instead", "functions",
                   "unsupported_parameter")
-    rendered = chat_messages(body.get("messages"))
+    images: list[str] = []
+    rendered = chat_messages(body.get("messages"), images)
     tools = parse_tools(body)
     choice = parse_tool_choice(body, tools)
     common = _sampling_and_common(req, None)
@@ -313,7 +362,7 @@ def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> G
         raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     offered = tools if choice.mode != "none" else []
     prompt = wire.ChatPrompt(rendered, [t.wire() for t in offered] or None, choice.parallel,
-                             template_kwargs(req.chat_template_kwargs, req.reasoning_effort))
+                             template_kwargs(req.chat_template_kwargs, req.reasoning_effort), images or None)
     request = _generate(common, prompt, grammar=grammar, top_logprobs=(top_logprobs or 0) if logprobs else None)
     return GenerationCall(request, common.stream, common.include_usage, logprobs, tools=offered, tool_choice=choice,
                           reasoning=req.reasoning_format != "none")

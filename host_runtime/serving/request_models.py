@@ -115,9 +115,16 @@ class Tool(Body):
     function: FunctionSpec
 
 
+class ImageUrl(Body):
+    url: str = Field(description="the image inline, as a data: URI (data:image/png;base64,...): PNG, JPEG, GIF or "
+                                 "BMP, at most 20 MiB; a remote URL is refused (the box fetches nothing a client "
+                                 "names)")
+
+
 class ContentPart(Body):
-    type: str = Field(description="text (the only kind of part this box reads)")
+    type: str = Field(description="text, or image_url for a model served with a vision projector (serve --mmproj)")
     text: Optional[str] = None
+    image_url: Optional[ImageUrl] = None
 
 
 class ChatMessage(Body):

@@ -1,0 +1,148 @@
+"""A model's projector (llama-server's --mmproj) through libmtmd: the image encoder beside the text model. A
+prompt with images is tokenized here into text tokens and, for each image, a run of placeholder tokens: ids past
+the vocabulary, made from the image's hash (libmtmd's id of its pixels), one per place the image takes. Everything
+keyed on tokens then keys on the image itself: the prefix cache finds a repeated image and never a different image
+with as many places (LMCache/LMCache#690 was that bug), and the step plan cuts before and after a run, never inside
+(step_plan.next_cut). The runner decodes a run through here: encoded and decoded in one libmtmd call for its
+sequence alone, so a request's answer does not depend on what else is batched."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+from host_runtime.common.errors import EveryCycleError
+from host_runtime.engine.errors import RequestRejected
+from host_runtime.engine.media import image_format, placeholder_tokens
+from host_runtime.engine.wire import MEDIA_MARKER
+
+MEDIA_CHUNK_IMAGE = 1  # mtmd_input_chunk_type: 0 text, 1 image, 2 audio
+
+
+class ProjectorError(EveryCycleError, RuntimeError):
+    """A projector libmtmd cannot load for this model, or one this engine cannot serve."""
+
+
+@dataclass
+class MediaChunk:
+    """One image of one request, tokenized: libmtmd's chunk (its preprocessed pixels), freed with this object."""
+    pointer: object
+    n_tokens: int
+    media_id: str
+    free: object = None  # libmtmd's mtmd_input_chunk_free, kept so that freeing needs no import at exit
+
+    def __del__(self) -> None:
+        if self.pointer and self.free is not None:
+            self.free(self.pointer)
+            self.pointer = None
+
+
+@dataclass(frozen=True)
+class MediaPrompt:
+    tokens: list[int]
+    media: dict[int, MediaChunk]  # the prompt position each image starts at -> its chunk
+
+
+class Projector:
+    def __init__(self, path: str, model, n_threads: int):
+        """path: the projector's GGUF; model: engine.model.LoadedModel, the text model it projects into."""
+        from llama_cpp import mtmd_cpp
+
+        self._mtmd = mtmd_cpp
+        params = mtmd_cpp.mtmd_context_params_default()
+        params.use_gpu = model.placement.n_gpu_layers > 0
+        params.n_threads = max(1, n_threads)
+        params.print_timings = False
+        self._ctx = mtmd_cpp.mtmd_init_from_file(path.encode(), model.model.model, params)
+        if not self._ctx:
+            raise ProjectorError(f"libmtmd could not load the projector {path} for this model (its log says why: "
+                                 "a projector made for another model's width, or not a projector)")
+        if mtmd_cpp.mtmd_decode_use_mrope(self._ctx):
+            # M-RoPE (Qwen2-VL's family) gives an image's places positions apart from their count, which the
+            # engine's one-position-per-token bookkeeping does not hold yet.
+            self.close()
+            raise ProjectorError(f"{path}: a projector whose model places images by M-RoPE (Qwen2-VL's family) "
+                                 "is not served yet")
+        self.path = path
+        self.marker = mtmd_cpp.mtmd_default_marker().decode()
+        if self.marker != MEDIA_MARKER:  # the API writes wire's marker where each image goes
+            self.close()
+            raise ProjectorError(f"libmtmd marks an image {self.marker!r}, not {MEDIA_MARKER!r} as the API writes")
+        self.vision = bool(mtmd_cpp.mtmd_support_vision(self._ctx))
+        self.audio = bool(mtmd_cpp.mtmd_support_audio(self._ctx))
+        self._n_vocab = model.n_vocab
+        self._add_bos = model.add_bos()
+
+    def close(self) -> None:
+        if self._ctx:
+            self._mtmd.mtmd_free(self._ctx)
+            self._ctx = None
+
+    def tokenize(self, prompt: str, images: list[bytes], param: str = "messages") -> MediaPrompt:
+        """The rendered prompt, whose markers (one per image, in order) stand where each image goes, as text
+        tokens and placeholder runs. RequestRejected (400) for bytes that are not an image libmtmd decodes."""
+        m = self._mtmd
+        if prompt.count(self.marker) != len(images):
+            raise RequestRejected(400, f"the messages hold {prompt.count(self.marker)} image markers "
+                                  f"({self.marker!r}) for {len(images)} images: text may not contain the marker",
+                                  param=param)
+        bitmaps = []
+        try:
+            for i, data in enumerate(images):
+                if image_format(data) is None:
+                    raise RequestRejected(400, f"image {i + 1} of the request is not a PNG, JPEG, GIF or BMP image",
+                                          param=param, code="invalid_image")
+                buffer = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+                bitmap = m.mtmd_helper_bitmap_init_from_buf(self._ctx, buffer, len(data), False)
+                if not bitmap:
+                    raise RequestRejected(400, f"image {i + 1} of the request could not be decoded (a damaged "
+                                          f"{image_format(data).upper()} file?)", param=param, code="invalid_image")
+                bitmaps.append(bitmap)
+            return self._chunks(prompt, bitmaps, param)
+        finally:
+            for bitmap in bitmaps:
+                m.mtmd_bitmap_free(bitmap)
+
+    def _chunks(self, prompt: str, bitmaps: list, param: str) -> MediaPrompt:
+        m = self._mtmd
+        text = prompt.encode()
+        given = m.mtmd_input_text(text, len(text), self._add_bos, True)
+        chunks = m.mtmd_input_chunks_init()
+        try:
+            array = (m.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
+            rc = m.mtmd_tokenize(self._ctx, chunks, ctypes.byref(given), array, len(bitmaps))
+            if rc != 0:
+                raise RequestRejected(400, f"libmtmd could not tokenize the prompt with its images (code {rc})",
+                                      param=param)
+            tokens: list[int] = []
+            media: dict[int, MediaChunk] = {}
+            for i in range(m.mtmd_input_chunks_size(chunks)):
+                chunk = m.mtmd_input_chunks_get(chunks, i)
+                kind = m.mtmd_input_chunk_get_type(chunk)
+                if kind == 0:
+                    n = ctypes.c_size_t(0)
+                    pointer = m.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                    tokens.extend(pointer[j] for j in range(n.value))
+                    continue
+                if kind != MEDIA_CHUNK_IMAGE:
+                    raise RequestRejected(400, "audio is not served by this model's projector", param=param)
+                n_tokens = m.mtmd_input_chunk_get_n_tokens(chunk)
+                media_id = (m.mtmd_input_chunk_get_id(chunk) or b"").decode()
+                media[len(tokens)] = MediaChunk(m.mtmd_input_chunk_copy(chunk), n_tokens, media_id,
+                                                m.mtmd_input_chunk_free)
+                tokens.extend(placeholder_tokens(media_id, n_tokens, self._n_vocab))
+            return MediaPrompt(tokens, media)
+        finally:
+            m.mtmd_input_chunks_free(chunks)
+
+    def decode(self, lctx, chunk: MediaChunk, n_past: int, seq_id: int, n_batch: int) -> None:
+        """The image encoded and its embeddings decoded into the sequence at n_past (libmtmd switches the
+        attention to non-causal around it where the model wants that, as gemma3 does)."""
+        new_n_past = ctypes.c_int32(0)
+        rc = self._mtmd.mtmd_helper_eval_chunk_single(self._ctx, lctx, chunk.pointer, n_past, seq_id, n_batch,
+                                                      False, ctypes.byref(new_n_past))
+        if rc != 0:
+            raise ProjectorError(f"libmtmd could not encode or decode an image (code {rc})")
+        if new_n_past.value != n_past + chunk.n_tokens:
+            raise ProjectorError(f"an image took positions {n_past}..{new_n_past.value}, not its "
+                                 f"{chunk.n_tokens} places")

@@ -1,0 +1,140 @@
+"""Images (#58): a random-weight text model with a gemma3 projector that libmtmd really loads and runs, served by
+the batched engine. With random weights the answers are nonsense; what is proven is that the image reaches the
+model: two images give different greedy answers, the same image twice the same answer from the prefix cache, an
+image alone the answer it gets batched beside others; and bad media is a 400 naming the field."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import json
+import urllib.request
+
+import openai
+import pytest
+
+from host_runtime.engine.media import image_format, placeholder_tokens
+from tests.conftest import MODEL_ID
+from tests.servers import Proc, everycycle, free_port, ready, wait_for
+from tests.tiny_gguf import png, write_vision_pair
+
+RED, BLUE, GREEN = png(64, 64, (220, 20, 20)), png(64, 64, (20, 20, 220)), png(64, 64, (20, 200, 20))
+STRIPES = png(64, 64, lambda x, y: (255, 255, 255) if (x // 8) % 2 else (0, 0, 0))
+
+
+def test_an_images_places_are_its_own_token_ids_past_the_vocabulary():
+    a = placeholder_tokens("image-a", 16, 49152)
+    assert a == placeholder_tokens("image-a", 16, 49152) and min(a) >= 49152 and max(a) < 2**31 - 1
+    assert not set(a) & set(placeholder_tokens("image-b", 16, 49152))  # another image shares no place
+    assert [image_format(x) for x in (RED, b"\xff\xd8\xff\xe0rest", b"GIF89a..", b"BM..", b"RIFF....WEBP")] == \
+        ["png", "jpeg", "gif", "bmp", None]
+
+
+def _serve(d, *extra: str):
+    model, projector = write_vision_pair(d)
+    port = free_port()
+    proc = Proc(everycycle("serve", "--port", str(port), "--model", str(model), "--mmproj", str(projector),
+                           "--threads", "2", "--workers", "1", "--parallel", "3", "--ctx-size", "512",
+                           "--run-dir", str(d), *extra), d / "serve.log")
+    base = f"http://127.0.0.1:{port}"
+    wait_for(lambda: ready(base), 90, "the tiny vision server", proc)
+    return proc, base
+
+
+@pytest.fixture(scope="module")
+def vision_server(tmp_path_factory):
+    proc, base = _serve(tmp_path_factory.mktemp("vision"))
+    try:
+        yield base
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def uncached_vision_server(tmp_path):
+    """Without a prefix cache: a repeated prompt is computed again, not read back."""
+    proc, base = _serve(tmp_path, "--no-prefix-cache")
+    try:
+        yield base
+    finally:
+        proc.stop()
+
+
+def _data_uri(image: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(image).decode()
+
+
+def _ask(client, image: bytes | None, text: str = "What is in this picture?", model: str = "tiny-vision", **kw):
+    content = [{"type": "text", "text": text}]
+    if image is not None:
+        content.append({"type": "image_url", "image_url": {"url": _data_uri(image)}})
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                          max_tokens=8, temperature=0, **kw)
+
+
+@pytest.mark.system
+def test_an_image_reaches_the_model_and_a_repeated_one_comes_from_the_prefix_cache(vision_server):
+    client = openai.OpenAI(base_url=vision_server + "/v1", api_key="unused", max_retries=0, timeout=120)
+    red = _ask(client, RED)
+    answers = {red.choices[0].message.content, _ask(client, BLUE).choices[0].message.content,
+               _ask(client, STRIPES).choices[0].message.content}
+    assert len(answers) == 3  # each image changes the greedy answer: the pixels reach the model
+    assert red.usage.prompt_tokens > 16  # the image's 16 places count as prompt tokens (a key's usage too)
+    again = _ask(client, RED)
+    assert again.choices[0].message.content == red.choices[0].message.content
+    # The prompt's text and the image's places came from the cache: all but the tail after the image
+    assert again.usage.prompt_tokens_details.cached_tokens >= 16
+    # A new image with as many places at the same position is never taken for one cached (#58, LMCache#690):
+    # only the text before it is reused
+    green = _ask(client, GREEN)
+    assert green.usage.prompt_tokens == red.usage.prompt_tokens
+    assert green.usage.prompt_tokens_details.cached_tokens <= again.usage.prompt_tokens_details.cached_tokens - 16
+
+
+@pytest.mark.system
+def test_an_image_alone_gets_the_answer_it_gets_batched_beside_text_users(uncached_vision_server):
+    client = openai.OpenAI(base_url=uncached_vision_server + "/v1", api_key="unused", max_retries=0, timeout=120)
+    alone = _ask(client, STRIPES, text="Describe it.").choices[0].message.content
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        texts = [pool.submit(_ask, client, None, f"Tell me a story number {i}.") for i in range(2)]
+        batched = pool.submit(_ask, client, STRIPES, text="Describe it.")
+        assert batched.result().choices[0].message.content == alone
+        assert all(t.result().choices[0].message.content for t in texts)
+
+
+def _post(base: str, doc: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(doc).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.system
+def test_bad_media_is_a_400_that_names_the_field(vision_server):
+    def with_url(url):
+        return {"model": "tiny-vision", "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": url}}]}]}
+
+    field = "messages[0].content[1].image_url"
+    for url, words in (("data:image/png;base64," + base64.b64encode(b"not an image at all").decode(),
+                        "is not a PNG, JPEG, GIF or BMP image"),
+                       ("data:image/png;base64,@@@@", "is not valid base64"),
+                       ("https://example.com/cat.png", "remote image URLs are not fetched"),
+                       ("data:image/png,rawbytes", "must be a base64 data: URI")):
+        status, doc = _post(vision_server, with_url(url))
+        assert status == 400 and doc["error"]["param"] == field and words in doc["error"]["message"], doc
+    # the marker typed as text is not taken for an image
+    status, doc = _post(vision_server, {"model": "tiny-vision", "max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "<__media__>"},
+                                     {"type": "image_url", "image_url": {"url": _data_uri(RED)}}]}]})
+    assert status == 400 and "markers" in doc["error"]["message"], doc
+
+
+@pytest.mark.system
+def test_a_model_served_without_a_projector_says_so(client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        _ask(client, RED, model=MODEL_ID)
+    assert refused.value.code == "model_not_multimodal" and "--mmproj" in refused.value.message
