@@ -138,3 +138,50 @@ def test_a_model_served_without_a_projector_says_so(client):
     with pytest.raises(openai.BadRequestError) as refused:
         _ask(client, RED, model=MODEL_ID)
     assert refused.value.code == "model_not_multimodal" and "--mmproj" in refused.value.message
+
+
+@pytest.mark.system
+def test_every_apis_official_client_sends_its_own_image_shape(vision_server):
+    """The Messages API's base64 image block, the Responses API's input_image, Ollama's images: each reaches the
+    model (two images, two answers), and a Messages request laid out as a chat completion's gets its answer."""
+    import anthropic
+    import ollama
+
+    chat = openai.OpenAI(base_url=vision_server + "/v1", api_key="unused", max_retries=0, timeout=120)
+    claude = anthropic.Anthropic(base_url=vision_server, api_key="unused", max_retries=0, timeout=120)
+    local = ollama.Client(host=vision_server, timeout=120)
+
+    def by_anthropic(image):
+        blocks = [{"type": "text", "text": "What is in this picture?"},
+                  {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                               "data": base64.b64encode(image).decode()}}]
+        answer = claude.messages.create(model="tiny-vision", max_tokens=8, extra_body={"temperature": 0},
+                                        messages=[{"role": "user", "content": blocks}])
+        return answer.content[0].text
+
+    def by_responses(image):
+        answer = chat.responses.create(model="tiny-vision", max_output_tokens=8, temperature=0, input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "What is in this picture?"},
+                                         {"type": "input_image", "image_url": _data_uri(image)}]}])
+        return answer.output_text
+
+    def by_ollama(image):
+        answer = local.chat(model="tiny-vision", options={"temperature": 0, "num_predict": 8},
+                            messages=[{"role": "user", "content": "What is in this picture?", "images": [image]}])
+        return answer.message.content
+
+    for ask in (by_anthropic, by_responses, by_ollama):
+        assert ask(RED) != ask(BLUE), ask.__name__
+    expected = _ask(chat, RED).choices[0].message.content
+    assert by_anthropic(RED) == by_responses(RED) == expected  # the same prompt, the same greedy answer
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(model="tiny-vision", max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}])
+    assert "remote image URLs are not fetched" in str(refused.value)
+    with pytest.raises(ollama.ResponseError) as refused:
+        local.chat(model="tiny-vision", messages=[{"role": "user", "content": "see", "images": [b"plain text"]}])
+    assert refused.value.status_code == 400 and "messages[0].images[0]" in str(refused.value)
+    # An image's signature but no image behind it: the engine's decoder says so, still a 400
+    with pytest.raises(ollama.ResponseError) as refused:
+        local.chat(model="tiny-vision", messages=[{"role": "user", "content": "see", "images": [b"GIF89a-broken"]}])
+    assert refused.value.status_code == 400 and "could not be decoded" in str(refused.value)

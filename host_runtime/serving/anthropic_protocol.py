@@ -24,8 +24,9 @@ def _text_of(value, where: str) -> str:
     return protocol.joined_text(value, where, "block")
 
 
-def _messages(body: dict) -> list[dict]:
-    """The conversation in the chat API's shape (tool_use -> tool_calls, tool_result -> tool messages)."""
+def _messages(body: dict, images: list[str]) -> list[dict]:
+    """The conversation in the chat API's shape (tool_use -> tool_calls, tool_result -> tool messages); image
+    blocks' images appended to `images`, wire.MEDIA_MARKER standing for each in the text."""
     out: list[dict] = []
     system = body.get("system")
     if system is not None:
@@ -68,8 +69,11 @@ def _messages(body: dict) -> list[dict]:
                 if block.get("is_error"):
                     result = f"Error: {result}"
                 results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
-            elif kind in ("image", "document"):
-                raise bad(f"'{at}' is an {kind} block: this model reads text only", at, "unsupported_value")
+            elif kind == "image":
+                images.append(_image_block(block, at))
+                text.append(engine_wire.MEDIA_MARKER)
+            elif kind == "document":
+                raise bad(f"'{at}' is a document block: this box reads text and images", at, "unsupported_value")
             else:
                 raise bad(f"'{at}' must be a text block" + (", a tool_use block" if role == "assistant" else
                                                             ", or a tool_result block"), at, "invalid_type")
@@ -80,6 +84,20 @@ def _messages(body: dict) -> list[dict]:
                 entry["tool_calls"] = calls
             out.append(entry)
     return out
+
+
+def _image_block(block: dict, at: str) -> str:
+    """An image block's base64 image ({"type": "base64", "media_type": ..., "data": ...}); a URL source is refused:
+    the box fetches nothing a client names."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise bad(f"'{at}.source' is required", f"{at}.source", "missing_required_parameter")
+    if source.get("type") == "url":
+        raise bad(f"'{at}.source': remote image URLs are not fetched; send the image as base64", f"{at}.source",
+                  "unsupported_image_url")
+    if source.get("type") != "base64":
+        raise bad(f"'{at}.source.type' must be 'base64'", f"{at}.source.type")
+    return protocol.image_payload(source.get("data"), f"{at}.source.data")
 
 
 def _tools(request: request_models.CountTokensRequest) -> tuple[list, object]:
@@ -123,7 +141,8 @@ def parse_messages(body: dict, served_model: str, tool_format: str = "generic") 
                   "unsupported_parameter")
     # A thinking model's reasoning comes back as thinking blocks when asked for; otherwise it is left out.
     show_thinking = request.thinking is not None and request.thinking.type != "disabled"
-    messages = _messages(body)
+    images: list[str] = []
+    messages = _messages(body, images)
     tools, choice = _tools(request)
     grammar = grammar_for(tool_format, tools, choice) if choice.constrained else None
     structured = _output_format_grammar(request)
@@ -136,20 +155,23 @@ def parse_messages(body: dict, served_model: str, tool_format: str = "generic") 
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p, grammar=grammar)
     offered = tools if choice.mode != "none" else []
-    generate = engine_wire.Generate(_prompt(messages, offered, choice), request.max_tokens, 1, list(stops), sampling)
+    generate = engine_wire.Generate(_prompt(messages, offered, choice, images), request.max_tokens, 1, list(stops),
+                                    sampling)
     return GenerationCall(generate, bool(request.stream), False, False, tools=offered, tool_choice=choice,
                           stop_sequences=list(stops), show_reasoning=show_thinking)
 
 
-def _prompt(messages: list[dict], offered: list, choice) -> engine_wire.ChatPrompt:
-    return engine_wire.ChatPrompt(messages, [t.wire() for t in offered] or None, choice.parallel)
+def _prompt(messages: list[dict], offered: list, choice, images: list[str]) -> engine_wire.ChatPrompt:
+    return engine_wire.ChatPrompt(messages, [t.wire() for t in offered] or None, choice.parallel, images=images or None)
 
 
 def parse_count_tokens(body: dict, served_model: str) -> engine_wire.CountTokens:
     check_model(body, served_model)
     request = check(request_models.CountTokensRequest, body)
     tools, choice = _tools(request)
-    return engine_wire.CountTokens(_prompt(_messages(body), tools if choice.mode != "none" else [], choice))
+    images: list[str] = []
+    messages = _messages(body, images)
+    return engine_wire.CountTokens(_prompt(messages, tools if choice.mode != "none" else [], choice, images))
 
 
 # ---- answers ---------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ Ollama (Open WebUI's model manager, Continue's `ollama` provider, Home Assistant
 A body is mapped onto the chat/completions schema and checked by its rules (protocol.py), so the limits are the
 same; a refusal names Ollama's field (`options.num_predict`, not `max_tokens`). Accepted and ignored, as they have
 no meaning here: `options` other than those in OPTIONS (top_k, min_p, repeat_penalty, num_ctx, num_gpu, mirostat,
-...), `template`, `context`, `truncate`, `images` (refused when not empty: text only). /api/pull takes a GGUF's
+...), `template`, `context`, `truncate`, `images` (for a model served with a vision projector). /api/pull takes a GGUF's
 location (an http(s) URL or hf://OWNER/REPO/FILE.gguf) as the model, as there is no registry; `insecure` is
 ignored. `think`: a thinking model's
 reasoning comes back apart as `thinking` (unless `think` is false, which also asks the template not to think;
@@ -14,10 +14,12 @@ reasoning comes back apart as `thinking` (unless `think` is false, which also as
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from dataclasses import replace
 
+from host_runtime.engine.media import image_format
 from host_runtime.serving import protocol, request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import GenerationCall, bad, field_of
@@ -91,17 +93,27 @@ def _format(request: request_models.OllamaGeneration) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}  # a JSON Schema object
 
 
-def _no_images(message: dict, where: str) -> None:
-    if message.get("images"):
-        raise bad(f"'{where}.images': this model reads text only", f"{where}.images", "unsupported_value")
+def _with_images(content: str, images, where: str) -> str | list[dict]:
+    """Ollama's `images` (base64, beside the text) as the chat API's parts: the images first, then the text, as
+    Ollama's own templates lay them out. Each checked here, so errors name Ollama's field."""
+    if not images:
+        return content
+    if not isinstance(images, list):
+        raise bad(f"'{where}' must be an array of base64 images", where, "invalid_type")
+    parts = []
+    for j, image in enumerate(images):
+        payload = protocol.image_payload(image, f"{where}[{j}]")
+        kind = image_format(base64.b64decode(payload[:64])) or "png"
+        parts.append({"type": "image_url", "image_url": {"url": f"data:image/{kind};base64,{payload}"}})
+    return parts + [{"type": "text", "text": content}]
 
 
 def _messages(body: dict) -> list[dict]:
     """Ollama's messages in the chat API's shape: tool calls' arguments are objects there, strings here."""
     out = []
     for i, m in enumerate(body["messages"]):  # a non-empty array of messages (request_models.OllamaChatRequest)
-        _no_images(m, f"messages[{i}]")
-        entry = {"role": m.get("role"), "content": m.get("content") if m.get("content") is not None else ""}
+        text = m.get("content") if m.get("content") is not None else ""
+        entry = {"role": m.get("role"), "content": _with_images(text, m.get("images"), f"messages[{i}].images")}
         calls = m.get("tool_calls")
         if calls:
             if not isinstance(calls, list):
@@ -174,8 +186,9 @@ def parse_generate(body: dict, served: str, tool_format: str) -> GenerationCall:
     prompt, suffix = request.prompt, request.suffix
     if prompt == "" and not suffix:
         raise bad("'prompt' is required", "prompt", "missing_required_parameter")
-    _no_images(body, "body")
     common = _common(request)
+    if body.get("images") and (suffix or request.raw):
+        raise bad("'images' go with a chat-templated prompt, not with 'raw' or 'suffix'", "images")
     try:
         if suffix:  # fill in the middle (Continue's autocomplete): the model's FIM tokens around the two texts
             return protocol.parse_completion({"model": served, "prompt": prompt, "suffix": suffix,
@@ -185,7 +198,8 @@ def parse_generate(body: dict, served: str, tool_format: str) -> GenerationCall:
             return protocol.parse_completion({"model": served, "prompt": prompt, "max_tokens": NO_LIMIT, **common},
                                              served)
         system = request.system
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": _with_images(prompt, body.get("images"), "images")}]
         return _thinking(protocol.parse_chat({"model": served, "messages": messages, **common}, served, tool_format),
                          request)
     except APIError as err:

@@ -274,6 +274,14 @@ def image_url_payload(value, where: str) -> str:
     header, comma, payload = url.partition(",")
     if not comma or not header.endswith(";base64"):
         raise bad(f"'{where}' must be a base64 data: URI (data:image/png;base64,...)", where, "invalid_image")
+    return image_payload(payload, where)
+
+
+def image_payload(payload, where: str) -> str:
+    """An image as base64 text (every API's inline shape), checked: base64 of a PNG, JPEG, GIF or BMP image of at
+    most MAX_IMAGE_BYTES. The text itself is what the engine is given."""
+    if not isinstance(payload, str):
+        raise bad(f"'{where}' must be the image as base64 text", where, "invalid_type")
     if len(payload) * 3 // 4 > MAX_IMAGE_BYTES:
         raise bad(f"'{where}': an image may be at most {MAX_IMAGE_BYTES >> 20} MiB", where, "image_too_large")
     try:

@@ -3,8 +3,8 @@ engine call chat completions make, and the Response object and output items the 
 and the OpenAI Agents SDK speak only this API.
 
 Input: a string, or items: messages (roles system, developer, user, assistant; content as a string or
-input_text/output_text parts), `function_call` and `function_call_output` (the agent loop's own items), reasoning
-items (dropped: the model did not write them here). `instructions` is the system message. Function tools only;
+input_text/output_text parts, and input_image parts as data: URIs), `function_call` and `function_call_output`
+(the agent loop's own items), reasoning items (dropped: the model did not write them here). `instructions` is the system message. Function tools only;
 `text.format` (json_object, json_schema) is response_format's grammar; `max_output_tokens` is a ceiling, as
 max_tokens. `previous_response_id` is refused (nothing is stored); `reasoning`, `store`, `metadata`, `user`,
 `truncation`, `include`, `service_tier`, `prompt_cache_key` and `safety_identifier` are accepted and change nothing.
@@ -49,11 +49,31 @@ def _text(content, where: str) -> str:
         if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
             out.append(part["text"])
         elif kind in ("input_image", "input_file", "input_audio"):
-            raise bad(f"'{where}[{j}]' is an {kind} part: this model reads text only", f"{where}[{j}]",
+            raise bad(f"'{where}[{j}]' is an {kind} part: only a message's content takes images", f"{where}[{j}]",
                       "unsupported_value")
         else:
             raise bad(f"'{where}[{j}]' must be an input_text or output_text part", f"{where}[{j}]", "invalid_type")
     return "".join(out)
+
+
+def _content(content, where: str) -> str | list[dict]:
+    """A message's content: its text, or, where it holds input_image parts (an image_url that is a data: URI),
+    the chat API's text and image_url parts, each image checked here so that errors name this API's field."""
+    if not isinstance(content, list) or not any(isinstance(part, dict) and part.get("type") == "input_image"
+                                                for part in content):
+        return _text(content, where)
+    parts = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            at = f"{where}[{j}].image_url"
+            if part.get("image_url") is None:
+                raise bad(f"'{at}' is required: the image as a data: URI (a file_id is not kept here)", at,
+                          "missing_required_parameter")
+            protocol.image_url_payload(part["image_url"], at)
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        else:
+            parts.append({"type": "text", "text": _text([part], where)})
+    return parts
 
 
 def _messages(request: request_models.ResponsesRequest) -> list[dict]:
@@ -72,7 +92,7 @@ def _messages(request: request_models.ResponsesRequest) -> list[dict]:
                 raise bad(f"'{where}.role' must be system, developer, user or assistant, got {role!r}",
                           f"{where}.role")
             out.append({"role": "system" if role == "developer" else role,
-                        "content": _text(item.get("content"), f"{where}.content")})
+                        "content": _content(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
                 raise bad(f"'{where}' must have string 'call_id', 'name' and 'arguments'", where, "invalid_type")
