@@ -41,6 +41,28 @@ def _serve(d, *extra: str):
     return proc, base
 
 
+def test_an_images_size_is_read_from_its_header_and_a_decompression_bomb_is_refused_before_decoding():
+    import struct
+
+    from host_runtime.engine.media import image_size
+    from host_runtime.serving.errors import APIError
+    from host_runtime.serving.protocol import image_payload
+
+    gif = b"GIF89a" + struct.pack("<HH", 300, 200) + bytes(10)
+    bmp = b"BM" + bytes(16) + struct.pack("<ii", 640, -480) + bytes(10)  # a negative height: stored top-down
+    jpeg = (b"\xff\xd8\xff\xe0" + struct.pack(">H", 16) + b"JFIF\x00" + bytes(9)
+            + b"\xff\xc0" + struct.pack(">HBHH", 17, 8, 1080, 1920) + bytes(10))
+    assert [image_size(x) for x in (png(64, 32, (1, 2, 3)), gif, bmp, jpeg, b"\xff\xd8\xff\xe0")] == \
+        [(64, 32), (300, 200), (640, 480), (1920, 1080), None]
+    # A PNG whose header says 20,000 x 20,000: a few bytes that would unpack to 1.2 GB
+    bomb = png(1, 1, (0, 0, 0)).replace(struct.pack(">II", 1, 1), struct.pack(">II", 20000, 20000), 1)
+    assert image_size(bomb) == (20000, 20000)
+    with pytest.raises(APIError) as refused:
+        image_payload(base64.b64encode(bomb).decode(), "messages[0].content[1].image_url")
+    assert refused.value.status == 400 and "20000x20000 pixels" in refused.value.message
+    assert image_payload(base64.b64encode(RED).decode(), "x") == base64.b64encode(RED).decode()
+
+
 @pytest.fixture(scope="module")
 def vision_server(tmp_path_factory):
     proc, base = _serve(tmp_path_factory.mktemp("vision"))

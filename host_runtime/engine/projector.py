@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from host_runtime.common.errors import EveryCycleError
 from host_runtime.engine.errors import RequestRejected
-from host_runtime.engine.media import image_format, placeholder_tokens
+from host_runtime.engine.media import MAX_IMAGE_PIXELS, image_format, image_size, placeholder_tokens
 from host_runtime.engine.wire import MEDIA_MARKER
 
 MEDIA_CHUNK_IMAGE = 1  # mtmd_input_chunk_type: 0 text, 1 image, 2 audio
@@ -92,6 +92,11 @@ class Projector:
                 if image_format(data) is None:
                     raise RequestRejected(400, f"image {i + 1} of the request is not a PNG, JPEG, GIF or BMP image",
                                           param=param, code="invalid_image")
+                size = image_size(data)
+                if size is None or size[0] * size[1] > MAX_IMAGE_PIXELS:
+                    said = "gives no size in its header" if size is None else f"is {size[0]}x{size[1]} pixels"
+                    raise RequestRejected(400, f"image {i + 1} of the request {said} (at most {MAX_IMAGE_PIXELS:,} "
+                                          "pixels)", param=param, code="invalid_image")
                 buffer = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
                 bitmap = m.mtmd_helper_bitmap_init_from_buf(self._ctx, buffer, len(data), False)
                 if not bitmap:

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field, replace
 
 from host_runtime.engine import wire
-from host_runtime.engine.media import image_format
+from host_runtime.engine.media import MAX_IMAGE_PIXELS, image_format, image_size
 from host_runtime.serving import request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
@@ -290,6 +290,12 @@ def image_payload(payload, where: str) -> str:
         raise bad(f"'{where}' is not valid base64", where, "invalid_image") from None
     if image_format(data) is None:
         raise bad(f"'{where}' is not a PNG, JPEG, GIF or BMP image", where, "invalid_image")
+    size = image_size(data)
+    if size is None:
+        raise bad(f"'{where}': its header gives no width and height (a damaged image?)", where, "invalid_image")
+    if size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise bad(f"'{where}' is {size[0]}x{size[1]} pixels: at most {MAX_IMAGE_PIXELS // 1_000_000} million "
+                  "(the projector scales every image down to its own size anyway)", where, "image_too_large")
     return payload
 
 
