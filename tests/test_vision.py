@@ -205,5 +205,40 @@ def test_every_apis_official_client_sends_its_own_image_shape(vision_server):
     assert refused.value.status_code == 400 and "messages[0].images[0]" in str(refused.value)
     # An image's signature but no image behind it: the engine's decoder says so, still a 400
     with pytest.raises(ollama.ResponseError) as refused:
-        local.chat(model="tiny-vision", messages=[{"role": "user", "content": "see", "images": [b"GIF89a-broken"]}])
+        local.chat(model="tiny-vision", messages=[{"role": "user", "content": "see",
+                                                   "images": [b"GIF89a\x04\x00\x04\x00-broken-after-the-header"]}])
     assert refused.value.status_code == 400 and "could not be decoded" in str(refused.value)
+
+
+@pytest.mark.system
+def test_a_store_model_added_with_its_projector_reads_images_wherever_it_is_loaded(tmp_path):
+    """`models add FILE --mmproj PROJECTOR`: the projector kept beside the model, and an engine that loads it on
+    demand (the server starts with the built-in model) loads its projector too. A projector that is not one is
+    refused before anything is copied."""
+    import subprocess
+
+    text, projector = write_vision_pair(tmp_path / "files")
+    store = tmp_path / "store"
+
+    def models(*argv):
+        return subprocess.run(everycycle("models", "--store", str(store), *argv), capture_output=True, text=True,
+                              timeout=120)
+
+    refused = models("add", str(text), "--name", "seeing", "--mmproj", str(text))
+    assert refused.returncode == 1 and "not a projector" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (store / "seeing").exists()  # nothing half-added
+    added = models("add", str(text), "--name", "seeing", "--mmproj", str(projector), "--json")
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["projector"] == "mmproj.gguf" and (store / "seeing" / "mmproj.gguf").is_file()
+    port = free_port()
+    proc = Proc(everycycle("serve", "--port", str(port), "--model-store", str(store), "--threads", "2",
+                           "--workers", "1", "--parallel", "2", "--ctx-size", "512", "--run-dir", str(tmp_path)),
+                tmp_path / "serve.log")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: ready(base), 90, "the server", proc)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        assert _ask(client, RED, model="seeing").choices[0].message.content != \
+            _ask(client, BLUE, model="seeing").choices[0].message.content
+    finally:
+        proc.stop()

@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
     show.add_argument("name", metavar="NAME")
     add = m_sub.add_parser("add", help="copy a GGUF file on this machine into the store")
     add.add_argument("file", type=Path, metavar="FILE")
+    add.add_argument("--mmproj", type=Path, metavar="FILE",
+                     help="the model's vision projector (a clip GGUF, mmproj-*.gguf), kept beside it and served with "
+                          "it wherever it is loaded: requests may then carry images")
     pull = m_sub.add_parser("pull", help="download a model: an http(s) URL on the LAN, or hf://OWNER/REPO/FILE.gguf")
     pull.add_argument("source", metavar="SOURCE")
     for p in (add, pull):
@@ -107,7 +110,7 @@ def _run(args, store: Store) -> int:
         else:
             print(f"{'NAME':32} {'SIZE':>10} {'ARCH':10} {'QUANT':8} {'CONTEXT':>8}  {'KIND':16} PINNED")
             for m in models:
-                kind = f"embedding ({m.pooling})" if m.pooling else "chat"
+                kind = f"embedding ({m.pooling})" if m.pooling else "chat, images" if m.projector else "chat"
                 print(f"{m.name:32} {m.size / 2**20:9,.1f}M {m.architecture:10} {m.quantization:8} "
                       f"{m.context_length:>8}  {kind:16} {'yes' if m.pinned else ''}")
         if not args.json:
@@ -120,7 +123,7 @@ def _run(args, store: Store) -> int:
         print(json.dumps(shown, indent=2) if args.json else "\n".join(f"{k:15} {v}" for k, v in shown.items()))
         return 0
     if command == "add":
-        _print(pulling.add(store, args.file, args.name, args.sha256, _say), args.json)
+        _print(pulling.add(store, args.file, args.name, args.sha256, _say, projector=args.mmproj), args.json)
         return 0
     if command == "pull":
         _print(pulling.pull(store, args.source, args.name, args.sha256, _say), args.json)

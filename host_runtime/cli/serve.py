@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import logging
 import os
 import sys
@@ -38,6 +39,16 @@ def _resolve_draft_model(parser: argparse.ArgumentParser, args) -> str | None:
         return str(check_gguf_file(args.draft_model).resolve())
     except ModelLoadError as exc:
         parser.error(f"--draft-model: {exc}")
+
+
+def _store_projector(args, model_path: str) -> str | None:
+    """The projector the store keeps beside a store model (models add --mmproj); None for any other file."""
+    from host_runtime.models.errors import StoreError
+
+    try:
+        return _model_store(args).projector_of(model_path) if hasattr(args, "model_store") else None  # serve's
+    except StoreError:
+        return None  # an unreadable manifest: the model is refused when loaded, with the reason
 
 
 def _resolve_gguf(parser: argparse.ArgumentParser, option: str, path: str | None) -> str | None:
@@ -262,7 +273,7 @@ def _engine_pool(run_dir: Path, socket_path: str, options, engine, args):
         set), save those the command line gave."""
         from host_runtime.models.errors import StoreError
 
-        on_demand = options.for_on_demand(path)
+        on_demand = replace(options.for_on_demand(path), mmproj=_store_projector(args, path))
         try:
             own = store.own_serve_options(path)
         except StoreError as exc:
@@ -274,7 +285,10 @@ def _engine_pool(run_dir: Path, socket_path: str, options, engine, args):
     def need_for(path: str) -> int:
         from host_runtime.placement.session import resident_bytes_for
 
-        return resident_bytes_for(path, options_for(path).context) + cache_ram
+        wanted = options_for(path)
+        # A projector's weights load beside the model's (its encoder's compute buffer is small beside them)
+        projector = os.path.getsize(wanted.mmproj) if wanted.mmproj and os.path.isfile(wanted.mmproj) else 0
+        return resident_bytes_for(path, wanted.context) + cache_ram + projector
     return EnginePool(run_dir=run_dir, default_name=model_id_for(options.model), default_path=options.model,
                       default_socket=socket_path, default_child=engine, engine_options=options_for,
                       store=store, budget_bytes=budget, need_for=need_for, keep_alive_s=args.keep_alive)
@@ -318,7 +332,7 @@ def engine_options(parser, args, model: str | None):
                          speculation=speculation, draft_model=draft_model, governor_state=args.governor_state,
                          wedge=WedgePolicy(floor_s=args.wedge_floor),
                          usage_file=os.path.join(usage_dir, f"{model_id_for(model_path)}.json") if usage_dir else None,
-                         mmproj=_resolve_gguf(parser, "--mmproj", args.mmproj))
+                         mmproj=_resolve_gguf(parser, "--mmproj", args.mmproj) or _store_projector(args, model_path))
 
 
 def cmd_engine(parser, args) -> int:

@@ -18,15 +18,19 @@ from host_runtime.models.manifest import Manifest, check_name, name_for_file
 from host_runtime.models.pull_hosts import PullHosts
 from host_runtime.models.pull_slots import PullSlot
 from host_runtime.models.sources import check_sha256, hf_parts, source_file_name
-from host_runtime.models.store import Store
+from host_runtime.models.store import Store, check_projector
 
 HTTP_TIMEOUT_S = 30
 MAX_REDIRECTS = 5  # a download's link to its mirror and the mirror's to its CDN, with room to spare
 
 
-def add(store: Store, file: Path, name: str | None = None, sha256: str | None = None, say=print) -> Manifest:
-    """A local GGUF copied into the store (a USB stick, a file already on the box)."""
+def add(store: Store, file: Path, name: str | None = None, sha256: str | None = None, say=print,
+        projector: Path | None = None) -> Manifest:
+    """A local GGUF copied into the store (a USB stick, a file already on the box), with its vision projector
+    where one is given (checked before anything is copied; the model removed again if it cannot be kept)."""
     expected = check_sha256(sha256)
+    if projector is not None:
+        check_projector(projector)
     name = check_name(name or name_for_file(file.name))
     store.refuse_existing(name)
     if not file.is_file():
@@ -36,7 +40,15 @@ def add(store: Store, file: Path, name: str | None = None, sha256: str | None = 
     digest = file_sha256(file).hexdigest()
     if expected and digest != expected:
         raise StoreError(f"{file.name}: sha256 {digest} is not the {expected} given; nothing was added")
-    return store.admit(file, name, digest, str(file.resolve()), move=False)
+    manifest = store.admit(file, name, digest, str(file.resolve()), move=False)
+    if projector is None:
+        return manifest
+    try:
+        say(f"copying the projector {projector}")
+        return store.attach_projector(name, projector)
+    except (StoreError, OSError):
+        store.remove(name)  # nothing half-added
+        raise
 
 
 def pull(store: Store, source: str, name: str | None = None, sha256: str | None = None, say=print,

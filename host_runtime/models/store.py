@@ -188,6 +188,25 @@ class Store:
         except OSError:
             pass  # a store this process may not write: the next load hashes again, nothing worse
 
+    def attach_projector(self, name: str, file: Path) -> Manifest:
+        """A vision projector (a clip GGUF, llama-server's --mmproj) kept beside the model and served with it
+        wherever it is loaded. The file first, the manifest last: a model is never left naming a missing file."""
+        check_projector(file)
+        manifest = self.get(name)
+        target = self.root / name / PROJECTOR_FILE
+        staged = target.with_name(target.name + ".partial")
+        _copy_without_links(file, staged)
+        os.replace(staged, target)
+        updated = Manifest(**{**manifest.__dict__, "projector": PROJECTOR_FILE})
+        atomic_write(self.root / name / MANIFEST, updated.to_json().encode(), mode=0o644)
+        return updated
+
+    def projector_of(self, path: str | Path) -> str | None:
+        """The projector of the store model whose file `path` is; None for one without, or a file outside."""
+        name = self.name_of_path(path)
+        manifest = self.get(name) if name else None
+        return str(self.root / name / manifest.projector) if manifest and manifest.projector else None
+
     def remove(self, name: str) -> Manifest:
         manifest = self.get(name)  # trusted: it names this folder
         directory = self.root / check_name(name, "NAME")
@@ -231,6 +250,19 @@ class Store:
         updated = Manifest(**{**json.loads(manifest.to_json()), "pinned": pinned})
         atomic_write(self.root / name / MANIFEST, updated.to_json().encode(), mode=0o644)
         return updated
+
+
+PROJECTOR_FILE = "mmproj.gguf"
+
+
+def check_projector(file: Path) -> None:
+    """A vision projector: a GGUF file whose architecture is clip (libmtmd's projectors)."""
+    if not file.is_file():
+        raise StoreError(f"--mmproj: {file} is not a file")
+    architecture = read_info(file)["architecture"]
+    if architecture != "clip":
+        raise StoreError(f"--mmproj: {file.name} is a {architecture} model, not a projector (a clip GGUF, often "
+                         "named mmproj-*.gguf)")
 
 
 def _copy_without_links(source: Path, dest: Path) -> None:
