@@ -599,6 +599,27 @@ def test_oversized_bodies_are_refused_by_the_front_as_openai_errors(front):
         urllib.request.urlopen(req, timeout=30, context=front["context"])
     assert exc.value.code == 413
     assert json.loads(exc.value.read())["error"]["code"] == "request_too_large"
+    front_words = json.loads(_refusal(front, "/v1/completions", b"x" * (2 << 20)))["error"]["message"]
+    # A route whose body may carry images (#58) takes up to 32 MiB at the front; the API keeps what is not an
+    # image's base64 to 1 MiB: 2 MiB of text reaches the API, which refuses it in its own words
+    text = json.dumps({"model": MODEL_ID, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "x" * (2 << 20)}]}).encode()
+    for route in ("/v1/chat/completions", "/v1/messages", "/api/chat"):  # each in its API's error shape
+        error = json.loads(_refusal(front, route, text))["error"]
+        words = error if isinstance(error, str) else error["message"]
+        assert "besides its images" in words and words != front_words, route
+
+
+def _refusal(front, route: str, body: bytes) -> bytes:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(front["base"] + route, data=body, method="POST", headers={
+        "Authorization": f"Bearer {front['key']}", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=30, context=front["context"])
+    assert exc.value.code == 413, route
+    return exc.value.read()
 
 
 # ---- the front's certificate follows the box's address (a namespace the test makes) -----------------------------

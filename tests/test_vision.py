@@ -242,3 +242,19 @@ def test_a_store_model_added_with_its_projector_reads_images_wherever_it_is_load
             _ask(client, BLUE, model="seeing").choices[0].message.content
     finally:
         proc.stop()
+
+
+@pytest.mark.system
+def test_an_image_larger_than_the_text_limit_is_taken_and_text_past_it_is_not(vision_server):
+    """A generation's body may be up to 32 MiB with its images; all but the images' base64 keeps the 1 MiB limit."""
+    import random
+
+    noise = random.Random(7).randbytes(640 * 640 * 3)
+    big = png(640, 640, lambda x, y: noise[(y * 640 + x) * 3:(y * 640 + x) * 3 + 3])  # noise: zlib cannot shrink it
+    assert len(big) > 1 << 20
+    status, doc = _post(vision_server, {"model": "tiny-vision", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": _data_uri(big)}}]}]})
+    assert status == 200 and doc["usage"]["prompt_tokens"] > 16, doc
+    status, doc = _post(vision_server, {"model": "tiny-vision", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x" * (1 << 20)}, {"type": "image_url", "image_url": {"url": _data_uri(RED)}}]}]})
+    assert status == 413 and "besides its images" in doc["error"]["message"], doc

@@ -36,7 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-threads", type=_positive, metavar="N",
                        help="threads per HTTP worker (default: every request the engine admits, running or queued, "
                             "plus 16 for health and metrics; at least 32)")
-    serve.add_argument("--max-body-bytes", type=_positive, default=1 << 20, metavar="N", help="request body limit (default 1 MiB)")
+    serve.add_argument("--max-body-bytes", type=_positive, default=1 << 20, metavar="N",
+                       help="request body limit, images' base64 aside (default 1 MiB)")
+    serve.add_argument("--max-media-body-bytes", type=_positive, default=32 << 20, metavar="N",
+                       help="a generation's body limit with its images (default 32 MiB; the rest keeps "
+                            "--max-body-bytes)")
     serve.add_argument("--ready-wait", type=_positive_float, default=2.0, metavar="S",
                        help="how long a /ready probe waits for the canary generation that runs before it answers from "
                             "the engine's progress (default 2); slow is not wedged, see --wedge-floor")

@@ -168,6 +168,7 @@ def cmd_serve(parser, args) -> int:
         except front_settings.SettingsError as exc:
             parser.error(f"--front-settings: {exc}")
     config = AppConfig(engine_socket=socket_path, keys_file=args.keys, max_body_bytes=args.max_body_bytes,
+                       max_media_body_bytes=args.max_media_body_bytes,
                        ready_wait_s=args.ready_wait, wedge_floor_s=args.wedge_floor, metrics_access=metrics_access,
                        governor_state=args.governor_state, pool_socket=pool.control_socket if pool else None,
                        fleet_router=args.fleet_router or settings.fleet_router or None,

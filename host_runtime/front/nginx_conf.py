@@ -76,6 +76,10 @@ def _per_client_key(s: FrontSettings) -> list[str]:
 
 # The routes the fleet's router serves for clients (regex location; nginx tries it after the prefix locations).
 FLEET_ROUTES = "^/v1/(chat/completions|completions|embeddings|models)(/|$)"
+# The routes whose bodies may carry images (#58): up to max_media_body_bytes, the API keeping all but the images'
+# base64 to max_body_bytes. A gateway's chat completions go to the router's location, which takes the same limit.
+MEDIA_ROUTES = "^/(v1/(chat/completions|responses|messages)|api/(chat|generate))$"
+GATEWAY_MEDIA_ROUTES = "^/(v1/(responses|messages)|api/(chat|generate))$"
 
 
 # Every proxied request's headers. A location that sets any proxy_set_header of its own inherits none of these,
@@ -100,7 +104,7 @@ TRACE_HEADER = "proxy_set_header traceparent $fleet_traceparent;"
 VOUCH_MAP = '    map $fleet_vouch $fleet_authorization { "" ""; default "Bearer $fleet_vouch"; }'
 
 
-def _gateway_locations() -> list[str]:
+def _gateway_locations(s: FrontSettings) -> list[str]:
     return [
         "        location = /_fleet_auth { internal; proxy_pass http://serving/v1/everycycle/auth; "
         f"proxy_method GET; proxy_pass_request_body off; {PROXY_HEADERS} {TRACE_HEADER} "
@@ -111,7 +115,8 @@ def _gateway_locations() -> list[str]:
         # Only the inference routes reach the router: its control plane (/workers, /v1/tokenizers) and its shared
         # in-memory state (/v1/conversations, /v1/responses/{id}) are no client's; the rest of /v1/ is this
         # box's own API (location /), which answers what it does not serve with its own 404.
-        f"        location ~ {FLEET_ROUTES} {{ auth_request /_fleet_auth; proxy_intercept_errors on; "
+        f"        location ~ {FLEET_ROUTES} {{ client_max_body_size {s.max_media_body_bytes}; "
+        "auth_request /_fleet_auth; proxy_intercept_errors on; "
         f"{' '.join(_error_pages(GATEWAY_ERROR_PAGES))} proxy_pass http://fleet_router; "
         # The client's key goes no further: in its place the voucher the API gave (auth/fleet_vouch.py), which the
         # router passes to a box registered without the fleet key, so the key's limits hold there.
@@ -131,7 +136,9 @@ def _gateway_locations() -> list[str]:
     ]
 
 
-def _server_body(s: FrontSettings, *, metrics_location: bool = True, gateway: bool = False) -> list[str]:
+def _server_body(s: FrontSettings, *, metrics_location: bool = True, gateway: bool = False,
+                 serving: bool = True) -> list[str]:
+    """serving: False for the plain-HTTP server that only redirects (its probe and health lines are kept)."""
     lines = [
         f"        limit_conn per_client_conn {s.connections_per_client};",
         f"        limit_req zone=per_client_req burst={s.request_burst_per_client} nodelay;",
@@ -141,8 +148,11 @@ def _server_body(s: FrontSettings, *, metrics_location: bool = True, gateway: bo
         # reading: nginx holds what its memory buffers take and the API's thread waits, within send_timeout.
         "        location = /v1/everycycle/probe { proxy_max_temp_file_size 0; proxy_pass http://serving; }",
     ]
+    if serving:
+        lines.append(f"        location ~ {GATEWAY_MEDIA_ROUTES if gateway else MEDIA_ROUTES} "
+                     f"{{ client_max_body_size {s.max_media_body_bytes}; proxy_pass http://serving; }}")
     if gateway:
-        lines += _gateway_locations()
+        lines += _gateway_locations(s)
     if metrics_location and s.metrics == "loopback":
         lines.append("        location = /metrics { allow 127.0.0.1; allow ::1; deny all; proxy_pass http://serving; }")
     for name, (status, message, error_type, code) in ERROR_PAGES.items():
@@ -226,7 +236,8 @@ def render(s: FrontSettings, paths: FrontPaths, pair: CertificatePair) -> str:
             out += _server_body(s, gateway=paths.gateway_port is not None)
         else:
             # Only the liveness probe answers in clear; everything else moves to HTTPS before a key is sent.
-            out += [line for line in _server_body(s, metrics_location=False) if "location / " not in line]
+            out += [line for line in _server_body(s, metrics_location=False, serving=False)
+                     if "location / " not in line]
             out += ["        location = /health { proxy_pass http://serving; }",
                     f"        location / {{ return 308 https://$host:{s.https_port}$request_uri; }}"]
         out.append(certificate)

@@ -45,6 +45,7 @@ class FrontSettings:
     requests_per_second_per_client: int = 20
     request_burst_per_client: int = 100
     max_body_bytes: int = 1 << 20
+    max_media_body_bytes: int = 32 << 20  # a generation's body with images (#58); the API keeps the rest to the above
     # On a fleet's member: the gateway's address (two, comma-separated, where two gateways share a virtual
     # address). Every client of the fleet reaches this box through them, so they are not held to the per-client
     # limits (the gateway's own front holds each client to them).
@@ -100,7 +101,7 @@ def check(s: FrontSettings) -> None:
     if bool(s.certificate) != bool(s.private_key):
         raise SettingsError("certificate", "a certificate and its private_key come together")
     for name in ("header_timeout_s", "body_timeout_s", "connections_per_client", "requests_per_second_per_client",
-                 "request_burst_per_client", "max_body_bytes"):
+                 "request_burst_per_client", "max_body_bytes", "max_media_body_bytes"):
         if getattr(s, name) < 1:
             raise SettingsError(name, "must be at least 1")
 

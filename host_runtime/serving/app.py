@@ -59,6 +59,8 @@ class AppConfig:
     engine_socket: str
     keys_file: str | None = None
     max_body_bytes: int = 1 << 20
+    # A generation's body with images (#58): up to this, of which at most max_body_bytes may be other than images
+    max_media_body_bytes: int = 32 << 20
     ready_max_age_s: float = 5.0  # a canary that passed this recently is not run again
     ready_wait_s: float = 2.0  # a probe waits this long for the canary that runs, then answers from progress
     wedge_floor_s: float = 30.0  # for an engine that never answered: see engine/readiness.py
@@ -280,7 +282,18 @@ def read_json(req: falcon.Request, limit: int) -> dict:
     raw = req.bounded_stream.read(limit + 1)
     if len(raw) > limit:
         raise APIError(413, f"the request body is over the limit of {limit} bytes", code="request_too_large")
+    req.context["body_bytes"] = len(raw)
     return protocol.parse_json_body(raw)
+
+
+def check_text_size(req: falcon.Request, config: "AppConfig", call) -> None:
+    """A generation's body was read up to the media limit: what is not its images' base64 keeps the text limit."""
+    images = getattr(call.request.prompt, "images", None) or []
+    text = req.context.get("body_bytes", 0) - sum(len(image) for image in images)
+    if text > config.max_body_bytes:
+        raise APIError(413, f"the request body is {text} bytes besides its images; the limit is "
+                            f"{config.max_body_bytes} (images may take up to {config.max_media_body_bytes} in all)",
+                       code="request_too_large")
 
 
 def cache_scope(req: falcon.Request, config: "AppConfig") -> str | None:
@@ -524,11 +537,12 @@ def generation_call(req, router: Router, config: AppConfig, parse, model_of=lamb
     """A generation's common path for every API: its body read (or the one a handler already read), its model's
     engine found (loaded first if it must be), the body parsed by parse(body, model_id, tool_format), and the key's
     prefix scope and class set."""
-    body = read_json(req, config.max_body_bytes) if body is None else body
+    body = read_json(req, config.max_media_body_bytes) if body is None else body
     policy = req.context.get("key_policy")
     check_model_allowed(policy, model_of(body), router)
     client, info = router.engine_for(model_of(body), keep_alive_of(body))
     call = parse(body, info.model_id, info.tool_format or "generic")
+    check_text_size(req, config, call)
     trace = req.context.get("trace")
     if trace is not None:
         trace.model(info.model_id)
@@ -686,7 +700,7 @@ class Ollama:
         _json(resp, last)
 
     def _generation(self, req, resp, kind: str):
-        body = read_json(req, self._config.max_body_bytes)
+        body = read_json(req, self._config.max_media_body_bytes)  # images: generation_call checks the rest
         if ollama_protocol.loads_only(body, kind):
             self._load_or_unload(req, resp, kind, body)
             return
