@@ -16,9 +16,10 @@ from host_runtime.common.errors import UnavailableError
 
 CLIENT_POLL_S = 0.1  # while waiting for the engine, how often to ask whether the HTTP client is still there
 # The longest line each side reads (and the worker sends): a call carries a request body of at most 1 MiB by
-# default (--max-body-bytes) made into messages, tools and a grammar of at most 256 KiB; the events' largest
-# lines are 64 embeddings of a wide model. Past them a reader stops reading instead of growing without bound.
-MAX_REQUEST_LINE_BYTES = 16 << 20
+# default (--max-body-bytes) made into messages, tools and a grammar of at most 256 KiB, beside its images' base64
+# (32 MiB by default with the text, --max-media-body-bytes); the events' largest lines are 64 embeddings of a wide
+# model. Past them a reader stops reading instead of growing without bound.
+MAX_REQUEST_LINE_BYTES = 48 << 20
 MAX_EVENT_LINE_BYTES = 64 << 20
 
 
