@@ -16,7 +16,7 @@ import pytest
 from host_runtime.engine.media import image_format, placeholder_tokens
 from tests.conftest import MODEL_ID
 from tests.servers import Proc, everycycle, free_port, ready, wait_for
-from tests.tiny_gguf import png, write_vision_pair
+from tests.tiny_gguf import png, wav, write_vision_pair
 
 RED, BLUE, GREEN = png(64, 64, (220, 20, 20)), png(64, 64, (20, 20, 220)), png(64, 64, (20, 200, 20))
 STRIPES = png(64, 64, lambda x, y: (255, 255, 255) if (x // 8) % 2 else (0, 0, 0))
@@ -153,6 +153,11 @@ def test_bad_media_is_a_400_that_names_the_field(vision_server):
         {"role": "user", "content": [{"type": "text", "text": "<__media__>"},
                                      {"type": "image_url", "image_url": {"url": _data_uri(RED)}}]}]})
     assert status == 400 and "markers" in doc["error"]["message"], doc
+    # a sound for a projector that sees only
+    status, doc = _post(vision_server, {"model": "tiny-vision", "max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(wav(0.5, 440.0)).decode(), "format": "wav"}}]}]})
+    assert status == 400 and doc["error"]["code"] == "model_not_multimodal" and "not audio" in doc["error"]["message"]
 
 
 @pytest.mark.system

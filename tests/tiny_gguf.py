@@ -305,3 +305,80 @@ def png(width: int, height: int, pixel) -> bytes:
 
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def write_ultravox_projector(path: Path, *, n_embd_text: int, n_mel: int = 128, n_embd: int = 32, n_ff: int = 48,
+                             n_layer: int = 1, n_head: int = 2, stack: int = 15, hidden: int = 40,
+                             seed: int = 0) -> Path:
+    """A random-weight ultravox audio projector (a Whisper encoder, frames stacked `stack` at a time, then
+    ultravox's SwiGLU projection) that libmtmd loads and runs for a text model of width n_embd_text: a sound is
+    cut into 30 s windows of 1500 encoder frames, each 1500 / stack places (100 here). The stack must divide 1500
+    (ultravox's real 8 aborts in clip_encode on this llama.cpp), and the feed-forward width differ from the
+    embedding width."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool("clip.has_audio_encoder", True)
+    w.add_string("clip.audio.projector_type", "ultravox")
+    for key, number in (("num_mel_bins", n_mel), ("embedding_length", n_embd), ("feed_forward_length", n_ff),
+                        ("block_count", n_layer), ("projection_dim", n_embd_text), ("attention.head_count", n_head),
+                        ("projector.stack_factor", stack)):
+        w.add_uint32(f"clip.audio.{key}", number)
+    w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
+
+    def t(name: str, *shape: int, scale: float = 0.2):
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def filled(name: str, value: float, *shape: int):
+        w.add_tensor(name, np.full(shape, value, dtype=np.float32))
+
+    t("a.conv1d.1.weight", n_embd, n_mel, 3)
+    filled("a.conv1d.1.bias", 0.0, n_embd, 1)
+    t("a.conv1d.2.weight", n_embd, n_embd, 3)
+    filled("a.conv1d.2.bias", 0.0, n_embd, 1)
+    t("a.position_embd.weight", 1500, n_embd)
+    for i in range(n_layer):
+        for norm in ("ln1", "ln2"):
+            filled(f"a.blk.{i}.{norm}.weight", 1.0, n_embd)
+            filled(f"a.blk.{i}.{norm}.bias", 0.0, n_embd)
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            t(f"a.blk.{i}.{part}.weight", n_embd, n_embd)
+            if part != "attn_k":  # Whisper's keys have no bias
+                filled(f"a.blk.{i}.{part}.bias", 0.0, n_embd)
+        t(f"a.blk.{i}.ffn_up.weight", n_ff, n_embd)
+        filled(f"a.blk.{i}.ffn_up.bias", 0.0, n_ff)
+        t(f"a.blk.{i}.ffn_down.weight", n_embd, n_ff)
+        filled(f"a.blk.{i}.ffn_down.bias", 0.0, n_embd)
+    filled("a.post_ln.weight", 1.0, n_embd)
+    filled("a.post_ln.bias", 0.0, n_embd)
+    filled("mm.a.norm_pre.weight", 1.0, n_embd * stack)
+    t("mm.a.mlp.1.weight", 2 * hidden, n_embd * stack)
+    filled("mm.a.norm_mid.weight", 1.0, hidden)
+    t("mm.a.mlp.2.weight", n_embd_text, hidden)
+    _write_out(w)
+    return path
+
+
+def write_audio_pair(directory: Path, *, n_embd: int = 64) -> tuple[Path, Path]:
+    """A text model with SmolLM2's tokenizer and template and an ultravox projector made for its width."""
+    directory.mkdir(parents=True, exist_ok=True)
+    text = write_long_context_llama(directory / "tiny-hearing.gguf", n_ctx=4096, n_embd=n_embd)
+    return text, write_ultravox_projector(directory / "mmproj-tiny-hearing.gguf", n_embd_text=n_embd)
+
+
+def wav(seconds: float, frequency: float, rate: int = 16000) -> bytes:
+    """A sine tone as a 16-bit mono WAV, made with the standard library."""
+    import io
+    import math
+    import struct
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(b"".join(struct.pack("<h", int(12000 * math.sin(2 * math.pi * frequency * i / rate)))
+                               for i in range(int(seconds * rate))))
+    return out.getvalue()

@@ -1,5 +1,5 @@
-"""An image's bytes and places, apart from libmtmd (engine/projector.py): which formats the box reads, and the
-token ids that stand for an image's places in a prompt. Pure; the API checks images with it too."""
+"""An image's or a sound's bytes and places, apart from libmtmd (engine/projector.py): which formats the box reads,
+and the token ids that stand for their places in a prompt. Pure; the API checks media with it too."""
 
 from __future__ import annotations
 
@@ -63,3 +63,15 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
             return int.from_bytes(data[i + 7:i + 9], "big"), int.from_bytes(data[i + 5:i + 7], "big")
         i += 2 + length
     return None
+
+
+# The audio formats libmtmd's decoder (miniaudio) reads, by their first bytes; as for images, anything else is
+# refused before libmtmd sees it.
+AUDIO_MAGIC = {b"fLaC": "flac", b"ID3": "mp3", b"\xff\xfb": "mp3", b"\xff\xf3": "mp3", b"\xff\xf2": "mp3"}
+
+
+def audio_format(data: bytes) -> str | None:
+    """wav, mp3 or flac by the bytes' signature; None for anything else."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return "wav"
+    return next((kind for magic, kind in AUDIO_MAGIC.items() if data.startswith(magic)), None)

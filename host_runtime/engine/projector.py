@@ -9,14 +9,15 @@ sequence alone, so a request's answer does not depend on what else is batched.""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 from dataclasses import dataclass
 
 from host_runtime.common.errors import EveryCycleError
 from host_runtime.engine.errors import RequestRejected
-from host_runtime.engine.media import MAX_IMAGE_PIXELS, image_format, image_size, placeholder_tokens
+from host_runtime.engine.media import MAX_IMAGE_PIXELS, audio_format, image_format, image_size, placeholder_tokens
 from host_runtime.engine.wire import MEDIA_MARKER
 
-MEDIA_CHUNK_IMAGE = 1  # mtmd_input_chunk_type: 0 text, 1 image, 2 audio
+MEDIA_CHUNK_TEXT = 0  # mtmd_input_chunk_type: 0 text, 1 image, 2 audio
 
 
 class ProjectorError(EveryCycleError, RuntimeError):
@@ -78,35 +79,53 @@ class Projector:
             self._mtmd.mtmd_free(self._ctx)
             self._ctx = None
 
-    def tokenize(self, prompt: str, images: list[bytes], param: str = "messages") -> MediaPrompt:
-        """The rendered prompt, whose markers (one per image, in order) stand where each image goes, as text
-        tokens and placeholder runs. RequestRejected (400) for bytes that are not an image libmtmd decodes."""
+    def tokenize(self, prompt: str, media: list[bytes], param: str = "messages") -> MediaPrompt:
+        """The rendered prompt, whose markers (one per image or sound, in order) stand where each goes, as text
+        tokens and placeholder runs. RequestRejected (400) for bytes that are neither an image nor a sound this
+        projector reads, or that libmtmd cannot decode."""
         m = self._mtmd
-        if prompt.count(self.marker) != len(images):
-            raise RequestRejected(400, f"the messages hold {prompt.count(self.marker)} image markers "
-                                  f"({self.marker!r}) for {len(images)} images: text may not contain the marker",
-                                  param=param)
+        if prompt.count(self.marker) != len(media):
+            raise RequestRejected(400, f"the messages hold {prompt.count(self.marker)} media markers "
+                                  f"({self.marker!r}) for {len(media)} images or sounds: text may not contain the "
+                                  "marker", param=param)
         bitmaps = []
         try:
-            for i, data in enumerate(images):
-                if image_format(data) is None:
-                    raise RequestRejected(400, f"image {i + 1} of the request is not a PNG, JPEG, GIF or BMP image",
-                                          param=param, code="invalid_image")
-                size = image_size(data)
-                if size is None or size[0] * size[1] > MAX_IMAGE_PIXELS:
-                    said = "gives no size in its header" if size is None else f"is {size[0]}x{size[1]} pixels"
-                    raise RequestRejected(400, f"image {i + 1} of the request {said} (at most {MAX_IMAGE_PIXELS:,} "
-                                          "pixels)", param=param, code="invalid_image")
+            for i, data in enumerate(media):
+                what = self._check(data, i + 1, param)
                 buffer = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
                 bitmap = m.mtmd_helper_bitmap_init_from_buf(self._ctx, buffer, len(data), False)
                 if not bitmap:
-                    raise RequestRejected(400, f"image {i + 1} of the request could not be decoded (a damaged "
-                                          f"{image_format(data).upper()} file?)", param=param, code="invalid_image")
+                    raise RequestRejected(400, f"{what} could not be decoded (a damaged file?)", param=param,
+                                          code="invalid_image" if what.startswith("image") else "invalid_audio")
+                # Our own id, the bytes' hash, for sounds as for images: the placeholders, and so the prefix
+                # cache, key on it
+                m.mtmd_bitmap_set_id(bitmap, hashlib.sha256(data).hexdigest().encode())
                 bitmaps.append(bitmap)
             return self._chunks(prompt, bitmaps, param)
         finally:
             for bitmap in bitmaps:
                 m.mtmd_bitmap_free(bitmap)
+
+    def _check(self, data: bytes, n: int, param: str) -> str:
+        """An image this projector sees or a sound it hears, by the bytes' signature and an image's header (a
+        decompression bomb refused unread); the words naming it ("image 2 of the request")."""
+        if audio_format(data) is not None:
+            if not self.audio:
+                raise RequestRejected(400, f"sound {n} of the request: this model's projector takes images, not "
+                                      "audio", param=param, code="model_not_multimodal")
+            return f"sound {n} of the request"
+        if image_format(data) is None:
+            raise RequestRejected(400, f"item {n} of the request is neither a PNG, JPEG, GIF or BMP image nor a WAV, "
+                                  "MP3 or FLAC sound", param=param, code="invalid_image")
+        if not self.vision:
+            raise RequestRejected(400, f"image {n} of the request: this model's projector takes audio, not images",
+                                  param=param, code="model_not_multimodal")
+        size = image_size(data)
+        if size is None or size[0] * size[1] > MAX_IMAGE_PIXELS:
+            said = "gives no size in its header" if size is None else f"is {size[0]}x{size[1]} pixels"
+            raise RequestRejected(400, f"image {n} of the request {said} (at most {MAX_IMAGE_PIXELS:,} pixels)",
+                                  param=param, code="invalid_image")
+        return f"image {n} of the request"
 
     def _chunks(self, prompt: str, bitmaps: list, param: str) -> MediaPrompt:
         m = self._mtmd
@@ -121,18 +140,20 @@ class Projector:
                                       param=param)
             tokens: list[int] = []
             media: dict[int, MediaChunk] = {}
+            seen: dict[str, int] = {}
             for i in range(m.mtmd_input_chunks_size(chunks)):
                 chunk = m.mtmd_input_chunks_get(chunks, i)
                 kind = m.mtmd_input_chunk_get_type(chunk)
-                if kind == 0:
+                if kind == MEDIA_CHUNK_TEXT:
                     n = ctypes.c_size_t(0)
                     pointer = m.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
                     tokens.extend(pointer[j] for j in range(n.value))
                     continue
-                if kind != MEDIA_CHUNK_IMAGE:
-                    raise RequestRejected(400, "audio is not served by this model's projector", param=param)
                 n_tokens = m.mtmd_input_chunk_get_n_tokens(chunk)
+                # A sound longer than the encoder's window (30 s for Whisper's) comes as several chunks of one id
                 media_id = (m.mtmd_input_chunk_get_id(chunk) or b"").decode()
+                seen[media_id] = seen.get(media_id, -1) + 1
+                media_id = f"{media_id}/{seen[media_id]}"
                 media[len(tokens)] = MediaChunk(m.mtmd_input_chunk_copy(chunk), n_tokens, media_id,
                                                 m.mtmd_input_chunk_free)
                 tokens.extend(placeholder_tokens(media_id, n_tokens, self._n_vocab))

@@ -26,7 +26,8 @@ class RenderedChat:
 
 class PromptBuilder:
     def __init__(self, model, projector=None):
-        """projector: engine/projector.Projector where the model has one (serve --mmproj): images then read."""
+        """projector: engine/projector.Projector where the model has one (serve --mmproj): images or audio
+        then read."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         self._model = model
@@ -46,9 +47,10 @@ class PromptBuilder:
         return rendered.tokens, rendered.stops
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, parallel_tool_calls: bool = True,
-             template_kwargs: dict | None = None, images: list[str] | None = None) -> RenderedChat:
+             template_kwargs: dict | None = None, media: list[str] | None = None) -> RenderedChat:
         """The conversation rendered with the template (and the request's own template variables), tokenized;
-        with images (base64, one per wire.MEDIA_MARKER in the messages), through the model's projector."""
+        with images or sounds (base64, one per wire.MEDIA_MARKER in the messages), through the model's
+        projector."""
         messages, tools = prepare(messages, self.tool_format, tools, parallel_tool_calls,
                                   wants_argument_text(self._model.chat_template))
         if template_kwargs is not None and not isinstance(template_kwargs, dict):
@@ -64,24 +66,24 @@ class PromptBuilder:
                                   param="messages") from None
         stops = rendered.stop if isinstance(rendered.stop, list) else ([rendered.stop] if rendered.stop else [])
         thinking = prompt_thinking(self._model.chat_template, rendered.prompt)
-        if images:
-            media = self._with_images(rendered.prompt, images)
-            return RenderedChat(media.tokens, stops, thinking, media.media)
+        if media:
+            placed = self._with_media(rendered.prompt, media)
+            return RenderedChat(placed.tokens, stops, thinking, placed.media)
         tokens = self._model.tokenize(rendered.prompt, add_bos=self._model.add_bos(), special=True)
         return RenderedChat(tokens, stops, thinking)
 
-    def _with_images(self, prompt: str, images: list[str]):
-        if self._projector is None or not self._projector.vision:
-            raise RequestRejected(400, "this model reads no images: it is served without a vision projector (serve "
-                                  "--mmproj PATH, the projector GGUF made for it)", param="messages",
-                                  code="model_not_multimodal")
+    def _with_media(self, prompt: str, media: list[str]):
+        if self._projector is None:
+            raise RequestRejected(400, "this model reads no images or audio: it is served without a projector (serve "
+                                  "--mmproj PATH, or models add --mmproj: the projector GGUF made for it)",
+                                  param="messages", code="model_not_multimodal")
         decoded = []
-        for i, text in enumerate(images):
+        for i, text in enumerate(media):
             try:
                 decoded.append(base64.b64decode(text, validate=True))
             except (binascii.Error, ValueError):
-                raise RequestRejected(400, f"image {i + 1} of the request is not valid base64", param="messages",
-                                      code="invalid_image") from None
+                raise RequestRejected(400, f"item {i + 1} of the request's media is not valid base64",
+                                      param="messages", code="invalid_image") from None
         return self._projector.tokenize(prompt, decoded)
 
     def completion_tokens(self, prompt: str) -> list[int]:

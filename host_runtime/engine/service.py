@@ -250,7 +250,7 @@ class EngineService:
 
     def _chat(self, prompt: wire.ChatPrompt):
         return self.prompts.chat(prompt.messages, prompt.tools, bool(prompt.parallel_tool_calls),
-                                 prompt.template_kwargs, prompt.images)
+                                 prompt.template_kwargs, prompt.media)
 
     def build_request(self, request: wire.Generate, sink) -> GenerationRequest:
         self._check_ready()

@@ -64,7 +64,7 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
-# Where an image goes in a message's text: the API writes it for each image part, the engine's projector reads it
+# Where an image (or audio) goes in a message's text: the API writes it for each image part, the engine's projector reads it
 # (libmtmd's own default marker, engine/projector.py checks they agree).
 MEDIA_MARKER = "<__media__>"
 
@@ -77,8 +77,8 @@ class ChatPrompt:
     parallel_tool_calls: bool = True
     # Variables the template reads beside the messages (chat_template_kwargs: enable_thinking, reasoning_effort)
     template_kwargs: dict | None = None
-    # The request's images, base64, in the order MEDIA_MARKER stands for them in the messages' text (#58)
-    images: list[str] | None = None
+    # The request's images and audio, base64, in the order MEDIA_MARKER stands for them in the messages' text (#58)
+    media: list[str] | None = None
 
 
 @dataclass(frozen=True)

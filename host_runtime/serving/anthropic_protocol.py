@@ -162,7 +162,7 @@ def parse_messages(body: dict, served_model: str, tool_format: str = "generic") 
 
 
 def _prompt(messages: list[dict], offered: list, choice, images: list[str]) -> engine_wire.ChatPrompt:
-    return engine_wire.ChatPrompt(messages, [t.wire() for t in offered] or None, choice.parallel, images=images or None)
+    return engine_wire.ChatPrompt(messages, [t.wire() for t in offered] or None, choice.parallel, media=images or None)
 
 
 def parse_count_tokens(body: dict, served_model: str) -> engine_wire.CountTokens:

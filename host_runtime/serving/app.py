@@ -287,9 +287,10 @@ def read_json(req: falcon.Request, limit: int) -> dict:
 
 
 def check_text_size(req: falcon.Request, config: "AppConfig", call) -> None:
-    """A generation's body was read up to the media limit: what is not its images' base64 keeps the text limit."""
-    images = getattr(call.request.prompt, "images", None) or []
-    text = req.context.get("body_bytes", 0) - sum(len(image) for image in images)
+    """A generation's body was read up to the media limit: what is not its images' (or audio's) base64 keeps the
+    text limit."""
+    media = getattr(call.request.prompt, "media", None) or []
+    text = req.context.get("body_bytes", 0) - sum(len(item) for item in media)
     if text > config.max_body_bytes:
         raise APIError(413, f"the request body is {text} bytes besides its images; the limit is "
                             f"{config.max_body_bytes} (images may take up to {config.max_media_body_bytes} in all)",

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field, replace
 
 from host_runtime.engine import wire
-from host_runtime.engine.media import MAX_IMAGE_PIXELS, image_format, image_size
+from host_runtime.engine.media import MAX_IMAGE_PIXELS, audio_format, image_format, image_size
 from host_runtime.serving import request_models
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.grammar_budget import MAX_SCHEMA_GRAMMAR_BYTES, GrammarBudget, check_grammar_size
@@ -240,22 +240,47 @@ def _message_content(message: dict, i: int, images: list[str] | None) -> str:
             return ""
         raise bad(f"'{where}' is required", where, "missing_required_parameter")
     if images is not None and isinstance(content, list) and any(
-            isinstance(item, dict) and item.get("type") == "image_url" for item in content):
-        return _with_images(content, where, images)
+            isinstance(item, dict) and item.get("type") in MEDIA_PARTS for item in content):
+        return _with_media(content, where, images)
     return joined_text(content, where)
 
 
-def _with_images(content: list, where: str, images: list[str]) -> str:
-    """Text and image parts as the text the engine renders, wire.MEDIA_MARKER standing where each image goes
-    (its base64 appended to `images`, in order), as llama-server lays a multimodal message out."""
+MEDIA_PARTS = ("image_url", "input_audio")
+
+
+def _with_media(content: list, where: str, media: list[str]) -> str:
+    """Text, image and audio parts as the text the engine renders, wire.MEDIA_MARKER standing where each image or
+    sound goes (its base64 appended to `media`, in order), as llama-server lays a multimodal message out."""
     texts = []
     for j, item in enumerate(content):
-        if isinstance(item, dict) and item.get("type") == "image_url":
-            images.append(image_url_payload(item.get("image_url"), f"{where}[{j}].image_url"))
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "image_url":
+            media.append(image_url_payload(item.get("image_url"), f"{where}[{j}].image_url"))
+            texts.append(wire.MEDIA_MARKER)
+        elif kind == "input_audio":
+            media.append(input_audio_payload(item.get("input_audio"), f"{where}[{j}].input_audio"))
             texts.append(wire.MEDIA_MARKER)
         else:
             texts.append(joined_text([item], where))
     return "".join(texts)
+
+
+def input_audio_payload(value, where: str) -> str:
+    """An input_audio part's sound ({"data": base64, "format": "wav" | "mp3"}, FLAC too), as its base64 text: a
+    WAV, MP3 or FLAC file by its signature, of at most MAX_IMAGE_BYTES."""
+    if not isinstance(value, dict) or not isinstance(value.get("data"), str):
+        raise bad(f"'{where}' must be {{\"data\": BASE64, \"format\": \"wav\"}}", where, "invalid_type")
+    payload = value["data"]
+    if len(payload) * 3 // 4 > MAX_IMAGE_BYTES:
+        raise bad(f"'{where}.data': a sound may be at most {MAX_IMAGE_BYTES >> 20} MiB", f"{where}.data",
+                  "audio_too_large")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad(f"'{where}.data' is not valid base64", f"{where}.data", "invalid_audio") from None
+    if audio_format(data) is None:
+        raise bad(f"'{where}.data' is not a WAV, MP3 or FLAC sound", f"{where}.data", "invalid_audio")
+    return payload
 
 
 MAX_IMAGE_BYTES = 20 << 20  # one image, decoded (OpenAI's own limit)
@@ -376,7 +401,7 @@ def parse_chat(body: dict, served_model: str, tool_format: str = "generic") -> G
         raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     offered = tools if choice.mode != "none" else []
     prompt = wire.ChatPrompt(rendered, [t.wire() for t in offered] or None, choice.parallel,
-                             template_kwargs(req.chat_template_kwargs, req.reasoning_effort), images or None)
+                             template_kwargs(req.chat_template_kwargs, req.reasoning_effort), media=images or None)
     request = _generate(common, prompt, grammar=grammar, top_logprobs=(top_logprobs or 0) if logprobs else None)
     return GenerationCall(request, common.stream, common.include_usage, logprobs, tools=offered, tool_choice=choice,
                           reasoning=req.reasoning_format != "none")

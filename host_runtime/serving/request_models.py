@@ -121,10 +121,17 @@ class ImageUrl(Body):
                                  "names)")
 
 
+class InputAudio(Body):
+    data: str = Field(description="the sound, base64: WAV, MP3 or FLAC, at most 20 MiB")
+    format: Optional[str] = Field(None, description="wav or mp3 (the bytes' own signature decides)")
+
+
 class ContentPart(Body):
-    type: str = Field(description="text, or image_url for a model served with a vision projector (serve --mmproj)")
+    type: str = Field(description="text; image_url for a model served with a vision projector, input_audio for one "
+                                  "whose projector takes audio (serve --mmproj)")
     text: Optional[str] = None
     image_url: Optional[ImageUrl] = None
+    input_audio: Optional[InputAudio] = None
 
 
 class ChatMessage(Body):
