@@ -83,3 +83,52 @@ def test_bad_audio_and_an_image_for_an_audio_projector_are_400s(audio_server):
     image = "data:image/png;base64," + base64.b64encode(png(64, 64, (1, 2, 3))).decode()
     status, doc = _post(audio_server, with_part({"type": "image_url", "image_url": {"url": image}}))
     assert status == 400 and doc["error"]["code"] == "model_not_multimodal" and "not images" in doc["error"]["message"]
+
+
+def test_a_transcriptions_form_is_checked_field_by_field_and_each_format_rendered():
+    from host_runtime.serving.errors import APIError
+    from host_runtime.serving.transcription import parse, render
+
+    ask = parse({"model": "m", "response_format": "srt", "language": "en"}, wav(2.5, 440.0))
+    assert ask.duration_s == 2.5
+    assert render(ask, "hello there") == ("text/plain; charset=utf-8",
+                                          b"1\n00:00:00,000 --> 00:00:02,500\nhello there\n\n")
+    vtt = parse({"model": "m", "response_format": "vtt"}, wav(61.25, 440.0, rate=8000))
+    assert render(vtt, "hi")[1] == b"WEBVTT\n\n00:00:00.000 --> 00:01:01.250\nhi\n\n"
+    verbose = render(parse({"model": "m", "response_format": "verbose_json"}, A440), "hi")[1]
+    assert verbose["duration"] == 1.0 and verbose["segments"] == [{"id": 0, "start": 0.0, "end": 1.0, "text": "hi"}]
+    assert render(parse({"model": "m"}, A440), "hi") == ("application/json", {"text": "hi"})
+    for fields, audio, param in (({"model": "m"}, None, "file"), ({}, A440, "model"),
+                                 ({"model": "m"}, b"plain text", "file"),
+                                 ({"model": "m", "response_format": "docx"}, A440, "response_format"),
+                                 ({"model": "m", "temperature": "hot"}, A440, "temperature"),
+                                 ({"model": "m", "temperature": "3"}, A440, "temperature"),
+                                 ({"model": "m", "response_format": "srt"}, b"fLaC" + bytes(40), "response_format")):
+        with pytest.raises(APIError) as refused:
+            parse(fields, audio)
+        assert refused.value.status == 400 and refused.value.param == param, (fields, refused.value.message)
+
+
+@pytest.mark.system
+def test_transcriptions_through_the_official_client_in_every_format(audio_server):
+    client = openai.OpenAI(base_url=audio_server + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def transcribe(sound, **kw):
+        return client.audio.transcriptions.create(model="tiny-hearing", file=("tone.wav", sound, "audio/wav"), **kw)
+
+    low, high = transcribe(A440), transcribe(A880)
+    assert low.text and low.text != high.text  # the sound reaches the model
+    assert transcribe(A440, response_format="text").strip() == low.text
+    srt = transcribe(A440, response_format="srt")
+    assert srt.startswith("1\n00:00:00,000 --> 00:00:01,000\n") and low.text in srt
+    assert transcribe(A440, response_format="vtt").startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.000\n")
+    verbose = transcribe(A440, response_format="verbose_json", language="en")
+    assert verbose.duration == 1.0 and verbose.language == "en"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.audio.transcriptions.create(model="tiny-hearing", file=("notes.txt", b"not a sound", "text/plain"))
+    assert "'file' is not a WAV, MP3 or FLAC sound" in refused.value.message
+    req = urllib.request.Request(audio_server + "/v1/audio/transcriptions", b'{"model": "tiny-hearing"}',
+                                 {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused_json:
+        urllib.request.urlopen(req, timeout=30)
+    assert refused_json.value.code == 400 and b"multipart/form-data" in refused_json.value.read()

@@ -28,7 +28,8 @@ from host_runtime.engine.wire import PRIORITIES
 from host_runtime.fleet.state import GatewayState
 from host_runtime.governor.state_file import read_state
 from host_runtime.pool.residency import parse_keep_alive
-from host_runtime.serving import anthropic_protocol, ollama_protocol, protocol, request_models, responses_protocol
+from host_runtime.serving import (anthropic_protocol, ollama_protocol, protocol, request_models, responses_protocol,
+                                  transcription)
 from host_runtime.serving.anthropic_logic import MessagesLogic
 from host_runtime.serving.capabilities import CapabilitiesResource
 from host_runtime.serving.errors import (APIError, handle_api_error, handle_box_error, handle_falcon_error,
@@ -614,6 +615,55 @@ class Responses:
                lambda gone: logic.complete(call, body, info.model_id, gone))
 
 
+class Transcriptions:
+    """OpenAI's POST /v1/audio/transcriptions (multipart), answered by a chat model whose projector takes audio
+    (serving/transcription.py)."""
+
+    def __init__(self, router: Router, config: AppConfig):
+        self._router = router
+        self._config = config
+
+    def on_post(self, req, resp):
+        fields, audio = read_form(req, self._config.max_media_body_bytes)
+        ask = transcription.parse(fields, audio)
+        _, client, info, call = generation_call(req, self._router, self._config, protocol.parse_chat,
+                                                body=transcription.chat_body(ask))
+        done = ServingLogic(client).complete(call, "chat", info.model_id, client_watch(req))
+        content_type, body = transcription.render(ask, (done["choices"][0]["message"]["content"] or "").strip())
+        if isinstance(body, dict):
+            _json(resp, body)
+        else:
+            resp.content_type, resp.data = content_type, body
+
+
+FORM_FIELD_BYTES = 64 << 10  # a form's text field (a prompt of earlier words is the longest)
+
+
+def read_form(req: falcon.Request, limit: int) -> tuple[dict[str, str], bytes | None]:
+    """A multipart/form-data body's text fields and its `file`, within `limit` bytes in all."""
+    if not (req.content_type or "").startswith("multipart/form-data"):
+        raise APIError(400, "the body must be multipart/form-data (a `file` and the form's fields)",
+                       code="invalid_content_type")
+    if req.content_length is None or req.content_length > limit:
+        raise APIError(413, f"the request body must give its length and be at most {limit} bytes",
+                       code="request_too_large")
+    fields: dict[str, str] = {}
+    audio = None
+    try:
+        for part in req.get_media():
+            if part.name == "file":
+                audio = part.stream.read(limit + 1)
+            elif part.name:
+                value = part.stream.read(FORM_FIELD_BYTES + 1)
+                if len(value) > FORM_FIELD_BYTES:
+                    raise APIError(400, f"'{part.name}' is longer than {FORM_FIELD_BYTES} bytes", param=part.name)
+                fields[part.name] = value.decode("utf-8", errors="replace")
+    except falcon.MediaMalformedError as exc:
+        raise APIError(400, f"the multipart body is malformed: {exc.description or exc.title}",
+                       code="invalid_multipart") from None
+    return fields, audio
+
+
 def ndjson_stream(resp: falcon.Response, lines) -> None:
     """Ollama's streamed answers: one JSON object per line, each passed on at once by the front."""
     resp.content_type = "application/x-ndjson"
@@ -879,6 +929,7 @@ def create_app(config: AppConfig) -> falcon.App:
     app.add_route("/v1/messages", messages)
     app.add_route("/v1/messages/count_tokens", messages, suffix="count")
     app.add_route("/v1/responses", Responses(router, config))
+    app.add_route("/v1/audio/transcriptions", Transcriptions(router, config))
     ollama = Ollama(router, config, key_tokens)
     for path, suffix in (("version", "version"), ("tags", "tags"), ("ps", "ps"), ("show", "show"), ("chat", "chat"),
                          ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed"), ("pull", "pull"),
