@@ -31,6 +31,18 @@ def http_get(url: str, timeout: float = 5.0, *, context=None, key: str | None = 
         return e.code, e.read()
 
 
+def post_json(url: str, doc: dict, timeout: float = 120.0) -> tuple[int, dict]:
+    """POST a JSON body; (status, the JSON answer), an error's as well as a success's."""
+    import json
+
+    req = urllib.request.Request(url, json.dumps(doc).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 def http_status(url: str, **kw) -> int:
     return http_get(url, **kw)[0]
 

@@ -6,14 +6,13 @@ naming the field."""
 from __future__ import annotations
 
 import base64
-import json
 import urllib.request
 
 import openai
 import pytest
 
 from host_runtime.engine.media import audio_format
-from tests.servers import Proc, everycycle, free_port, ready, wait_for
+from tests.servers import post_json, running_serve
 from tests.tiny_gguf import png, wav, write_audio_pair
 
 A440, A880 = wav(1.0, 440.0), wav(1.0, 880.0)
@@ -28,16 +27,10 @@ def test_a_sounds_format_is_read_from_its_signature():
 def audio_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("audio")
     model, projector = write_audio_pair(d)
-    port = free_port()
-    proc = Proc(everycycle("serve", "--port", str(port), "--model", str(model), "--mmproj", str(projector),
-                           "--threads", "2", "--workers", "1", "--parallel", "2", "--ctx-size", "1024",
-                           "--run-dir", str(d)), d / "serve.log")
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: ready(base), 90, "the tiny audio server", proc)
+    with running_serve(
+            ["--model", str(model), "--mmproj", str(projector), "--threads", "2", "--workers", "1", "--parallel", "2",
+             "--ctx-size", "1024"], d, "the tiny audio server") as (base, _):
         yield base
-    finally:
-        proc.stop()
 
 
 def _hear(client, sound: bytes, text: str = "What do you hear?"):
@@ -58,13 +51,7 @@ def test_a_sound_reaches_the_model_and_a_repeated_one_comes_from_the_prefix_cach
 
 
 def _post(base: str, doc: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(doc).encode(),
-                                 {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return post_json(base + "/v1/chat/completions", doc)
 
 
 @pytest.mark.system

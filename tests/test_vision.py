@@ -8,14 +8,13 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import json
-import urllib.request
 
 import openai
 import pytest
 
 from host_runtime.engine.media import image_format, placeholder_tokens
 from tests.conftest import MODEL_ID
-from tests.servers import Proc, everycycle, free_port, ready, wait_for
+from tests.servers import Proc, everycycle, free_port, post_json, ready, running_serve, wait_for
 from tests.tiny_gguf import png, wav, write_vision_pair
 
 RED, BLUE, GREEN = png(64, 64, (220, 20, 20)), png(64, 64, (20, 20, 220)), png(64, 64, (20, 200, 20))
@@ -28,17 +27,6 @@ def test_an_images_places_are_its_own_token_ids_past_the_vocabulary():
     assert not set(a) & set(placeholder_tokens("image-b", 16, 49152))  # another image shares no place
     assert [image_format(x) for x in (RED, b"\xff\xd8\xff\xe0rest", b"GIF89a..", b"BM..", b"RIFF....WEBP")] == \
         ["png", "jpeg", "gif", "bmp", None]
-
-
-def _serve(d, *extra: str):
-    model, projector = write_vision_pair(d)
-    port = free_port()
-    proc = Proc(everycycle("serve", "--port", str(port), "--model", str(model), "--mmproj", str(projector),
-                           "--threads", "2", "--workers", "1", "--parallel", "3", "--ctx-size", "512",
-                           "--run-dir", str(d), *extra), d / "serve.log")
-    base = f"http://127.0.0.1:{port}"
-    wait_for(lambda: ready(base), 90, "the tiny vision server", proc)
-    return proc, base
 
 
 def test_an_images_size_is_read_from_its_header_and_a_decompression_bomb_is_refused_before_decoding():
@@ -63,23 +51,24 @@ def test_an_images_size_is_read_from_its_header_and_a_decompression_bomb_is_refu
     assert image_payload(base64.b64encode(RED).decode(), "x") == base64.b64encode(RED).decode()
 
 
+def _serve(d, *extra: str):
+    model, projector = write_vision_pair(d)
+    return running_serve(
+        ["--model", str(model), "--mmproj", str(projector), "--threads", "2", "--workers", "1", "--parallel", "3",
+         "--ctx-size", "512", *extra], d, "the tiny vision server")
+
+
 @pytest.fixture(scope="module")
 def vision_server(tmp_path_factory):
-    proc, base = _serve(tmp_path_factory.mktemp("vision"))
-    try:
+    with _serve(tmp_path_factory.mktemp("vision")) as (base, _):
         yield base
-    finally:
-        proc.stop()
 
 
 @pytest.fixture
 def uncached_vision_server(tmp_path):
     """Without a prefix cache: a repeated prompt is computed again, not read back."""
-    proc, base = _serve(tmp_path, "--no-prefix-cache")
-    try:
+    with _serve(tmp_path, "--no-prefix-cache") as (base, _):
         yield base
-    finally:
-        proc.stop()
 
 
 def _data_uri(image: bytes) -> str:
@@ -125,13 +114,7 @@ def test_an_image_alone_gets_the_answer_it_gets_batched_beside_text_users(uncach
 
 
 def _post(base: str, doc: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(doc).encode(),
-                                 {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return post_json(base + "/v1/chat/completions", doc)
 
 
 @pytest.mark.system

@@ -236,22 +236,34 @@ def write_tiny_moe(path: Path, *, n_layer: int = 4, n_embd: int = 256, n_head: i
     return path
 
 
+# clip.{vision,audio}.KEY for each hyperparameter the writers give by its short name
+_CLIP_KEYS = {"head_count": "attention.head_count", "scale_factor": "projector.scale_factor",
+              "stack_factor": "projector.stack_factor"}
+
+
+def _clip_writer(path: Path, encoder: str, projector_type: str, eps: float, **numbers: int):
+    """A projector GGUF's writer (architecture clip) with an encoder's ("vision" or "audio") hyperparameters."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool(f"clip.has_{encoder}_encoder", True)
+    w.add_string(f"clip.{encoder}.projector_type", projector_type)
+    for key, number in numbers.items():
+        w.add_uint32(f"clip.{encoder}.{_CLIP_KEYS.get(key, key)}", number)
+    w.add_float32(f"clip.{encoder}.attention.layer_norm_epsilon", eps)
+    return w
+
+
 def write_gemma3_projector(path: Path, *, n_embd_text: int, image_size: int = 64, patch: int = 8, n_embd: int = 32,
                            n_ff: int = 48, n_layer: int = 1, n_head: int = 2, merge: int = 2, seed: int = 0) -> Path:
     """A random-weight gemma3 vision projector (SigLIP blocks, then gemma3's pooling and projection) that libmtmd
     loads and runs for a text model of width n_embd_text: a 64x64 image in 8x8 patches pooled 2x2 is 16 places.
     Its feed-forward width differs from its embedding width, which libmtmd requires to tell them apart."""
-    import gguf
 
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_string("clip.vision.projector_type", "gemma3")
-    for key, number in (("image_size", image_size), ("patch_size", patch), ("embedding_length", n_embd),
-                        ("feed_forward_length", n_ff), ("block_count", n_layer), ("projection_dim", n_embd_text),
-                        ("attention.head_count", n_head), ("projector.scale_factor", merge)):
-        w.add_uint32(f"clip.vision.{key}", number)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w = _clip_writer(path, "vision", "gemma3", 1e-6, image_size=image_size, patch_size=patch,
+                     embedding_length=n_embd, feed_forward_length=n_ff, block_count=n_layer,
+                     projection_dim=n_embd_text, head_count=n_head, scale_factor=merge)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     w.add_bool("clip.use_gelu", True)
@@ -315,17 +327,11 @@ def write_ultravox_projector(path: Path, *, n_embd_text: int, n_mel: int = 128, 
     cut into 30 s windows of 1500 encoder frames, each 1500 / stack places (100 here). The stack must divide 1500
     (ultravox's real 8 aborts in clip_encode on this llama.cpp), and the feed-forward width differ from the
     embedding width."""
-    import gguf
 
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_bool("clip.has_audio_encoder", True)
-    w.add_string("clip.audio.projector_type", "ultravox")
-    for key, number in (("num_mel_bins", n_mel), ("embedding_length", n_embd), ("feed_forward_length", n_ff),
-                        ("block_count", n_layer), ("projection_dim", n_embd_text), ("attention.head_count", n_head),
-                        ("projector.stack_factor", stack)):
-        w.add_uint32(f"clip.audio.{key}", number)
-    w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
+    w = _clip_writer(path, "audio", "ultravox", 1e-5, num_mel_bins=n_mel, embedding_length=n_embd,
+                     feed_forward_length=n_ff, block_count=n_layer, projection_dim=n_embd_text, head_count=n_head,
+                     stack_factor=stack)
 
     def t(name: str, *shape: int, scale: float = 0.2):
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
