@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import json
 import re
 import threading
 import time
@@ -59,8 +60,28 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         self._headers(path, 0, path.stat().st_size, False)
 
+    def _listing(self) -> bool:
+        """The Hub's /api/models/OWNER/REPO/tree/REV listing (huggingface_hub's list_repo_tree) of every file under
+        the root, each with its LFS object id, the sha256, as the Hub gives a GGUF's."""
+        if not re.match(r"^/api/models/[^/]+/[^/]+/tree/[^/?]+", self.path):
+            return False
+        files = [{"type": "file", "path": str(p.relative_to(self.server.root)), "size": p.stat().st_size,
+                  "oid": hashlib.sha1(p.read_bytes()).hexdigest(),
+                  "lfs": {"oid": hashlib.sha256(p.read_bytes()).hexdigest(), "size": p.stat().st_size,
+                          "pointerSize": 134}}
+                 for p in sorted(self.server.root.rglob("*")) if p.is_file()]
+        body = json.dumps(files).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        return True
+
     def do_GET(self):
         self.server.paths.append(self.path)
+        if self._listing():
+            return
         if self.path in self.server.redirects:
             self.send_response(302)
             self.send_header("Location", self.server.redirects[self.path])

@@ -131,6 +131,41 @@ def test_a_hugging_face_source_goes_through_huggingface_hub_to_a_local_endpoint(
 
 
 @pytest.mark.system
+def test_a_repository_and_a_quantization_name_the_file_and_bring_its_projector(tmp_path):
+    """hf://OWNER/REPO:QUANT (#59, #58): the repository's listing (the Hub's tree API, at HF_ENDPOINT) names the
+    file of that quantization and its projector; both are pulled, checked against the listing's sha256, and the
+    projector kept beside the model. A quantization the repository does not have is refused, naming those it has."""
+    import shutil
+
+    from tests.tiny_gguf import write_vision_pair
+
+    text, projector = write_vision_pair(tmp_path / "made")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for quant in ("Q8_0", "F16"):
+        shutil.copy(text, repo / f"tiny-vision-{quant}.gguf")
+    shutil.copy(projector, repo / "mmproj-tiny-vision-f16.gguf")
+    (repo / "README.md").write_text("a model card\n")
+    server = Files(repo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    store = tmp_path / "store"
+    env = {"HF_ENDPOINT": server.base, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    try:
+        out = models(store, "pull", "hf://someone/tiny-vision:q8_0", env=env)
+        assert out.returncode == 0, out.stderr
+        assert "hf://someone/tiny-vision/tiny-vision-Q8_0.gguf, with the projector" in out.stderr
+        (entry,) = listed(store)
+        assert (entry["name"], entry["source"], entry["projector"]) == (
+            "tiny-vision-q8_0", "hf://someone/tiny-vision/tiny-vision-Q8_0.gguf", "mmproj.gguf")
+        assert (store / "tiny-vision-q8_0" / "mmproj.gguf").read_bytes() == projector.read_bytes()
+        out = models(store, "pull", "hf://someone/tiny-vision:Q2_K", env=env)
+        assert out.returncode == 1 and "has no GGUF quantized Q2_K (it has F16, Q8_0)" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr and len(listed(store)) == 1
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.system
 def test_add_show_pin_and_rm(served):
     _, model, sha, store = served
     out = models(store, "add", str(model), "--name", "local-tiny")

@@ -17,7 +17,8 @@ from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.manifest import Manifest, check_name, name_for_file
 from host_runtime.models.pull_hosts import PullHosts
 from host_runtime.models.pull_slots import PullSlot
-from host_runtime.models.sources import check_sha256, hf_parts, source_file_name
+from host_runtime.models import hf_names
+from host_runtime.models.sources import check_sha256, hf_parts, hf_quant_parts, source_file_name
 from host_runtime.models.store import Store, check_projector
 
 HTTP_TIMEOUT_S = 30
@@ -64,16 +65,43 @@ def pull(store: Store, source: str, name: str | None = None, sha256: str | None 
                          "(a file on the box: everycycle models add FILE)")
     name = check_name(name or name_for_file(source_file_name(source)))
     store.refuse_existing(name)
+    named = None
+    if hf_quant_parts(source) is not None:  # hf://OWNER/REPO:QUANT: the file and its projector from the listing
+        named = hf_names.resolve(source)
+        say(f"{source}: {named.model}" + (f", with the projector {named.projector}" if named.projector else ""))
+        source, expected = named.model, expected or named.sha256
     own = slot is None
     slot = slot or PullSlot.take(store.partial_dir(), name)
     try:
         manifest = _pull_in(store, source, name, expected, scheme, say, observe, hosts, slot)
+        if named is not None and named.projector:
+            manifest = _with_projector(store, name, named, say)
     finally:
         if own:
             slot.release()
     say(f"{name}: {manifest.size / 2**20:,.1f} MiB, {manifest.architecture} {manifest.quantization}, sha256 "
         f"{manifest.sha256}")
     return manifest
+
+
+def _with_projector(store: Store, name: str, named: hf_names.Resolved, say) -> Manifest:
+    """The repository's projector pulled and kept beside the model just admitted; on failure the model goes again
+    (nothing half-pulled)."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        repo, path, revision = hf_parts(named.projector)
+        say(f"pulling {name}'s projector {path}")
+        local = store.partial_dir() / f"hf-{name}-projector"
+        file = Path(hf_hub_download(repo, path, revision=revision, local_dir=local))
+        if named.projector_sha256 and file_sha256(file).hexdigest() != named.projector_sha256:
+            raise SourceRefused(f"{named.projector}: its sha256 is not the listing's: nothing was added")
+        manifest = store.attach_projector(name, file)
+        shutil.rmtree(local, ignore_errors=True)
+        return manifest
+    except BaseException:
+        store.remove(name)
+        raise
 
 
 def _pull_in(store: Store, source: str, name: str, expected: str | None, scheme: str, say, observe,

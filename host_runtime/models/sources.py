@@ -11,6 +11,9 @@ from host_runtime.models.errors import SourceRefused, StoreError
 
 
 def source_file_name(source: str) -> str:
+    named = hf_quant_parts(source)
+    if named is not None:  # hf://OWNER/REPO:QUANT: REPO-QUANT, the store's default name for it
+        return f"{named[0].split('/')[1]}-{named[1]}.gguf"
     if source.startswith("hf://"):
         return hf_parts(source)[1].rsplit("/", 1)[-1]
     return Path(urllib.parse.urlsplit(source).path).name
@@ -24,6 +27,18 @@ def hf_parts(source: str) -> tuple[str, str, str | None]:
     if len(parts) < 3 or not parts[-1].lower().endswith(".gguf"):
         raise SourceRefused(f"SOURCE: {source!r} is not hf://OWNER/REPO/FILE.gguf[@REVISION]")
     return "/".join(parts[:2]), "/".join(parts[2:]), revision or None
+
+
+def hf_quant_parts(source: str) -> tuple[str, str, str | None] | None:
+    """hf://OWNER/REPO:QUANT[@REVISION] (llama-server's -hf OWNER/REPO:QUANT) -> (repo, quant, revision); None for
+    any other source."""
+    if not source.startswith("hf://"):
+        return None
+    rest, _, revision = source[len("hf://"):].partition("@")
+    repo, colon, quant = rest.partition(":")
+    if not colon or repo.count("/") != 1 or not all(repo.split("/")) or not quant or "/" in quant:
+        return None
+    return repo, quant, revision or None
 
 
 def check_sha256(expected: str | None, what: str = "--sha256") -> str | None:
