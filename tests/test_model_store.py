@@ -158,6 +158,7 @@ def test_a_repository_and_a_quantization_name_the_file_and_bring_its_projector(t
         assert (entry["name"], entry["source"], entry["projector"]) == (
             "tiny-vision-q8_0", "hf://someone/tiny-vision/tiny-vision-Q8_0.gguf", "mmproj.gguf")
         assert (store / "tiny-vision-q8_0" / "mmproj.gguf").read_bytes() == projector.read_bytes()
+        assert entry["projector_takes"] == "vision"
         out = models(store, "pull", "hf://someone/tiny-vision:Q2_K", env=env)
         assert out.returncode == 1 and "has no GGUF quantized Q2_K (it has F16, Q8_0)" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr and len(listed(store)) == 1

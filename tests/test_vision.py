@@ -180,6 +180,8 @@ def test_every_apis_official_client_sends_its_own_image_shape(vision_server):
                             messages=[{"role": "user", "content": "What is in this picture?", "images": [image]}])
         return answer.message.content
 
+    # Open WebUI offers an image upload where Ollama's /api/show says vision
+    assert "vision" in local.show("tiny-vision").capabilities
     for ask in (by_anthropic, by_responses, by_ollama):
         assert ask(RED) != ask(BLUE), ask.__name__
     expected = _ask(chat, RED).choices[0].message.content
@@ -228,6 +230,11 @@ def test_a_store_model_added_with_its_projector_reads_images_wherever_it_is_load
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
         assert _ask(client, RED, model="seeing").choices[0].message.content != \
             _ask(client, BLUE, model="seeing").choices[0].message.content
+        import ollama
+
+        shown = ollama.Client(host=base, timeout=60)
+        assert "vision" in shown.show("seeing").capabilities  # from the store's manifest
+        assert "vision" not in shown.show(MODEL_ID).capabilities
     finally:
         proc.stop()
 

@@ -37,6 +37,14 @@ class PromptBuilder:
             add_generation_prompt=True)
 
     @property
+    def media(self) -> str | None:
+        """What the model's projector takes (vision, audio, or vision,audio); None: text only."""
+        if self._projector is None:
+            return None
+        return ",".join(kind for kind, takes in (("vision", self._projector.vision), ("audio", self._projector.audio))
+                        if takes) or None
+
+    @property
     def tool_format(self) -> str:
         return template_format(self._model.chat_template)
 

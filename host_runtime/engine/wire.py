@@ -367,6 +367,7 @@ class EngineInfo:
     n_parallel: int | None = None
     max_waiting: int | None = None
     pooling: str | None = None      # an embedding or reranking model's pooling
+    media: str | None = None        # what its projector takes: vision, audio, or vision,audio; None: text only
     placement: dict | None = None
     recent: dict | None = None
 

@@ -43,7 +43,8 @@ class Manifest:
     added_at: str          # ISO 8601, UTC
     pinned: bool = False   # never unloaded to make room, never removed without --force
     pooling: str = ""      # an embedding model's pooling (mean, cls, last, rank); '' for a generating model
-    projector: str = ""    # its vision projector's file in the model's directory (serve --mmproj); '' for none
+    projector: str = ""    # its projector's file in the model's directory (serve --mmproj); '' for none
+    projector_takes: str = ""  # what the projector takes: vision, audio, or vision,audio
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"

@@ -191,13 +191,13 @@ class Store:
     def attach_projector(self, name: str, file: Path) -> Manifest:
         """A vision projector (a clip GGUF, llama-server's --mmproj) kept beside the model and served with it
         wherever it is loaded. The file first, the manifest last: a model is never left naming a missing file."""
-        check_projector(file)
+        takes = check_projector(file)
         manifest = self.get(name)
         target = self.root / name / PROJECTOR_FILE
         staged = target.with_name(target.name + ".partial")
         _copy_without_links(file, staged)
         os.replace(staged, target)
-        updated = Manifest(**{**manifest.__dict__, "projector": PROJECTOR_FILE})
+        updated = Manifest(**{**manifest.__dict__, "projector": PROJECTOR_FILE, "projector_takes": takes})
         atomic_write(self.root / name / MANIFEST, updated.to_json().encode(), mode=0o644)
         return updated
 
@@ -255,14 +255,22 @@ class Store:
 PROJECTOR_FILE = "mmproj.gguf"
 
 
-def check_projector(file: Path) -> None:
-    """A vision projector: a GGUF file whose architecture is clip (libmtmd's projectors)."""
+def check_projector(file: Path) -> str:
+    """A projector: a GGUF file whose architecture is clip (libmtmd's projectors). What it takes: "vision",
+    "audio" or "vision,audio", by its encoders."""
     if not file.is_file():
         raise StoreError(f"--mmproj: {file} is not a file")
     architecture = read_info(file)["architecture"]
     if architecture != "clip":
         raise StoreError(f"--mmproj: {file.name} is a {architecture} model, not a projector (a clip GGUF, often "
                          "named mmproj-*.gguf)")
+    import gguf
+
+    from host_runtime.placement.model_table import _field
+
+    reader = gguf.GGUFReader(str(file), "r")
+    takes = [kind for kind in ("vision", "audio") if _field(reader, f"clip.has_{kind}_encoder")]
+    return ",".join(takes) or "vision"  # an older projector names no encoder: a vision one (LLaVA's)
 
 
 def _copy_without_links(source: Path, dest: Path) -> None:

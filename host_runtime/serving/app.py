@@ -722,8 +722,21 @@ class Ollama:
                      "model_info": {
                                     "context_length": row.context_length,
                                     "trained_context_length": row.trained_context_length},
-                     "capabilities": ["embedding"] if info is not None and info.pooling else ["completion", "tools"],
+                     "capabilities": ["embedding"] if info is not None and info.pooling else
+                     ["completion", "tools"] + (["vision"] if "vision" in self._takes(row.id, info) else []),
                      "modified_at": ollama_protocol.now_iso()})
+
+    def _takes(self, name: str, info) -> str:
+        """What a model's projector takes (Open WebUI offers an image upload for a model whose capabilities say
+        vision): the engine's word for the served model, the store's manifest for another."""
+        if info is not None:
+            return info.media or ""
+        if not self._config.model_store:
+            return ""
+        try:
+            return Store(Path(self._config.model_store)).get(name).projector_takes
+        except StoreError:
+            return ""  # an alias of one, or a model it cannot read: no more than text is promised
 
     def on_post_pull(self, req, resp):
         body = read_json(req, self._config.max_body_bytes)
