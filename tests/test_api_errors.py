@@ -45,7 +45,7 @@ BAD_CHAT = [
     ("message not an object", {"model": MODEL_ID, "messages": ["hi"]}, "messages[0]"),
     ("content wrong type", {"model": MODEL_ID, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ("image part", {"model": MODEL_ID, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content[0]"),
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content[0].image_url"),
     ("max_tokens zero", {"model": MODEL_ID, "messages": MSGS, "max_tokens": 0}, "max_tokens"),
     ("max_tokens negative", {"model": MODEL_ID, "messages": MSGS, "max_tokens": -5}, "max_tokens"),
     ("max_tokens string", {"model": MODEL_ID, "messages": MSGS, "max_tokens": "10"}, "max_tokens"),

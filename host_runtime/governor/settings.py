@@ -16,6 +16,8 @@ BACKENDS = ("auto", "nvml", "amdgpu", "simulator")
 MODES = ("observe", "enforce")
 # Each setting's rule, words and default said once: governor run's flags, box.toml's [power] (provisioning/box_model.py)
 # and from_box are made from these declarations.
+Backend = one_of(BACKENDS)
+Mode = one_of(MODES)  # box.toml's [power] mode takes this same type
 TargetC = Annotated[float, Field(ge=30, le=95)]
 CeilingC = Annotated[float, Field(ge=40, le=105)]
 SafeFraction = Annotated[float, Field(gt=0, le=1)]
@@ -23,12 +25,12 @@ SafeFraction = Annotated[float, Field(gt=0, le=1)]
 
 @dataclass(frozen=True)
 class GovernorSettings:
-    backend: one_of(BACKENDS) = setting(
+    backend: Backend = setting(
         "auto", flag="--backend", box=False,
         description="where temperatures come from and limits go (auto: nvml, else amdgpu, else no GPU to govern; "
                     "simulator: simulated GPUs, for demos and tests)")
     # observe: decide and publish, never touch a card (the default: an owner opts in to enforcing).
-    mode: one_of(MODES) = setting("observe", flag="--mode",
+    mode: Mode = setting("observe", flag="--mode",
                                   description="observe: decide and publish limits, never change a card; enforce: "
                                               "apply them to the cards",
                                   flag_details="; without --settings the simulator's default is enforce")
