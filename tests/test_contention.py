@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -105,10 +106,12 @@ def test_a_busy_neighbour_slows_an_answer_without_stopping_it(two_models):
     # Seen at one, not held there: a probe gives the second thread back wherever its calls get their cores, which
     # on this noisy host they sometimes did beside the loop (held-at-one failed 1 of 5 runs). Before #55 an engine
     # never left its two threads, so this fails there.
-    assert 1 in seen[a], seen  # one thread per free core while the neighbour holds the other
+    # one thread per free core while the neighbour holds the other, never more than the cores
+    assert min(seen[a]) == 1 and max(seen[a]) <= os.cpu_count(), seen
 
 
 def test_two_models_decoding_at_once_each_keep_a_fair_share(two_models):
     a, b = two_models
     seen = decoding_while_watched([a, b])
-    assert 1 in seen[a] and 1 in seen[b], seen  # two engines on two cores: one thread each while both decode
+    # two engines on two cores: each seen at one thread while both decode, neither past the cores
+    assert all(min(seen[base]) == 1 and max(seen[base]) <= os.cpu_count() for base in (a, b)), seen

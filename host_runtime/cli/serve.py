@@ -25,20 +25,13 @@ def _resolve_model(parser: argparse.ArgumentParser, model: str | None) -> str:
 
 def _resolve_draft_model(parser: argparse.ArgumentParser, args) -> str | None:
     """--draft-model goes with --speculation draft, each needing the other; the path is checked as --model's."""
-    from host_runtime.engine.model import ModelLoadError, check_gguf_file
-
     if args.speculation == "draft" and not args.draft_model:
         parser.error("--speculation draft: needs --draft-model PATH, the GGUF that drafts")
     if args.draft_model and args.speculation != "draft":
         parser.error("--draft-model: drafts only with --speculation draft")
     if args.draft_p_min and args.speculation != "draft":
         parser.error("--draft-p-min: applies only to --speculation draft (a draft model's probabilities)")
-    if not args.draft_model:
-        return None
-    try:
-        return str(check_gguf_file(args.draft_model).resolve())
-    except ModelLoadError as exc:
-        parser.error(f"--draft-model: {exc}")
+    return _resolve_gguf(parser, "--draft-model", args.draft_model)
 
 
 def _store_projector(args, model_path: str) -> str | None:

@@ -622,10 +622,15 @@ class Engine:
         if self.speculation.enabled:
             self.drafting.draft([s for s in self._active if not s.is_prefilling() and s.next_token is not None])
         for call in plan_step(self._active, self.model.prefill_budget, self.model.batch_invariant):
-            images = [part for part in call if self.media_from is not None and part.tokens[0] >= self.media_from]
-            for part in images:  # each image alone, encoded and decoded for its own sequence
-                self._decode_images(part)
-            text = [part for part in call if part not in images]
+            if self.media_from is None:  # a text model: no call is looked through (the loop's hot path)
+                self._decode_call(call)
+                continue
+            text = []
+            for part in call:
+                if part.tokens[0] >= self.media_from:  # an image alone, encoded and decoded for its own sequence
+                    self._decode_images(part)
+                else:
+                    text.append(part)
             if text:
                 self._decode_call(text)
 
