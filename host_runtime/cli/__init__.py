@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         from host_runtime.gpu.llama_build import load_first, select
 
         select()
-        if args.command in ("engine", "plan"):  # they load a model: llama.cpp's libraries before numpy's
-            load_first()
+        if args.command == "plan":  # it loads a model: llama.cpp's libraries before numpy's (engine: cmd_engine,
+            load_first()          # once it knows its model is not a Whisper model, which never loads llama.cpp)
     handlers = {"serve": cmd_serve, "engine": cmd_engine, "plan": cmd_plan, "keys": cmd_keys, "discover": cmd_discover,
                 "governor": cmd_governor, "console": cmd_console, "status": cmd_console, "provision": cmd_provision,
                 "bmc": cmd_bmc, "front": cmd_front, "update": cmd_update,

@@ -16,6 +16,11 @@ from host_runtime.cli.options import ENGINE_SETTINGS, SERVE_SETTINGS, serving_tu
 def _resolve_model(parser: argparse.ArgumentParser, model: str | None) -> str:
     from host_runtime.engine.model import ModelLoadError, check_gguf_file, default_model_path
 
+    from host_runtime.placement.whisper_file import is_whisper
+
+    if model and is_whisper(model):
+        parser.error(f"--model: {model} is a Whisper model (speech to text): add it to the store (everycycle models "
+                     "add PATH) and name it in /v1/audio/transcriptions; --model takes a text model's GGUF")
     try:
         path = Path(model) if model else default_model_path()
         return str(check_gguf_file(path).resolve())
@@ -331,19 +336,41 @@ def engine_options(parser, args, model: str | None):
 
 def cmd_engine(parser, args) -> int:
     _refuse_an_unsupported_cpu(parser)
-    from host_runtime.engine.options import EngineOptions, OptionsError
-    from host_runtime.engine.service import EngineService, serve_engine
+    import json
 
-    if args.options_stdin:
+    from host_runtime.placement.whisper_file import is_whisper
+
+    raw = sys.stdin.buffer.read() if args.options_stdin else None
+    try:  # the model's kind first, from the settings' JSON as it is (pydantic's reader below imports numpy)
+        model = json.loads(raw).get("model") if raw is not None else args.model
+    except (ValueError, AttributeError):
+        model = None
+    speech = isinstance(model, str) and is_whisper(model)
+    if not speech:
+        from host_runtime.gpu.llama_build import load_first
+
+        load_first()  # llama.cpp's libraries before numpy's (gpu/llama_build.py says why)
+    from host_runtime.engine.options import EngineOptions, OptionsError
+
+    if raw is not None:
         try:
-            options = EngineOptions.from_json(sys.stdin.buffer.read())
+            options = EngineOptions.from_json(raw)
         except OptionsError as exc:
             parser.error(f"--options-stdin: {exc}")
     else:
         options = engine_options(parser, args, args.model)
-    service = EngineService(options)
-    serve_engine(args.socket, service)
-    return 0 if service.state != "failed" else 1
+    if speech:  # a speech model: whisper.cpp's process, llama.cpp never loaded in it
+        from host_runtime.engine.ipc_server import serve_socket
+        from host_runtime.speech.service import SpeechHandler, SpeechService
+
+        service = SpeechService(options)
+        serve_socket(args.socket, service, SpeechHandler)
+        return 0 if service.state != "failed" else 1
+    from host_runtime.engine.service import EngineService, serve_engine
+
+    engine = EngineService(options)
+    serve_engine(args.socket, engine)
+    return 0 if engine.state != "failed" else 1
 
 
 def _n_cpu_moe(args) -> int | None:

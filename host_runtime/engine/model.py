@@ -72,8 +72,12 @@ def end_of_generation_tokens(vocab, n_vocab: int) -> frozenset[int]:
 
 
 def model_id_for(path: str | os.PathLike) -> str:
+    """The served name of a model file: its name without .gguf (or a Whisper model's .bin)."""
     name = Path(path).name
-    return name[: -len(".gguf")] if name.endswith(".gguf") else name
+    for suffix in (".gguf", ".bin"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 @dataclass(frozen=True)

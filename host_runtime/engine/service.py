@@ -5,19 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import signal
 import socket
-import socketserver
 import threading
 import time
 from pathlib import Path
 
 from host_runtime.common.sockets import peer_closed
-from host_runtime.common.stop_signal import stop_on_signals
 from host_runtime.engine import usage_file, wire
 from host_runtime.engine.engine import EmbeddingCancelled, Engine, GenerationRequest
 from host_runtime.engine.errors import RequestRejected
-from host_runtime.engine.ipc import LineReader, MessageTooLarge, send_message
+from host_runtime.engine.ipc import send_message
+from host_runtime.engine.ipc_server import RequestHandler, serve_socket
 from host_runtime.engine.key_ledger_file import LEDGER_NAME, SharedKeyLedger
 from host_runtime.engine.metrics import model_info_text
 from host_runtime.engine.model import LoadedModel, ModelLoadError, model_id_for
@@ -356,8 +354,17 @@ def _cache_scope(name) -> int | None:
     return scope_marker(name) if isinstance(name, str) and name else None
 
 
-class _Handler(socketserver.BaseRequestHandler):
+class _Handler(RequestHandler):
     service: EngineService
+
+    def answer(self, sock: socket.socket, request) -> None:
+        try:
+            if isinstance(request, wire.Generate):
+                self._generate(sock, request)
+            else:
+                self._answer_once(sock, request)
+        except EmbeddingCancelled:
+            return  # its client left: nobody reads an answer
 
     def _answer_once(self, sock: socket.socket, request) -> None:
         """The ops answered by one reply, from the table below; a refusal is the reply's Error."""
@@ -366,44 +373,15 @@ class _Handler(socketserver.BaseRequestHandler):
                   wire.CountTokens: service.count_tokens, wire.Tokenize: service.tokenize,
                   wire.Detokenize: service.detokenize,
                   wire.Embed: lambda r: service.embed(r, lambda: peer_closed(sock)),
-                  wire.Rank: lambda r: service.rank(r, lambda: peer_closed(sock))}[type(request)]
+                  wire.Rank: lambda r: service.rank(r, lambda: peer_closed(sock))}.get(type(request))
         try:
+            if answer is None:
+                raise RequestRejected(400, f"the model '{service.model_id}' does not answer {request.op}",
+                                      code="unsupported_for_model")
             reply = answer(request)
         except RequestRejected as exc:
             reply = wire.Error(exc)
         send_message(sock, wire.event_to_wire(reply))
-
-    def handle(self) -> None:
-        sock: socket.socket = self.request
-        try:
-            line = LineReader(sock).read()
-            if not line:
-                return
-            request = wire.request_from_wire(line)
-        except MessageTooLarge as exc:
-            self._refuse(sock, RequestRejected(413, str(exc), code="request_too_large"))
-            return
-        except wire.WireError as exc:
-            self._refuse(sock, RequestRejected(400, f"a malformed engine call: {exc}", code="bad_engine_call"))
-            return
-        except (OSError, ValueError):
-            return
-        try:
-            if isinstance(request, wire.Generate):
-                self._generate(sock, request)
-            else:
-                self._answer_once(sock, request)
-        except EmbeddingCancelled:
-            return  # its client left: nobody reads an answer
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-
-    @staticmethod
-    def _refuse(sock: socket.socket, rejected: RequestRejected) -> None:
-        try:
-            send_message(sock, wire.event_to_wire(wire.Error(rejected)))
-        except OSError:
-            pass
 
     def _generate(self, sock: socket.socket, message: wire.Generate) -> None:
         events: queue.Queue = queue.Queue()
@@ -430,38 +408,6 @@ class _Handler(socketserver.BaseRequestHandler):
             request.cancel()
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    request_queue_size = 128
-
-
 def serve_engine(socket_path: str, service: EngineService) -> None:
     """Listen first (so workers can tell "loading" from "down"), then load, then serve until killed."""
-    path = Path(socket_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        path.unlink()
-    handler = type("Handler", (_Handler,), {"service": service})
-    server = _Server(str(path), handler)
-    os.chmod(path, 0o600)
-    thread = threading.Thread(target=server.serve_forever, name="engine-ipc", daemon=True)
-    thread.start()
-
-    def stopping() -> None:
-        # SIGTERM (the pool stopping it): keep what the keys used since the last save, then end at once, as the
-        # signal's default did (status 143: 128 + SIGTERM). From this helper thread: signal.signal() would refuse.
-        try:
-            service.save_usage()
-        finally:
-            os._exit(128 + signal.SIGTERM)
-
-    if threading.current_thread() is threading.main_thread():  # (tests run engines on other threads)
-        stop_on_signals(stopping)
-    log.info("engine listening on %s", path)
-    service.load()
-    try:
-        # Woken often: a signal may reach another thread, and only this one runs its handler, between bytecodes.
-        while thread.is_alive():
-            thread.join(0.2)
-    finally:
-        server.server_close()
+    serve_socket(socket_path, service, _Handler)

@@ -176,6 +176,16 @@ class Rank:
 
 
 @dataclass(frozen=True)
+class Transcribe:
+    """A sound written down by a speech-to-text model (a Whisper model's engine, speech/service.py)."""
+    op: ClassVar[str] = "transcribe"
+    audio: str                  # the sound file's bytes, base64 (a WAV)
+    language: str | None = None  # ISO 639-1; None: detected
+    prompt: str | None = None    # earlier words, or the vocabulary to expect
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
 class Info:
     op: ClassVar[str] = "info"
 
@@ -193,8 +203,8 @@ class Ready:
     wait: float = 2.0
 
 
-REQUESTS = {cls.op: cls for cls in (Generate, CountTokens, Tokenize, Detokenize, Embed, Rank, Info, Metrics,
-                                     Ready)}
+REQUESTS = {cls.op: cls for cls in (Generate, CountTokens, Tokenize, Detokenize, Embed, Rank, Transcribe, Info,
+                                     Metrics, Ready)}
 
 
 def request_to_wire(request) -> dict:
@@ -344,6 +354,18 @@ class Scores:
 
 
 @dataclass(frozen=True)
+class Transcript:
+    """What a speech model heard: the text, its timed segments ({"start", "end", "text"}, seconds), the language
+    (asked or detected), the sound's length and the tokens decoded (what a key's limits count)."""
+    type: ClassVar[str] = "transcript"
+    text: str
+    segments: list[dict]
+    language: str
+    duration_s: float
+    tokens: int
+
+
+@dataclass(frozen=True)
 class MetricsText:
     type: ClassVar[str] = "metrics"
     text: str
@@ -368,6 +390,7 @@ class EngineInfo:
     max_waiting: int | None = None
     pooling: str | None = None      # an embedding or reranking model's pooling
     media: str | None = None        # what its projector takes: vision, audio, or vision,audio; None: text only
+    task: str = "generate"          # what it answers: generate (and embed), or transcribe (a Whisper model)
     placement: dict | None = None
     recent: dict | None = None
 
@@ -380,9 +403,10 @@ VERDICT = "verdict"  # readiness.Verdict's tag on the wire (it is readiness's ow
 
 
 EVENTS = {cls.type: cls for cls in (Accepted, Token, Finish, Done, Error, TokenCount, Tokenized, Detokenized,
-                                     Embeddings, Scores, MetricsText, EngineInfo)}
+                                     Embeddings, Scores, Transcript, MetricsText, EngineInfo)}
 REPLY_OF = {Generate: Accepted, CountTokens: TokenCount, Tokenize: Tokenized, Detokenize: Detokenized,
-            Embed: Embeddings, Rank: Scores, Info: EngineInfo, Metrics: MetricsText, Ready: Verdict}
+            Embed: Embeddings, Rank: Scores, Transcribe: Transcript, Info: EngineInfo, Metrics: MetricsText,
+            Ready: Verdict}
 FINAL = (Done, Error)  # the events that end a generation's stream
 
 

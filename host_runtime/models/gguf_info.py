@@ -24,6 +24,7 @@ from host_runtime.engine.pooling import pooling_name
 from host_runtime.models.errors import StoreError
 from host_runtime.placement import gguf_c
 from host_runtime.placement.model_table import ModelTable, ModelTableError, read_table_fd
+from host_runtime.placement.whisper_file import read_shape
 
 CHILD_TIMEOUT_S = 120.0  # the header of a large model reads in well under a second; a stuck reader is a refusal
 
@@ -36,6 +37,8 @@ def read_info(path: Path) -> dict:
             magic = f.read(4)
     except OSError as exc:
         raise StoreError(f"{path}: {exc.strerror or exc}") from None
+    if magic == WHISPER_MAGIC:
+        return _whisper_info(path)
     if magic != b"GGUF":
         # Its bytes are not said: through /api/pull they would tell a client what a server it cannot reach holds.
         raise StoreError(f"{path.name} is not a GGUF file (it does not begin with GGUF's magic: a web page or "
@@ -66,6 +69,19 @@ def read_info(path: Path) -> dict:
         quant = f"type {file_type}"
     return {"architecture": str(arch), "quantization": quant, "context_length": int(context or 0),
             "chat_template": has_template, "pooling": pooling_name(pooling)}
+
+
+WHISPER_MAGIC = b"lmgg"  # whisper.cpp's model file: ggml's legacy magic, little-endian
+
+
+def _whisper_info(path: Path) -> dict:
+    """A Whisper model's facts (a speech model: no context, template or pooling of a chat model's). A file cut
+    short is whisper.cpp's to find at load (its tensors' sizes follow a vocabulary of varying length)."""
+    shape = read_shape(path)
+    if shape is None:
+        raise StoreError(f"{path.name} begins as a whisper.cpp model but its header is not one")
+    return {"architecture": "whisper", "quantization": shape.quantization, "context_length": 0,
+            "chat_template": False, "pooling": ""}
 
 
 def _facts(value) -> tuple:

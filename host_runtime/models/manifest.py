@@ -24,8 +24,11 @@ def check_name(name: str, what: str = "--name") -> str:
 
 
 def name_for_file(filename: str) -> str:
-    """The default name: the file's name without .gguf (as the served model's id has always been)."""
-    stem = filename[:-5] if filename.lower().endswith(".gguf") else filename
+    """The default name: the file's name without .gguf or .bin (a Whisper model's), as the served model's id."""
+    stem = filename
+    for suffix in (".gguf", ".bin"):
+        if stem.lower().endswith(suffix):
+            stem = stem[: -len(suffix)]
     return re.sub(r"[^A-Za-z0-9._-]", "-", stem).lstrip("._-")[:128] or "model"
 
 

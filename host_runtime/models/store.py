@@ -117,6 +117,8 @@ class Store:
         self.refuse_existing(name)
         info = read_info(file)
         target = self.file_for(name)
+        if info["architecture"] == "whisper":  # whisper.cpp's own format, not a GGUF: named for what it is
+            target = target.with_suffix(".bin")
         target.parent.mkdir(parents=True, exist_ok=True)
         if move:
             os.replace(file, target)

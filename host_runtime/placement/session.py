@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from host_runtime.gpu.llama_devices import list_devices
 from host_runtime.placement.model_table import ModelTableError, read_table
 from host_runtime.placement.planner import Device, Host, Placement, PlacementError, plan
 from host_runtime.placement.proof import ProofFailed, prove
+from host_runtime.placement.whisper_file import read_shape, resident_bytes
 
 
 class PlanInputsError(InputError):
@@ -93,7 +95,11 @@ def resident_bytes_for(model_path: str, context) -> int:
     """What a model holds once loaded, by the planner's accounting with all of it on the CPU: the weights from its
     tensor table, the KV cache of the sequences these settings give it, and the compute buffers (estimated). The
     engine pool counts models against its memory budget with it. context: the engine's settings
-    (engine.model.ContextConfig). Raises ModelTableError for an unreadable file."""
+    (engine.model.ContextConfig). A Whisper model (whisper.cpp's file): its weights, KV and compute buffers as
+    whisper.cpp allocates them (whisper_file.py). Raises ModelTableError for an unreadable file."""
+    whisper = read_shape(model_path)
+    if whisper is not None:
+        return resident_bytes(whisper, os.path.getsize(model_path))
     table = read_table(model_path)
     unlimited = Host(1 << 62, 1 << 62)  # the figure, not a fit: the pool decides what fits its budget
     request = replace(context.plan_request(), cpu_only=True, n_gpu_layers=None, tensor_split=None)

@@ -616,20 +616,33 @@ class Responses:
 
 
 class Transcriptions:
-    """OpenAI's POST /v1/audio/transcriptions (multipart), answered by a chat model whose projector takes audio
-    (serving/transcription.py)."""
+    """OpenAI's POST /v1/audio/transcriptions (multipart): a Whisper model's engine writes the sound down
+    (speech/service.py, with its timed segments); a chat model whose projector takes audio is asked to, as
+    llama-server answers it (serving/transcription.py)."""
 
-    def __init__(self, router: Router, config: AppConfig):
+    def __init__(self, router: Router, config: AppConfig, key_tokens: KeyTokens):
         self._router = router
         self._config = config
+        self._key_tokens = key_tokens
 
     def on_post(self, req, resp):
         fields, audio = read_form(req, self._config.max_media_body_bytes)
         ask = transcription.parse(fields, audio)
-        _, client, info, call = generation_call(req, self._router, self._config, protocol.parse_chat,
-                                                body=transcription.chat_body(ask))
-        done = ServingLogic(client).complete(call, "chat", info.model_id, client_watch(req))
-        content_type, body = transcription.render(ask, (done["choices"][0]["message"]["content"] or "").strip())
+        check_model_allowed(req.context.get("key_policy"), ask.model, self._router)
+        client, info = self._router.engine_for(ask.model)
+        if info.task == "transcribe":
+            self._key_tokens.check(req.context)
+            heard = client.call(transcription.engine_request(ask), transcription.engine_timeout_s(ask),
+                                client_watch(req))
+            self._key_tokens.count(req.context, heard.tokens)
+            content_type, body = transcription.render(ask, heard.text, heard.segments, heard.language,
+                                                      heard.duration_s)
+        else:
+            transcription.check_timed_format(ask)
+            _, client, info, call = generation_call(req, self._router, self._config, protocol.parse_chat,
+                                                    body=transcription.chat_body(ask))
+            done = ServingLogic(client).complete(call, "chat", info.model_id, client_watch(req))
+            content_type, body = transcription.render(ask, (done["choices"][0]["message"]["content"] or "").strip())
         if isinstance(body, dict):
             _json(resp, body)
         else:
@@ -942,7 +955,7 @@ def create_app(config: AppConfig) -> falcon.App:
     app.add_route("/v1/messages", messages)
     app.add_route("/v1/messages/count_tokens", messages, suffix="count")
     app.add_route("/v1/responses", Responses(router, config))
-    app.add_route("/v1/audio/transcriptions", Transcriptions(router, config))
+    app.add_route("/v1/audio/transcriptions", Transcriptions(router, config, key_tokens))
     ollama = Ollama(router, config, key_tokens)
     for path, suffix in (("version", "version"), ("tags", "tags"), ("ps", "ps"), ("show", "show"), ("chat", "chat"),
                          ("generate", "generate"), ("embed", "embed"), ("embeddings", "embed"), ("pull", "pull"),
