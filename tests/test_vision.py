@@ -253,3 +253,31 @@ def test_an_image_larger_than_the_text_limit_is_taken_and_text_past_it_is_not(vi
     status, doc = _post(vision_server, {"model": "tiny-vision", "max_tokens": 4, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "x" * (1 << 20)}, {"type": "image_url", "image_url": {"url": _data_uri(RED)}}]}]})
     assert status == 413 and "besides its images" in doc["error"]["message"], doc
+
+
+@pytest.mark.system
+def test_plan_counts_the_projector_on_the_device_libmtmd_runs_it_on(tmp_path):
+    """`plan --mmproj`: the projector's weights (its tensors' bytes) and its encoder's compute for one image at its
+    size (64x64 in 8x8 patches: 64 positions, 32 wide, 2 heads) on the CPU, where a model with no GPU layers has
+    it; a text model given as the projector is refused naming the flag."""
+    import subprocess
+
+    from host_runtime.placement import gguf_c
+
+    model, projector = write_vision_pair(tmp_path)
+    done = subprocess.run(everycycle("plan", "--model", str(model), "--mmproj", str(projector), "--placement", "cpu",
+                                     "--json", "--ctx-size", "256", "--parallel", "1"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)["projector"]
+    with gguf_c.GGUFTable(projector) as table:
+        weights = sum(size for _, _, _, size in table.tensors())
+    assert shown == {"weights_bytes": weights, "compute_bytes": 64 * 32 * 4 * 12 + 64 ** 2 * 2 * 4,
+                     "takes": "vision", "positions": 64, "device": "CPU"}
+    table_text = subprocess.run(everycycle("plan", "--model", str(model), "--mmproj", str(projector), "--placement",
+                                           "cpu", "--ctx-size", "256", "--parallel", "1"),
+                                capture_output=True, text=True, timeout=120).stdout
+    assert "projector (vision) on CPU:" in table_text
+    refused = subprocess.run(everycycle("plan", "--model", str(model), "--mmproj", str(model)), capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and "--mmproj" in refused.stderr and "not a projector" in refused.stderr

@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--topology", metavar="FILE",
                       help="plan for the devices in this topology file (from 'everycycle discover') instead of the "
                            "live ones; such a plan is not proven, as llama.cpp can only size devices it has")
+    plan.add_argument("--mmproj", metavar="PATH",
+                      help="the model's projector GGUF: its weights and its encoder's compute counted on the device "
+                           "libmtmd runs it on (the first GPU where the model has layers there, else the CPU), and "
+                           "shown")
     plan.add_argument("--json", action="store_true", help="print the placement as JSON")
     _add_placement_options(plan)
 

@@ -282,12 +282,11 @@ def _engine_pool(run_dir: Path, socket_path: str, options, engine, args):
         return on_demand.with_serving(**own) if own else on_demand
 
     def need_for(path: str) -> int:
+        from host_runtime.placement.projector_file import projector_bytes
         from host_runtime.placement.session import resident_bytes_for
 
         wanted = options_for(path)
-        # A projector's weights load beside the model's (its encoder's compute buffer is small beside them)
-        projector = os.path.getsize(wanted.mmproj) if wanted.mmproj and os.path.isfile(wanted.mmproj) else 0
-        return resident_bytes_for(path, wanted.context) + cache_ram + projector
+        return resident_bytes_for(path, wanted.context) + cache_ram + projector_bytes(wanted.mmproj)
     return EnginePool(run_dir=run_dir, default_name=model_id_for(options.model), default_path=options.model,
                       default_socket=socket_path, default_child=engine, engine_options=options_for,
                       store=store, budget_bytes=budget, need_for=need_for, keep_alive_s=args.keep_alive)
@@ -387,19 +386,21 @@ def cmd_plan(parser, args) -> int:
 
     from host_runtime.placement.render import render_table
     from host_runtime.engine.model import ContextConfig
+    from host_runtime.placement.projector_file import projector_device, with_projector_room
     from host_runtime.placement.session import PlanInputsError, plan_for_cli
 
     _refuse_offload_with_cpu_placement(parser, args)
     model = _resolve_model(parser, args.model)
+    projector = _read_projector(parser, args.mmproj)
+    config = ContextConfig(
+        **_given(n_ctx_per_seq=args.ctx_size, kv_budget_bytes=_mib(args.kv_budget_mib),
+                 cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v),
+        n_parallel=args.parallel, placement=args.placement, n_gpu_layers=args.gpu_layers,
+        tensor_split=_split_values(args.tensor_split),
+        gpu_margin_bytes=args.gpu_margin_mib << 20, main_gpu=args.main_gpu, n_cpu_moe=_n_cpu_moe(args))
     try:
-        outcome = plan_for_cli(model, ContextConfig(
-            **_given(n_ctx_per_seq=args.ctx_size, kv_budget_bytes=_mib(args.kv_budget_mib),
-                     cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v),
-            n_parallel=args.parallel, placement=args.placement, n_gpu_layers=args.gpu_layers,
-            tensor_split=_split_values(args.tensor_split),
-            gpu_margin_bytes=args.gpu_margin_mib << 20, main_gpu=args.main_gpu, n_cpu_moe=_n_cpu_moe(args)),
-            n_batch=args.batch,
-            topology=args.topology)
+        outcome = plan_for_cli(model, with_projector_room(config, projector), n_batch=args.batch,
+                               topology=args.topology)
     except PlanInputsError as exc:
         print(f"everycycle plan: {exc}", file=sys.stderr)
         return 2
@@ -408,9 +409,34 @@ def cmd_plan(parser, args) -> int:
             print(json.dumps({"fits": False, "reason": outcome.error, "proven": outcome.proven}, indent=2))
         print(f"everycycle plan: {outcome.error}", file=sys.stderr)
         return 1
+    placed = projector_device(outcome.placement, projector) if projector else None
+    if projector and placed is None:
+        reason = (f"the projector needs {projector.total_bytes / 2**20:.0f} MiB beside the model in host RAM, "
+                  f"which has {outcome.placement.cpu_share.capacity_bytes / 2**20:.0f} MiB for the plan")
+        if args.json:
+            print(json.dumps({"fits": False, "reason": reason, "proven": outcome.proven}, indent=2))
+        print(f"everycycle plan: {reason}", file=sys.stderr)
+        return 1
     if args.json:
+        extra = {"projector": {**projector.to_json(), "device": placed}} if projector else {}
         print(json.dumps({"fits": True, "proven": outcome.proven, "proof": outcome.proof_note,
-                          **outcome.placement.to_json()}, indent=2))
+                          **outcome.placement.to_json(), **extra}, indent=2))
     else:
         print(render_table(outcome.placement, proven=outcome.proven, proof_note=outcome.proof_note))
+        if projector:
+            print(f"projector ({projector.takes}) on {placed}: {projector.weights_bytes / 2**20:.0f} MiB weights + "
+                  f"{projector.compute_bytes / 2**20:.0f} MiB encoder compute (estimated: one input at its largest, "
+                  f"{projector.positions} positions)")
     return 0
+
+
+def _read_projector(parser, path: str | None):
+    if not path:
+        return None
+    from host_runtime.placement.projector_file import read_projector
+
+    checked = _resolve_gguf(parser, "--mmproj", path)
+    try:
+        return read_projector(checked)
+    except ValueError as exc:
+        parser.error(f"--mmproj: {path}: {exc}")

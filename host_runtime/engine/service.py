@@ -28,6 +28,7 @@ from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected
 from host_runtime.engine.wire import SamplingParams
 from host_runtime.gpu.llama_build import select
 from host_runtime.gpu.llama_devices import compiled_backends, list_devices
+from host_runtime.placement.projector_file import read_projector, with_projector_room
 from host_runtime.placement.proof import tolerance
 from host_runtime.placement.render import backend_choice, prometheus_lines, render_table
 
@@ -70,7 +71,9 @@ class EngineService:
     def load(self) -> None:
         started = time.monotonic()
         try:
-            self.model = LoadedModel(self.model_path, self.config, on_progress=self._loading)
+            # The layers leave the projector room on the GPU libmtmd puts it on (placement/projector_file.py)
+            config = with_projector_room(self.config, _projector_facts(self.options.mmproj))
+            self.model = LoadedModel(self.model_path, config, on_progress=self._loading)
             projector = None
             if self.options.mmproj:
                 self._loading("loading the projector")
@@ -347,6 +350,15 @@ class EngineService:
                                   "pooling): load a reranker GGUF to rerank", param="model", code="model_not_reranker")
         scores, n_tokens = self.engine.rank(request.query, list(request.documents), cancelled)
         return wire.Scores(scores, n_tokens)
+
+
+def _projector_facts(path: str | None):
+    if not path:
+        return None
+    try:
+        return read_projector(path)
+    except (ValueError, OSError):
+        return None  # unreadable: the projector's own load below says why
 
 
 def _cache_scope(name) -> int | None:
