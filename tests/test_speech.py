@@ -150,3 +150,37 @@ def test_the_speech_engine_answers_every_other_op_with_a_400(tmp_path):
         service.transcribe(wire.Transcribe(audio="@@not base64"))
     assert refused.value.param == "file"
     assert "everycycle_transcriptions_total{model=\"w\"} 1" in service.metrics_text().text
+
+
+@pytest.mark.system
+def test_a_whisper_model_is_pulled_by_its_hub_name_and_a_bin_that_is_no_model_is_refused(tmp_path):
+    """hf://OWNER/REPO/ggml-NAME.bin, as whisper.cpp's own repository names its models, through huggingface_hub to
+    a loopback Hub: admitted as a Whisper model; a .bin that is neither kind of model is refused, nothing kept."""
+    import json
+
+    from tests.file_server import serve_files
+
+    files = tmp_path / "files"
+    files.mkdir()
+    write_whisper(files / "ggml-test.bin")
+    (files / "ggml-notes.bin").write_text("not a model\n" * 100)
+    server = serve_files(files)
+    env = {"HF_ENDPOINT": server.base, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    store = tmp_path / "store"
+
+    def models(*args):
+        import os
+
+        return subprocess.run(everycycle("models", "--store", str(store), *args), capture_output=True, text=True,
+                              timeout=120, env={**os.environ, **env})
+    try:
+        pulled = models("pull", "hf://ggerganov/whisper.cpp/ggml-test.bin")
+        assert pulled.returncode == 0, pulled.stderr
+        refused = models("pull", "hf://ggerganov/whisper.cpp/ggml-notes.bin")
+        assert refused.returncode == 1 and "not a GGUF file" in refused.stderr, refused.stderr
+    finally:
+        server.shutdown()
+    (entry,) = json.loads(models("list", "--json").stdout)
+    assert (entry["name"], entry["architecture"], entry["quantization"]) == ("ggml-test", "whisper", "F16")
+    assert (store / "ggml-test" / "ggml-test.bin").is_file()
+    assert re.search(r"ggml-test .* whisper .* F16 .* speech to text", models("list").stdout)

@@ -110,7 +110,8 @@ def _run(args, store: Store) -> int:
         else:
             print(f"{'NAME':32} {'SIZE':>10} {'ARCH':10} {'QUANT':8} {'CONTEXT':>8}  {'KIND':16} PINNED")
             for m in models:
-                kind = f"embedding ({m.pooling})" if m.pooling else "chat, images" if m.projector else "chat"
+                kind = ("speech to text" if m.architecture == "whisper" else f"embedding ({m.pooling})" if m.pooling
+                        else "chat, images" if m.projector else "chat")
                 print(f"{m.name:32} {m.size / 2**20:9,.1f}M {m.architecture:10} {m.quantization:8} "
                       f"{m.context_length:>8}  {kind:16} {'yes' if m.pinned else ''}")
         if not args.json:

@@ -20,12 +20,14 @@ def source_file_name(source: str) -> str:
 
 
 def hf_parts(source: str) -> tuple[str, str, str | None]:
-    """hf://owner/repo/path/to/file.gguf[@revision] -> (repo, path, revision)."""
+    """hf://owner/repo/path/to/file.gguf[@revision] -> (repo, path, revision). A .bin is a Whisper model in
+    whisper.cpp's own format (ggerganov/whisper.cpp's ggml-*.bin); the store reads either kind before admitting it."""
     rest = source[len("hf://"):]
     rest, _, revision = rest.partition("@")
     parts = [p for p in rest.split("/") if p]
-    if len(parts) < 3 or not parts[-1].lower().endswith(".gguf"):
-        raise SourceRefused(f"SOURCE: {source!r} is not hf://OWNER/REPO/FILE.gguf[@REVISION]")
+    if len(parts) < 3 or not parts[-1].lower().endswith((".gguf", ".bin")):
+        raise SourceRefused(f"SOURCE: {source!r} is not hf://OWNER/REPO/FILE.gguf[@REVISION] (or a Whisper "
+                            "model's FILE.bin)")
     return "/".join(parts[:2]), "/".join(parts[2:]), revision or None
 
 
