@@ -249,9 +249,10 @@ class Wizard(Screen):
 
     def _judge(self, key: tuple) -> None:
         # A timer or a worker may end after the wizard was closed (applied, or the console quitting): nothing to show.
-        if not self.is_attached or key != self._model_key() or (self._verdict and self._verdict[0] == key):
+        line = self._verdict_line()
+        if line is None or key != self._model_key() or (self._verdict and self._verdict[0] == key):
             return
-        self.query_one("#model_verdict", Static).update("reading the model's header…")
+        line.update("reading the model's header…")
         self.run_worker(lambda: self._judged(key), thread=True, exclusive=True, group="verdict")
 
     def _judged(self, key: tuple) -> None:
@@ -269,9 +270,19 @@ class Wizard(Screen):
 
     def _show_verdict(self, key: tuple, verdict) -> None:
         self._verdict = (key, verdict)
-        if self.is_attached and key == self._model_key():
-            self.query_one("#model_verdict", Static).update(verdict if isinstance(verdict, str) else verdict.text)
+        line = self._verdict_line()
+        if line is not None and key == self._model_key():
+            line.update(verdict if isinstance(verdict, str) else verdict.text)
             self.recheck()
+
+    def _verdict_line(self) -> Static | None:
+        """The verdict's line while it is on the screen: the typing pause's timer and the header's worker can both
+        outlive it (the wizard applied, or the console quitting: a timer fired with the line already gone, under
+        the full suite's load, and NoMatches failed the app)."""
+        if not self.is_attached:
+            return None
+        found = self.query("#model_verdict")
+        return found.first(Static) if found else None
 
     def _passphrases(self) -> tuple[str, str]:
         return (str(self.query_one("#admin_passphrase").value or ""),
