@@ -47,7 +47,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(206 if partial else 200)
         self.send_header("Content-Length", str(end + 1 - start))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", '"' + hashlib.sha256(path.read_bytes()).hexdigest() + '"')
+        self.send_header("ETag", '"' + _digest(path, hashlib.sha256) + '"')
         self.send_header("X-Repo-Commit", COMMIT)
         if partial:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
@@ -66,9 +66,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if not re.match(r"^/api/models/[^/]+/[^/]+/tree/[^/?]+", self.path):
             return False
         files = [{"type": "file", "path": str(p.relative_to(self.server.root)), "size": p.stat().st_size,
-                  "oid": hashlib.sha1(p.read_bytes()).hexdigest(),
-                  "lfs": {"oid": hashlib.sha256(p.read_bytes()).hexdigest(), "size": p.stat().st_size,
-                          "pointerSize": 134}}
+                  "oid": _digest(p, hashlib.sha1),
+                  "lfs": {"oid": _digest(p, hashlib.sha256), "size": p.stat().st_size, "pointerSize": 134}}
                  for p in sorted(self.server.root.rglob("*")) if p.is_file()]
         body = json.dumps(files).encode()
         self.send_response(200)
@@ -112,6 +111,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     time.sleep(self.server.delay_s)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+
+
+HASHED_UP_TO = 256 << 20  # a larger file is a sparse model's (a table, holes for weights): never pulled whole
+
+
+def _digest(path: Path, kind) -> str:
+    if path.stat().st_size > HASHED_UP_TO:
+        return "0" * len(kind().hexdigest())
+    return kind(path.read_bytes()).hexdigest()
 
 
 def serve_files(root: Path, delay_s: float = 0.0, fail_first: int = 0, host: str = "127.0.0.1",

@@ -203,3 +203,37 @@ def test_a_manifest_naming_another_folder_is_not_trusted_and_rm_touches_nothing_
         assert out.returncode != 0 and "not trusted" in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert (victim / "keep.txt").read_text() == "the owner's" and (victim / "manifest.json").exists()
     assert "x" not in models(store, "list").stdout.split()
+
+
+@pytest.mark.system
+def test_a_quantization_that_does_not_fit_is_refused_before_its_download(tmp_path):
+    """#59: `models pull hf://OWNER/REPO:QUANT` reads the chosen file's header first (a range request) and asks the
+    planner: a 63 GB gpt-oss-120b table (sparse: the real size, holes for weights) does not fit this machine and is
+    refused naming why, with nothing downloaded or kept; a small quantization of the same repository says it fits
+    and is pulled; --no-fit-check skips the question."""
+    from tests.file_server import serve_files
+    from tests.sparse_gguf import gpt_oss_120b
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    gpt_oss_120b(repo / "big-model-MXFP4.gguf")
+    write_tiny_llama(repo / "big-model-Q8_0.gguf", n_ctx=256)
+    server = serve_files(repo)
+    store = tmp_path / "store"
+    env = {"HF_ENDPOINT": server.base, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    try:
+        out = models(store, "pull", "hf://someone/big-model:MXFP4", env=env)
+        assert out.returncode == 1 and "does not fit this box, so nothing was downloaded" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr and listed(store) == []
+        assert not any(p.is_file() for p in (store / ".partial").rglob("*"))
+        big_reads = [r for r, path in zip(server.ranges, [p for p in server.paths if "/resolve/" in p])
+                     if "MXFP4" in path]
+        assert big_reads and all(re.fullmatch(r"bytes=0-\d+", r or "") for r in big_reads), big_reads
+        assert max(int(r.rsplit("-", 1)[1]) for r in big_reads) < 64 << 20  # the header's megabytes, no more
+        out = models(store, "pull", "hf://someone/big-model:Q8_0", env=env)
+        assert out.returncode == 0 and "; fits: " in out.stderr, out.stderr
+        out = models(store, "pull", "hf://someone/big-model:Q8_0", "--no-fit-check", "--name", "unasked", env=env)
+        assert out.returncode == 0 and "fits" not in out.stderr, out.stderr
+    finally:
+        server.shutdown()
+    assert sorted(m["name"] for m in listed(store)) == ["big-model-Q8_0", "unasked"]

@@ -29,8 +29,12 @@ def add_parser(sub) -> None:
     add.add_argument("--mmproj", type=Path, metavar="FILE",
                      help="the model's vision projector (a clip GGUF, mmproj-*.gguf), kept beside it and served with "
                           "it wherever it is loaded: requests may then carry images")
-    pull = m_sub.add_parser("pull", help="download a model: an http(s) URL on the LAN, or hf://OWNER/REPO/FILE.gguf")
+    pull = m_sub.add_parser("pull", help="download a model: an http(s) URL on the LAN, hf://OWNER/REPO/FILE.gguf, or "
+                                         "hf://OWNER/REPO:QUANT; refused before the download where it does not fit")
     pull.add_argument("source", metavar="SOURCE")
+    pull.add_argument("--no-fit-check", action="store_true",
+                      help="pull it even where the planner, reading its header first, says this box cannot run it "
+                           "(for another box, or once memory is added)")
     for p in (add, pull):
         p.add_argument("--name", metavar="NAME", help="the model's name (default: the file's name without .gguf)")
         p.add_argument("--sha256", metavar="HEX", help="refuse the file unless its sha256 is this")
@@ -59,6 +63,15 @@ def add_parser(sub) -> None:
                                                                    "serving service's next start")
     for p in (listing, show, add, pull, pin, own):
         p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _fits_here(source: str):
+    """The planner's verdict for a source on this machine's devices and free memory, at the engine's default
+    context (models/verdict.py: the header's tensor table, read by a range request)."""
+    from host_runtime.engine.limits import DEFAULT_CTX
+    from host_runtime.models.verdict import verdict_for
+
+    return verdict_for(source, None, DEFAULT_CTX)
 
 
 def _say(line: str) -> None:
@@ -127,7 +140,8 @@ def _run(args, store: Store) -> int:
         _print(pulling.add(store, args.file, args.name, args.sha256, _say, projector=args.mmproj), args.json)
         return 0
     if command == "pull":
-        _print(pulling.pull(store, args.source, args.name, args.sha256, _say), args.json)
+        _print(pulling.pull(store, args.source, args.name, args.sha256, _say,
+                            fits=None if args.no_fit_check else _fits_here), args.json)
         return 0
     if command == "rm":
         print(actions.remove(store, args.name, force=args.force, say=_say))

@@ -52,12 +52,20 @@ def add(store: Store, file: Path, name: str | None = None, sha256: str | None = 
         raise
 
 
+class DoesNotFit(SourceRefused):
+    """The planner's verdict, from the model's header, says this box cannot run it: nothing was downloaded."""
+
+
 def pull(store: Store, source: str, name: str | None = None, sha256: str | None = None, say=print,
-         observe=None, hosts: PullHosts | None = None, slot: PullSlot | None = None) -> Manifest:
+         observe=None, hosts: PullHosts | None = None, slot: PullSlot | None = None, fits=None) -> Manifest:
     """observe(download.Progress), if given, follows the download (the first-boot pull's status file). hosts:
     the hosts a pull asked for through the API may reach (models/pull_hosts.py); None: anywhere (the owner's CLI).
     slot: this pull's, taken by the caller (the API, which answers PullsBusy before it starts); else taken here
-    and given back at the end."""
+    and given back at the end. fits(source) -> verdict.Verdict, if given: the planner's verdict from the file's
+    header (a range request of its first megabytes), said, and DoesNotFit before any download where it does not
+    fit; a header that cannot be read (a Whisper model's .bin, a server that ignores ranges) is said and the pull
+    goes on. It is asked of hf:// sources always and of URLs only where no hosts judge them (the owner's CLI): the
+    header's request would otherwise reach a host the API's judge never saw."""
     expected = check_sha256(sha256)
     scheme = urllib.parse.urlsplit(source).scheme
     if scheme not in ("http", "https", "hf"):
@@ -70,6 +78,8 @@ def pull(store: Store, source: str, name: str | None = None, sha256: str | None 
         named = hf_names.resolve(source)
         say(f"{source}: {named.model}" + (f", with the projector {named.projector}" if named.projector else ""))
         source, expected = named.model, expected or named.sha256
+    if fits is not None and (scheme == "hf" or hosts is None):
+        _check_fit(source, fits, say)
     own = slot is None
     slot = slot or PullSlot.take(store.partial_dir(), name)
     try:
@@ -82,6 +92,20 @@ def pull(store: Store, source: str, name: str | None = None, sha256: str | None 
     say(f"{name}: {manifest.size / 2**20:,.1f} MiB, {manifest.architecture} {manifest.quantization}, sha256 "
         f"{manifest.sha256}")
     return manifest
+
+
+def _check_fit(source: str, fits, say) -> None:
+    from host_runtime.models.verdict import VerdictError
+
+    try:
+        verdict = fits(source)
+    except VerdictError as exc:
+        say(f"{source}: not planned before the download ({exc})")
+        return
+    say(verdict.text)
+    if not verdict.fits:
+        raise DoesNotFit(f"{source} does not fit this box, so nothing was downloaded: {verdict.text} (a smaller "
+                         "quantization may; `everycycle models pull --no-fit-check` pulls it all the same)")
 
 
 def _with_projector(store: Store, name: str, named: hf_names.Resolved, say) -> Manifest:

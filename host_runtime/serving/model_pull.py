@@ -29,6 +29,14 @@ log = logging.getLogger("everycycle.serve")
 _DONE = object()
 
 
+def _fits_here(source: str):
+    """The planner's verdict for an hf:// source on this box (models/pull.py asks it before the download)."""
+    from host_runtime.engine.limits import DEFAULT_CTX
+    from host_runtime.models.verdict import verdict_for
+
+    return verdict_for(source, None, DEFAULT_CTX)
+
+
 class PullJob:
     """One pull: start() it, then read lines() (each a dict, Ollama's shape) until it ends."""
 
@@ -70,7 +78,7 @@ class PullJob:
         try:
             self._lines.put({"status": "pulling manifest"})
             pull(self.store, self.source, self.name, say=lambda _: None, observe=observe, hosts=self.hosts,
-                 slot=self._slot)
+                 slot=self._slot, fits=_fits_here)
             self._lines.put({"status": "writing manifest"})
             self._lines.put({"status": "success"})
         except SourceRefused as exc:  # no such file, no access, not a GGUF, a wrong hash: the request's fault
