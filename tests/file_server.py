@@ -9,6 +9,7 @@ import json
 import re
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -26,6 +27,7 @@ class Files(http.server.ThreadingHTTPServer):
         Location a 302 sends it to. Every path asked for is kept in .paths."""
         self.root, self.delay_s, self.ranges, self.fail_first = root, delay_s, [], fail_first
         self.redirects, self.paths = redirects or {}, []
+        self.models: list[dict] = []  # what the Hub's search finds (_search)
         super().__init__((host, 0), Handler)
 
     @property
@@ -77,9 +79,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
         return True
 
+    def _search(self) -> bool:
+        """The Hub's /api/models?search=TEXT&filter=gguf (huggingface_hub's list_models): the server's `models`
+        (each {"id": "OWNER/REPO", ...}) whose id holds the text."""
+        if not self.path.startswith("/api/models?"):
+            return False
+        asked = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        text = (asked.get("search") or [""])[0].lower()
+        body = json.dumps([m for m in self.server.models if text in m["id"].lower()]).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        return True
+
     def do_GET(self):
         self.server.paths.append(self.path)
-        if self._listing():
+        if self._listing() or self._search():
             return
         if self.path in self.server.redirects:
             self.send_response(302)

@@ -237,3 +237,46 @@ def test_a_quantization_that_does_not_fit_is_refused_before_its_download(tmp_pat
     finally:
         server.shutdown()
     assert sorted(m["name"] for m in listed(store)) == ["big-model-Q8_0", "unasked"]
+
+
+def test_a_repositorys_files_group_by_quantization_and_a_size_says_a_first_word_on_fitting():
+    from host_runtime.models.hub_search import by_size, quantizations
+
+    got = quantizations("o/r", [("r-Q8_0.gguf", 800), ("sub/r-Q4_K_M.gguf", 500), ("mmproj-r-f16.gguf", 90),
+                                ("r-F16-00001-of-00002.gguf", 1000), ("r-F16-00002-of-00002.gguf", 900),
+                                ("README.md", 5), ("r.gguf", 7)])
+    assert [(q.quant, q.size_bytes, q.parts, q.projector) for q in got] == [
+        ("Q4_K_M", 500, 1, True), ("Q8_0", 800, 1, True), ("F16", 1900, 2, True)]
+    assert got[0].source == "hf://o/r:Q4_K_M"
+    assert [by_size(size, 1000) for size in (800, 950, 1200)] == ["likely fits", "tight", "too big"]
+
+
+@pytest.mark.system
+def test_search_lists_the_hubs_gguf_repositories_with_each_quantizations_size_fit_and_pull_name(tmp_path):
+    """#59: `models search TEXT` asks the Hub (here a loopback one at HF_ENDPOINT) for GGUF repositories, lists each
+    quantization with its size, a first word on fitting from that size, and the name that pulls it."""
+    from tests.file_server import serve_files
+    from tests.sparse_gguf import gpt_oss_120b
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    gpt_oss_120b(repo / "big-model-MXFP4.gguf")
+    write_tiny_llama(repo / "big-model-Q8_0.gguf", n_ctx=256)
+    server = serve_files(repo)
+    server.models = [{"id": "someone/big-model", "downloads": 10, "likes": 1, "tags": ["gguf"]},
+                     {"id": "someone/unrelated", "downloads": 5, "likes": 0, "tags": ["gguf"]}]
+    env = {"HF_ENDPOINT": server.base, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    try:
+        out = models(tmp_path / "store", "search", "big", env=env)
+        shown = models(tmp_path / "store", "search", "big", "--json", env=env)
+        none = models(tmp_path / "store", "search", "nothing-like-it", env=env)
+    finally:
+        server.shutdown()
+    assert out.returncode == 0, out.stderr
+    assert "someone/big-model" in out.stdout and "unrelated" not in out.stdout
+    assert re.search(r"Q8_0 +[\d.]+ MiB +likely fits +everycycle models pull hf://someone/big-model:Q8_0", out.stdout)
+    assert re.search(r"MXFP4 +5\d\.\d GiB +too big", out.stdout), out.stdout
+    (found,) = json.loads(shown.stdout)
+    assert [q["quantization"] for q in found["quantizations"]] == ["Q8_0", "MXFP4"]
+    assert any("search=big" in p and "filter=gguf" in p for p in server.paths), server.paths
+    assert none.returncode == 0 and "no GGUF repositories match 'nothing-like-it'" in none.stdout

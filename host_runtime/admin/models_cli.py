@@ -38,6 +38,11 @@ def add_parser(sub) -> None:
     for p in (add, pull):
         p.add_argument("--name", metavar="NAME", help="the model's name (default: the file's name without .gguf)")
         p.add_argument("--sha256", metavar="HEX", help="refuse the file unless its sha256 is this")
+    search = m_sub.add_parser("search", help="GGUF repositories on the Hugging Face Hub (HF_ENDPOINT where set) "
+                                             "matching TEXT, each quantization's size, whether it is likely to fit "
+                                             "this box, and the name that pulls it")
+    search.add_argument("text", metavar="TEXT")
+    search.add_argument("--limit", type=int, default=10, metavar="N", help="repositories at most (default 10)")
     rm = m_sub.add_parser("rm", help="remove a model")
     rm.add_argument("name", metavar="NAME")
     rm.add_argument("--force", action="store_true", help="remove it even when pinned or being served")
@@ -61,8 +66,42 @@ def add_parser(sub) -> None:
                               "/etc/everycycle/serving.toml)")
     default.add_argument("--no-restart", action="store_true", help="only write the setting: it applies at the "
                                                                    "serving service's next start")
-    for p in (listing, show, add, pull, pin, own):
+    for p in (listing, show, add, pull, pin, own, search):
         p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _search(args) -> int:
+    """The Hub's GGUF repositories for args.text, each quantization judged by its size against this box's room
+    (host RAM and GPU memory free); the pull then asks the planner from the chosen file's header."""
+    from host_runtime.models.hub_search import by_size, search
+    from host_runtime.placement.session import live_devices
+
+    if not 1 <= args.limit <= 100:
+        raise StoreError(f"--limit: {args.limit} is not 1 to 100")
+    devices, host = live_devices()
+    room = host.available_bytes + sum(d.free_bytes for d in devices)
+    found = search(args.text, args.limit)
+    if args.json:
+        print(json.dumps([{"repository": repo, "quantizations": [
+            {"quantization": q.quant, "size_bytes": q.size_bytes, "files": q.parts, "projector": q.projector,
+             "fit_by_size": by_size(q.size_bytes, room), "pull": q.source if q.parts == 1 else None}
+            for q in quants]} for repo, quants in found], indent=2))
+        return 0
+    if not found:
+        print(f"no GGUF repositories match {args.text!r}")
+        return 0
+    print(f"room for a model on this box: {room / 2**30:.1f} GiB (free host RAM and GPU memory); `models pull` "
+          "then reads the file's header and asks the planner before downloading")
+    for repo, quants in found:
+        print(f"\n{repo}" + ("  (with a vision projector)" if quants and quants[0].projector else ""))
+        if not quants:
+            print("  no GGUF file named by its quantization")
+        for q in quants:
+            size = f"{q.size_bytes / 2**30:.1f} GiB" if q.size_bytes >= 2**30 else f"{q.size_bytes / 2**20:.1f} MiB"
+            pull = (f"everycycle models pull {q.source}" if q.parts == 1 else
+                    f"in {q.parts} files: not pulled yet")
+            print(f"  {q.quant:10} {size:>10}  {by_size(q.size_bytes, room):12} {pull}")
+    return 0
 
 
 def _fits_here(source: str):
@@ -139,6 +178,8 @@ def _run(args, store: Store) -> int:
     if command == "add":
         _print(pulling.add(store, args.file, args.name, args.sha256, _say, projector=args.mmproj), args.json)
         return 0
+    if command == "search":
+        return _search(args)
     if command == "pull":
         _print(pulling.pull(store, args.source, args.name, args.sha256, _say,
                             fits=None if args.no_fit_check else _fits_here), args.json)
