@@ -266,12 +266,26 @@ def test_search_lists_the_hubs_gguf_repositories_with_each_quantizations_size_fi
     server.models = [{"id": "someone/big-model", "downloads": 10, "likes": 1, "tags": ["gguf"]},
                      {"id": "someone/unrelated", "downloads": 5, "likes": 0, "tags": ["gguf"]}]
     env = {"HF_ENDPOINT": server.base, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    own = tmp_path / "catalog.toml"  # the owner's catalog entry for the same repository: --fit picks the quant
+    own.write_text('[[model]]\nname = "big"\ntag = "1"\nrepo = "someone/big-model"\nquants = ["MXFP4", "Q8_0"]\n'
+                   'context = 256\ncan = ["tools"]\nlicense = "test"\nwhy = "a quantization too big and one not"\n')
     try:
         out = models(tmp_path / "store", "search", "big", env=env)
         shown = models(tmp_path / "store", "search", "big", "--json", env=env)
         none = models(tmp_path / "store", "search", "nothing-like-it", env=env)
+        fits = models(tmp_path / "store", "catalog", "--fit", "--json", env={**env, "EVERYCYCLE_CATALOG": str(own)})
+        # a catalog name pulls: its default quantization (MXFP4) refused as too big, the one its tag asks pulled
+        too_big = models(tmp_path / "store", "pull", "big:1", env={**env, "EVERYCYCLE_CATALOG": str(own)})
+        pulled = models(tmp_path / "store", "pull", "big:1-q8_0", env={**env, "EVERYCYCLE_CATALOG": str(own)})
     finally:
         server.shutdown()
+    assert fits.returncode == 0, fits.stderr
+    best = {e["name"]: e["fits_best"] for e in json.loads(fits.stdout)}["big:1"]
+    assert best.startswith("Q8_0 (") and best.endswith("hf://someone/big-model:Q8_0"), best
+    assert too_big.returncode == 1 and "big:1: hf://someone/big-model:MXFP4" in too_big.stderr
+    assert "does not fit this box" in too_big.stderr
+    assert pulled.returncode == 0, pulled.stderr
+    assert [m["name"] for m in listed(tmp_path / "store")] == ["big-1"]
     assert out.returncode == 0, out.stderr
     assert "someone/big-model" in out.stdout and "unrelated" not in out.stdout
     assert re.search(r"Q8_0 +[\d.]+ MiB +likely fits +everycycle models pull hf://someone/big-model:Q8_0", out.stdout)

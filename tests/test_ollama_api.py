@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import urllib.request
 
 import ollama
@@ -133,11 +134,18 @@ def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path)
     model = write_tiny_llama(files / "tiny.gguf", n_ctx=256)
     (files / "other.gguf").write_bytes(model.read_bytes())
     (files / "claude-sonnet-4-5.gguf").write_bytes(model.read_bytes())
+    (files / "tinyllama-Q8_0.gguf").write_bytes(model.read_bytes())
     source = serve_files(files)
+    # the owner's own catalog entry (#59), its repository on the loopback Hub (HF_ENDPOINT)
+    (tmp_path / "catalog.toml").write_text(
+        '[[model]]\nname = "tinyllama"\ntag = "1b"\nrepo = "someone/tiny-models"\nquants = ["Q8_0"]\n'
+        'context = 256\ncan = ["tools"]\nlicense = "Apache-2.0"\nwhy = "the tests\' own small model"\n')
     port = free_port()
     proc = Proc(everycycle("serve", "--port", str(port), "--keys", str(keys), "--threads", "2", "--ctx-size", "512",
                            "--parallel", "1", "--model-store", str(tmp_path / "store"), "--run-dir",
-                           str(tmp_path / "run"), "--settings", str(tmp_path / "serving.toml")), tmp_path / "serve.log")
+                           str(tmp_path / "run"), "--settings", str(tmp_path / "serving.toml")), tmp_path / "serve.log",
+                env={**os.environ, "EVERYCYCLE_CATALOG": str(tmp_path / "catalog.toml"), "HF_ENDPOINT": source.base,
+                     "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"})
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: ready(base), 120, "the server to become ready", proc)
@@ -150,12 +158,19 @@ def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path)
         assert "tiny:latest" in [m.model for m in client.list().models]
         assert client.pull(f"{source.base}/other.gguf").status == "success"  # whole, not streamed
         for asked, status, words in ((f"{source.base}/tiny.gguf", 400, "already in the store"),
-                                     ("llama3.2", 400, "no Ollama registry"),
+                                     ("no-such-model", 400, "not in this box's catalog"),
                                      (f"{source.base}/missing.gguf", 400, "HTTP 404"),
                                      ("http://127.0.0.2:9290/telemetry", 400, "not among the hosts")):
             with pytest.raises(ollama.ResponseError) as err:
                 client.pull(asked)
             assert err.value.status_code == status and words in err.value.error, err.value.error
+        # a catalog name, as Ollama's clients pull: resolved to its repository's Q8_0, stored as tinyllama-1b, and
+        # answered under the name the client used
+        assert client.pull("tinyllama:1b").status == "success"
+        assert "tinyllama-1b:latest" in [m.model for m in client.list().models]
+        answered = client.chat(model="tinyllama:1b", messages=[{"role": "user", "content": "hi"}],
+                               options={"num_predict": 2})
+        assert answered.done and answered.message.content is not None
         with pytest.raises(ollama.ResponseError) as err:
             ollama.Client(host=base, headers={"Authorization": f"Bearer {limited}"}, timeout=60).pull(
                 f"{source.base}/other.gguf")

@@ -43,6 +43,11 @@ def add_parser(sub) -> None:
                                              "this box, and the name that pulls it")
     search.add_argument("text", metavar="TEXT")
     search.add_argument("--limit", type=int, default=10, metavar="N", help="repositories at most (default 10)")
+    listed = m_sub.add_parser("catalog", help="the models this box pulls by a short name (qwen3:8b): the shipped "
+                                              "catalog and the owner's own ($EVERYCYCLE_STATE_DIR/catalog.toml)")
+    listed.add_argument("--fit", action="store_true",
+                        help="read each repository's listing (the Hub, or HF_ENDPOINT) for its quantizations' sizes "
+                             "and say which fits this box best")
     rm = m_sub.add_parser("rm", help="remove a model")
     rm.add_argument("name", metavar="NAME")
     rm.add_argument("--force", action="store_true", help="remove it even when pinned or being served")
@@ -66,7 +71,7 @@ def add_parser(sub) -> None:
                               "/etc/everycycle/serving.toml)")
     default.add_argument("--no-restart", action="store_true", help="only write the setting: it applies at the "
                                                                    "serving service's next start")
-    for p in (listing, show, add, pull, pin, own, search):
+    for p in (listing, show, add, pull, pin, own, search, listed):
         p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -102,6 +107,52 @@ def _search(args) -> int:
                     f"in {q.parts} files: not pulled yet")
             print(f"  {q.quant:10} {size:>10}  {by_size(q.size_bytes, room):12} {pull}")
     return 0
+
+
+def _catalog(args) -> int:
+    """The catalog's entries; with --fit, the quantization of each that fits this box best by size (the largest
+    that is likely to fit), from its repository's listing."""
+    from host_runtime.models import catalog
+
+    entries = catalog.entries()
+    best: dict[str, str] = {}
+    if args.fit:
+        best = _best_fits(entries)
+    if args.json:
+        print(json.dumps([{**e.model_dump(), "name": e.full_name, "store_name": e.store_name, "pull": e.source(),
+                           **({"fits_best": best.get(e.full_name)} if args.fit else {})} for e in entries], indent=2))
+        return 0
+    for e in entries:
+        fit = f"  best here: {best.get(e.full_name)}" if args.fit else ""
+        print(f"{e.full_name:24} {', '.join(e.can):20} {e.context:>7}  {e.license:20} {e.source()}{fit}\n"
+              f"{'':24} {e.why}")
+    return 0
+
+
+def _best_fits(entries) -> dict[str, str]:
+    from host_runtime.models.hub_search import by_size, listing_sizes, quantizations
+    from host_runtime.placement.session import live_devices
+
+    devices, host = live_devices()
+    room = host.available_bytes + sum(d.free_bytes for d in devices)
+    out = {}
+    for e in entries:
+        try:
+            files = listing_sizes(e.repo)
+        except (StoreError, OSError) as exc:
+            out[e.full_name] = f"unknown ({exc})"
+            continue
+        if e.file:
+            size = dict(files).get(e.file)
+            out[e.full_name] = "not in its repository" if size is None else \
+                f"{e.file} ({size / 2**20:,.0f} MiB, {by_size(size, room)})"
+            continue
+        sizes = {q.quant: q.size_bytes for q in quantizations(e.repo, files)}
+        fitting = [q for q in e.quants if q in sizes and by_size(sizes[q], room) == "likely fits"]
+        chosen = max(fitting, key=lambda q: sizes[q], default=None)
+        out[e.full_name] = (f"{chosen} ({sizes[chosen] / 2**30:.1f} GiB): {e.source(chosen)}" if chosen else
+                            "none of its quantizations fits by size")
+    return out
 
 
 def _fits_here(source: str):
@@ -180,6 +231,8 @@ def _run(args, store: Store) -> int:
         return 0
     if command == "search":
         return _search(args)
+    if command == "catalog":
+        return _catalog(args)
     if command == "pull":
         _print(pulling.pull(store, args.source, args.name, args.sha256, _say,
                             fits=None if args.no_fit_check else _fits_here), args.json)

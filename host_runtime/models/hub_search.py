@@ -63,14 +63,26 @@ def search(text: str, limit: int) -> list[tuple[str, list[Quantization]]]:
     api = HfApi()
     try:
         repos = [m.id for m in api.list_models(search=text, filter="gguf", sort="downloads", limit=limit)]
-        out = []
-        for repo in repos:
-            files = [(f.path, int(f.size)) for f in api.list_repo_tree(repo, recursive=True) if hasattr(f, "size")]
-            out.append((repo, quantizations(repo, files)))
-        return out
+        return [(repo, quantizations(repo, listing_sizes(repo, api))) for repo in repos]
     except HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None) or 0
         raise (SourceRefused if 400 <= status < 500 else StoreError)(f"searching the Hub for {text!r}: {exc}") \
             from None
     except (OSError, ValueError) as exc:
         raise StoreError(f"searching the Hub for {text!r}: {exc}") from None
+
+
+def listing_sizes(repo: str, api=None) -> list[tuple[str, int]]:
+    """(path, size) of every file in a repository's listing."""
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import HfHubHTTPError
+    except ImportError:
+        raise StoreError("reading the Hub needs huggingface_hub") from None
+    try:
+        return [(f.path, int(f.size)) for f in (api or HfApi()).list_repo_tree(repo, recursive=True)
+                if hasattr(f, "size")]
+    except HfHubHTTPError as exc:
+        raise StoreError(f"listing {repo}: {exc}") from None
+    except ValueError as exc:
+        raise StoreError(f"listing {repo}: {exc}") from None

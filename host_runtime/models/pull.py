@@ -17,7 +17,7 @@ from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.manifest import Manifest, check_name, name_for_file
 from host_runtime.models.pull_hosts import PullHosts
 from host_runtime.models.pull_slots import PullSlot
-from host_runtime.models import hf_names
+from host_runtime.models import catalog, hf_names
 from host_runtime.models.sources import check_sha256, hf_parts, hf_quant_parts, source_file_name
 from host_runtime.models.store import Store, check_projector
 
@@ -68,9 +68,14 @@ def pull(store: Store, source: str, name: str | None = None, sha256: str | None 
     header's request would otherwise reach a host the API's judge never saw."""
     expected = check_sha256(sha256)
     scheme = urllib.parse.urlsplit(source).scheme
+    catalogued = catalog.resolve(source) if scheme not in ("http", "https", "hf") else None
+    if catalogued is not None:  # a short name (qwen3:8b): the catalog's repository and quantization
+        entry, source = catalogued
+        name, scheme = name or entry.store_name, "hf"
+        say(f"{entry.full_name}: {source} ({entry.license}; {', '.join(entry.can)})")
     if scheme not in ("http", "https", "hf"):
-        raise SourceRefused(f"SOURCE: {source!r} is neither an http(s) URL nor hf://OWNER/REPO/FILE.gguf "
-                         "(a file on the box: everycycle models add FILE)")
+        raise SourceRefused(f"SOURCE: {source!r} is neither a name in the catalog (everycycle models catalog), an "
+                            "http(s) URL nor hf://OWNER/REPO/FILE.gguf (a file on the box: everycycle models add FILE)")
     name = check_name(name or name_for_file(source_file_name(source)))
     store.refuse_existing(name)
     named = None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.manifest import check_name, name_for_file
+from host_runtime.models import catalog
 from host_runtime.models.pull import pull, source_file_name
 from host_runtime.models.pull_hosts import PullHosts
 from host_runtime.models.pull_slots import PullsBusy, PullSlot
@@ -44,7 +45,16 @@ class PullJob:
         self.source, self.hosts = source, hosts
         self.store = Store(Path(store_root))
         try:
-            self.name = check_name(name_for_file(source_file_name(source)))
+            catalogued = catalog.resolve(source) if "://" not in source else None
+            if catalogued is not None:  # qwen3:8b: the catalog's repository, stored as qwen3-8b
+                entry, self.source = catalogued
+                self.name = entry.store_name
+            elif "://" not in source:
+                raise APIError(400, f"'model' {source!r} is not in this box's catalog (everycycle models catalog "
+                                    "lists it) and there is no Ollama registry here: give a catalog name, an "
+                                    "http(s) URL or hf://OWNER/REPO:QUANT", param="model")
+            else:
+                self.name = check_name(name_for_file(source_file_name(source)))
             self.store.refuse_existing(self.name)
         except StoreError as exc:
             raise APIError(400, str(exc), param="model") from None

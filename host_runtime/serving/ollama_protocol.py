@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from host_runtime.engine.media import image_format
 from host_runtime.serving import protocol, request_models
+from host_runtime.models.catalog import store_name
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import GenerationCall, bad, field_of
 
@@ -41,7 +42,7 @@ def model_name(body: dict, served: str) -> str:
     name = field_of(body, "model", str)
     if not name:
         raise bad("'model' is required", "model", "missing_required_parameter")
-    return name[:-len(TAG)] if name.endswith(TAG) else name
+    return store_name(name)  # qwen3:8b is the store's qwen3-8b (a catalog pull's name); tiny:latest is tiny
 
 
 def loads_only(body: dict, kind: str) -> bool:
@@ -225,9 +226,9 @@ def parse_pull(body: dict) -> tuple[str, bool]:
     if not source:
         raise bad("'model' is required: where the GGUF is (an http(s) URL, or hf://OWNER/REPO/FILE.gguf)", "model",
                   "missing_required_parameter")
-    if not source.startswith(PULL_SCHEMES):
-        raise bad(f"'model' {source!r} is not a source this box pulls from: there is no Ollama registry here; give "
-                  "where the GGUF is, an http(s) URL or hf://OWNER/REPO/FILE.gguf", "model")
+    if "://" in source and not source.startswith(PULL_SCHEMES):
+        raise bad(f"'model' {source!r} is not a source this box pulls from: give a name in the box's catalog "
+                  "(qwen3:8b), an http(s) URL or hf://OWNER/REPO:QUANT", "model")
     return source, True if request.stream is None else request.stream
 
 

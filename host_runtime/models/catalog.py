@@ -1,0 +1,132 @@
+"""Models by short name (`qwen3:8b`, as Ollama names them): the shipped catalog (models/catalog_shipped.py) and the
+owner's own (a TOML file of the same shape: EVERYCYCLE_CATALOG, else $EVERYCYCLE_STATE_DIR/catalog.toml), read and
+checked by one pydantic model, and a name resolved to the pull source it stands for (hf://OWNER/REPO:QUANT, or
+hf://OWNER/REPO/FILE). Pure but for reading the owner's file."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import pydantic
+from pydantic import Field
+
+from host_runtime.models.catalog_shipped import SHIPPED
+from host_runtime.models.errors import SourceRefused
+
+SHORT_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+Ability = Literal["tools", "reasoning", "vision", "embeddings", "rerank", "fim", "speech"]
+Quant = Annotated[str, Field(pattern=r"^(I?Q\d\w*|F16|BF16|F32|MXFP4)$")]
+DEFAULT_TAG = "latest"
+
+
+class Entry(pydantic.BaseModel):
+    """One catalog model: a name and tag (`qwen3:8b`), where it is, what it can do, its license and why it is in."""
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(pattern=SHORT_NAME.pattern)]
+    tag: Annotated[str, Field(pattern=SHORT_NAME.pattern)]
+    repo: Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]
+    quants: tuple[Quant, ...] = ()
+    file: Annotated[str, Field(pattern=r"^[\w./-]+\.(gguf|bin)$")] | None = None
+    context: Annotated[int, Field(ge=0)]
+    can: tuple[Ability, ...]
+    license: Annotated[str, Field(min_length=1)]
+    why: Annotated[str, Field(min_length=10)]
+
+    @pydantic.model_validator(mode="after")
+    def _one_way_to_the_file(self) -> "Entry":
+        if bool(self.quants) == bool(self.file):
+            raise ValueError("give quants (the repository's quantizations, the default first) or file, not both")
+        return self
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.name}:{self.tag}"
+
+    @property
+    def store_name(self) -> str:
+        """The store's name for it (a store name has no ':'): qwen3-8b; Ollama's handlers read qwen3:8b as it."""
+        return store_name(self.full_name)
+
+    def source(self, quant: str | None = None) -> str:
+        if self.file:
+            return f"hf://{self.repo}/{self.file}"
+        chosen = quant or self.quants[0]
+        if chosen.upper() not in self.quants:
+            raise SourceRefused(f"{self.full_name} comes in {', '.join(self.quants)}, not {chosen}")
+        return f"hf://{self.repo}:{chosen.upper()}"
+
+
+class Catalog(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    model: list[Entry]
+
+    @pydantic.model_validator(mode="after")
+    def _names_unique(self) -> "Catalog":
+        names = [e.full_name for e in self.model]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"names given twice: {', '.join(twice)}")
+        return self
+
+
+def store_name(name: str) -> str:
+    """NAME:TAG as the store names it (NAME-TAG; NAME for the latest tag)."""
+    base, _, tag = name.partition(":")
+    return base if not tag or tag == DEFAULT_TAG else f"{base}-{tag}"
+
+
+def parse(text: str, where: str) -> list[Entry]:
+    """A catalog's entries; SourceRefused naming the entry and field at fault."""
+    try:
+        return Catalog.model_validate(tomllib.loads(text)).model
+    except tomllib.TOMLDecodeError as exc:
+        raise SourceRefused(f"{where}: not TOML: {exc}") from None
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        at = ".".join(str(p) for p in first["loc"])
+        raise SourceRefused(f"{where}: {at}: {first['msg']}") from None
+
+
+def owners_file() -> Path | None:
+    given = os.environ.get("EVERYCYCLE_CATALOG")
+    if given:
+        return Path(given)
+    state = os.environ.get("EVERYCYCLE_STATE_DIR")
+    return Path(state) / "catalog.toml" if state else None
+
+
+def entries() -> list[Entry]:
+    """The shipped entries, then the owner's, whose entry wins on a name both give."""
+    shipped = parse(SHIPPED, "the shipped catalog")
+    path = owners_file()
+    if path is None or not path.is_file():
+        return shipped
+    own = parse(path.read_text(), str(path))
+    mine = {e.full_name for e in own}
+    return [e for e in shipped if e.full_name not in mine] + own
+
+
+def resolve(name: str) -> tuple[Entry, str] | None:
+    """(the entry, its pull source) for a catalog name: NAME:TAG, NAME (its `latest` tag, else its first), or
+    NAME:TAG-QUANT (Ollama's way of asking a quantization: qwen3:8b-q8_0); None where the catalog has no such
+    name (it may be a URL or an hf:// source)."""
+    if "://" in name or "/" in name:
+        return None
+    base, _, tag = name.lower().partition(":")
+    found = [e for e in entries() if e.name == base]
+    if not found:
+        return None
+    if not tag or tag == DEFAULT_TAG:
+        chosen = next((e for e in found if e.tag == DEFAULT_TAG), found[0])
+        return chosen, chosen.source()
+    for entry in found:
+        if tag == entry.tag:
+            return entry, entry.source()
+        if tag.startswith(entry.tag + "-") and entry.quants:
+            return entry, entry.source(tag[len(entry.tag) + 1:])
+    raise SourceRefused(f"{name}: the catalog has {base} as {', '.join(e.full_name for e in found)}")
