@@ -109,10 +109,12 @@ class Ssh(Table):
 class Model(Table):
     source: Literal["image", "bundle", "pull", "store"]
     path: str = None
-    url: str = Field(None, description="source = 'pull': an http(s) URL on the LAN or "
-                                       "hf://OWNER/REPO/FILE.gguf[@REVISION], pulled into the model store at first boot")
+    url: str = Field(None, description="source = 'pull': a name from the box's catalog (qwen3:8b), an http(s) URL "
+                                       "on the LAN, hf://OWNER/REPO:QUANT or hf://OWNER/REPO/FILE.gguf[@REVISION], "
+                                       "pulled into the model store at first boot")
     sha256: PullDigest = Field(None, description="source = 'pull': the file's sha256; the pull is refused unless it "
-                                                 "matches")
+                                                 "matches (required for a URL or a file; a catalog name's or "
+                                                 "REPO:QUANT's is the Hub listing's own)")
     name: ModelName = Field(None, description="source = 'pull': the model's name in the store (default: the file's "
                                               "name without .gguf); source = 'store': the model already in the box's "
                                               "store to serve (added by the first-boot wizard from a USB stick, or by "

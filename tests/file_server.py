@@ -71,13 +71,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                   "oid": _digest(p, hashlib.sha1),
                   "lfs": {"oid": _digest(p, hashlib.sha256), "size": p.stat().st_size, "pointerSize": 134}}
                  for p in sorted(self.server.root.rglob("*")) if p.is_file()]
-        body = json.dumps(files).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-        return True
+        return self._json(files)
 
     def _search(self) -> bool:
         """The Hub's /api/models?search=TEXT&filter=gguf (huggingface_hub's list_models): the server's `models`
@@ -86,7 +80,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return False
         asked = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
         text = (asked.get("search") or [""])[0].lower()
-        body = json.dumps([m for m in self.server.models if text in m["id"].lower()]).encode()
+        return self._json([m for m in self.server.models if text in m["id"].lower()])
+
+    def _json(self, doc) -> bool:
+        body = json.dumps(doc).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

@@ -49,7 +49,7 @@ def test_a_short_name_resolves_to_its_repository_and_quantization(monkeypatch):
 
 def test_the_owners_catalog_adds_and_wins_and_a_bad_one_is_refused_naming_the_field(tmp_path, monkeypatch):
     own = tmp_path / "catalog.toml"
-    own.write_text('[[model]]\nname = "qwen3"\ntag = "8b"\nrepo = "me/my-qwen"\nquants = ["Q6_K"]\ncontext = 4096\n'
+    own.write_text('[[model]]\nname = "qwen3"\ntag = "8b"\nrepo = "me/my-qwen"\nquants = ["Q6_K"]\nsize_gb = 6.7\ncontext = 4096\n'
                    'can = ["tools"]\nlicense = "mine"\nwhy = "the owner\'s own requantization"\n')
     monkeypatch.setenv("EVERYCYCLE_CATALOG", str(own))
     assert catalog.resolve("qwen3:8b")[1] == "hf://me/my-qwen:Q6_K"

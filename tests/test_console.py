@@ -3,6 +3,7 @@ discovery, and supervisord; driven through textual's pilot, plus an SVG snapshot
 
 from __future__ import annotations
 
+import re
 import json
 import os
 import subprocess
@@ -439,3 +440,54 @@ def test_the_models_screen_snapshot(snap_compare, tmp_path):
         raise AssertionError("no verdict shown")
 
     assert snap_compare(ModelsApp(), terminal_size=(120, 16), run_before=judged)
+
+
+def test_the_models_screen_searches_the_hub_and_shows_each_quantizations_fit(snap_compare, tmp_path, monkeypatch):
+    """#59: `s` on the models screen asks the Hub (a loopback one at HF_ENDPOINT) for GGUF repositories and shows each
+    quantization's size, its fit by size against the room discovery saw (16 GiB, no GPU: a tiny Q8_0 likely fits, a
+    63 GB MXFP4 is too big) and the name `p` pulls it by; the snapshot is that screen."""
+    import json
+
+    from host_runtime.console.models_screen import Models
+    from host_runtime.models.store import Store
+    from tests.file_server import serve_files
+    from tests.sparse_gguf import gpt_oss_120b
+    from tests.tiny_gguf import write_tiny_llama
+    from textual.app import App
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    gpt_oss_120b(repo / "big-model-MXFP4.gguf")
+    write_tiny_llama(repo / "big-model-Q8_0.gguf", n_ctx=256)
+    server = serve_files(repo)
+    server.models = [{"id": "someone/big-model", "downloads": 10, "likes": 1, "tags": ["gguf"]}]
+    monkeypatch.setenv("HF_ENDPOINT", server.base)
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    store = Store(tmp_path / "store")
+    (tmp_path / "run" / "discovery").mkdir(parents=True)
+    (tmp_path / "run" / "discovery" / "topology.json").write_text(json.dumps(
+        {"gpus": {"llama_devices": []}, "memory": {"available_bytes": 12 << 30, "total_bytes": 16 << 30}}))
+
+    class ModelsApp(App):
+        def on_mount(self):
+            self.push_screen(Models(store.root, None, tmp_path / "run"))
+
+    async def searched(pilot):
+        await pilot.pause(0.3)
+        await pilot.press("s")
+        await pilot.pause(0.2)
+        await pilot.press(*"big", "enter")
+        for _ in range(200):
+            shown = str(pilot.app.screen.query_one("#models-verdict").render())
+            if "someone/big-model" in shown:
+                break
+            await pilot.pause(0.1)
+        assert "someone/big-model" in shown, shown
+        assert re.search(r"Q8_0 +[\d.]+ MiB +likely fits +hf://someone/big-model:Q8_0", shown), shown
+        assert re.search(r"MXFP4 +5\d\.\d GiB +too big", shown), shown
+        assert "room here 12.0 GiB" in shown
+
+    try:
+        assert snap_compare(ModelsApp(), terminal_size=(120, 30), run_before=searched)
+    finally:
+        server.shutdown()

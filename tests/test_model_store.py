@@ -268,7 +268,7 @@ def test_search_lists_the_hubs_gguf_repositories_with_each_quantizations_size_fi
     env = {"HF_ENDPOINT": server.base, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
     own = tmp_path / "catalog.toml"  # the owner's catalog entry for the same repository: --fit picks the quant
     own.write_text('[[model]]\nname = "big"\ntag = "1"\nrepo = "someone/big-model"\nquants = ["MXFP4", "Q8_0"]\n'
-                   'context = 256\ncan = ["tools"]\nlicense = "test"\nwhy = "a quantization too big and one not"\n')
+                   'size_gb = 63.0\ncontext = 256\ncan = ["tools"]\nlicense = "test"\nwhy = "a quantization too big and one not"\n')
     try:
         out = models(tmp_path / "store", "search", "big", env=env)
         shown = models(tmp_path / "store", "search", "big", "--json", env=env)

@@ -139,7 +139,7 @@ def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path)
     # the owner's own catalog entry (#59), its repository on the loopback Hub (HF_ENDPOINT)
     (tmp_path / "catalog.toml").write_text(
         '[[model]]\nname = "tinyllama"\ntag = "1b"\nrepo = "someone/tiny-models"\nquants = ["Q8_0"]\n'
-        'context = 256\ncan = ["tools"]\nlicense = "Apache-2.0"\nwhy = "the tests\' own small model"\n')
+        'size_gb = 0.01\ncontext = 256\ncan = ["tools"]\nlicense = "Apache-2.0"\nwhy = "the tests\' own small model"\n')
     port = free_port()
     proc = Proc(everycycle("serve", "--port", str(port), "--keys", str(keys), "--threads", "2", "--ctx-size", "512",
                            "--parallel", "1", "--model-store", str(tmp_path / "store"), "--run-dir",

@@ -921,3 +921,45 @@ def test_a_member_of_a_fleet_with_two_gateways_takes_the_fleet_key_from_both_and
     front = front_settings.load(etc / "front.toml")
     assert front.fleet_gateway == "10.20.0.5,10.20.0.15"
     assert "geo $fleet_gateway { default 0; 10.20.0.5 1; 10.20.0.15 1; }" in "\n".join(_per_client_key(front))
+
+
+def test_a_bundle_may_name_its_model_from_the_catalog_and_first_boot_pulls_it_without_a_digest(tmp_path):
+    """#59: box.toml's [model] url a catalog name (the wizard's catalog choice): no sha256 is asked (the Hub's listing
+    gives the pull one, checked after the download); the server's first-boot pull resolves the name to its
+    repository's quantization on a loopback Hub and stores it as NAME-TAG; a second boot finds it there by name."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.file_server import serve_files
+
+    files = tmp_path / "files"
+    files.mkdir()
+    write_tiny_llama(files / "tinyllama-Q8_0.gguf", n_ctx=256)
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text('[[model]]\nname = "tinyllama"\ntag = "1b"\nrepo = "someone/tiny"\nquants = ["Q8_0"]\n'
+                       'size_gb = 0.01\ncontext = 256\ncan = ["tools"]\nlicense = "test"\nwhy = "the tests\' own"\n')
+    server = serve_files(files)
+    script = """
+import sys
+from pathlib import Path
+from host_runtime.models.provisioned import ProvisionedPull
+from host_runtime.models.store import Store
+from host_runtime.serving.settings import ServingSettings
+settings = ServingSettings(pull_url="tinyllama:1b")
+store = Store(Path(sys.argv[1]))
+for _ in range(2):
+    status = ProvisionedPull(store, settings.pulled_name, settings.pull_url, settings.pull_sha256).run()
+    print(status.state, settings.pulled_name, store.get(settings.pulled_name).source)
+"""
+    env = {**os.environ, "EVERYCYCLE_CATALOG": str(catalog), "HF_ENDPOINT": server.base, "HF_HUB_OFFLINE": "0",
+           "HF_HUB_DISABLE_TELEMETRY": "1"}
+    try:
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "store")], capture_output=True,
+                              text=True, timeout=120, env=env)
+        fetched = [p for p in server.paths if p.endswith("tinyllama-Q8_0.gguf")]
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["pulled tinyllama-1b hf://someone/tiny/tinyllama-Q8_0.gguf"] * 2
+    assert len(fetched) == 1  # the second boot found it by name and fetched nothing

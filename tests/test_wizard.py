@@ -617,3 +617,45 @@ def test_a_verdict_that_arrives_as_the_console_quits_is_dropped(tmp_path):
             assert wizard._verdict is not None and wizard._verdict[0] == key
 
     asyncio.run(drive())
+
+
+def test_the_wizard_offers_the_catalogs_models_that_fit_largest_first_and_pulls_one_by_name(tmp_path):
+    """#59: the model page's catalog choice lists the catalog's chat models that fit this box by size (16 GiB, no
+    GPU: gpt-oss-20b's 12 GB first, no embedding, rerank or speech model), and the one chosen becomes a first-boot
+    pull by its name with no sha256 asked (the Hub's listing gives it): the bundle checks, and serving pulls it as
+    the store's qwen3-8b."""
+    from host_runtime.console.wizard import catalog_choices, model_from_answers
+    from host_runtime.serving.settings import ServingSettings, SettingsError
+
+    offered = [value for _, value in catalog_choices(16 << 30)]
+    assert offered == ["gpt-oss:20b", "qwen3:8b", "qwen2.5-coder:7b", "gemma3:4b", "qwen3:4b", "llama3.2:3b"]
+    assert [value for _, value in catalog_choices(4 << 30)] == ["gemma3:4b", "qwen3:4b", "llama3.2:3b"]
+    assert catalog_choices(1 << 30) == []
+    app = _wizard_app(tmp_path)
+
+    async def drive():
+        async with app.run_test(size=(120, 60)) as pilot:
+            await pilot.pause(0.3)
+            wizard = app.screen
+            for wid, value in {"admin_passphrase": "correct horse", "admin_passphrase_again": "correct horse"}.items():
+                wizard.query_one(f"#{wid}").value = value
+            wizard.query_one("#model_source").value = "catalog"
+            await pilot.pause(0.3)
+            assert wizard.query_one("#model_catalog").display and not wizard.query_one("#model_sha256").display
+            assert wizard.query_one("#model_catalog").value == "gpt-oss:20b"  # the largest that fits, first
+            wizard.query_one("#model_catalog").value = "qwen3:8b"
+            await pilot.pause(0.3)
+            box, _, problems = wizard.candidate()
+            assert box["model"] == {"source": "pull", "url": "qwen3:8b", "context_length": 8192}
+            assert not [p for p in problems if p.startswith("model.")], problems
+
+    asyncio.run(drive())
+    assert model_from_answers({"context_length": "4096", "model_source": "catalog", "model_catalog": "qwen3:4b"}) == {
+        "source": "pull", "url": "qwen3:4b", "context_length": 4096}
+    pulled = ServingSettings(pull_url="qwen3:8b")
+    assert pulled.pulled_name == "qwen3-8b"
+    assert ServingSettings(pull_url="hf://o/r:Q4_K_M").pulled_name == "r-Q4_K_M"
+    for url, field in (("http://nas.lan/m.gguf", "sha256"), ("qwen3:70b", "url"), ("nothing-like-it", "url")):
+        with pytest.raises(SettingsError) as refused:
+            ServingSettings(pull_url=url)
+        assert refused.value.field == field, (url, refused.value)

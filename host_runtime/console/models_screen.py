@@ -3,6 +3,7 @@ removing them at the box (admin/model_actions.py and models/pull.py do the work,
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rich.text import Text
@@ -25,7 +26,8 @@ from host_runtime.serving.settings import ServingSettings
 
 class Models(ModalScreen):
     BINDINGS = [Binding("escape", "app.pop_screen", "close"), Binding("d", "make_default", "make default"),
-                Binding("x", "remove", "remove"), Binding("p", "pull", "pull"), Binding("n", "pin", "pin/unpin")]
+                Binding("x", "remove", "remove"), Binding("p", "pull", "pull"), Binding("n", "pin", "pin/unpin"),
+                Binding("s", "search", "search the Hub")]
 
     def __init__(self, store_root: Path | None, settings_path: Path | None, run_dir: Path):
         super().__init__()
@@ -37,7 +39,8 @@ class Models(ModalScreen):
 
     def compose(self) -> ComposeResult:
         yield Static("Models (d: make the selected one the default and restart serving, n: pin or unpin (kept "
-                     "loaded, kept from removal), x: remove, p: pull a URL, Esc: close)", id="models-help")
+                     "loaded, kept from removal), x: remove, p: pull a catalog name or a URL, s: search the Hub, "
+                     "Esc: close)", id="models-help")
         yield OptionList(id="models")
         yield Static("", id="models-verdict")
         yield Input(placeholder="", id="models-input")
@@ -168,7 +171,41 @@ class Models(ModalScreen):
         self._ask(f"remove:{name}", f"type {name} and Enter to remove it (anything else keeps it)")
 
     def action_pull(self) -> None:
-        self._ask("pull", "a model's URL (https://.../FILE.gguf or hf://OWNER/REPO/FILE.gguf), then Enter")
+        self._ask("pull", "a catalog name (qwen3:8b), hf://OWNER/REPO:QUANT or a URL, then Enter")
+
+    def action_search(self) -> None:
+        self._ask("search", "search the Hub's GGUF repositories for: (then Enter)")
+
+    def _search(self, text: str) -> None:
+        """In a worker thread: the Hub's GGUF repositories for `text`, each quantization's size, fit by size and
+        the name `p` pulls it by (models/hub_search.py, as `everycycle models search`)."""
+        from host_runtime.models.hub_search import by_size, search
+        from host_runtime.placement.session import devices_from_topology, live_devices
+
+        try:
+            try:  # the devices and free memory discovery last saw, as the verdict above judges by
+                devices, host = devices_from_topology(json.loads(topology_file(self.run_dir).read_text()))
+            except (OSError, ValueError, KeyError, TypeError):
+                devices, host = live_devices()
+            room = host.available_bytes + sum(d.free_bytes for d in devices)
+            found = search(text, 8)
+        except (StoreError, OSError) as exc:
+            draw_from_worker(self, self._show_found, f"searching the Hub for {text!r} failed: {exc}")
+            return
+        lines = [f"the Hub's GGUF repositories for {text!r} (room here {room / 2**30:.1f} GiB; p pulls a name):"]
+        for repo, quants in found:
+            lines.append(repo)
+            for q in quants:
+                size = f"{q.size_bytes / 2**30:.1f} GiB" if q.size_bytes >= 2**30 else f"{q.size_bytes / 2**20:.1f} MiB"
+                pull = q.source if q.parts == 1 else f"in {q.parts} files: not pulled yet"
+                lines.append(f"  {q.quant:8} {size:>10}  {by_size(q.size_bytes, room):11} {pull}")
+        if not found:
+            lines.append("  nothing found")
+        draw_from_worker(self, self._show_found, "\n".join(lines))
+
+    def _show_found(self, text: str) -> None:
+        self.query_one("#models-verdict", Static).update(text)
+        self.say("search done: p pulls one of the names shown")
 
     def _ask(self, what: str, prompt: str) -> None:
         self._asking = what
@@ -191,6 +228,9 @@ class Models(ModalScreen):
             # Typing its name is the confirmation: a pinned or loaded model goes too (unloaded first).
             self._run(lambda store, say: actions.remove(store, name, force=True, runs=self.run_dir, say=say),
                       f"removing {name}…")
+        elif what == "search" and value:
+            self.query_one("#models-verdict", Static).update(f"searching the Hub for {value!r}…")
+            self.run_worker(lambda: self._search(value), thread=True, exclusive=True, group="verdict")
         elif what == "pull" and value:
             self._run(lambda store, say: f"pulled {pulling.pull(store, value, say=say).name}", f"pulling {value}…")
 

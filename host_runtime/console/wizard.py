@@ -4,6 +4,7 @@ exactly the code path a bundle from the boot disk takes (provisioning.apply)."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import tomli_w
@@ -18,7 +19,7 @@ from host_runtime.auth.keystore import KeyStoreError, load_keys, revoke_key
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.console.from_worker import draw_from_worker
 from host_runtime.engine.model import default_model_path
-from host_runtime.models import pull
+from host_runtime.models import catalog, pull
 from host_runtime.models.manifest import name_for_file
 from host_runtime.models.store import Store, StoreError
 from host_runtime.models.verdict import VerdictError, verdict_for
@@ -69,16 +70,27 @@ def box_from_answers(a: dict) -> tuple[dict, dict[str, bytes]]:
 
 
 MODEL_SOURCES = [("the image's SmolLM2-135M (built in)", "image"),
+                 ("a model from the catalog that fits this box, pulled at first boot", "catalog"),
                  ("a GGUF file: a USB stick or the boot disk", "file"),
-                 ("a URL on the LAN, or hf://OWNER/REPO/FILE.gguf", "pull")]
+                 ("a URL on the LAN, or hf://OWNER/REPO:QUANT", "pull")]
+
+
+def catalog_choices(room_bytes: int) -> list[tuple[str, str]]:
+    """The catalog's chat models that fit `room_bytes` by size, the largest first, as the wizard's choices."""
+    return [(f"{e.full_name}  {e.size_gb:.1f} GB  {', '.join(e.can)}: {e.why}", e.full_name)
+            for e in catalog.for_the_wizard(room_bytes)]
 
 
 def model_from_answers(a: dict) -> dict:
     """box.toml's [model]: the image's model, a URL pulled at first boot (its sha256 checked), or a file the wizard
     copies into the store when it applies (source 'store', by the name the store gives it)."""
     source, location = a.get("model_source") or "image", (a.get("model_location") or "").strip()
-    model: dict = {"source": {"file": "store"}.get(source, source)}
-    if source == "pull":
+    model: dict = {"source": {"file": "store", "catalog": "pull"}.get(source, source)}
+    if source == "catalog":  # the pull's sha256 is the Hub listing's own: none is asked for
+        chosen = (a.get("model_catalog") or "").strip()
+        if chosen:
+            model.update(url=chosen)
+    elif source == "pull":
         model.update(url=location, sha256=(a.get("model_sha256") or "").strip())
     elif source == "file":
         model["name"] = name_for_file(Path(location).name) if location else ""
@@ -151,6 +163,9 @@ class Wizard(Screen):
             yield Label("Model: the built-in one, a GGUF file, or a URL (the size and whether it fits are shown "
                         "before Apply)")
             yield Select(MODEL_SOURCES, value="image", id="model_source", allow_blank=False)
+            choices = catalog_choices(self._room())
+            yield Select(choices, prompt="no catalog model fits this box" if not choices else "choose a model",
+                         value=choices[0][1] if choices else Select.BLANK, id="model_catalog")
             yield Input(placeholder="/media/usb/model.gguf, http://nas.lan/model.gguf or hf://owner/repo/file.gguf",
                         id="model_location")
             yield Input(placeholder="its sha256, 64 hex digits (a URL's is required: the pull is refused unless it "
@@ -203,7 +218,8 @@ class Wizard(Screen):
                 "bmc_mode": val("bmc_mode"), "bmc_address": val("bmc_address"), "bmc_user": val("bmc_user"),
                 "bmc_password": val("bmc_password"), "target_c": val("target_c"), "ceiling_c": val("ceiling_c"),
                 "ssh_key": val("ssh_key"), "model_source": val("model_source"),
-                "model_location": val("model_location"), "model_sha256": val("model_sha256")}
+                "model_location": val("model_location"), "model_sha256": val("model_sha256"),
+                "model_catalog": self._catalog_choice()}
 
     def candidate(self) -> tuple[dict | None, dict, list[str]]:
         try:
@@ -226,14 +242,32 @@ class Wizard(Screen):
 
     def _model_key(self) -> tuple:
         a = self.answers()
-        return a["model_source"], a["model_location"].strip(), a["context_length"]
+        location = a["model_catalog"] if a["model_source"] == "catalog" else a["model_location"].strip()
+        return a["model_source"], location, a["context_length"]
+
+    def _catalog_choice(self) -> str:
+        value = self.query_one("#model_catalog", Select).value
+        return value if isinstance(value, str) else ""  # Select.BLANK: none chosen (none fits)
+
+    def _room(self) -> int:
+        """What a model may take here: the RAM, and the GPUs' free memory discovery saw."""
+        gpus = 0
+        if self.topology is not None:
+            try:
+                from host_runtime.placement.session import devices_from_topology
+
+                gpus = sum(d.free_bytes for d in devices_from_topology(json.loads(self.topology.read_text()))[0])
+            except (OSError, ValueError, KeyError, TypeError):
+                gpus = 0
+        return self.total_memory + gpus
 
     def _model_problems(self) -> list[str]:
         source, location, _ = key = self._model_key()
         if source == "image":
             return []
         if not location:
-            return ["model: give the file's path" if source == "file" else "model: give the URL"]
+            return [{"file": "model: give the file's path", "catalog": "model: no catalog model fits this box: choose "
+                                                                   "another source"}.get(source, "model: give the URL")]
         if self._verdict is None or self._verdict[0] != key:
             return ["model: reading its header to see whether it fits"]
         verdict = self._verdict[1]
@@ -306,9 +340,10 @@ class Wizard(Screen):
 
     def _show_model_fields(self) -> None:
         """The file's path or URL and its sha256 only where the model is not the image's own."""
-        chosen = self.query_one("#model_source", Select).value != "image"
+        source = self.query_one("#model_source", Select).value
         for wid in ("model_location", "model_sha256"):
-            self.query_one(f"#{wid}", Input).display = chosen
+            self.query_one(f"#{wid}", Input).display = source in ("file", "pull")
+        self.query_one("#model_catalog", Select).display = source == "catalog"
 
     def _revoke_ticked(self) -> list[str]:
         """Re-provisioning keeps the keys already on the box (plan_files): the owner revokes the ones ticked."""

@@ -32,6 +32,7 @@ class Entry(pydantic.BaseModel):
     repo: Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]
     quants: tuple[Quant, ...] = ()
     file: Annotated[str, Field(pattern=r"^[\w./-]+\.(gguf|bin)$")] | None = None
+    size_gb: Annotated[float, Field(gt=0)]  # the default file's size, about (the header's verdict is exact)
     context: Annotated[int, Field(ge=0)]
     can: tuple[Ability, ...]
     license: Annotated[str, Field(min_length=1)]
@@ -130,3 +131,14 @@ def resolve(name: str) -> tuple[Entry, str] | None:
         if tag.startswith(entry.tag + "-") and entry.quants:
             return entry, entry.source(tag[len(entry.tag) + 1:])
     raise SourceRefused(f"{name}: the catalog has {base} as {', '.join(e.full_name for e in found)}")
+
+
+NOT_CHAT = {"embeddings", "rerank", "speech"}
+FIT_OVERHEAD = 1.15  # the file's size to what the loaded model holds at a modest context, as hub_search's rule
+
+
+def for_the_wizard(room_bytes: int, listed: list[Entry] | None = None) -> list[Entry]:
+    """Pure: the catalog's chat models (what a box serves first) that fit `room_bytes` by their size, the largest
+    (the most capable the box can run) first."""
+    chat = [e for e in (entries() if listed is None else listed) if not set(e.can) <= NOT_CHAT]
+    return sorted((e for e in chat if e.size_gb * 1e9 * FIT_OVERHEAD <= room_bytes), key=lambda e: -e.size_gb)

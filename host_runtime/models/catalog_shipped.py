@@ -8,7 +8,8 @@ and its sha256 is the listing's LFS object id, checked after the download: the l
 kept current, and this file pins what to pull, not bytes that the repository's owner may requantize), or one file
 (`file`, for a repository whose names carry no quantization). The owner adds their own in
 $EVERYCYCLE_STATE_DIR/catalog.toml (or EVERYCYCLE_CATALOG), same shape; theirs wins on a name they share.
-Fields: name, tag, repo, quants or file, context (trained), can (tools, reasoning, vision, embeddings, rerank,
+Fields: name, tag, repo, quants or file, size_gb (the default file's size, about: the wizard orders by it
+offline; the pull's verdict reads the real one), context (trained), can (tools, reasoning, vision, embeddings, rerank,
 fim, speech), license, why.
 """
 
@@ -18,6 +19,7 @@ name = "qwen3"
 tag = "8b"
 repo = "Qwen/Qwen3-8B-GGUF"
 quants = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
+size_gb = 5.0
 context = 32768
 can = ["tools", "reasoning"]
 license = "Apache-2.0"
@@ -28,6 +30,7 @@ name = "qwen3"
 tag = "4b"
 repo = "Qwen/Qwen3-4B-GGUF"
 quants = ["Q4_K_M", "Q8_0"]
+size_gb = 2.5
 context = 32768
 can = ["tools", "reasoning"]
 license = "Apache-2.0"
@@ -38,6 +41,7 @@ name = "gemma3"
 tag = "4b"
 repo = "ggml-org/gemma-3-4b-it-GGUF"
 quants = ["Q4_K_M", "Q8_0"]
+size_gb = 3.3
 context = 131072
 can = ["vision"]
 license = "Gemma"
@@ -48,6 +52,7 @@ name = "qwen2.5-coder"
 tag = "7b"
 repo = "bartowski/Qwen2.5-Coder-7B-Instruct-GGUF"
 quants = ["Q4_K_M", "Q6_K", "Q8_0"]
+size_gb = 4.7
 context = 32768
 can = ["tools", "fim"]
 license = "Apache-2.0"
@@ -58,6 +63,7 @@ name = "llama3.2"
 tag = "3b"
 repo = "bartowski/Llama-3.2-3B-Instruct-GGUF"
 quants = ["Q4_K_M", "Q8_0"]
+size_gb = 2.0
 context = 131072
 can = ["tools"]
 license = "Llama 3.2 Community"
@@ -68,6 +74,7 @@ name = "gpt-oss"
 tag = "20b"
 repo = "ggml-org/gpt-oss-20b-GGUF"
 quants = ["MXFP4"]
+size_gb = 12.1
 context = 131072
 can = ["tools", "reasoning"]
 license = "Apache-2.0"
@@ -78,6 +85,7 @@ name = "nomic-embed-text"
 tag = "v1.5"
 repo = "nomic-ai/nomic-embed-text-v1.5-GGUF"
 quants = ["Q8_0", "F16"]
+size_gb = 0.14
 context = 2048
 can = ["embeddings"]
 license = "Apache-2.0"
@@ -88,6 +96,7 @@ name = "bge-reranker"
 tag = "v2-m3"
 repo = "gpustack/bge-reranker-v2-m3-GGUF"
 quants = ["Q8_0"]
+size_gb = 0.6
 context = 8192
 can = ["rerank"]
 license = "MIT"
@@ -98,6 +107,7 @@ name = "whisper"
 tag = "base"
 repo = "ggerganov/whisper.cpp"
 file = "ggml-base.bin"
+size_gb = 0.15
 context = 448
 can = ["speech"]
 license = "MIT"
@@ -108,6 +118,7 @@ name = "whisper"
 tag = "small"
 repo = "ggerganov/whisper.cpp"
 file = "ggml-small.bin"
+size_gb = 0.49
 context = 448
 can = ["speech"]
 license = "MIT"

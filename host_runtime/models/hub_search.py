@@ -56,11 +56,10 @@ def by_size(size_bytes: int, room_bytes: int) -> str:
 def search(text: str, limit: int) -> list[tuple[str, list[Quantization]]]:
     """(repository, its quantizations) for the Hub's GGUF repositories matching `text`, most downloaded first."""
     try:
-        from huggingface_hub import HfApi
         from huggingface_hub.errors import HfHubHTTPError
     except ImportError:
         raise StoreError("searching the Hub needs huggingface_hub") from None
-    api = HfApi()
+    api = _api()
     try:
         repos = [m.id for m in api.list_models(search=text, filter="gguf", sort="downloads", limit=limit)]
         return [(repo, quantizations(repo, listing_sizes(repo, api))) for repo in repos]
@@ -75,14 +74,23 @@ def search(text: str, limit: int) -> list[tuple[str, list[Quantization]]]:
 def listing_sizes(repo: str, api=None) -> list[tuple[str, int]]:
     """(path, size) of every file in a repository's listing."""
     try:
-        from huggingface_hub import HfApi
         from huggingface_hub.errors import HfHubHTTPError
     except ImportError:
         raise StoreError("reading the Hub needs huggingface_hub") from None
     try:
-        return [(f.path, int(f.size)) for f in (api or HfApi()).list_repo_tree(repo, recursive=True)
+        return [(f.path, int(f.size)) for f in (api or _api()).list_repo_tree(repo, recursive=True)
                 if hasattr(f, "size")]
     except HfHubHTTPError as exc:
         raise StoreError(f"listing {repo}: {exc}") from None
     except ValueError as exc:
         raise StoreError(f"listing {repo}: {exc}") from None
+
+
+def _api():
+    """The Hub's client at HF_ENDPOINT as the environment says it now (huggingface_hub reads it once, at import: a
+    console that lives for days, or a test, may set it later)."""
+    import os
+
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)

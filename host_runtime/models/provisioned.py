@@ -69,12 +69,13 @@ def read_status(store: Store) -> PullStatus | None:
 
 
 def pulled_path(store: Store, name: str, sha256: str) -> Path | None:
-    """The pulled model's file when the store holds it with the sha256 the bundle gave."""
+    """The pulled model's file when the store holds it with the sha256 the bundle gave; a bundle that gave none (a
+    catalog name, hf://OWNER/REPO:QUANT: the Hub's listing gave the pull its sha256) by its name."""
     try:
         manifest = store.get(name)
     except StoreError:
         return None
-    return store.path_of(manifest) if manifest.sha256 == sha256.lower() else None
+    return store.path_of(manifest) if not sha256 or manifest.sha256 == sha256.lower() else None
 
 
 def _now() -> str:
@@ -121,7 +122,7 @@ class ProvisionedPull:
                     self._set(state="pulling", attempts=self.status.attempts + 1, error="",
                               started_at=self.status.started_at or _now())
                     try:
-                        pull(self.store, status.source, status.name, status.sha256, say=log.info,
+                        pull(self.store, status.source, status.name, status.sha256 or None, say=log.info,
                              observe=self._observe)
                     except StoreError:
                         if self._already_there():  # pulled meanwhile (an owner's `models pull` of the same file)

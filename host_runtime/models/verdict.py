@@ -12,8 +12,9 @@ from pathlib import Path
 
 from host_runtime.common.errors import InputError
 from host_runtime.common import http_client
-from host_runtime.models.sources import hf_parts, source_file_name
-from host_runtime.models.errors import StoreError
+from host_runtime.models import catalog, hf_names
+from host_runtime.models.sources import hf_parts, hf_quant_parts, source_file_name
+from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.gguf_info import read_table_isolated
 from host_runtime.placement.planner import PlacementError, PlanRequest, plan
 from host_runtime.placement.session import devices_from_topology, live_devices
@@ -53,6 +54,27 @@ def header_from_url(url: str, limit: int) -> tuple[bytes, int | None]:
         raise VerdictError(f"{url}: {exc.why}") from None
 
 
+def _catalogued(source: str):
+    try:
+        return catalog.resolve(source)
+    except SourceRefused as exc:  # the catalog's name with a tag it lacks
+        raise VerdictError(str(exc)) from None
+
+
+def _named(source: str) -> str:
+    """A catalog name or hf://OWNER/REPO:QUANT as the file it stands for (hf://OWNER/REPO/FILE), through the
+    repository's listing; any other source as it is."""
+    catalogued = _catalogued(source) if "://" not in source else None
+    if catalogued is not None:
+        source = catalogued[1]
+    if source.startswith("hf://") and hf_quant_parts(source) is not None:
+        try:
+            source = hf_names.resolve(source).model
+        except StoreError as exc:
+            raise VerdictError(str(exc)) from None
+    return source
+
+
 def _resolved(source: str) -> str:
     if not source.startswith("hf://"):
         return source
@@ -66,8 +88,8 @@ def _resolved(source: str) -> str:
 
 
 def read_source_table(source: str):
-    """(the model's tensor table, its size in bytes) for a local path or an http(s)/hf:// URL."""
-    if "://" not in source:
+    """(the model's tensor table, its size in bytes) for a local path, an http(s)/hf:// URL or a catalog name."""
+    if "://" not in source and (Path(source).is_file() or _catalogued(source) is None):
         path = Path(source)
         if not path.is_file():
             raise VerdictError(f"{source}: no such file")
@@ -76,6 +98,7 @@ def read_source_table(source: str):
         except StoreError as exc:
             raise VerdictError(str(exc)) from None
 
+    source = _named(source)
     last = None
     for limit in HEADER_BYTES:
         head, total = header_from_url(source, limit)

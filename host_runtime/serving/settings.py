@@ -15,10 +15,11 @@ from host_runtime.common.setting_rules import SettingsError, check_fields, setti
 from host_runtime.engine.limits import DEFAULT_CTX, DEFAULT_KV_BUDGET_MIB
 from host_runtime.engine.setting_types import (CacheType, ContextLength, KvBudgetMib, ModelsMemoryMib, Parallel,
                                                Speculation)
-from host_runtime.models.errors import StoreError
+from host_runtime.models import catalog
+from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.manifest import check_name, name_for_file
 from host_runtime.models.pull_hosts import check_entry
-from host_runtime.models.sources import check_sha256, source_file_name
+from host_runtime.models.sources import check_sha256, hf_quant_parts, source_file_name
 from host_runtime.placement.kv_types import DEFAULT_KV
 from host_runtime.pool.residency import KEEP_ALIVE_S, parse_keep_alive
 
@@ -176,18 +177,29 @@ class ServingSettings:
     def _check_pull(self) -> None:
         if self.model:
             raise SettingsError("path", "a model is either carried (path) or pulled (url), not both")
-        if not self.pull_url.startswith(("http://", "https://", "hf://")):
-            raise SettingsError("url", f"must be an http(s):// URL or hf://OWNER/REPO/FILE.gguf, got {self.pull_url!r}")
-        if not self.pull_sha256:
-            raise SettingsError("sha256", "is required with url: the box checks what it pulls against it")
+        listed = self.pull_url.startswith("hf://") and hf_quant_parts(self.pull_url) is not None
         try:
-            check_sha256(self.pull_sha256, "sha256")
-            check_name(self.pull_name or name_for_file(source_file_name(self.pull_url)), "name")
+            catalogued = catalog.resolve(self.pull_url) is not None
+        except SourceRefused as exc:
+            raise SettingsError("url", str(exc)) from None
+        if not (catalogued or self.pull_url.startswith(("http://", "https://", "hf://"))):
+            raise SettingsError("url", f"must be a name from the box's catalog (qwen3:8b), an http(s):// URL or "
+                                       f"hf://OWNER/REPO:QUANT or hf://OWNER/REPO/FILE.gguf, got {self.pull_url!r}")
+        if not self.pull_sha256 and not (catalogued or listed):
+            raise SettingsError("sha256", "is required with a URL or a file: the box checks what it pulls against it "
+                                          "(a catalog name's or hf://OWNER/REPO:QUANT's is the Hub listing's own)")
+        try:
+            if self.pull_sha256:
+                check_sha256(self.pull_sha256, "sha256")
+            check_name(self.pulled_name, "name")
         except StoreError as exc:
             field, _, message = str(exc).partition(": ")
             raise SettingsError(field if field in ("sha256", "name", "url") else "url", message or str(exc)) from None
 
     @property
     def pulled_name(self) -> str:
-        """The name the pulled model has in the store."""
-        return self.pull_name or name_for_file(source_file_name(self.pull_url))
+        """The name the pulled model has in the store (a catalog name's: NAME-TAG)."""
+        if self.pull_name:
+            return self.pull_name
+        catalogued = catalog.resolve(self.pull_url)
+        return catalogued[0].store_name if catalogued else name_for_file(source_file_name(self.pull_url))
