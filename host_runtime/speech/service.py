@@ -28,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+from host_runtime.common.prometheus_text import exposition
 from host_runtime.common.sockets import peer_closed
 from host_runtime.engine import wire
 from host_runtime.engine.errors import RequestRejected
@@ -98,14 +99,20 @@ class SpeechService:
         return Verdict(True, "ready", f"ready: a Whisper model; {self.served} transcriptions served")
 
     def metrics_text(self, _request=None) -> wire.MetricsText:
-        model = f'model="{self.model_id}"'
-        return wire.MetricsText(
-            "# TYPE everycycle_transcriptions_total counter\n"
-            f"everycycle_transcriptions_total{{{model}}} {self.served}\n"
-            "# TYPE everycycle_transcribed_audio_seconds_total counter\n"
-            f"everycycle_transcribed_audio_seconds_total{{{model}}} {self.audio_seconds:.3f}\n"
-            "# TYPE everycycle_transcription_busy_seconds_total counter\n"
-            f"everycycle_transcription_busy_seconds_total{{{model}}} {self.busy_seconds:.3f}\n")
+        """Its counters, written by prometheus_client (common/prometheus_text.py), as every engine's are."""
+        from prometheus_client.core import CounterMetricFamily
+
+        def families():
+            for name, words, value in (
+                    ("everycycle_transcriptions", "Transcriptions answered.", self.served),
+                    ("everycycle_transcribed_audio_seconds", "Seconds of sound transcribed.", self.audio_seconds),
+                    ("everycycle_transcription_busy_seconds", "Seconds whisper.cpp spent transcribing.",
+                     self.busy_seconds)):
+                family = CounterMetricFamily(name, words, labels=["model"])
+                family.add_metric([self.model_id], value)
+                yield family
+
+        return wire.MetricsText(exposition(families))
 
     def transcribe(self, request: wire.Transcribe, gone=lambda: False) -> wire.Transcript:
         if self.state != "ready":
