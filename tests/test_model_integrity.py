@@ -84,3 +84,49 @@ def test_a_damaged_model_is_a_409_naming_it_and_a_failed_load_is_refused_until_i
             assert status == 409 and body["error"]["code"] == "model_load_failed", body
         assert "unloading hollow (its load failed)" in proc.log()
         assert proc.log().count("loading hollow on demand") == 1  # not started again while its file is the same
+
+
+def test_a_split_gguf_is_added_by_its_first_part_checked_part_by_part_planned_whole_and_served(tmp_path):
+    """#59: a model split into parts (FILE-00001-of-0000N.gguf, as gguf-split and the Hub's large quantizations
+    are) is added by its first part with the others beside it, kept under the names llama.cpp looks for, its
+    table read from every part (the planner sees all its layers), each part checked before a load, and served:
+    llama.cpp loads the set from the first part's path. A set missing a part is refused naming it."""
+    from host_runtime.placement.model_table import read_table
+
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "split").mkdir()
+    whole = write_tiny_llama(tmp_path / "whole" / "tiny.gguf", n_ctx=256, n_layer=4)
+    first = write_tiny_llama(tmp_path / "split" / "tiny.gguf", n_ctx=256, n_layer=4, split_max_tensors=12)
+    assert first.name == "tiny-00001-of-00004.gguf"
+    a, b = read_table(whole), read_table(first)
+    assert (b.n_layer, b.layer_tensors, b.output_tensors) == (a.n_layer, a.layer_tensors, a.output_tensors)
+    assert b.file_bytes == sum(f.stat().st_size for f in (tmp_path / "split").iterdir())
+
+    store = tmp_path / "store"
+    add(store, first, "tiny-split")
+    s = Store(store)
+    manifest = s.get("tiny-split")
+    assert [f for f, _, _ in manifest.files()] == [f"tiny-split-{k:05d}-of-00004.gguf" for k in range(1, 5)]
+    assert manifest.size == b.file_bytes and len(manifest.parts) == 3
+    s.verify(manifest)
+    third = store / "tiny-split" / "tiny-split-00003-of-00004.gguf"
+    good = third.read_bytes()
+    third.write_bytes(good[:-8] + bytes(8))  # the same size: only that part's hash can tell
+    with pytest.raises(StoreError, match="its part tiny-split-00003-of-00004.gguf's sha256 no longer matches"):
+        s.verify(manifest)
+    third.write_bytes(good)
+    again = s.copy("tiny-split", "again")  # Ollama's /api/copy: every part linked, under the names it had
+    assert [f for f, _, _ in again.files()] == [f for f, _, _ in manifest.files()]
+    s.verify(again)
+
+    (tmp_path / "run").mkdir()
+    with running_serve(["--ctx-size", "256", "--parallel", "1", "--model-store", str(store)], tmp_path / "run",
+                       "serve") as (base, proc):
+        status, body = ask(base, "tiny-split")
+        assert status == 200 and body["usage"]["completion_tokens"] >= 1, body
+
+    (tmp_path / "split" / "tiny-00004-of-00004.gguf").unlink()
+    out = subprocess.run(everycycle("models", "--store", str(store), "add", "--name", "lacking", str(first)),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "part 4 (tiny-00004-of-00004.gguf) is not beside it" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and not (store / "lacking").exists()

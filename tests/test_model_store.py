@@ -167,6 +167,48 @@ def test_a_repository_and_a_quantization_name_the_file_and_bring_its_projector(t
 
 
 @pytest.mark.system
+def test_a_quantization_split_into_parts_is_planned_from_every_parts_header_and_pulled_whole(tmp_path):
+    """#59: hf://OWNER/REPO:QUANT where the repository splits that quantization (FILE-00001-of-0000N.gguf, as the
+    Hub's large GGUFs are): the verdict reads each part's header (a range request each; the later parts hold their
+    own tensors' table), every part is pulled with one progress and checked against the listing's sha256, and the
+    store keeps the set; a repository lacking a part is refused before anything is downloaded."""
+    from tests.file_server import serve_files
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_tiny_llama(repo / "tiny-split-Q8_0.gguf", n_ctx=256, n_layer=4, split_max_tensors=12)
+    write_tiny_llama(repo / "tiny-split-F16.gguf", n_ctx=256, n_layer=4, split_max_tensors=20)
+    (repo / "tiny-split-F16-00002-of-00002.gguf").unlink()
+    server = serve_files(repo)
+    store = tmp_path / "store"
+    env = {"HF_ENDPOINT": server.base, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    try:
+        out = models(store, "pull", "hf://someone/tiny-split:Q8_0", env=env)
+        lacking = models(store, "pull", "hf://someone/tiny-split:F16", env=env)
+        header_reads = [(path, r) for r, path in zip(server.ranges, [p for p in server.paths if "/resolve/" in p])
+                        if re.fullmatch(r"bytes=0-\d+", r or "")]
+    finally:
+        server.shutdown()
+    assert out.returncode == 0, out.stderr
+    assert "tiny-split-Q8_0-00001-of-00004.gguf and its 3 further parts" in out.stderr
+    assert "in 4 parts) through huggingface_hub" in out.stderr and "; fits: 256-token context" in out.stderr
+    assert sorted(path.rsplit("/", 1)[1] for path, _ in header_reads if "Q8_0" in path) == [
+        f"tiny-split-Q8_0-{k:05d}-of-00004.gguf" for k in range(1, 5)]
+    (entry,) = listed(store)
+    assert entry["name"] == "tiny-split-Q8_0" and entry["size"] == sum(
+        f.stat().st_size for f in repo.glob("tiny-split-Q8_0-*.gguf"))
+    kept = sorted(p.name for p in (store / "tiny-split-Q8_0").glob("*.gguf"))
+    assert kept == [f"tiny-split-Q8_0-{k:05d}-of-00004.gguf" for k in range(1, 5)]
+    for k, name in enumerate(kept, start=1):
+        original = repo / f"tiny-split-Q8_0-{k:05d}-of-00004.gguf"
+        assert (store / "tiny-split-Q8_0" / name).read_bytes() == original.read_bytes()
+    assert [p["sha256"] for p in entry["parts"]] == [
+        hashlib.sha256((repo / n).read_bytes()).hexdigest() for n in kept[1:]]
+    assert lacking.returncode == 1 and "lacks tiny-split-F16-00002-of-00002.gguf" in lacking.stderr, lacking.stderr
+    assert "Traceback" not in lacking.stderr and len(listed(store)) == 1
+
+
+@pytest.mark.system
 def test_add_show_pin_and_rm(served):
     _, model, sha, store = served
     out = models(store, "add", str(model), "--name", "local-tiny")

@@ -12,11 +12,13 @@ import numpy as np
 
 
 def _llama_writer(path: Path, name: str, n_ctx: int, n_embd: int, n_layer: int, n_head: int, n_ff: int,
-                  n_head_kv: int | None = None, matrix_type: str = "f32"):
-    """A GGUF writer with a llama's hyperparameters set (F32 tensors, or matrices in matrix_type)."""
+                  n_head_kv: int | None = None, matrix_type: str = "f32", split_max_tensors: int = 0):
+    """A GGUF writer with a llama's hyperparameters set (F32 tensors, or matrices in matrix_type). split_max_tensors:
+    a split GGUF of parts of at most that many tensors (STEM-00001-of-0000N.gguf beside `path`), as gguf-split
+    writes a large model."""
     import gguf
 
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_name(name)
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
@@ -78,8 +80,10 @@ HARMONY_SPECIALS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|con
 
 def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: int = 2, n_head: int = 4,
                      n_ff: int = 64, seed: int = 0, chat_template: str | None = None,
-                     pooling_type: int | None = None, fim: bool = False, specials: tuple[str, ...] = ()) -> Path:
-    """pooling_type (gguf.PoolingType): an embedding model's, as an embedding GGUF declares it. fim: the
+                     pooling_type: int | None = None, fim: bool = False, specials: tuple[str, ...] = (),
+                     split_max_tensors: int = 0) -> Path:
+    """split_max_tensors: written as a split GGUF, parts of at most that many tensors; the first part's path is
+    returned. pooling_type (gguf.PoolingType): an embedding model's, as an embedding GGUF declares it. fim: the
     vocabulary gets fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>), named in the metadata as
     a code model's GGUF names them. specials: more control tokens, by their text (a model family's markers, which
     llama.cpp recognises by that text: HARMONY_SPECIALS)."""
@@ -98,7 +102,8 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
         types.append(gguf.TokenType.CONTROL)
     n_vocab = len(tokens)
 
-    w = _llama_writer(path, "tiny-random-llama", n_ctx, n_embd, n_layer, n_head, n_ff)
+    w = _llama_writer(path, "tiny-random-llama", n_ctx, n_embd, n_layer, n_head, n_ff,
+                      split_max_tensors=split_max_tensors)
     _add_byte_tokenizer(w, tokens, types)
     for role, token in fim_ids.items():
         w.add_uint32(f"tokenizer.ggml.fim_{role}_token_id", token)
@@ -114,6 +119,8 @@ def write_tiny_llama(path: Path, *, n_ctx: int = 64, n_embd: int = 32, n_layer: 
     _llama_blocks(w, t, n_layer, n_embd, n_ff)
     t("output.weight", n_vocab, n_embd, scale=2.0)  # large logits: sampling wanders over every byte
     _write_out(w)
+    if split_max_tensors:
+        return sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))[0]
     return path
 
 

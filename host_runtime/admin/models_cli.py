@@ -89,7 +89,7 @@ def _search(args) -> int:
     if args.json:
         print(json.dumps([{"repository": repo, "quantizations": [
             {"quantization": q.quant, "size_bytes": q.size_bytes, "files": q.parts, "projector": q.projector,
-             "fit_by_size": by_size(q.size_bytes, room), "pull": q.source if q.parts == 1 else None}
+             "fit_by_size": by_size(q.size_bytes, room), "pull": q.source}
             for q in quants]} for repo, quants in found], indent=2))
         return 0
     if not found:
@@ -102,10 +102,8 @@ def _search(args) -> int:
         if not quants:
             print("  no GGUF file named by its quantization")
         for q in quants:
-            size = f"{q.size_bytes / 2**30:.1f} GiB" if q.size_bytes >= 2**30 else f"{q.size_bytes / 2**20:.1f} MiB"
-            pull = (f"everycycle models pull {q.source}" if q.parts == 1 else
-                    f"in {q.parts} files: not pulled yet")
-            print(f"  {q.quant:10} {size:>10}  {by_size(q.size_bytes, room):12} {pull}")
+            size, fit, pull = q.row(room)
+            print(f"  {q.quant:10} {size:>10}  {fit:12} everycycle models pull {pull}")
     return 0
 
 
@@ -130,7 +128,7 @@ def _catalog(args) -> int:
 
 
 def _best_fits(entries) -> dict[str, str]:
-    from host_runtime.models.hub_search import by_size, listing_sizes, quantizations
+    from host_runtime.models.hub_search import LIKELY_FITS, by_size, listing_sizes, quantizations
     from host_runtime.placement.session import live_devices
 
     devices, host = live_devices()
@@ -148,7 +146,7 @@ def _best_fits(entries) -> dict[str, str]:
                 f"{e.file} ({size / 2**20:,.0f} MiB, {by_size(size, room)})"
             continue
         sizes = {q.quant: q.size_bytes for q in quantizations(e.repo, files)}
-        fitting = [q for q in e.quants if q in sizes and by_size(sizes[q], room) == "likely fits"]
+        fitting = [q for q in e.quants if q in sizes and by_size(sizes[q], room) == LIKELY_FITS]
         chosen = max(fitting, key=lambda q: sizes[q], default=None)
         out[e.full_name] = (f"{chosen} ({sizes[chosen] / 2**30:.1f} GiB): {e.source(chosen)}" if chosen else
                             "none of its quantizations fits by size")

@@ -179,7 +179,7 @@ class Models(ModalScreen):
     def _search(self, text: str) -> None:
         """In a worker thread: the Hub's GGUF repositories for `text`, each quantization's size, fit by size and
         the name `p` pulls it by (models/hub_search.py, as `everycycle models search`)."""
-        from host_runtime.models.hub_search import by_size, search
+        from host_runtime.models.hub_search import search
         from host_runtime.placement.session import devices_from_topology, live_devices
 
         try:
@@ -196,9 +196,8 @@ class Models(ModalScreen):
         for repo, quants in found:
             lines.append(repo)
             for q in quants:
-                size = f"{q.size_bytes / 2**30:.1f} GiB" if q.size_bytes >= 2**30 else f"{q.size_bytes / 2**20:.1f} MiB"
-                pull = q.source if q.parts == 1 else f"in {q.parts} files: not pulled yet"
-                lines.append(f"  {q.quant:8} {size:>10}  {by_size(q.size_bytes, room):11} {pull}")
+                size, fit, pull = q.row(room)
+                lines.append(f"  {q.quant:8} {size:>10}  {fit:11} {pull}")
         if not found:
             lines.append("  nothing found")
         draw_from_worker(self, self._show_found, "\n".join(lines))

@@ -14,6 +14,7 @@ from host_runtime.gpu import llama_log
 from host_runtime.engine.capacity import Capacity
 from host_runtime.engine.limits import DEFAULT_CTX, DEFAULT_KV_BUDGET_MIB, GPU_MARGIN_MIB
 from host_runtime.engine.pooling import pooling_name
+from host_runtime.placement.gguf_split import set_stem
 from host_runtime.placement.kv_types import DEFAULT_KV
 from host_runtime.placement.llama_params import DeviceMissing, attention_for, call_tokens, context_params, model_params
 from host_runtime.placement.model_table import ModelTableError, read_table
@@ -72,12 +73,12 @@ def end_of_generation_tokens(vocab, n_vocab: int) -> frozenset[int]:
 
 
 def model_id_for(path: str | os.PathLike) -> str:
-    """The served name of a model file: its name without .gguf (or a Whisper model's .bin)."""
+    """The served name of a model file: its name without .gguf (a split GGUF's first part's without its
+    -00001-of-0000N too), or a Whisper model's without .bin."""
     name = Path(path).name
-    for suffix in (".gguf", ".bin"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+    if name.endswith(".gguf"):
+        return set_stem(name)
+    return name[: -len(".bin")] if name.endswith(".bin") else name
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from host_runtime.models.catalog_shipped import SHIPPED
 from host_runtime.models.errors import SourceRefused
+from host_runtime.models.hub_search import LIKELY_FITS, by_size
 
 SHORT_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 Ability = Literal["tools", "reasoning", "vision", "embeddings", "rerank", "fim", "speech"]
@@ -134,11 +135,11 @@ def resolve(name: str) -> tuple[Entry, str] | None:
 
 
 NOT_CHAT = {"embeddings", "rerank", "speech"}
-FIT_OVERHEAD = 1.15  # the file's size to what the loaded model holds at a modest context, as hub_search's rule
 
 
 def for_the_wizard(room_bytes: int, listed: list[Entry] | None = None) -> list[Entry]:
     """Pure: the catalog's chat models (what a box serves first) that fit `room_bytes` by their size, the largest
-    (the most capable the box can run) first."""
+    (the most capable the box can run) first: by the same rule of thumb the Hub's search says "likely fits" by."""
     chat = [e for e in (entries() if listed is None else listed) if not set(e.can) <= NOT_CHAT]
-    return sorted((e for e in chat if e.size_gb * 1e9 * FIT_OVERHEAD <= room_bytes), key=lambda e: -e.size_gb)
+    return sorted((e for e in chat if by_size(int(e.size_gb * 1e9), room_bytes) == LIKELY_FITS),
+                  key=lambda e: -e.size_gb)

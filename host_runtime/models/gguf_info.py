@@ -11,6 +11,7 @@ hangs all the same is killed at CHILD_TIMEOUT_S."""
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -23,6 +24,7 @@ from host_runtime.common.service_user import service_ids
 from host_runtime.engine.pooling import pooling_name
 from host_runtime.models.errors import StoreError
 from host_runtime.placement import gguf_c
+from host_runtime.placement.gguf_split import SPLIT_COUNT, SPLIT_NO, part_names
 from host_runtime.placement.model_table import ModelTable, ModelTableError, read_table_fd
 from host_runtime.placement.whisper_file import read_shape
 
@@ -105,7 +107,29 @@ def facts_from_fd(fd: int) -> dict:
     with gguf_c.GGUFTable(fd=fd) as table:
         arch, file_type, context, pooling, has_template = _facts(table.value)
         return {"architecture": arch, "file_type": file_type, "context_length": context, "pooling": pooling,
-                "chat_template": has_template, "data_end": table.data_end()}
+                "chat_template": has_template, "data_end": table.data_end(),
+                "split_no": table.value(SPLIT_NO), "split_count": table.value(SPLIT_COUNT)}
+
+
+def check_part(path: Path, number: int, count: int) -> None:
+    """A further part of a split GGUF (number from 2): it says it is that part of that many, and is whole.
+    StoreError otherwise."""
+    if gguf_c.available():
+        doc = read_isolated(path, "facts")
+        no, total, end = doc["split_no"], doc["split_count"], doc["data_end"]
+    else:
+        import gguf
+
+        from host_runtime.placement.model_table import _field
+
+        reader = gguf.GGUFReader(str(path), "r")
+        no, total = _field(reader, SPLIT_NO), _field(reader, SPLIT_COUNT)
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if no != number - 1 or total != count:
+        raise StoreError(f"{path.name} is not part {number} of {count} of a split GGUF")
+    if end > path.stat().st_size:
+        raise StoreError(f"{path.name} is cut short: its tensors end at byte {end}, the file has "
+                         f"{path.stat().st_size}")
 
 
 def read_table_isolated(path: Path) -> ModelTable:
@@ -127,7 +151,20 @@ def read_isolated(path: Path, what: str) -> dict:
         file = open(path, "rb")
     except OSError as exc:
         raise StoreError(f"{path.name}: {exc.strerror or exc}") from None
-    with file:
+    parts: list = []
+    if what == "table":  # a split GGUF's further parts, opened here too (the child opens nothing)
+        names = part_names(str(path))
+        for k, name in enumerate(names[1:], start=2):
+            try:
+                parts.append(open(name, "rb"))
+            except OSError as exc:
+                for f in (file, *parts):
+                    f.close()
+                raise StoreError(f"{path.name}: part {k} of {len(names)} of this split GGUF cannot be read "
+                                 f"({Path(name).name}: {exc.strerror or exc})") from None
+    with file, contextlib.ExitStack() as stack:
+        for f in parts:
+            stack.enter_context(f)
         readable, writable = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns
@@ -140,7 +177,7 @@ def read_isolated(path: Path, what: str) -> dict:
                     os.setgid(ids[1])
                     os.setuid(ids[0])
                 doc = facts_from_fd(file.fileno()) if what == "facts" else \
-                    read_table_fd(file.fileno(), path.name).to_json()
+                    read_table_fd(file.fileno(), path.name, tuple(f.fileno() for f in parts)).to_json()
                 os.write(writable, json.dumps({**doc, "reader_uid": os.getuid()}).encode())
                 code = 0
             except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as text

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from host_runtime.models.errors import SourceRefused, StoreError
-from host_runtime.models.hf_names import SPLIT
+from host_runtime.placement.gguf_split import set_stem
 
 QUANT = re.compile(r"(?i)(?:^|[-_.])((?:I?Q\d[\w]*|F16|BF16|F32|MXFP4))(?=$|[-_.])")
+LIKELY_FITS = "likely fits"
 OVERHEAD = 1.15  # weights to what a loaded model holds at a modest context (KV and compute buffers), as a rule
 
 
@@ -28,6 +29,13 @@ class Quantization:
     def source(self) -> str:
         return f"hf://{self.repo}:{self.quant}"
 
+    def row(self, room_bytes: int) -> tuple[str, str, str]:
+        """(its size, a first word on fitting, what pulls it) as the CLI's and the console's search show them."""
+        size = (f"{self.size_bytes / 2**30:.1f} GiB" if self.size_bytes >= 2**30
+                else f"{self.size_bytes / 2**20:.1f} MiB")
+        return (size, by_size(self.size_bytes, room_bytes),
+                self.source + (f" ({self.parts} parts)" if self.parts > 1 else ""))
+
 
 def quantizations(repo: str, files: list[tuple[str, int]]) -> list[Quantization]:
     """Pure: a repository's GGUF files (path, size) grouped by quantization, smallest first."""
@@ -38,7 +46,7 @@ def quantizations(repo: str, files: list[tuple[str, int]]) -> list[Quantization]
         name = PurePosixPath(path).name
         if name.lower().startswith("mmproj"):
             continue
-        found = QUANT.findall(SPLIT.sub("", name[:-len(".gguf")]) if SPLIT.search(name) else name[:-len(".gguf")])
+        found = QUANT.findall(set_stem(name))
         if found:
             sizes.setdefault(found[-1].upper(), []).append(size)
     return sorted((Quantization(repo, q, sum(s), len(s), projector) for q, s in sizes.items()),
@@ -49,7 +57,7 @@ def by_size(size_bytes: int, room_bytes: int) -> str:
     """Pure: a first word on fitting from the file's size alone (the pull's planner verdict is the real one)."""
     need = size_bytes * OVERHEAD
     if need <= room_bytes:
-        return "likely fits"
+        return LIKELY_FITS
     return "too big" if size_bytes > room_bytes else "tight"
 
 

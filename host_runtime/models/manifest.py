@@ -11,6 +11,7 @@ from typing import Annotated
 from pydantic import Field
 
 from host_runtime.models.errors import StoreError
+from host_runtime.placement.gguf_split import set_stem
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 NAME_WORDS = "a model name (1-128 letters, digits, '.', '_' or '-', starting with a letter or digit)"
@@ -24,8 +25,9 @@ def check_name(name: str, what: str = "--name") -> str:
 
 
 def name_for_file(filename: str) -> str:
-    """The default name: the file's name without .gguf or .bin (a Whisper model's), as the served model's id."""
-    stem = filename
+    """The default name: the file's name without .gguf or .bin (a Whisper model's), as the served model's id; a
+    split GGUF's first part without its -00001-of-0000N."""
+    stem = set_stem(filename) if filename.lower().endswith(".gguf") else filename
     for suffix in (".gguf", ".bin"):
         if stem.lower().endswith(suffix):
             stem = stem[: -len(suffix)]
@@ -48,6 +50,14 @@ class Manifest:
     pooling: str = ""      # an embedding model's pooling (mean, cls, last, rank); '' for a generating model
     projector: str = ""    # its projector's file in the model's directory (serve --mmproj); '' for none
     projector_takes: str = ""  # what the projector takes: vision, audio, or vision,audio
+    # A split GGUF's further parts, in order: {"file", "sha256", "size"} each (`file`, `sha256` are the first
+    # part's; `size` is all of them together). Empty for a model in one file.
+    parts: tuple = ()
+
+    def files(self) -> list[tuple[str, str, int]]:
+        """(file, sha256, size) of each of the model's files: one, or a split GGUF's parts in order."""
+        rest = [(p["file"], p["sha256"], p["size"]) for p in self.parts]
+        return [(self.file, self.sha256, self.size - sum(size for _, _, size in rest)), *rest]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -62,4 +72,10 @@ class Manifest:
         missing = sorted(f.name for f in fields(cls) if f.name not in doc and f.default is MISSING)
         if not isinstance(doc, dict) or missing:
             raise StoreError(f"a manifest lacks {', '.join(missing) or 'an object'}")
-        return cls(**{k: v for k, v in doc.items() if k in known})
+        parts = doc.get("parts", [])
+        if not isinstance(parts, list) or not all(
+                isinstance(p, dict) and isinstance(p.get("file"), str) and isinstance(p.get("sha256"), str)
+                and isinstance(p.get("size"), int) for p in parts):
+            raise StoreError("a manifest's parts are not a list of {file, sha256, size}")
+        return cls(**{k: v for k, v in doc.items() if k in known and k != "parts"},
+                   parts=tuple({"file": p["file"], "sha256": p["sha256"], "size": p["size"]} for p in parts))

@@ -18,7 +18,8 @@ from host_runtime.models.manifest import Manifest, check_name, name_for_file
 from host_runtime.models.pull_hosts import PullHosts
 from host_runtime.models.pull_slots import PullSlot
 from host_runtime.models import catalog, hf_names
-from host_runtime.models.sources import check_sha256, hf_parts, hf_quant_parts, source_file_name
+from host_runtime.models.sources import check_sha256, hf_parts, hf_quant_parts, part_sources, source_file_name
+from host_runtime.placement.gguf_split import part_names
 from host_runtime.models.store import Store, check_projector
 
 HTTP_TIMEOUT_S = 30
@@ -28,7 +29,8 @@ MAX_REDIRECTS = 5  # a download's link to its mirror and the mirror's to its CDN
 def add(store: Store, file: Path, name: str | None = None, sha256: str | None = None, say=print,
         projector: Path | None = None) -> Manifest:
     """A local GGUF copied into the store (a USB stick, a file already on the box), with its vision projector
-    where one is given (checked before anything is copied; the model removed again if it cannot be kept)."""
+    where one is given (checked before anything is copied; the model removed again if it cannot be kept). A split
+    GGUF is added by its first part (FILE-00001-of-0000N.gguf), the others beside it; sha256 is the first part's."""
     expected = check_sha256(sha256)
     if projector is not None:
         check_projector(projector)
@@ -36,12 +38,18 @@ def add(store: Store, file: Path, name: str | None = None, sha256: str | None = 
     store.refuse_existing(name)
     if not file.is_file():
         raise StoreError(f"FILE: {file} is not a file")
-    store.check_room(file.stat().st_size, name)
-    say(f"hashing {file}")
+    parts = [Path(each) for each in part_names(str(file))[1:]]
+    for number, part in enumerate(parts, start=2):
+        if not part.is_file():
+            raise StoreError(f"FILE: {file.name} is part 1 of {len(parts) + 1} of a split GGUF, and part {number} "
+                             f"({part.name}) is not beside it")
+    store.check_room(sum(f.stat().st_size for f in (file, *parts)), name)
+    say(f"hashing {file}" + (f" and its {len(parts)} further parts" if parts else ""))
     digest = file_sha256(file).hexdigest()
     if expected and digest != expected:
         raise StoreError(f"{file.name}: sha256 {digest} is not the {expected} given; nothing was added")
-    manifest = store.admit(file, name, digest, str(file.resolve()), move=False)
+    manifest = store.admit(file, name, digest, str(file.resolve()), move=False,
+                           parts=tuple((part, file_sha256(part).hexdigest()) for part in parts))
     if projector is None:
         return manifest
     try:
@@ -79,16 +87,24 @@ def pull(store: Store, source: str, name: str | None = None, sha256: str | None 
     name = check_name(name or name_for_file(source_file_name(source)))
     store.refuse_existing(name)
     named = None
+    expected_parts: tuple[str | None, ...] = ()
     if hf_quant_parts(source) is not None:  # hf://OWNER/REPO:QUANT: the file and its projector from the listing
         named = hf_names.resolve(source)
-        say(f"{source}: {named.model}" + (f", with the projector {named.projector}" if named.projector else ""))
-        source, expected = named.model, expected or named.sha256
+        say(f"{source}: {named.model}" + (f" and its {len(named.parts_sha256)} further parts"
+                                          if named.parts_sha256 else "")
+            + (f", with the projector {named.projector}" if named.projector else ""))
+        source, expected, expected_parts = named.model, expected or named.sha256, named.parts_sha256
+    sources = part_sources(source)
+    if len(sources) > 1 and scheme != "hf":
+        raise SourceRefused(f"{source} is part 1 of {len(sources)} of a split GGUF: pull it from the Hub "
+                            "(hf://OWNER/REPO/FILE-00001-of-...gguf, which brings every part), or download the parts "
+                            "and add the first (everycycle models add FILE)")
     if fits is not None and (scheme == "hf" or hosts is None):
         _check_fit(source, fits, say)
     own = slot is None
     slot = slot or PullSlot.take(store.partial_dir(), name)
     try:
-        manifest = _pull_in(store, source, name, expected, scheme, say, observe, hosts, slot)
+        manifest = _pull_in(store, sources, name, (expected, *expected_parts), scheme, say, observe, hosts, slot)
         if named is not None and named.projector:
             manifest = _with_projector(store, name, named, say)
     finally:
@@ -133,18 +149,22 @@ def _with_projector(store: Store, name: str, named: hf_names.Resolved, say) -> M
         raise
 
 
-def _pull_in(store: Store, source: str, name: str, expected: str | None, scheme: str, say, observe,
-             hosts: PullHosts | None, slot: PullSlot) -> Manifest:
+def _pull_in(store: Store, sources: list[str], name: str, expected: tuple[str | None, ...], scheme: str, say,
+             observe, hosts: PullHosts | None, slot: PullSlot) -> Manifest:
+    """The file (or a split GGUF's parts, from the Hub) downloaded, each checked against its expected sha256
+    where there is one, and admitted together."""
     if scheme == "hf":
-        file, digest = _pull_hf(store, source, name, say, observe, slot)
+        files = _pull_hf(store, sources, name, say, observe, slot)
     else:
-        file, digest = _pull_http(store, source, name, say, observe, hosts, slot)
-    if expected and digest != expected:
-        slot.finish()
-        raise SourceRefused(f"{source}: sha256 {digest} is not the {expected} given: the download was altered or is "
-                         "another file; nothing was added")
+        files = [_pull_http(store, sources[0], name, say, observe, hosts, slot)]
+    for source, (_, digest), want in zip(sources, files, expected):
+        if want and digest != want:
+            slot.finish()
+            raise SourceRefused(f"{source}: sha256 {digest} is not the {want} expected: the download was altered "
+                                "or is another file; nothing was added")
     try:
-        manifest = store.admit(file, name, digest, source, move=True)
+        (file, digest), *parts = files
+        manifest = store.admit(file, name, digest, sources[0], move=True, parts=tuple(parts))
     except StoreError as exc:
         slot.finish()
         raise SourceRefused(str(exc)) from None
@@ -234,32 +254,38 @@ def _pull_http(store: Store, url: str, name: str, say, observe=None, hosts: Pull
     return part, sha
 
 
-def _pull_hf(store: Store, source: str, name: str, say, observe, slot: PullSlot) -> tuple[Path, str]:
+def _pull_hf(store: Store, sources: list[str], name: str, say, observe, slot: PullSlot) -> list[tuple[Path, str]]:
+    """Each source's file (one, or a split GGUF's parts) through huggingface_hub, into the pull's own folder
+    (hf-NAME, where a pull run again resumes), then hashed: [(file, sha256)] in order."""
     try:
         from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     except ImportError:
         raise StoreError("hf:// sources need huggingface_hub (pip install huggingface_hub)") from None
-    repo, path, revision = hf_parts(source)
     local = store.partial_dir() / f"hf-{name}"
     try:
-        meta = get_hf_file_metadata(hf_hub_url(repo, path, revision=revision))
-        slot.reserve(source, meta.size, store.room())
-        say(f"pulling {name} from {repo} ({(meta.size or 0) / 2**20:,.1f} MiB) through huggingface_hub")
-        progress = Progress(f"pulling {name}", meta.size, say, observe=observe)
-        file = Path(hf_hub_download(repo, path, revision=revision, local_dir=local,
-                                    tqdm_class=_progress_bar(progress)))
+        wanted = [hf_parts(source) for source in sources]
+        sizes = [get_hf_file_metadata(hf_hub_url(repo, path, revision=revision)).size
+                 for repo, path, revision in wanted]
+        total = None if None in sizes else sum(sizes)
+        slot.reserve(sources[0], total, store.room())
+        say(f"pulling {name} from {wanted[0][0]} ({(total or 0) / 2**20:,.1f} MiB"
+            + (f" in {len(sources)} parts" if len(sources) > 1 else "") + ") through huggingface_hub")
+        progress = Progress(f"pulling {name}", total, say, observe=observe)
+        files = [Path(hf_hub_download(repo, path, revision=revision, local_dir=local,
+                                      tqdm_class=_progress_bar(progress)))
+                 for repo, path, revision in wanted]
     except HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None) or 0
-        raise _http_error(status)(f"{source}: {exc}; run the same pull again to resume") from None
+        raise _http_error(status)(f"{sources[0]}: {exc}; run the same pull again to resume") from None
     except (LocalEntryNotFoundError, OSError, ValueError) as exc:
-        raise StoreError(f"{source}: {exc}; run the same pull again to resume") from None
+        raise StoreError(f"{sources[0]}: {exc}; run the same pull again to resume") from None
     part, _ = _partial(store, name)
-    os.replace(file, part)
-    shutil.rmtree(local, ignore_errors=True)
+    os.replace(files[0], part)  # the others wait in hf-NAME until admitted (the slot's end removes the folder)
+    if len(files) == 1:
+        shutil.rmtree(local, ignore_errors=True)
     say(f"hashing {name}")
-    return part, file_sha256(part).hexdigest()
-
+    return [(file, file_sha256(file).hexdigest()) for file in (part, *files[1:])]
 
 
 def _http_error(status: int) -> type[StoreError]:

@@ -8,6 +8,7 @@ import urllib.parse
 from pathlib import Path
 
 from host_runtime.models.errors import SourceRefused, StoreError
+from host_runtime.placement.gguf_split import part_names
 
 
 def source_file_name(source: str) -> str:
@@ -17,6 +18,21 @@ def source_file_name(source: str) -> str:
     if source.startswith("hf://"):
         return hf_parts(source)[1].rsplit("/", 1)[-1]
     return Path(urllib.parse.urlsplit(source).path).name
+
+
+def part_sources(source: str) -> list[str]:
+    """Every part's source, in order, where `source` (hf://OWNER/REPO/FILE.gguf[@REVISION] or an http(s) URL)
+    names a split GGUF's first part (FILE-00001-of-0000N.gguf); [source] for anything else."""
+    if source.startswith("hf://"):
+        if hf_quant_parts(source) is not None:
+            return [source]
+        repo, path, revision = hf_parts(source)
+        at = f"@{revision}" if revision else ""
+        return [f"hf://{repo}/{each}{at}" for each in part_names(path)]
+    if "://" in source:
+        url = urllib.parse.urlsplit(source)
+        return [urllib.parse.urlunsplit(url._replace(path=each)) for each in part_names(url.path)]
+    return [source]
 
 
 def hf_parts(source: str) -> tuple[str, str, str | None]:

@@ -16,9 +16,10 @@ from host_runtime.common.download import file_sha256
 from host_runtime.common.service_user import give_to_services
 from host_runtime.common.settings_file import SettingsError
 from host_runtime.models.errors import StoreError
-from host_runtime.models.gguf_info import read_info
+from host_runtime.models.gguf_info import check_part, read_info
 from host_runtime.models.manifest import Manifest, check_name
 from host_runtime.models.model_settings import FILE, ModelSettings
+from host_runtime.placement.gguf_split import store_names
 
 MANIFEST = "manifest.json"
 PARTIAL = ".partial"
@@ -67,8 +68,9 @@ class Store:
     def _trusted(self, folder: str, manifest: Manifest) -> Manifest:
         """A manifest names its own folder and a file inside it, or it is not the store's: the serving user can
         write one, and root acts on what it says (a planted name "../x" took `models rm` outside the store, #56)."""
-        if manifest.name != folder or not manifest.file or Path(manifest.file).name != manifest.file \
-                or manifest.file in (".", ".."):
+        files = [file for file, _, _ in manifest.files()]
+        if manifest.name != folder or not all(file and Path(file).name == file and file not in (".", "..")
+                                              for file in files):
             raise StoreError(f"{self.root / folder / MANIFEST} names {manifest.name!r} with file {manifest.file!r}, "
                              f"not its own folder {folder!r} and a file in it: not trusted; look at that folder and "
                              "remove it by hand")
@@ -79,7 +81,7 @@ class Store:
 
     def file_for(self, name: str) -> Path:
         """Where a model of this name keeps its GGUF (admit puts it there, and its manifest then names it)."""
-        return self.root / name / (name + ".gguf")
+        return self.root / name / store_names(name, 1)[0]
 
     # ---- writing -------------------------------------------------------------------------------------------
 
@@ -111,25 +113,36 @@ class Store:
             raise StoreError(f"a model named {name!r} is already in the store: pick another --name, or remove it "
                              "first (everycycle models rm)")
 
-    def admit(self, file: Path, name: str, sha256: str, source: str, *, move: bool) -> Manifest:
-        """Make a complete, hashed file a model: read it as a GGUF, put it in place, write the manifest last."""
+    def admit(self, file: Path, name: str, sha256: str, source: str, *, move: bool,
+              parts: tuple[tuple[Path, str], ...] = ()) -> Manifest:
+        """Make a complete, hashed file a model: read it as a GGUF, put it in place, write the manifest last.
+        parts: a split GGUF's further parts (file, sha256) in order, each checked to be that part, kept beside
+        the first under the names llama.cpp looks for (gguf_split.store_names)."""
         check_name(name)
         self.refuse_existing(name)
         info = read_info(file)
-        target = self.file_for(name)
+        for number, (part, _) in enumerate(parts, start=2):
+            check_part(part, number, len(parts) + 1)
+        names = store_names(name, len(parts) + 1)
+        target = self.root / name / names[0]
         if info["architecture"] == "whisper":  # whisper.cpp's own format, not a GGUF: named for what it is
             target = target.with_suffix(".bin")
         target.parent.mkdir(parents=True, exist_ok=True)
-        if move:
-            os.replace(file, target)
-        else:
-            staged = target.with_name(target.name + ".partial")
-            _copy_without_links(file, staged)
-            os.replace(staged, target)
-        manifest = Manifest(name=name, file=target.name, sha256=sha256, size=target.stat().st_size,
-                            source=source, added_at=_now(), **info)
+        placed = [(part, target.parent / each) for (part, _), each in zip(parts, names[1:])]
+        for source_file, dest in [(file, target), *placed]:
+            if move:
+                os.replace(source_file, dest)
+            else:
+                staged = dest.with_name(dest.name + ".partial")
+                _copy_without_links(source_file, staged)
+                os.replace(staged, dest)
+        more = tuple({"file": dest.name, "sha256": digest, "size": dest.stat().st_size}
+                     for (_, dest), (_, digest) in zip(placed, parts))
+        manifest = Manifest(name=name, file=target.name, sha256=sha256,
+                            size=target.stat().st_size + sum(p["size"] for p in more), source=source,
+                            added_at=_now(), parts=more, **info)
         atomic_write(target.parent / MANIFEST, manifest.to_json().encode(), mode=0o644)
-        self._stamp(manifest, target.stat())  # hashed just now: verify() need not hash it again
+        self._stamp(manifest)  # hashed just now: verify() need not hash it again
         return manifest
 
     def copy(self, source: str, name: str) -> Manifest:
@@ -138,16 +151,18 @@ class Store:
         check_name(name)
         self.refuse_existing(name)
         manifest = self.get(source)
-        original = self.path_of(manifest)
-        target = self.file_for(name).with_name(manifest.file)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.unlink(missing_ok=True)
-        try:
-            os.link(original, target, follow_symlinks=False)
-        except OSError:
-            staged = target.with_name(target.name + ".partial")
-            _copy_without_links(original, staged)
-            os.replace(staged, target)
+        folder = self.root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for file, _, _ in manifest.files():  # a split GGUF's parts keep their names: llama.cpp finds them so
+            original, target = self.root / source / file, folder / file
+            target.unlink(missing_ok=True)
+            try:
+                os.link(original, target, follow_symlinks=False)
+            except OSError:
+                staged = target.with_name(target.name + ".partial")
+                _copy_without_links(original, staged)
+                os.replace(staged, target)
+        target = folder / manifest.file
         settings = self.root / source / FILE
         if settings.is_file():
             atomic_write(target.parent / FILE, settings.read_bytes(), mode=0o644)
@@ -159,34 +174,42 @@ class Store:
     # ---- checking ------------------------------------------------------------------------------------------
 
     def verify(self, manifest: Manifest) -> None:
-        """The model's file is still the one admitted, before an engine loads it (#55: random bytes written over
-        a model's weights were served, garbage and all): its size every time; its sha256 again where its size or
-        modification time differs from the last time it matched (VERIFIED beside the manifest). StoreError naming
-        the model and what differs; nothing is changed."""
-        path = self.path_of(manifest)
+        """The model's files are still the ones admitted, before an engine loads it (#55: random bytes written
+        over a model's weights were served, garbage and all): their sizes every time; their sha256 again where a
+        size or modification time differs from the last time they matched (VERIFIED beside the manifest).
+        StoreError naming the model and what differs; nothing is changed."""
+        def its(file: str) -> str:
+            return f"its part {file}" if manifest.parts else "its file"
+
+        stats = []
+        for file, _, size in manifest.files():
+            path = self.root / manifest.name / file
+            try:
+                st = path.stat()
+            except OSError as exc:
+                raise StoreError(f"the model '{manifest.name}' has lost its file ({path}: {exc.strerror}); add or "
+                                 "pull it again") from None
+            if st.st_size != size:
+                raise StoreError(f"the model '{manifest.name}' is damaged: {its(file)} has {st.st_size:,} bytes "
+                                 f"where its manifest says {size:,} (cut short or overwritten); remove it and add or "
+                                 "pull it again (everycycle models rm, then models add|pull)")
+            stats.append(st)
         try:
-            st = path.stat()
-        except OSError as exc:
-            raise StoreError(f"the model '{manifest.name}' has lost its file ({path}: {exc.strerror}); add or pull "
-                             "it again") from None
-        if st.st_size != manifest.size:
-            raise StoreError(f"the model '{manifest.name}' is damaged: its file has {st.st_size:,} bytes where its "
-                             f"manifest says {manifest.size:,} (cut short or overwritten); remove it and add or pull "
-                             "it again (everycycle models rm, then models add|pull)")
-        try:
-            if (self.root / manifest.name / VERIFIED).read_text() == _stamp_text(st):
+            if (self.root / manifest.name / VERIFIED).read_text() == _stamp_text(stats):
                 return
         except OSError:
             pass  # never checked since it was admitted by an earlier version, or the stamp is unreadable: hash
-        if file_sha256(path).hexdigest() != manifest.sha256:
-            raise StoreError(f"the model '{manifest.name}' is damaged: its file's sha256 no longer matches its "
-                             "manifest's (its bytes changed after it was added); remove it and add or pull it "
-                             "again (everycycle models rm, then models add|pull)")
-        self._stamp(manifest, st)
+        for file, digest, _ in manifest.files():
+            if file_sha256(self.root / manifest.name / file).hexdigest() != digest:
+                raise StoreError(f"the model '{manifest.name}' is damaged: {its(file)}'s sha256 no longer "
+                                 "matches its manifest's (its bytes changed after it was added); remove it and add "
+                                 "or pull it again (everycycle models rm, then models add|pull)")
+        self._stamp(manifest)
 
-    def _stamp(self, manifest: Manifest, st: os.stat_result) -> None:
+    def _stamp(self, manifest: Manifest) -> None:
         try:
-            atomic_write(self.root / manifest.name / VERIFIED, _stamp_text(st).encode(), mode=0o644)
+            stats = [(self.root / manifest.name / file).stat() for file, _, _ in manifest.files()]
+            atomic_write(self.root / manifest.name / VERIFIED, _stamp_text(stats).encode(), mode=0o644)
         except OSError:
             pass  # a store this process may not write: the next load hashes again, nothing worse
 
@@ -286,6 +309,6 @@ def _copy_without_links(source: Path, dest: Path) -> None:
         os.fsync(out.fileno())
 
 
-def _stamp_text(st: os.stat_result) -> str:
-    """What VERIFIED holds: the file's size and modification time when its sha256 last matched its manifest."""
-    return f"{st.st_size} {st.st_mtime_ns}\n"
+def _stamp_text(stats: list[os.stat_result]) -> str:
+    """What VERIFIED holds: each file's size and modification time when its sha256 last matched its manifest."""
+    return "".join(f"{st.st_size} {st.st_mtime_ns}\n" for st in stats)

@@ -13,7 +13,7 @@ from pathlib import Path
 from host_runtime.common.errors import InputError
 from host_runtime.common import http_client
 from host_runtime.models import catalog, hf_names
-from host_runtime.models.sources import hf_parts, hf_quant_parts, source_file_name
+from host_runtime.models.sources import hf_parts, hf_quant_parts, part_sources, source_file_name
 from host_runtime.models.errors import SourceRefused, StoreError
 from host_runtime.models.gguf_info import read_table_isolated
 from host_runtime.placement.planner import PlacementError, PlanRequest, plan
@@ -101,15 +101,20 @@ def read_source_table(source: str):
     source = _named(source)
     last = None
     for limit in HEADER_BYTES:
-        head, total = header_from_url(source, limit)
+        whole = False
         with tempfile.TemporaryDirectory(prefix="everycycle-header-") as tmp:
-            partial = Path(tmp) / source_file_name(source)  # the table is named after its file, as once pulled
-            partial.write_bytes(head)
+            total: int | None = 0
+            for k, each in enumerate(part_sources(source)):  # a split GGUF's parts: each holds its tensors' table
+                head, size = header_from_url(each, limit)
+                whole = whole or (k == 0 and len(head) < limit)
+                total = None if total is None or size is None else total + size
+                # the table is named after its file, as once pulled; a split's parts found beside the first
+                (Path(tmp) / source_file_name(each)).write_bytes(head)
             try:
-                return read_table_isolated(partial), total
+                return read_table_isolated(Path(tmp) / source_file_name(source)), total
             except StoreError as exc:
                 last = exc
-        if len(head) < limit:  # the whole file was read: a longer header will not help
+        if whole:  # the first part was read whole: a longer header will not help
             break
     raise VerdictError(f"{source}: not a GGUF whose header could be read ({last})")
 

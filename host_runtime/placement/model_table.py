@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from host_runtime.common.errors import InputError
 from host_runtime.placement import gguf_c
+from host_runtime.placement.gguf_split import SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS, part_name, part_names
 from host_runtime.placement.kv_types import DEFAULT_KV, kv_type
 
 # The layers of the model that llama.cpp places as units: the repeating blocks, then "output".
@@ -208,26 +209,72 @@ def _field(reader, key: str):
 def read_table(path) -> ModelTable:
     """The tensor table and KV geometry of a GGUF file, without reading its weights: through ggml's own reader
     (milliseconds), or the `gguf` package's where libggml-base cannot be loaded (seconds: it parses the
-    vocabulary too)."""
+    vocabulary too). A split GGUF is read from its first part's path: the other parts beside it add their tensors
+    and their bytes (gguf_split.py)."""
     if not gguf_c.available():
         return _read_table_gguf_package(path)
+    names = part_names(str(path))
+    opened: list = []
     try:
-        table = gguf_c.GGUFTable(path)
-    except ValueError as exc:
-        raise ModelTableError(f"{path}: not a readable GGUF file ({exc})") from None
-    with table:
-        return _table_from(path, table.value, [TensorInfo(*t) for t in table.tensors()])
+        for k, name in enumerate(names, start=1):
+            if k > 1 and not os.path.isfile(name):
+                raise ModelTableError(f"{path}: part {k} of {len(names)} of this split GGUF is missing (no "
+                                      f"{os.path.basename(name)} beside it)")
+            try:
+                opened.append(gguf_c.GGUFTable(name))
+            except ValueError as exc:
+                raise ModelTableError(f"{name}: not a readable GGUF file ({exc})") from None
+        first, *parts = opened
+        tensors = _all_parts(path, first.value, [TensorInfo(*t) for t in first.tensors()],
+                             [(n, t.value, [TensorInfo(*x) for x in t.tensors()]) for n, t in zip(names[1:], parts)])
+        return _table_from(path, first.value, tensors, sum(os.path.getsize(n) for n in names))
+    finally:
+        for table in opened:
+            table.close()
 
 
-def read_table_fd(fd: int, name: str) -> ModelTable:
+def read_table_fd(fd: int, name: str, part_fds: tuple[int, ...] = ()) -> ModelTable:
     """read_table from an open file (read from its start; the caller keeps it open), named `name`: for a reader
-    that may not open the path itself (models/gguf_child.py)."""
+    that may not open the path itself (models/gguf_info.py's child). part_fds: a split GGUF's other parts, open,
+    in order."""
+    opened: list = []
     try:
-        table = gguf_c.GGUFTable(fd=fd)
-    except ValueError as exc:
-        raise ModelTableError(f"{name}: not a readable GGUF file ({exc})") from None
-    with table:
-        return _table_from(name, table.value, [TensorInfo(*t) for t in table.tensors()], os.fstat(fd).st_size)
+        for i, each in enumerate((fd, *part_fds)):
+            try:
+                opened.append(gguf_c.GGUFTable(fd=each))
+            except ValueError as exc:
+                raise ModelTableError(f"{name}{f' (part {i + 1})' if i else ''}: not a readable GGUF file "
+                                      f"({exc})") from None
+        first, *parts = opened
+        tensors = _all_parts(name, first.value, [TensorInfo(*t) for t in first.tensors()],
+                             [(f"{name} part {i}", t.value, [TensorInfo(*x) for x in t.tensors()])
+                              for i, t in enumerate(parts, start=2)])
+        return _table_from(name, first.value, tensors, sum(os.fstat(each).st_size for each in (fd, *part_fds)))
+    finally:
+        for table in opened:
+            table.close()
+
+
+def _all_parts(path, value, tensors: list[TensorInfo], parts: list) -> list[TensorInfo]:
+    """The first part's tensors and, for a split GGUF, every other part's: parts [(name, value, tensors)] in
+    order, each checked to be the part it should be. ModelTableError where one is missing or foreign."""
+    count = value(SPLIT_COUNT)
+    count = int(count) if _is_int(count) else 1
+    if count < 2:
+        return tensors
+    if len(parts) != count - 1:
+        raise ModelTableError(f"{path} is the first of {count} parts of a split GGUF, and {len(parts) + 1} were "
+                              f"found: keep every part beside it, named {part_name(str(path), 2, count)} and so on")
+    out = list(tensors)
+    for k, (name, part_value, part_tensors) in enumerate(parts, start=1):
+        if part_value(SPLIT_NO) != k or part_value(SPLIT_COUNT) != count:
+            raise ModelTableError(f"{name} is not part {k + 1} of {count} of {path} (it says part "
+                                  f"{(part_value(SPLIT_NO) or 0) + 1} of {part_value(SPLIT_COUNT)})")
+        out += part_tensors
+    declared = value(SPLIT_TENSORS)
+    if _is_int(declared) and declared != len(out):
+        raise ModelTableError(f"{path}: its parts hold {len(out)} tensors where the first says {declared}")
+    return out
 
 
 def _is_int(v) -> bool:
@@ -244,9 +291,18 @@ def _read_table_gguf_package(path) -> ModelTable:
         reader = gguf.GGUFReader(str(path), "r")
     except (ValueError, OSError) as exc:
         raise ModelTableError(f"{path}: not a readable GGUF file ({exc})") from None
-    tensors = [TensorInfo(t.name, int(t.tensor_type), tuple(int(x) for x in t.shape), int(t.n_bytes))
-               for t in reader.tensors]
-    return _table_from(path, lambda key: _field(reader, key), tensors)
+    def tensors_of(r) -> list[TensorInfo]:
+        return [TensorInfo(t.name, int(t.tensor_type), tuple(int(x) for x in t.shape), int(t.n_bytes))
+                for t in r.tensors]
+
+    names = part_names(str(path))
+    try:
+        parts = [gguf.GGUFReader(name, "r") for name in names[1:]]
+    except (ValueError, OSError) as exc:
+        raise ModelTableError(f"{path}: a part of this split GGUF is not readable ({exc})") from None
+    tensors = _all_parts(path, lambda key: _field(reader, key), tensors_of(reader),
+                         [(n, lambda key, r=r: _field(r, key), tensors_of(r)) for n, r in zip(names[1:], parts)])
+    return _table_from(path, lambda key: _field(reader, key), tensors, sum(os.path.getsize(n) for n in names))
 
 
 def _table_from(path, value, tensors: list[TensorInfo], file_bytes: int | None = None) -> ModelTable:
