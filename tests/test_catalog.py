@@ -73,3 +73,20 @@ def test_models_catalog_lists_each_entry_with_its_pull_name():
     shown = {e["name"]: e for e in json.loads(out.stdout)}
     assert shown["gemma3:4b"]["pull"] == "hf://ggml-org/gemma-3-4b-it-GGUF:Q4_K_M"
     assert shown["gemma3:4b"]["store_name"] == "gemma3-4b" and "vision" in shown["gemma3:4b"]["can"]
+
+
+def test_a_store_name_made_from_a_catalog_name_reads_back_as_that_name(monkeypatch, tmp_path):
+    """Ollama's clients list a catalog pull by the name they pulled it by (#59): qwen3-8b is qwen3:8b, a chosen
+    quantization keeps its suffix, any other name is none of the catalog's; a broken owner's catalog lists by the
+    store's name rather than failing the listing."""
+    from host_runtime.models.catalog import catalog_name
+
+    monkeypatch.delenv("EVERYCYCLE_CATALOG", raising=False)
+    monkeypatch.delenv("EVERYCYCLE_STATE_DIR", raising=False)
+    assert catalog_name("qwen3-8b") == "qwen3:8b"
+    assert catalog_name("qwen3-8b-q8_0") == "qwen3:8b-q8_0"
+    assert catalog_name("qwen3-8b-q2_k") is None and catalog_name("my-model") is None
+    broken = tmp_path / "catalog.toml"
+    broken.write_text("[[model]]\nname = 1\n")
+    monkeypatch.setenv("EVERYCYCLE_CATALOG", str(broken))
+    assert catalog_name("qwen3-8b") is None

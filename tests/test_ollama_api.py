@@ -165,9 +165,9 @@ def test_pull_brings_a_gguf_into_the_store_with_ollamas_progress_lines(tmp_path)
                 client.pull(asked)
             assert err.value.status_code == status and words in err.value.error, err.value.error
         # a catalog name, as Ollama's clients pull: resolved to its repository's Q8_0, stored as tinyllama-1b, and
-        # answered under the name the client used
+        # listed and answered under the name the client used
         assert client.pull("tinyllama:1b").status == "success"
-        assert "tinyllama-1b:latest" in [m.model for m in client.list().models]
+        assert "tinyllama:1b" in [m.model for m in client.list().models]
         answered = client.chat(model="tinyllama:1b", messages=[{"role": "user", "content": "hi"}],
                                options={"num_predict": 2})
         assert answered.done and answered.message.content is not None

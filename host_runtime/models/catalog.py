@@ -82,6 +82,23 @@ def store_name(name: str) -> str:
     return base if not tag or tag == DEFAULT_TAG else f"{base}-{tag}"
 
 
+def catalog_name(stored: str) -> str | None:
+    """The catalog name a store name was pulled by (qwen3-8b: qwen3:8b; qwen3-8b-q8_0: qwen3:8b-q8_0), so that
+    Ollama's clients list a model under the name they pulled it by; None for a name no entry makes (or where the
+    owner's catalog cannot be read: the model is then listed by its store name)."""
+    try:
+        listed = entries()
+    except SourceRefused:
+        return None
+    for e in listed:
+        if stored == e.store_name:
+            return e.full_name
+        quant = stored[len(e.store_name) + 1:] if stored.startswith(e.store_name + "-") else ""
+        if quant and quant.upper() in {q.upper() for q in e.quants}:
+            return f"{e.full_name}-{quant}"
+    return None
+
+
 def parse(text: str, where: str) -> list[Entry]:
     """A catalog's entries; SourceRefused naming the entry and field at fault."""
     try:

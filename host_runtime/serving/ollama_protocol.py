@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from host_runtime.engine.media import image_format
 from host_runtime.serving import protocol, request_models
-from host_runtime.models.catalog import store_name
+from host_runtime.models.catalog import catalog_name, store_name
 from host_runtime.serving.errors import APIError
 from host_runtime.serving.protocol import GenerationCall, bad, field_of
 
@@ -251,7 +251,9 @@ def expires_at(expires_in_s: float | None) -> str:
 
 
 def listed_name(model_id: str) -> str:
-    return model_id + TAG
+    """How Ollama's clients see a model: a catalog pull by the name it was pulled by (qwen3:8b), any other with
+    ":latest" (model_name reads either back as the store's name)."""
+    return catalog_name(model_id) or model_id + TAG
 
 
 def details(info: dict | None) -> dict:
