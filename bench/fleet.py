@@ -1,22 +1,30 @@
-"""The fleet gateway against round-robin over the same boxes: a multi-turn workload with shared prefixes.
+"""The fleet gateway against round robin, the router's cache_aware alone and LiteLLM's least-busy over the same
+boxes: a multi-turn workload with shared prefixes, each policy run --repeats times (alternated), ratios with spreads.
 
 Three boxes (network namespaces, `everycycle serve` on 1 thread each, the built-in model) behind the gateway
-(tests/fleet_hosts.py), run twice on fresh boxes: once with the router's cache_aware policy fed by our
-controller (the gateway as shipped), once with round_robin (the reference). Several conversations run at once,
-each turn extending the last (a long system prompt of its own, then user and assistant turns).
+(tests/fleet_hosts.py), each run on fresh boxes: "gateway" (the router's cache_aware fed by our controller, which
+routes by each box's measured speed: the gateway as shipped), "cache_aware" (the router's policy alone, as before
+#62), "round_robin" (the reference), and with --litellm LiteLLM's Router (least-busy). Several conversations run at
+once, each turn extending the last (a long system prompt of its own, then user and assistant turns).
 `--fleet hetero`: boxes that are not equal (HETERO: CPU quotas make box 1 several times faster than the others,
 box 2 holds another model, which only it serves) and a mixed workload (fleet_workload.mixed_session: chats, one-shot
 long prompts, chats with the other model). Measured:
 - prefix hit ratio: prompt tokens the boxes' prefix caches served / all prompt tokens (everycycle_prompt_tokens_
   cached_total and everycycle_prompt_tokens_total, summed over the boxes, before and after);
-- TTFT p50 and p95 (client side, streaming), and generated tokens per second over the run.
-Prints one JSON document (and writes it with --json PATH): `gateway`, `round_robin`, and `ratios`.
-Needs root (namespaces). Usage: sudo .venv/bin/python bench/fleet.py [--conversations 9] [--turns 4] [--json F]"""
+- TTFT p50 and p95 (client side, streaming), and generated tokens per second over the run;
+- the common model's tokens per second until its last answer (the other model's requests go to its one box
+  whatever the policy: it is the common model's that routing decides).
+Prints one JSON document (and writes it with --json PATH): `policies` (each figure's median and range over the
+repeats), `ratios` (the gateway's over each other policy, repeat by repeat), `goals` (#62's lines, met where the
+spread does not cross them) and every run.
+Needs root (namespaces). Usage: sudo .venv/bin/python bench/fleet.py [--fleet hetero] [--repeats 3] [--litellm]
+[--json F]"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -36,6 +44,8 @@ import openai  # noqa: E402
 
 from host_runtime.engine.model import default_model_path  # noqa: E402
 from tests.fleet_hosts import SMOL, box_metric, start_fleet  # noqa: E402
+
+from serving import cpu_flags, cpu_name, paired_ratio, spread  # noqa: E402
 
 from fleet_workload import conversation, mixed_session  # noqa: E402
 
@@ -59,27 +69,35 @@ def litellm_python() -> Path:
     return python
 
 
-def counters(fleet) -> tuple[float, float, float]:
+def counters(fleet) -> tuple[float, float, list[float]]:
+    """(prompt tokens cached, computed, summed over the boxes; tokens generated, per box)."""
     cached = sum(box_metric(fleet, i, "everycycle_prompt_tokens_cached_total") for i in range(len(fleet.boxes)))
     computed = sum(box_metric(fleet, i, "everycycle_prompt_tokens_total") for i in range(len(fleet.boxes)))
-    generated = sum(box_metric(fleet, i, "everycycle_tokens_predicted_total") for i in range(len(fleet.boxes)))
+    generated = [box_metric(fleet, i, "everycycle_tokens_predicted_total") for i in range(len(fleet.boxes))]
     return cached, computed, generated
 
 
+# The policies compared, by name: (the router's policy, whether the controller routes by speed). "gateway" is the
+# gateway as shipped; "cache_aware" the router's policy alone, as it was before #62.
+GATEWAY_POLICIES = {"gateway": ("cache_aware", True), "cache_aware": ("cache_aware", False),
+                    "round_robin": ("round_robin", False)}
+
+
 def run(policy: str, conversations: int, turns: int, max_tokens: int, hetero: bool = False) -> dict:
-    """policy: one of the gateway's (its router's policy, clients through the gateway's front); "litellm"
-    (LiteLLM's Router, least-busy, straight to the same boxes with the fleet key from the gateway's namespace);
-    or "sticky" (no router: conversation n always on one box that holds its model, n mod their number: the
-    ceiling of this workload's hit ratio)."""
+    """policy: one of GATEWAY_POLICIES (clients through the gateway's front); "litellm" (LiteLLM's Router,
+    least-busy, straight to the same boxes with the fleet key from the gateway's namespace); or "sticky" (no
+    router: conversation n always on one box that holds its model, n mod their number: the ceiling of this
+    workload's hit ratio)."""
     litellm = litellm_python() if policy == "litellm" else None
     direct = litellm or policy == "sticky"
+    router_policy, by_speed = GATEWAY_POLICIES.get(policy, ("round_robin", False))
     with tempfile.TemporaryDirectory(prefix=f"bench-fleet-{policy}-") as tmp:
         models = [None, None, None]
         if hetero:
             other = Path(tmp) / f"{OTHER}.gguf"
             shutil.copy(default_model_path(), other)
             models = [str(other) if m == OTHER else m for m in HETERO["models"]]
-        fleet = start_fleet(Path(tmp), models, policy="round_robin" if direct else policy, parallel=4,
+        fleet = start_fleet(Path(tmp), models, policy=router_policy, route_by_speed=by_speed, parallel=4,
                             max_queue=256, ctx_size=2048, cpu_percent=HETERO["cpu_percent"] if hetero else None)
         holders = {m: [i for i, b in enumerate(fleet.boxes) if m in b.models] for m in (SMOL, OTHER)}
         try:
@@ -95,7 +113,7 @@ def run(policy: str, conversations: int, turns: int, max_tokens: int, hetero: bo
                 if out.returncode != 0:
                     raise SystemExit(f"bench: the LiteLLM client failed:\n{out.stderr[-3000:]}")
                 doc = json.loads(out.stdout.strip().splitlines()[-1])
-                results, wall = doc["results"], doc["wall_s"]
+                results, wall, start = doc["results"], doc["wall_s"], doc["started"]
             else:
                 if policy == "sticky":  # box 0's API from here: its Unix socket (its TCP listener is its loopback)
                     clients = [openai.OpenAI(
@@ -131,13 +149,24 @@ def run(policy: str, conversations: int, turns: int, max_tokens: int, hetero: bo
             per_box = [box_metric(fleet, i, "everycycle_requests_total") for i in range(len(fleet.boxes))]
         finally:
             fleet.stop()
-    cached, computed, generated = (a - b for a, b in zip(after, before))
+    cached, computed = after[0] - before[0], after[1] - before[1]
+    per_box_generated = [a - b for a, b in zip(after[2], before[2])]
+    generated = sum(per_box_generated)
+    # The common model's own throughput: what routing decides (the other model has one box, whatever the policy),
+    # its tokens over the time until its last answer ended.
+    common = [r for r in results if r.get("kind") != "other-model"]
+    common_span = max(r["ended"] for r in common) - start if common else wall
+    common_generated = sum(per_box_generated[i] for i in holders[SMOL])
     ttfts = sorted(r["ttft_s"] for r in results if r["ttft_s"] is not None)
     by_kind = {}
     for kind in sorted({r.get("kind") for r in results if r.get("kind")}):
         kind_ttfts = [r["ttft_s"] for r in results if r.get("kind") == kind and r["ttft_s"] is not None]
         by_kind[kind] = round(statistics.median(kind_ttfts), 4) if kind_ttfts else None
-    return {"policy": "litellm least-busy" if litellm else policy, "requests": len(results), "wall_s": round(wall, 2),
+    return {"policy": "litellm least-busy" if litellm else policy,
+            **({"router_policy": router_policy, "route_by_speed": by_speed} if not direct else {}),
+            "requests": len(results), "wall_s": round(wall, 2),
+            "common_model_tok_s": round(common_generated / common_span, 2) if common_span > 0 else None,
+            "common_model_span_s": round(common_span, 2),
             **({"ttft_p50_s_by_kind": by_kind} if by_kind else {}),
             "prefix_hit_ratio": round(cached / (cached + computed), 4) if cached + computed else 0.0,
             "prompt_tokens_cached": int(cached), "prompt_tokens_computed": int(computed),
@@ -146,12 +175,38 @@ def run(policy: str, conversations: int, turns: int, max_tokens: int, hetero: bo
             "tok_s": round(generated / wall, 2), "requests_per_box": [int(x) for x in per_box]}
 
 
-def ratios(gateway: dict, other: dict, name: str) -> dict:
-    return {f"prefix_hit_ratio_vs_{name}": round(gateway["prefix_hit_ratio"] / other["prefix_hit_ratio"], 3)
-            if other["prefix_hit_ratio"] else None,
-            f"ttft_p50_vs_{name}": round(gateway["ttft_p50_s"] / other["ttft_p50_s"], 3),
-            f"ttft_p95_vs_{name}": round(gateway["ttft_p95_s"] / other["ttft_p95_s"], 3),
-            f"tok_s_vs_{name}": round(gateway["tok_s"] / other["tok_s"], 3)}
+RATIO_KEYS = ("tok_s", "common_model_tok_s", "ttft_p50_s", "ttft_p95_s", "prefix_hit_ratio")
+# The goals #62 set, as (key, reference, bound, "min" or "max"): the spread must not cross the bound.
+GOALS = (("tok_s", "round_robin", 2.0, "min"), ("ttft_p95_s", "round_robin", 0.5, "max"),
+         ("tok_s", "litellm", 1.2, "min"))
+
+
+def ratios(runs: dict[str, list[dict]], name: str, reference: str) -> dict:
+    """`name`'s figures over `reference`'s, repeat by repeat (each repeat runs every policy once, the order
+    alternated), as spreads."""
+    out = {}
+    for key in RATIO_KEYS:
+        figure = paired_ratio(runs[name], runs[reference], key)
+        if figure:
+            out[f"{key}_vs_{reference}"] = figure
+    return out
+
+
+def goals(ratio_table: dict) -> list[dict]:
+    out = []
+    for key, reference, bound, side in GOALS:
+        figure = ratio_table.get(f"{key}_vs_{reference}")
+        if figure is None:
+            continue
+        met = figure["min"] >= bound if side == "min" else figure["max"] <= bound
+        out.append({"ratio": f"{key}_vs_{reference}", "goal": f"{'at least' if side == 'min' else 'at most'} {bound}",
+                    "median": figure["median"], "spread": [figure["min"], figure["max"]], "met": met})
+    return out
+
+
+def summary(runs: list[dict]) -> dict:
+    return {key: spread([r.get(key) for r in runs]) for key in ("tok_s", "common_model_tok_s", "ttft_p50_s",
+                                                                 "ttft_p95_s", "prefix_hit_ratio", "wall_s")}
 
 
 def measure_doc(bench_json: Path, out_dir: Path) -> None:
@@ -183,6 +238,7 @@ def main() -> int:
     p.add_argument("--conversations", type=int, default=9)
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--repeats", type=int, default=3, help="each policy this many times, alternated (default 3)")
     p.add_argument("--json", type=Path, help="write the result here too")
     p.add_argument("--litellm", action="store_true", help=f"also LiteLLM's Router ({LITELLM}, least-busy)")
     p.add_argument("--sticky", action="store_true",
@@ -194,28 +250,33 @@ def main() -> int:
     if args.doc and not args.json:
         p.error("--doc: needs --json (the document cites that file)")
     hetero = args.fleet == "hetero"
-    gateway = run("cache_aware", args.conversations, args.turns, args.max_tokens, hetero)
-    round_robin = run("round_robin", args.conversations, args.turns, args.max_tokens, hetero)
-    litellm = run("litellm", args.conversations, args.turns, args.max_tokens, hetero) if args.litellm else None
-    sticky = run("sticky", args.conversations, args.turns, args.max_tokens, hetero) if args.sticky else None
+    order = [*GATEWAY_POLICIES, *(["litellm"] if args.litellm else []), *(["sticky"] if args.sticky else [])]
+    runs: dict[str, list[dict]] = {name: [] for name in order}
+    for repeat in range(args.repeats):  # every policy once a repeat, the order reversed every other repeat
+        for name in (order if repeat % 2 == 0 else order[::-1]):
+            print(f"bench: repeat {repeat + 1} of {args.repeats}: {name}", file=sys.stderr, flush=True)
+            runs[name].append(run(name, args.conversations, args.turns, args.max_tokens, hetero))
+    ratio_table = {}
+    for reference in order[1:]:
+        if reference != "sticky":
+            ratio_table.update(ratios(runs, "gateway", reference))
     doc = {"bench": "fleet", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+           "machine": {"cpus": os.cpu_count(), "cpu": cpu_name(), "cpu_flags": cpu_flags(),
+                       "python": platform.python_version()},
            "workload": {"fleet": args.fleet, "boxes": 3, "threads_per_box": 1, "conversations": args.conversations,
-                        "turns": args.turns, "max_tokens": args.max_tokens, "model": SMOL,
+                        "turns": args.turns, "max_tokens": args.max_tokens, "model": SMOL, "repeats": args.repeats,
+                        "order": "every policy once a repeat, reversed every other repeat",
                         **({"cpu_percent": HETERO["cpu_percent"], "box_models": [m or SMOL for m in HETERO["models"]],
                             "sessions": "chat, one-shot long prompts, chat with the other model (by n mod 3)"}
                            if hetero else {})},
-           "gateway": gateway, "round_robin": round_robin,
-           "ratios": {**ratios(gateway, round_robin, "round_robin"),
-                      **(ratios(gateway, litellm, "litellm") if litellm else {})}}
-    if litellm:
-        doc["litellm"] = litellm
-    if sticky:  # how close each router comes to the hit ratio this workload allows
-        doc["sticky"] = sticky
-        doc["ratios"]["prefix_hit_ratio_of_ceiling"] = round(gateway["prefix_hit_ratio"] / sticky["prefix_hit_ratio"], 3) \
-            if sticky["prefix_hit_ratio"] else None
-        doc["ratios"]["round_robin_prefix_hit_ratio_of_ceiling"] = round(
-            round_robin["prefix_hit_ratio"] / sticky["prefix_hit_ratio"], 3) if sticky["prefix_hit_ratio"] else None
+           "policies": {name: summary(r) for name, r in runs.items()},
+           "ratios": ratio_table, "goals": goals(ratio_table), "runs": runs,
+           # each policy's medians under its own name, as `everycycle measure --fleet-bench` reads them
+           **{name: {"policy": r[0]["policy"], **{k: v["median"] for k, v in summary(r).items() if v}}
+              for name, r in runs.items()}}
+    if args.sticky:  # how close each router comes to the hit ratio this workload allows
+        doc["ratios"]["prefix_hit_ratio_of_ceiling"] = {
+            name: paired_ratio(runs[name], runs["sticky"], "prefix_hit_ratio") for name in order if name != "sticky"}
     text = json.dumps(doc, indent=2)
     print(text)
     if args.json:

@@ -55,7 +55,8 @@ def main() -> int:
         else:
             list(pool.map(lambda n: conversation(send, n, a.turns, results, lock), range(a.conversations)))
     print(json.dumps({"litellm": litellm.__version__ if hasattr(litellm, "__version__") else "?",
-                      "strategy": a.strategy, "wall_s": time.monotonic() - start, "results": results}))
+                      "strategy": a.strategy, "wall_s": time.monotonic() - start, "started": start,
+                      "results": results}))
     return 0
 
 

@@ -36,8 +36,8 @@ def conversation(send: Callable[[list[dict]], Iterable[str | None]], n: int, tur
                 if first is None:
                     first = time.monotonic() - start
                 text.append(piece)
-        with lock:
-            out.append({"ttft_s": first, "chars": len("".join(text)), "turn": t})
+        with lock:  # ended: the monotonic clock (one per machine: the LiteLLM client's process shares it)
+            out.append({"ttft_s": first, "chars": len("".join(text)), "turn": t, "ended": time.monotonic()})
         messages.append({"role": "assistant", "content": "".join(text)})
 
 
@@ -75,4 +75,4 @@ def mixed_session(send: Callable[[list[dict], str], Iterable[str | None]], n: in
                     first = time.monotonic() - start
                 chars += len(piece)
         with lock:
-            out.append({"ttft_s": first, "chars": chars, "turn": t, "kind": kind})
+            out.append({"ttft_s": first, "chars": chars, "turn": t, "kind": kind, "ended": time.monotonic()})

@@ -21,7 +21,7 @@ from host_runtime.engine.wire import PRIORITIES
 from host_runtime.common import generated_file
 from host_runtime.common.generated_file import readable_schema
 from host_runtime.common.setting_rules import TYPE_WORDS, error_words, hint_parts, one_of, tunables
-from host_runtime.fleet.settings import Mdns, Policy, Role, VrrpPriority, VrrpRouterId
+from host_runtime.fleet.settings import Mdns, Policy, Role, RouteBySpeed, VrrpPriority, VrrpRouterId
 from host_runtime.front.settings import BOX_HTTP_MODES, MetricsAccess, Port
 from host_runtime.governor.settings import GovernorSettings
 from host_runtime.measure.requirement import AnswerTokens, ConcurrentUsers, PromptTokens, TimePerToken, TtftP50
@@ -171,6 +171,7 @@ class Fleet(Table):
                                                            "(their own certificates or a CA's)")
     mdns: Mdns = None
     policy: Policy = None
+    route_by_speed: RouteBySpeed = None
     gateway_address: Union[str, list[str]] = Field(
         None, description="member: the gateway's IP address (its requests carry every client's), or both gateways' "
                           "where two share a virtual address")

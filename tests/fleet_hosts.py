@@ -184,7 +184,7 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
                 max_queue: int = 64, ctx_size: int = 1024, poll_interval: float = 0.5,
                 governor_state: bool = False, behind_front: tuple[int, ...] = (),
                 trace_port: int | None = None, cpu_percent: list[float | None] | None = None,
-                failover: bool = False) -> Fleet:
+                failover: bool = False, route_by_speed: bool = True) -> Fleet:
     """Boxes in namespaces; box_models[i] is a GGUF path box i serves (None: the built-in model). Box 0 is the
     gateway. Returns once every box is ready and the router has a worker for each box's model. With `trace_port`,
     every box's API sends its spans to an OTLP collector on that port of the root namespace. cpu_percent[i] caps box
@@ -258,7 +258,8 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
         # Each gateway routes to its own API and to every member (another gateway's API is on its loopback).
         peers = ["http://127.0.0.1:8081", *(b.base for b in fleet.boxes if b.index not in gateways)]
         for g in gateways:
-            fleet.gateways.append(_gateway_side(fleet, g, policy, key_file, poll_interval, certificates, peers))
+            fleet.gateways.append(_gateway_side(fleet, g, policy, key_file, poll_interval, certificates, peers,
+                                                route_by_speed))
         for side in fleet.gateways:
             want = {("http://127.0.0.1:8081", m) for m in fleet.boxes[side.index].models} | {
                 (b.base, m) for b in fleet.boxes if b.index not in gateways for m in b.models}
@@ -282,7 +283,7 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
 
 
 def _gateway_side(fleet: Fleet, i: int, policy: str, key_file: Path, poll_interval: float, certificates: list[str],
-                  peers: list[str]) -> GatewaySide:
+                  peers: list[str], route_by_speed: bool = True) -> GatewaySide:
     """Gateway i's front, router and controller, and with a virtual address its keepalived (box 0 the higher
     priority, unicast adverts to the other gateway)."""
     net, workdir = fleet.net, fleet.workdir
@@ -290,7 +291,8 @@ def _gateway_side(fleet: Fleet, i: int, policy: str, key_file: Path, poll_interv
     fleet_toml = workdir / f"fleet-{i}.toml"
     text = (f'role = "gateway"\npeers = {json.dumps(peers)}\n'
             f'policy = "{policy}"\nkey_file = "{key_file}"\npoll_interval_s = {poll_interval}\n'
-            f'peer_certificates = {json.dumps(certificates)}\nvouch_for_clients = true\n')
+            f'peer_certificates = {json.dumps(certificates)}\nvouch_for_clients = true\n'
+            f'route_by_speed = {"true" if route_by_speed else "false"}\n')
     if fleet.virtual_address:
         other = net.address(1 - i)
         text += (f'virtual_address = "{fleet.virtual_address}/24"\nvrrp_priority = {150 if i == 0 else 100}\n'

@@ -69,3 +69,25 @@ def test_the_team_workload_marks_only_the_batch_as_batch_and_counts_each_side_ap
     floor = run_team(fake_stream, bench.percentile, 0, "m", batch=6, users=2, turns=1, batch_tokens=40,
                      chat_tokens=5, bias={}, tag="t", flood=False, think_s=0.0)
     assert len(seen) == 2 and floor["batch_tok_s"] is None and floor["batch_requests"] == 0
+
+
+def test_the_fleet_benchs_goals_are_met_only_where_the_spread_over_repeats_does_not_cross_them(monkeypatch):
+    """#62: bench/fleet.py runs every policy --repeats times, pairs the gateway's run with each other policy's run
+    of the same repeat, and says a goal is met only where the whole spread of the ratio is on its side."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))  # its sibling modules
+    spec = importlib.util.spec_from_file_location("bench_fleet", Path(__file__).parents[1] / "bench" / "fleet.py")
+    fleet = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fleet)
+
+    def run(tok_s, p95):
+        return {"tok_s": tok_s, "common_model_tok_s": tok_s, "ttft_p50_s": 1.0, "ttft_p95_s": p95,
+                "prefix_hit_ratio": 0.5}
+
+    runs = {"gateway": [run(6.0, 10.0), run(6.6, 12.0), run(6.2, 9.0)],
+            "round_robin": [run(3.0, 30.0), run(3.0, 20.0), run(2.9, 30.0)],
+            "litellm": [run(5.0, 10.0), run(6.0, 10.0), run(5.0, 10.0)]}
+    table = {**fleet.ratios(runs, "gateway", "round_robin"), **fleet.ratios(runs, "gateway", "litellm")}
+    assert table["tok_s_vs_round_robin"] == {"median": 2.1379, "min": 2.0, "max": 2.2, "n": 3}
+    met = {g["ratio"]: g["met"] for g in fleet.goals(table)}
+    # 2.0-2.2x round robin: met; p95 0.33-0.6x: crosses 0.5; 1.1-1.24x LiteLLM: crosses 1.2
+    assert met == {"tok_s_vs_round_robin": True, "ttft_p95_s_vs_round_robin": False, "tok_s_vs_litellm": False}

@@ -208,3 +208,53 @@ def test_the_unroutable_answer_survives_any_body_the_router_refused():
         r = client.simulate_post("/u", body=body, headers={"Content-Type": "application/json"})
         assert r.status_code == 503 and r.json["error"]["code"] == "fleet_unavailable", body[:20]
     assert "that serves 'Solo'" in client.simulate_post("/u", body=b'{"model": "Solo"}').json["error"]["message"]
+
+
+def busy(model: str, speed: float | None, *, free: int = 2, queue: int = 0) -> Capabilities:
+    return Capabilities("box", "v1", GovernorView("normal", 0, ""), (ModelCapability(
+        model, "loaded", slots_total=4, slots_free=free, queue_depth=queue, busy_tokens_per_s=speed),))
+
+
+def test_a_box_much_slower_than_the_fastest_gets_the_model_only_while_the_faster_ones_are_full():
+    """#62: the router's cache_aware balances by request counts and prefixes, blind to speed; the controller
+    leaves a warm box under SLOW_SHARE of the fastest's measured speed out of a model's workers until every faster
+    one is full, lets it in for SPILL_HOLD_S, forgets a speed not measured for SPEED_MEMORY_S (the box is tried
+    again), and does none of it where route_by_speed is off (speeds None)."""
+    from host_runtime.fleet.controller import SPEED_MEMORY_S, SPILL_HOLD_S, Speeds
+
+    speeds, health = Speeds(), BoxHealth()
+    fast, slow, close = busy("m", 30.0), busy("m", 9.0), busy("m", 20.0)
+    assert pairs(decide([Report(A, fast), Report(B, slow), Report(C, close)], health, None, speeds, 0.0)) == {
+        (A, "m"), (C, "m")}
+    assert pairs(decide([Report(A, fast), Report(B, slow)], health, None, None, 0.0)) == {(A, "m"), (B, "m")}
+    # the fast ones full (no free sequence on one, a queue on the other): the slow box takes the overflow
+    full = [Report(A, busy("m", 30.0, free=0)), Report(B, slow), Report(C, busy("m", 20.0, queue=3))]
+    assert pairs(decide(full, health, None, speeds, 10.0)) == {(A, "m"), (B, "m"), (C, "m")}
+    room = [Report(A, fast), Report(B, slow), Report(C, close)]
+    assert (B, "m") in pairs(decide(room, health, None, speeds, 10.0 + SPILL_HOLD_S - 0.5))  # held a moment
+    last = 10.0 + SPILL_HOLD_S + 0.5
+    assert (B, "m") not in pairs(decide(room, health, None, speeds, last))
+    # idle since: no fresh speed; the last one is remembered a while, then the box is tried again
+    quiet = [Report(A, fast), Report(B, busy("m", None)), Report(C, close)]
+    assert (B, "m") not in pairs(decide(quiet, health, None, speeds, last + SPEED_MEMORY_S - 1))
+    assert (B, "m") in pairs(decide(quiet, health, None, speeds, last + SPEED_MEMORY_S + 1))
+    # a model only in stores is not judged by speed: every box that has it
+    cold = [Report(A, caps(("c", "available"))), Report(B, caps(("c", "available")))]
+    assert pairs(decide(cold, health, None, speeds, 100.0)) == {(A, "c"), (B, "c")}
+
+
+def test_an_engines_busy_speed_counts_only_the_time_it_had_work():
+    """The capability map's busy_tokens_per_s: tokens per second of the time a request was running in the last
+    SPEED_WINDOW_S, so an idle stretch does not read as a slow box (tokens_per_s, demand's figure, falls)."""
+    from host_runtime.engine.metrics import EngineMetrics
+
+    m = EngineMetrics()
+    m.set_queue(1, 0, 0, 100, now=100.0)
+    for i in range(41):  # 40 tokens in 2 s of work
+        with m._lock:
+            m.counters["tokens_predicted_total"] += 1
+            m._sample_tokens_locked(100.0 + i * 0.05)
+    m.set_queue(0, 0, 0, 100, now=102.0)  # then 5 s idle
+    recent = m.recent(now=107.0)
+    assert recent["busy_tokens_per_s"] == 20.0 and recent["tokens_per_s"] < 10
+    assert m.recent(now=200.0)["busy_tokens_per_s"] is None  # nothing lately: unknown, not zero

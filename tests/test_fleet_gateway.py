@@ -212,7 +212,7 @@ def test_a_box_in_emergency_gets_no_new_work_and_returns_when_it_recovers(fleet)
     rows = {line.split()[0]: line for line in status.stdout.splitlines()[1:]}
     assert status.returncode == 0 and "3 boxes" in status.stdout.splitlines()[0]
     assert "left out: the governor is in emergency" in rows[box1] and "slot unavailable" in rows[box1]
-    assert rows[fleet.boxes[0].base].endswith(f"serving  models: {SMOL}")
+    assert f"serving  models: {SMOL}" in rows[fleet.boxes[0].base]
     before = requests_on(fleet, 1)
     c = client(fleet)
     for n in range(6):

@@ -686,7 +686,7 @@ def test_every_box_toml_field_has_an_owner():
         "power.safe_fraction": "governor.toml", "power.mode": "governor.toml", "files": "checked",
         "fleet.role": "fleet.toml", "fleet.key_file": "fleet.key + api_keys.json", "fleet.peers": "fleet.toml",
         "fleet.peer_certificates": "fleet.toml + fleet-peers/", "fleet.policy": "fleet.toml",
-        "fleet.gateway_address": "front.toml", "fleet.mdns": "fleet.toml",
+        "fleet.gateway_address": "front.toml", "fleet.mdns": "fleet.toml", "fleet.route_by_speed": "fleet.toml",
         "fleet.virtual_address": "fleet.toml + front.toml",
         **{f"fleet.{k}": "fleet.toml" for k in ("vrrp_priority", "vrrp_router_id", "vrrp_peers", "vrrp_interface")},
         "tracing.endpoint": "serving.toml", "tracing.sample_ratio": "serving.toml",

@@ -8,7 +8,12 @@ given and keeps its own prefix tree per worker; what it cannot know comes from h
   has no workers;
 - a model loaded (or loading) on some boxes goes only to those, so that a request does not make another box
   load it; among those, boxes whose governor throttles are left out while an unthrottled one has it;
-- a model only in stores (available) goes to every box that has it: the first request loads it there."""
+- a model only in stores (available) goes to every box that has it: the first request loads it there;
+- among the boxes warm with a model, one whose measured speed (its tokens per second while busy, from its map)
+  is under SLOW_SHARE of the fastest's takes that model's requests only while every faster one is full (no free
+  sequence, or a queue), and for SPILL_HOLD_S after (route_by_speed; the router's cache_aware balances by request
+  counts and prefixes, blind to speed: with a 0.3-CPU box beside a 1-CPU one it sent the slow box 13 of the 32
+  requests the two shared, bench/results-2026-12-04-fleet-hetero-2core.json)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,9 @@ from host_runtime.fleet.capabilities import Capabilities
 
 WARM_STATES = ("loaded", "loading")
 FAILURES_TO_REMOVE = 2  # a box missing this many polls in a row loses its workers (one slow answer is not down)
+SLOW_SHARE = 0.5        # a box under half the fastest box's speed for a model spills over rather than shares
+SPILL_HOLD_S = 5.0      # a slow box let in stays in this long once the faster ones have room (no flapping)
+SPEED_MEMORY_S = 60.0   # a speed not measured again for this long is forgotten: the box is tried (and measured)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,43 @@ class BoxHealth:
             return True
         self.failures[report.box] = self.failures.get(report.box, 0) + 1
         return self.failures[report.box] < FAILURES_TO_REMOVE
+
+
+@dataclass
+class Speeds:
+    """Each (box, model)'s last measured speed, and until when a slow box is let in: the controller's memory of
+    speed (a box that has had nothing to do lately has no fresh figure, and keeps its last one a while)."""
+    measured: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)  # -> (tokens/s, at)
+    spill_until: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def note(self, box: str, caps: Capabilities, now: float) -> None:
+        for m in caps.models:
+            if m.busy_tokens_per_s:
+                self.measured[(box, m.id)] = (m.busy_tokens_per_s, now)
+
+    def speed(self, box: str, model: str, now: float) -> float | None:
+        found = self.measured.get((box, model))
+        return found[0] if found is not None and now - found[1] <= SPEED_MEMORY_S else None
+
+    def choose(self, model: str, boxes: list[str], usable: dict[str, Capabilities], now: float) -> list[str]:
+        """Of the boxes warm with `model`, those its requests go to now: every box within SLOW_SHARE of the
+        fastest (or not measured: it is tried), and the slower ones only while all of those are full."""
+        known = {b: self.speed(b, model, now) for b in boxes}
+        fastest = max((v for v in known.values() if v is not None), default=None)
+        if fastest is None:
+            return boxes
+        fast = [b for b in boxes if (speed := known[b]) is None or speed >= SLOW_SHARE * fastest]
+        slow = [b for b in boxes if b not in fast]
+        if slow and all(_full(usable[b], model) for b in fast):
+            for b in slow:
+                self.spill_until[(b, model)] = now + SPILL_HOLD_S
+        return fast + [b for b in slow if self.spill_until.get((b, model), 0.0) > now]
+
+
+def _full(caps: Capabilities, model: str) -> bool:
+    """Whether the box runs as many of the model's sequences as it may, or has some waiting."""
+    m = next((m for m in caps.models if m.id == model), None)
+    return m is not None and (m.slots_free == 0 or (m.queue_depth or 0) > 0)
 
 
 @dataclass(frozen=True)
@@ -91,8 +136,10 @@ def _throttled(caps: Capabilities) -> bool:
     return caps.governor.state == "throttled"
 
 
-def decide(reports: list[Report], health: BoxHealth, last: Decision | None = None) -> Decision:
-    """The worker set for these reports. A box that failed once keeps the workers it had (`last`)."""
+def decide(reports: list[Report], health: BoxHealth, last: Decision | None = None, speeds: Speeds | None = None,
+           now: float = 0.0) -> Decision:
+    """The worker set for these reports. A box that failed once keeps the workers it had (`last`). speeds: the
+    controller's memory of each box's speed, where it routes by speed (None: it does not)."""
     left_out: dict[str, str] = {}
     usable: dict[str, Capabilities] = {}
     kept: dict[str, Worker] = {}
@@ -109,6 +156,8 @@ def decide(reports: list[Report], health: BoxHealth, last: Decision | None = Non
             left_out[report.box] = why
             continue
         usable[report.box] = report.caps
+        if speeds is not None:
+            speeds.note(report.box, report.caps, now)
 
     holders: dict[str, dict[str, list[str]]] = {}  # model -> {"warm": [box], "cold": [box]}
     for box, caps in usable.items():
@@ -119,8 +168,10 @@ def decide(reports: list[Report], health: BoxHealth, last: Decision | None = Non
     workers: dict[str, Worker] = dict(kept)
     for model_id, where in holders.items():
         boxes = where["warm"] or where["cold"]
-        cool = [b for b in boxes if not _throttled(usable[b])]
-        for box in cool or boxes:
+        cool = [b for b in boxes if not _throttled(usable[b])] or boxes
+        if speeds is not None and where["warm"]:
+            cool = speeds.choose(model_id, cool, usable, now)
+        for box in cool:
             w = Worker.of(box, model_id)
             workers[w.url] = w
     return Decision(workers, left_out)

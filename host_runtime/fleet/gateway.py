@@ -21,7 +21,7 @@ from pathlib import Path
 from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.fleet import router_process
-from host_runtime.fleet.controller import (BoxHealth, Decision, changes, decide, merge_peers, vouches,
+from host_runtime.fleet.controller import (BoxHealth, Decision, Speeds, changes, decide, merge_peers, vouches,
                                            vouching_reason)
 from host_runtime.fleet.peers import peer_client, poll_all, tls_context, unverified_certificate
 from host_runtime.fleet.router_api import RouterAPI, RouterUnavailable
@@ -51,6 +51,7 @@ class Gateway:
         self.admin_key = secrets.token_urlsafe(32)
         self.api = RouterAPI(f"http://127.0.0.1:{settings.router_port}", admin_key=self.admin_key)
         self.health = BoxHealth()
+        self.speeds = Speeds() if settings.route_by_speed else None  # None: the router's policy alone
         self.vouching: bool | None = None  # whether the router's workers go without the fleet key (vouches())
         self.decision: Decision | None = None
         self._pending: dict[str, float] = {}
@@ -126,7 +127,7 @@ class Gateway:
                     self.browser.unanswered(r.box)
                     if r.box not in self.settings.peers and unverified_certificate(r.why):
                         self.browser.unverified(r.box)
-        decision = decide(reports, self.health, self.decision)
+        decision = decide(reports, self.health, self.decision, self.speeds, time.monotonic())
         for box, why in decision.left_out.items():
             if self.decision is None or self.decision.left_out.get(box) != why:
                 log.warning("box %s takes no work: %s", box, why)
@@ -164,7 +165,7 @@ class Gateway:
     def _write_state(self, reports, registered) -> None:
         if self.state_file is None:
             return
-        state = GatewayState(time.time(), self.settings.policy,
+        state = GatewayState(time.time(), self.settings.policy + (", by speed" if self.speeds is not None else ""),
                              tuple(box_state(r, self.decision.left_out.get(r.box, "")) for r in reports),
                              tuple(self.decision.workers.values()), tuple(registered), vouched_use(reports),
                              bool(self.vouching))

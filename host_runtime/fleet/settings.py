@@ -39,6 +39,9 @@ VrrpPriority = Annotated[int, Field(ge=1, le=254, description="gateway with virt
                                                               "holds the address first (default 100)")]
 VrrpRouterId = Annotated[int, Field(ge=1, le=255, description="gateway with virtual_address: the same on both "
                                                               "gateways, unique on the LAN (default 51)")]
+RouteBySpeed = Annotated[bool, Field(description="gateway: a box much slower than the fastest holding a model gets "
+                                                 "that model's requests only while the faster ones are full "
+                                                 "(default true; false: the router's policy alone)")]
 Mdns = Annotated[bool, Field(description="member: announce this box's front on the LAN; gateway: add the fronts "
                                          "announced there to peers (they must still pass peer_certificates)")]
 
@@ -51,6 +54,9 @@ class FleetSettings:
     router_port: int = 8090          # the router listens on loopback only; the front is the clients' door
     metrics_port: int = 8091         # the router's Prometheus exporter, loopback
     poll_interval_s: float = 1.0     # how often each box's capability map is read
+    # A box much slower than the fastest warm with a model gets that model's requests only while the faster ones
+    # are full (fleet/controller.py Speeds); off: the router's policy alone decides among them
+    route_by_speed: RouteBySpeed = True
     key_file: str = BOX_KEY_FILE     # the fleet key: the gateway's credential at every box (0600)
     # PEM certificates the router trusts for https:// peers (their fronts' self-signed certificates, or a CA's)
     peer_certificates: tuple[str, ...] = ()
@@ -176,6 +182,7 @@ def from_box(box: dict) -> FleetSettings:
         return FleetSettings(role=role, peers=own + tuple(fleet.get("peers", ())),
                              policy=fleet.get("policy", FleetSettings.policy), peer_certificates=certs,
                              mdns=fleet.get("mdns", False),
+                             route_by_speed=fleet.get("route_by_speed", FleetSettings.route_by_speed),
                              **{name: fleet[name] for name in FAILOVER_FIELDS if name in fleet})
     except SettingsError as exc:
         raise SettingsError(f"fleet.{exc.field}", exc.message) from None

@@ -21,6 +21,7 @@ class BoxState:
     slot: str = ""                  # the A/B slot it booted from
     draining: bool = False
     models: tuple[str, ...] = ()    # the models it holds loaded or in its store
+    speeds: dict = field(default_factory=dict)  # model -> its tokens/s while busy, where measured lately
 
     def summary(self) -> str:
         """One word or phrase for a person: serving, draining (why), left out (why), not answering (why)."""
@@ -77,7 +78,8 @@ def box_state(report, left_out: str) -> BoxState:
     if caps is None:
         return BoxState(report.box, False, error=report.error)
     return BoxState(report.box, True, left_out=left_out, name=caps.box, version=caps.version, slot=caps.slot,
-                    draining=caps.draining, models=tuple(m.id for m in caps.models if m.state in ROUTABLE_STATES))
+                    draining=caps.draining, models=tuple(m.id for m in caps.models if m.state in ROUTABLE_STATES),
+                    speeds={m.id: m.busy_tokens_per_s for m in caps.models if m.busy_tokens_per_s})
 
 
 def render(state: GatewayState, now: float) -> list[str]:
@@ -87,7 +89,14 @@ def render(state: GatewayState, now: float) -> list[str]:
              f"{len(state.registered)} workers in the router"]
     for b in state.boxes:
         lines.append(f"  {b.box}  {b.name or '?'}  {_short(b.version)}  slot {_short(b.slot)}  {b.summary()}"
-                     + (f"  models: {', '.join(b.models)}" if b.models else ""))
+                     + (f"  models: {', '.join(b.models)}" if b.models else "")
+                     + (f"  busy speed: {', '.join(f'{m} {v:.1f} tok/s' for m, v in sorted(b.speeds.items()))}"
+                        if b.speeds else ""))
+    routed: dict[str, list[str]] = {}
+    for w in state.workers:
+        routed.setdefault(w.model_id, []).append(w.box)
+    for model, boxes in sorted(routed.items()):
+        lines.append(f"  {model} -> {', '.join(sorted(boxes))}")
     return lines
 
 
