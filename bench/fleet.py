@@ -2,9 +2,9 @@
 boxes: a multi-turn workload with shared prefixes, each policy run --repeats times (alternated), ratios with spreads.
 
 Three boxes (network namespaces, `everycycle serve` on 1 thread each, the built-in model) behind the gateway
-(tests/fleet_hosts.py), each run on fresh boxes: "gateway" (the router's cache_aware fed by our controller, which
-routes by each box's measured speed: the gateway as shipped), "cache_aware" (the router's policy alone, as before
-#62), "round_robin" (the reference), and with --litellm LiteLLM's Router (least-busy). Several conversations run at
+(tests/fleet_hosts.py), each run on fresh boxes: "gateway" (the router's cache_aware fed by our controller routing
+by each box's measured speed, fleet.toml's route_by_speed), "cache_aware" (the router's policy alone: the gateway
+as shipped), "round_robin" (the reference), and with --litellm LiteLLM's Router (least-busy). Several conversations run at
 once, each turn extending the last (a long system prompt of its own, then user and assistant turns).
 `--fleet hetero`: boxes that are not equal (HETERO: CPU quotas make box 1 several times faster than the others,
 box 2 holds another model, which only it serves) and a mixed workload (fleet_workload.mixed_session: chats, one-shot
@@ -77,8 +77,8 @@ def counters(fleet) -> tuple[float, float, list[float]]:
     return cached, computed, generated
 
 
-# The policies compared, by name: (the router's policy, whether the controller routes by speed). "gateway" is the
-# gateway as shipped; "cache_aware" the router's policy alone, as it was before #62.
+# The policies compared, by name: (the router's policy, whether the controller routes by speed). "gateway" routes
+# by speed too (route_by_speed); "cache_aware", the router's policy alone, is the gateway as shipped.
 GATEWAY_POLICIES = {"gateway": ("cache_aware", True), "cache_aware": ("cache_aware", False),
                     "round_robin": ("round_robin", False)}
 
@@ -204,6 +204,16 @@ def goals(ratio_table: dict) -> list[dict]:
     return out
 
 
+def shipped_ratios(runs: dict[str, list[dict]], order: list[str]) -> dict:
+    """The router's cache_aware alone (the gateway as shipped) over round robin and LiteLLM, and #62's goals on
+    those spreads."""
+    table = {}
+    for reference in ("round_robin", "litellm"):
+        if reference in order and "cache_aware" in order:
+            table.update(ratios(runs, "cache_aware", reference))
+    return {"ratios_as_shipped": table, "goals_as_shipped": goals(table)}
+
+
 def summary(runs: list[dict]) -> dict:
     return {key: spread([r.get(key) for r in runs]) for key in ("tok_s", "common_model_tok_s", "ttft_p50_s",
                                                                  "ttft_p95_s", "prefix_hit_ratio", "wall_s")}
@@ -270,7 +280,7 @@ def main() -> int:
                             "sessions": "chat, one-shot long prompts, chat with the other model (by n mod 3)"}
                            if hetero else {})},
            "policies": {name: summary(r) for name, r in runs.items()},
-           "ratios": ratio_table, "goals": goals(ratio_table), "runs": runs,
+           "ratios": ratio_table, "goals": goals(ratio_table), **shipped_ratios(runs, order), "runs": runs,
            # each policy's medians under its own name, as `everycycle measure --fleet-bench` reads them
            **{name: {"policy": r[0]["policy"], **{k: v["median"] for k, v in summary(r).items() if v}}
               for name, r in runs.items()}}

@@ -184,7 +184,7 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
                 max_queue: int = 64, ctx_size: int = 1024, poll_interval: float = 0.5,
                 governor_state: bool = False, behind_front: tuple[int, ...] = (),
                 trace_port: int | None = None, cpu_percent: list[float | None] | None = None,
-                failover: bool = False, route_by_speed: bool = True) -> Fleet:
+                failover: bool = False, route_by_speed: bool = False) -> Fleet:
     """Boxes in namespaces; box_models[i] is a GGUF path box i serves (None: the built-in model). Box 0 is the
     gateway. Returns once every box is ready and the router has a worker for each box's model. With `trace_port`,
     every box's API sends its spans to an OTLP collector on that port of the root namespace. cpu_percent[i] caps box
@@ -283,7 +283,7 @@ def start_fleet(workdir: Path, box_models: list[str | None], *, policy: str = "c
 
 
 def _gateway_side(fleet: Fleet, i: int, policy: str, key_file: Path, poll_interval: float, certificates: list[str],
-                  peers: list[str], route_by_speed: bool = True) -> GatewaySide:
+                  peers: list[str], route_by_speed: bool = False) -> GatewaySide:
     """Gateway i's front, router and controller, and with a virtual address its keepalived (box 0 the higher
     priority, unicast adverts to the other gateway)."""
     net, workdir = fleet.net, fleet.workdir

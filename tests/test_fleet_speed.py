@@ -39,7 +39,8 @@ def until(what, timeout_s: float, step_s: float = 0.25):
 
 
 def test_a_slow_box_gets_the_model_only_while_the_fast_one_is_full_and_status_says_why(tmp_path):
-    fleet = start_fleet(tmp_path, [None, None], parallel=2, max_queue=64, cpu_percent=[None, 16])
+    fleet = start_fleet(tmp_path, [None, None], parallel=2, max_queue=64, cpu_percent=[None, 16],
+                        route_by_speed=True)
     try:
         slow = fleet.boxes[1].base
         c = openai.OpenAI(base_url=fleet.url + "/v1", api_key=fleet.client_key, max_retries=0, timeout=120,

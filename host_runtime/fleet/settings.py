@@ -41,7 +41,7 @@ VrrpRouterId = Annotated[int, Field(ge=1, le=255, description="gateway with virt
                                                               "gateways, unique on the LAN (default 51)")]
 RouteBySpeed = Annotated[bool, Field(description="gateway: a box much slower than the fastest holding a model gets "
                                                  "that model's requests only while the faster ones are full "
-                                                 "(default true; false: the router's policy alone)")]
+                                                 "(default false: the router's policy alone, as measured no worse)")]
 Mdns = Annotated[bool, Field(description="member: announce this box's front on the LAN; gateway: add the fronts "
                                          "announced there to peers (they must still pass peer_certificates)")]
 
@@ -55,8 +55,10 @@ class FleetSettings:
     metrics_port: int = 8091         # the router's Prometheus exporter, loopback
     poll_interval_s: float = 1.0     # how often each box's capability map is read
     # A box much slower than the fastest warm with a model gets that model's requests only while the faster ones
-    # are full (fleet/controller.py Speeds); off: the router's policy alone decides among them
-    route_by_speed: RouteBySpeed = True
+    # are full (fleet/controller.py Speeds). Off by default: over three repeats of bench/fleet.py --fleet hetero it
+    # gave 1.01x (0.84-1.05) the tokens/s of the router's cache_aware alone and 0.94x its prefix hit ratio
+    # (bench/results-2026-12-06-fleet-hetero-repeats-2core.json)
+    route_by_speed: RouteBySpeed = False
     key_file: str = BOX_KEY_FILE     # the fleet key: the gateway's credential at every box (0600)
     # PEM certificates the router trusts for https:// peers (their fronts' self-signed certificates, or a CA's)
     peer_certificates: tuple[str, ...] = ()

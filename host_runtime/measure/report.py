@@ -105,7 +105,8 @@ class Report:
         it ran, on the same boxes) as figures, their ratios as arithmetic, and the routing decision they justify.
         ValueError names what is missing."""
         try:
-            runs = {"cache_aware": bench["gateway"], "round_robin": bench["round_robin"]}
+            # the router's cache_aware as shipped: a repeated run's own entry, an older run's "gateway"
+            runs = {"cache_aware": bench.get("cache_aware") or bench["gateway"], "round_robin": bench["round_robin"]}
             if bench.get("litellm"):
                 runs["litellm"] = bench["litellm"]
             labels = {}
