@@ -5,6 +5,7 @@ hf://OWNER/REPO/FILE). Pure but for reading the owner's file."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tomllib
@@ -120,14 +121,30 @@ def owners_file() -> Path | None:
 
 
 def entries() -> list[Entry]:
-    """The shipped entries, then the owner's, whose entry wins on a name both give."""
-    shipped = parse(SHIPPED, "the shipped catalog")
+    """The shipped entries, then the owner's, whose entry wins on a name both give. Each file is parsed once while
+    it is unchanged: Ollama's listing asks for every model it lists."""
+    shipped = _parsed(SHIPPED, "the shipped catalog")
     path = owners_file()
-    if path is None or not path.is_file():
-        return shipped
-    own = parse(path.read_text(), str(path))
+    try:
+        st = path.stat() if path is not None else None
+    except OSError:
+        st = None
+    if path is None or st is None or not path.is_file():
+        return list(shipped)
+    own = _owners(str(path), st.st_mtime_ns, st.st_size)
     mine = {e.full_name for e in own}
-    return [e for e in shipped if e.full_name not in mine] + own
+    return [e for e in shipped if e.full_name not in mine] + list(own)
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed(text: str, where: str) -> tuple[Entry, ...]:
+    return tuple(parse(text, where))
+
+
+@functools.lru_cache(maxsize=4)
+def _owners(path: str, mtime_ns: int, size: int) -> tuple[Entry, ...]:
+    """The owner's catalog as it is at this modification time and size (a change reads it again)."""
+    return tuple(parse(Path(path).read_text(), path))
 
 
 def resolve(name: str) -> tuple[Entry, str] | None:

@@ -24,8 +24,8 @@ from host_runtime.common.service_user import service_ids
 from host_runtime.engine.pooling import pooling_name
 from host_runtime.models.errors import StoreError
 from host_runtime.placement import gguf_c
-from host_runtime.placement.gguf_split import SPLIT_COUNT, SPLIT_NO, part_names
-from host_runtime.placement.model_table import ModelTable, ModelTableError, read_table_fd
+from host_runtime.placement.gguf_split import SPLIT_COUNT, SPLIT_NO
+from host_runtime.placement.model_table import ModelTable, ModelTableError, open_parts, read_table_fd
 from host_runtime.placement.whisper_file import read_shape
 
 CHILD_TIMEOUT_S = 120.0  # the header of a large model reads in well under a second; a stuck reader is a refusal
@@ -47,17 +47,10 @@ def read_info(path: Path) -> dict:
                          "another kind of file?)")
 
     try:
-        if gguf_c.available():  # ggml's own reader: milliseconds, where the gguf package takes seconds
-            doc = read_isolated(path, "facts")
-            arch, file_type, context, pooling, has_template, end = (
-                doc["architecture"], doc["file_type"], doc["context_length"], doc["pooling"], doc["chat_template"],
-                doc["data_end"])
-        else:
-            from host_runtime.placement.model_table import _field
-
-            reader = gguf.GGUFReader(str(path), "r")
-            arch, file_type, context, pooling, has_template = _facts(lambda key: _field(reader, key))
-            end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+        doc = _header(path)
+        arch, file_type, context, pooling, has_template, end = (
+            doc["architecture"], doc["file_type"], doc["context_length"], doc["pooling"], doc["chat_template"],
+            doc["data_end"])
     except (ValueError, KeyError, IndexError, OSError) as exc:
         raise StoreError(f"{path.name} is not a readable GGUF file: {exc}") from None
     if not arch:
@@ -102,29 +95,42 @@ def unprivileged_ids() -> tuple[int, int]:
     return ids
 
 
+def _facts_doc(value, data_end: int) -> dict:
+    """_facts, the data's end and the split keys through value(key), as JSON types."""
+    arch, file_type, context, pooling, has_template = _facts(value)
+    return {"architecture": arch, "file_type": file_type, "context_length": context, "pooling": pooling,
+            "chat_template": has_template, "data_end": data_end,
+            "split_no": value(SPLIT_NO), "split_count": value(SPLIT_COUNT)}
+
+
 def facts_from_fd(fd: int) -> dict:
-    """_facts and the data's end of the GGUF open at `fd` (read from its start), as JSON types."""
+    """_facts_doc of the GGUF open at `fd` (read from its start)."""
     with gguf_c.GGUFTable(fd=fd) as table:
-        arch, file_type, context, pooling, has_template = _facts(table.value)
-        return {"architecture": arch, "file_type": file_type, "context_length": context, "pooling": pooling,
-                "chat_template": has_template, "data_end": table.data_end(),
-                "split_no": table.value(SPLIT_NO), "split_count": table.value(SPLIT_COUNT)}
+        return _facts_doc(table.value, table.data_end())
+
+
+def _header(path: Path) -> dict:
+    """_facts_doc of the GGUF at `path`: through ggml's own reader in its isolated child (milliseconds), or the
+    gguf package's where libggml-base cannot be loaded (seconds)."""
+    if gguf_c.available():
+        return read_isolated(path, "facts")
+    import gguf
+
+    from host_runtime.placement.model_table import _field
+
+    reader = gguf.GGUFReader(str(path), "r")
+    return _facts_doc(lambda key: _field(reader, key),
+                      max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0))
 
 
 def check_part(path: Path, number: int, count: int) -> None:
     """A further part of a split GGUF (number from 2): it says it is that part of that many, and is whole.
     StoreError otherwise."""
-    if gguf_c.available():
-        doc = read_isolated(path, "facts")
-        no, total, end = doc["split_no"], doc["split_count"], doc["data_end"]
-    else:
-        import gguf
-
-        from host_runtime.placement.model_table import _field
-
-        reader = gguf.GGUFReader(str(path), "r")
-        no, total = _field(reader, SPLIT_NO), _field(reader, SPLIT_COUNT)
-        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    try:
+        doc = _header(path)
+    except (ValueError, KeyError, IndexError, OSError) as exc:
+        raise StoreError(f"{path.name} is not a readable GGUF file: {exc}") from None
+    no, total, end = doc["split_no"], doc["split_count"], doc["data_end"]
     if no != number - 1 or total != count:
         raise StoreError(f"{path.name} is not part {number} of {count} of a split GGUF")
     if end > path.stat().st_size:
@@ -151,20 +157,13 @@ def read_isolated(path: Path, what: str) -> dict:
         file = open(path, "rb")
     except OSError as exc:
         raise StoreError(f"{path.name}: {exc.strerror or exc}") from None
-    parts: list = []
-    if what == "table":  # a split GGUF's further parts, opened here too (the child opens nothing)
-        names = part_names(str(path))
-        for k, name in enumerate(names[1:], start=2):
-            try:
-                parts.append(open(name, "rb"))
-            except OSError as exc:
-                for f in (file, *parts):
-                    f.close()
-                raise StoreError(f"{path.name}: part {k} of {len(names)} of this split GGUF cannot be read "
-                                 f"({Path(name).name}: {exc.strerror or exc})") from None
     with file, contextlib.ExitStack() as stack:
-        for f in parts:
-            stack.enter_context(f)
+        parts: list = []
+        if what == "table":  # a split GGUF's further parts, opened here too (the child opens nothing)
+            try:
+                parts = stack.enter_context(open_parts(path))[1:]
+            except ModelTableError as exc:
+                raise StoreError(str(exc)) from None
         readable, writable = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns

@@ -7,6 +7,7 @@ model we have no file of (`synthetic_table`), so plans for 70B-class models can 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -206,6 +207,23 @@ def _field(reader, key: str):
     return flat if len(flat) > 1 else flat[0]
 
 
+@contextlib.contextmanager
+def open_parts(path):
+    """Every file of the GGUF at `path`, open for reading, in order: itself and, where its name says it is the
+    first part of a split GGUF, the further parts beside it (gguf_split.py). ModelTableError naming a part that
+    cannot be opened."""
+    names = part_names(str(path))
+    with contextlib.ExitStack() as stack:
+        files = []
+        for k, name in enumerate(names, start=1):
+            try:
+                files.append(stack.enter_context(open(name, "rb")))
+            except OSError as exc:
+                where = f"part {k} of {len(names)} of this split GGUF ({os.path.basename(name)})" if k > 1 else "it"
+                raise ModelTableError(f"{path}: {where} cannot be read ({exc.strerror or exc})") from None
+        yield files
+
+
 def read_table(path) -> ModelTable:
     """The tensor table and KV geometry of a GGUF file, without reading its weights: through ggml's own reader
     (milliseconds), or the `gguf` package's where libggml-base cannot be loaded (seconds: it parses the
@@ -213,24 +231,8 @@ def read_table(path) -> ModelTable:
     and their bytes (gguf_split.py)."""
     if not gguf_c.available():
         return _read_table_gguf_package(path)
-    names = part_names(str(path))
-    opened: list = []
-    try:
-        for k, name in enumerate(names, start=1):
-            if k > 1 and not os.path.isfile(name):
-                raise ModelTableError(f"{path}: part {k} of {len(names)} of this split GGUF is missing (no "
-                                      f"{os.path.basename(name)} beside it)")
-            try:
-                opened.append(gguf_c.GGUFTable(name))
-            except ValueError as exc:
-                raise ModelTableError(f"{name}: not a readable GGUF file ({exc})") from None
-        first, *parts = opened
-        tensors = _all_parts(path, first.value, [TensorInfo(*t) for t in first.tensors()],
-                             [(n, t.value, [TensorInfo(*x) for x in t.tensors()]) for n, t in zip(names[1:], parts)])
-        return _table_from(path, first.value, tensors, sum(os.path.getsize(n) for n in names))
-    finally:
-        for table in opened:
-            table.close()
+    with open_parts(path) as files:
+        return read_table_fd(files[0].fileno(), str(path), tuple(f.fileno() for f in files[1:]))
 
 
 def read_table_fd(fd: int, name: str, part_fds: tuple[int, ...] = ()) -> ModelTable:
