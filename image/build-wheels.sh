@@ -15,8 +15,9 @@ build_reqs="scikit-build-core==1.1.2 pathspec==1.1.1 packaging==26.4"
 # x86-64-v3 (SSE4.2 AVX F16C FMA AVX2 BMI2: Intel Haswell / AMD Zen and newer). The per-CPU
 # variants (GGML_CPU_ALL_VARIANTS) would need dynamic backend loading and about 14 builds of
 # the CPU backend, too long for a 2-core CI run; bench/portable_build.py measures the cost.
-# Vulkan: one backend for AMD (RADV), Intel (ANV) and NVIDIA cards, with no vendor toolkit.
-llama_flags=${EVERYCYCLE_LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DGGML_VULKAN=ON}
+# Vulkan: one backend for AMD (RADV), Intel (ANV) and NVIDIA cards, with no vendor toolkit. RPC: a box lends
+# its devices to a model another box of the fleet holds (host_runtime/shard), over plain TCP (no RDMA).
+llama_flags=${EVERYCYCLE_LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DGGML_VULKAN=ON -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF}
 
 pyver=${image_python/./}
 binary=(--only-binary=:all: --python-version "$image_python" --implementation cp --abi "cp$pyver"

@@ -15,6 +15,8 @@ python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(
   2>/dev/null || need_apt+=(python3-dev)
 # The front (TLS and slow-client limits before the API) is Debian's nginx, run by supervisord, not by systemd.
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
+# stunnel: the TLS around llama.cpp's RPC wire when boxes share one model (host_runtime/shard).
+command -v stunnel >/dev/null || [ -x /usr/bin/stunnel ] || need_apt+=(stunnel4)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "==> installing system packages: ${need_apt[*]}"
@@ -37,7 +39,9 @@ fi
 # serves AMD, Intel and NVIDIA cards, and Mesa's lavapipe in the tests), else the CPU alone, said aloud.
 # EVERYCYCLE_LLAMA_BACKENDS=cpu skips Vulkan.
 cache=${EVERYCYCLE_CACHE:-$HOME/.cache/everycycle}
-llama_flags="-DLLAMA_CURL=OFF"
+# GGML_RPC: a box lends its devices to a model held by another box of the fleet (host_runtime/shard); the
+# transport is plain TCP (RDMA off: no verbs library on these boxes, and one build everywhere).
+llama_flags="-DLLAMA_CURL=OFF -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF"
 if [ "${EVERYCYCLE_LLAMA_BACKENDS:-vulkan}" = vulkan ]; then
   vulkan_flags=$(bash image/vulkan-build-deps.sh "$cache")
   if [ -n "$vulkan_flags" ]; then

@@ -8,9 +8,10 @@ set -euo pipefail
 # fleet tests; libudev1: pyudev; openipmi/ipmitool/libopenipmi-dev: the BMC agent's tests (ipmi_sim, its DCMI
 # test plugin, the cross-check); mesa-vulkan-drivers: lavapipe, the Vulkan device of the placement and backend
 # tests; nginx: the front, run for real; zstd: update releases; fdisk: sfdisk, which the update tests' small GPT
-# disk is made with (a fresh Debian 12 lacks it); keepalived: the fleet gateways' virtual address (VRRP).
+# disk is made with (a fresh Debian 12 lacks it); keepalived: the fleet gateways' virtual address (VRRP); stunnel4:
+# the TLS around llama.cpp's RPC wire between a model's boxes (host_runtime/shard).
 packages=(curl procps iproute2 libudev1 openipmi ipmitool libopenipmi-dev mesa-vulkan-drivers nginx zstd fdisk
-          keepalived)
+          keepalived stunnel4)
 # npm: the coding agents' tests install Codex CLI and opencode from the npm registry (Debian's nodejs and npm, unless
 # a Node.js with npm is already here, as NodeSource's).
 command -v npm >/dev/null || packages+=(nodejs npm)
