@@ -2,9 +2,9 @@
 """A random-weight GGUF with a published model's tensor table at Q4_K_M, written where it is used (the device
 check writes it on the lent GPU machine: 4.9 GB would not travel in its 64 MiB).
 
-Llama 3.1 8B's shapes (32 layers, 4096 wide, 8 KV heads of 32, FFN 14336, 128,256 tokens): the same weights,
-KV cache and compute buffers as the real file, so speed and placement are the real model's. Its answers are
-nonsense. Q4_K blocks get small scales (d 0.01, dmin 0.005), Q6_K blocks d 0.01, norms 1.0, so activations stay
+Llama 3.1 8B's shapes (32 layers, 4096 wide, 8 KV heads of 32, FFN 14336, 128,256 tokens), or TinyLlama 1.1B's:
+the same weights, KV cache and compute buffers as the real file, so speed and placement are the real model's. Its
+answers are nonsense. Q4_K blocks get small scales (d 0.01, dmin 0.005), Q6_K blocks d 0.01, norms 1.0, so activations stay
 finite; the rest of each block is random. Tokenizer: byte tokens padded to the vocabulary with unused ones, a
 ChatML template (the chat APIs need one).
 
@@ -24,7 +24,11 @@ Q = gguf.GGMLQuantizationType
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SHAPES = {"llama3.1-8b": dict(n_embd=4096, n_layer=32, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256,
-                              n_ctx=131072, rope_theta=500000.0)}
+                              n_ctx=131072, rope_theta=500000.0),
+          # TinyLlama 1.1B's (0.6 GiB at Q4_K_M): a real architecture small enough to split across namespaced
+          # boxes in a test (tests/test_shard.py)
+          "tinyllama-1.1b": dict(n_embd=2048, n_layer=22, n_head=32, n_head_kv=4, n_ff=5632, n_vocab=32000,
+                                 n_ctx=2048, rope_theta=10000.0)}
 
 
 def _more_bits(i: int, n: int) -> bool:

@@ -13,6 +13,8 @@ def cmd_fleet(parser, args) -> int:
 
     if args.fleet_command == "status":
         return _fleet_status(args)
+    if args.fleet_command == "shard-host":
+        return _shard_host(parser, args)
 
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.common.stop_signal import stop_on_signals
@@ -280,3 +282,21 @@ def _fleet_peers(settings, args) -> int:
         for p in untrusted:
             print(f"{p}  (mDNS, not polled: name its certificate in peer_certificates)")
     return 0
+
+
+def _shard_host(parser, args) -> int:
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.fleet.settings import read_key
+    from host_runtime.gpu.llama_build import load_first, select
+
+    try:
+        key = read_key(args.key_file)
+    except SettingsError as exc:
+        parser.error(f"fleet shard-host: --key-file: {exc.message}")
+    select()
+    load_first()
+    from host_runtime.shard.member import lend
+
+    return lend(args.listen, key, cache_dir=args.cache_dir, n_threads=args.threads or 0,
+                on_ready=lambda devices: print(f"everycycle fleet shard-host: lending "
+                                               f"{', '.join(d.name for d in devices)} on {args.listen}", flush=True))

@@ -291,6 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
     upd.add_argument("--timeout", type=_positive_float, default=1800.0, metavar="S",
                      help="how long a box has to come back blessed on the new version (default 1800)")
     upd.add_argument("--interval", type=_positive_float, default=5.0, metavar="S", help="seconds between polls")
+    lend = fleet_sub.add_parser("shard-host", help="lend this box's devices (its GPUs, else its CPU) to a model "
+                                                   "another box of the fleet holds (its serve --shard-host)")
+    lend.add_argument("--listen", required=True, type=_host_port, metavar="ADDR:PORT",
+                      help="where the holder reaches this box (TLS keyed from the fleet key; nothing else gets in)")
+    lend.add_argument("--key-file", required=True, metavar="FILE", help="the fleet key's file (0600)")
+    lend.add_argument("--cache-dir", metavar="DIR",
+                      help="keep the weights sent here by hash, so that a reload sends only hashes (default: none)")
+    lend.add_argument("--threads", type=_positive, metavar="N", help="CPU threads for the lent CPU (default: all)")
     status = fleet_sub.add_parser("status", help="each box as the gateway's last poll saw it: version, slot, "
                                                  "serving or why not, models")
     status.add_argument("--state", metavar="FILE", help="the gateway's state file (default: RUN_DIR/fleet/fleet.json)")

@@ -80,8 +80,8 @@ def _check_offload_flags(parser, args) -> None:
     _refuse_offload_with_cpu_placement(parser, args)
     if args.main_gpu is not None and args.tensor_split:
         parser.error("--main-gpu: puts the model on one GPU, so --tensor-split has nothing to split")
-    if not (args.gpu_layers or args.tensor_split or args.main_gpu is not None):
-        return
+    if not (args.gpu_layers or args.tensor_split or args.main_gpu is not None) or args.shard_host:
+        return  # with shard hosts, their devices take the layers: the engine's proof checks them once reached
     from host_runtime.gpu.llama_devices import LlamaDevicesError, compiled_backends, list_devices
 
     flag = "--gpu-layers" if args.gpu_layers else "--tensor-split" if args.tensor_split else "--main-gpu"
@@ -326,7 +326,7 @@ def engine_options(parser, args, model: str | None):
     draft_model = _resolve_draft_model(parser, args)
     model_path = _resolve_model(parser, model)
     usage_dir = getattr(args, "usage_dir", None)  # serve's (engine runs without)
-    return EngineOptions(model=model_path, context=context, prefix_cache=cache,
+    return EngineOptions(shards=_shard_config(parser, args), model=model_path, context=context, prefix_cache=cache,
                          speculation=speculation, draft_model=draft_model, governor_state=args.governor_state,
                          wedge=WedgePolicy(floor_s=args.wedge_floor),
                          usage_file=os.path.join(usage_dir, f"{model_id_for(model_path)}.json") if usage_dir else None,
@@ -370,6 +370,31 @@ def cmd_engine(parser, args) -> int:
     engine = EngineService(options)
     serve_engine(args.socket, engine)
     return 0 if engine.state != "failed" else 1
+
+
+def _shard_config(parser, args):
+    """--shard-host and --shard-key-file as the engine's ShardConfig, the key file checked now (its path, its
+    permissions, its text), not at the engine's load."""
+    from host_runtime.shard.holder import ShardConfig
+
+    if not args.shard_host:
+        if args.shard_key_file:
+            parser.error("--shard-key-file goes with --shard-host")
+        return ShardConfig()
+    if args.placement == "cpu":
+        parser.error("--shard-host lends devices to place layers on: not with --placement cpu")
+    if not args.shard_key_file:
+        parser.error("--shard-host needs --shard-key-file: the wire to the shard hosts is keyed from the fleet key")
+    if len(set(args.shard_host)) != len(args.shard_host):
+        parser.error(f"--shard-host: {', '.join(args.shard_host)} names a box twice")
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.fleet.settings import read_key
+
+    try:
+        read_key(args.shard_key_file)
+    except SettingsError as exc:
+        parser.error(f"--shard-key-file: {exc.message}")
+    return ShardConfig(hosts=tuple(args.shard_host), key_file=os.path.abspath(args.shard_key_file))
 
 
 def _n_cpu_moe(args) -> int | None:

@@ -3,11 +3,14 @@ the tests and the image's boot check all do."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1
 
 
 def stop_process(proc: subprocess.Popen, timeout: float, *, group: bool = False,
@@ -34,3 +37,10 @@ def stop_process(proc: subprocess.Popen, timeout: float, *, group: bool = False,
         send(signal.SIGKILL)
         proc.wait()
         return None
+
+
+def die_with_parent() -> None:
+    """A child's preexec_fn: SIGTERM when the thread that started it ends (PR_SET_PDEATHSIG), so a child never
+    outlives a parent killed with SIGKILL (an engine would hold the model and its socket; a tunnel, its port)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

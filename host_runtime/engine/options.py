@@ -16,6 +16,7 @@ from host_runtime.engine.limits import PREFIX_CACHE_DISK_MIB, PREFIX_CACHE_RAM_M
 from host_runtime.engine.model import ContextConfig, model_id_for
 from host_runtime.engine.readiness import WedgePolicy
 from host_runtime.engine.speculation import SpeculationConfig
+from host_runtime.shard.holder import ShardConfig
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class EngineOptions:
     wedge: WedgePolicy = field(default_factory=WedgePolicy)
     usage_file: str | None = None  # per-key usage kept across restarts (engine/usage_file.py); None: memory only
     mmproj: str | None = None  # the model's projector GGUF (images: engine/projector.py); None: text only
+    shards: ShardConfig = field(default_factory=ShardConfig)  # other boxes lending devices (shard/holder.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -100,8 +102,9 @@ class EngineOptions:
     def for_on_demand(self, model: str) -> "EngineOptions":
         """These settings for another model of the store, loaded on demand beside this one: its own prefix cache
         (entries are valid only for their weights), its own usage file, and no draft model (it drafts for this
-        model, not that), and no projector (one is made for its model)."""
-        options = replace(self, model=model, mmproj=None)
+        model, not that), and no projector (one is made for its model), and no shard hosts (a member lends its
+        devices to one model at a time: this one's)."""
+        options = replace(self, model=model, mmproj=None, shards=ShardConfig())
         if self.usage_file:
             options = replace(options, usage_file=os.path.join(os.path.dirname(self.usage_file),
                                                                f"{model_id_for(model)}.json"))

@@ -31,11 +31,16 @@ from host_runtime.gpu.llama_devices import compiled_backends, list_devices
 from host_runtime.placement.projector_file import read_projector, with_projector_room
 from host_runtime.placement.proof import tolerance
 from host_runtime.placement.render import backend_choice, prometheus_lines, render_table
+from host_runtime.shard.errors import ShardError
+from host_runtime.shard.holder import Shards
 
 log = logging.getLogger(__name__)
 
 CANARY_PROMPT = "The capital of France is"
 EVENT_POLL_S = 0.05  # how often a waiting handler checks whether its worker hung up
+
+
+SHARD_RETRY_S = 5.0
 
 
 class EngineService:
@@ -56,6 +61,7 @@ class EngineService:
         self.state = "loading"
         self.state_reason = "loading the model"
         self.model: LoadedModel | None = None
+        self.shards: Shards | None = None
         self.engine: Engine | None = None
         self.prompts: PromptBuilder | None = None
         self.load_progress: float | None = None
@@ -71,6 +77,8 @@ class EngineService:
     def load(self) -> None:
         started = time.monotonic()
         try:
+            if self.options.shards.hosts:
+                self.shards = self._reach_shard_hosts()
             # The layers leave the projector room on the GPU libmtmd puts it on (placement/projector_file.py)
             config = with_projector_room(self.config, _projector_facts(self.options.mmproj))
             self.model = LoadedModel(self.model_path, config, on_progress=self._loading)
@@ -100,7 +108,7 @@ class EngineService:
                 self._usage_saver = book
             self._loading("warming up")
             warm = self.engine.start(warm_up=True)  # on the loop thread, as every later decode (Engine.start)
-        except (ModelLoadError, RuntimeError, usage_file.UsageFileError) as exc:
+        except (ModelLoadError, ShardError, RuntimeError, usage_file.UsageFileError) as exc:
             self.state, self.state_reason = "failed", str(exc)
             log.error("%s", exc)
             return
@@ -113,6 +121,21 @@ class EngineService:
                  "queue %d, %d threads (%d for one-token calls)", self.model_id, time.monotonic() - started,
                  self.model.n_ctx_per_seq, cap.n_parallel, cap.kv_bytes_total / 2**20, cap.max_waiting,
                  self.model.n_threads, self.model.n_threads_decode)
+
+    def _reach_shard_hosts(self) -> Shards:
+        """Before the plan: the members' devices are devices the planner places layers on; kept for the engine's
+        life (the tunnel is this process's child, ggml holds a connection to each member). A member away (or
+        refusing) is waited for, its reason in /ready's 503, so the model comes back when the member does: ggml
+        ends this process when a member goes away mid-generation, and its keeper starts it again into this wait."""
+        shards = Shards(self.options.shards, say=self._loading)  # ShardError: no stunnel, an unreadable key
+        while True:
+            try:
+                shards.attach()
+                return shards
+            except ShardError as exc:
+                self.state_reason = f"waiting for the shard hosts: {exc}"
+                log.warning("%s; trying again in %g s", self.state_reason, SHARD_RETRY_S)
+                time.sleep(SHARD_RETRY_S)
 
     def save_usage(self) -> None:
         """Per-key usage to its file now, and the tokens its keys used to the box's ledger (the engine is

@@ -17,6 +17,9 @@ from host_runtime.gpu.bandwidth import bandwidth_gbps
 from host_runtime.gpu.llama_build import lib_dir, select
 
 DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
+# An RPC device's description is its endpoint; where that is a tunnel's loopback end, what it stands for (the
+# member's LAN address), filled by rpc_devices.add_server.
+REMOTE_DESCRIPTIONS: dict[str, str] = {}
 
 
 class LlamaDevicesError(UnavailableError):
@@ -50,7 +53,8 @@ class _Props(ctypes.Structure):
                 ("caps", _Caps)]
 
 
-def _ggml():
+def ggml_library():
+    """libggml as libllama loaded it, with the registry's functions typed."""
     select()
     try:
         import llama_cpp  # noqa: F401  (loads libllama and, with it, libggml)
@@ -78,14 +82,14 @@ def _ggml():
 
 def device_handles() -> list[int]:
     """ggml_backend_dev_t pointers in registry order (for llama_model_params.devices)."""
-    lib = _ggml()
+    lib = ggml_library()
     return [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
 
 
 def cpu_buffer_type() -> int:
     """The CPU device's buffer type (ggml_backend_buffer_type_t): where a tensor buffer-type override keeps a
     tensor in host RAM, as llama-server's --cpu-moe does with ggml_backend_cpu_buffer_type()."""
-    lib = _ggml()
+    lib = ggml_library()
     lib.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
     lib.ggml_backend_dev_by_type.restype = ctypes.c_void_p
     lib.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
@@ -98,14 +102,14 @@ def cpu_buffer_type() -> int:
 
 def compiled_backends() -> list[str]:
     """The backends this llama.cpp build registered ("CPU", "Vulkan", "CUDA"), devices or not."""
-    lib = _ggml()
+    lib = ggml_library()
     return [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
             for i in range(lib.ggml_backend_reg_count())]
 
 
 def list_devices(include_cpu: bool = False) -> list[LlamaDevice]:
     """Every device ggml registered, GPUs first as ggml orders them; the CPU device only when asked."""
-    lib = _ggml()
+    lib = ggml_library()
     out = []
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
@@ -116,6 +120,8 @@ def list_devices(include_cpu: bool = False) -> list[LlamaDevice]:
             continue
         backend = lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)).decode()
         desc = (props.description or b"").decode(errors="replace")
+        if backend == "RPC":
+            desc = REMOTE_DESCRIPTIONS.get(desc, desc)
         out.append(LlamaDevice(index=i, name=(props.name or b"").decode(), description=desc, backend=backend,
                                type=kind, free_bytes=int(props.memory_free), total_bytes=int(props.memory_total),
                                pci_address=props.device_id.decode() if props.device_id else None,

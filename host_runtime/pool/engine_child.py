@@ -3,7 +3,6 @@ pool for the others: its settings (engine/options.EngineOptions) go to it as the
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -14,12 +13,11 @@ import threading
 import time
 from collections import deque
 
-from host_runtime.common.processes import stop_process
+from host_runtime.common.processes import die_with_parent, stop_process
 from host_runtime.engine.client import EngineClient
 from host_runtime.engine.ipc import EngineUnavailable
 
 log = logging.getLogger("everycycle.serve")
-PR_SET_PDEATHSIG = 1
 RESTARTS = 3        # crashes of the server's own engine restarted in place within RESTART_WINDOW_S; the next stops
 RESTART_WINDOW_S = 60.0  # serve (non-zero), for its supervisor to act on: a model that dies at every load
 RESTART_DELAY_S = 1.0
@@ -40,12 +38,6 @@ class CrashBudget:
         while self._crashes and self._crashes[0] < now - self.window_s:
             self._crashes.popleft()
         return len(self._crashes) <= self.restarts
-
-
-def _die_with_parent() -> None:
-    # The engine must not outlive a master killed with SIGKILL: it would hold the model and the socket.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class EngineChild:
@@ -69,7 +61,7 @@ class EngineChild:
         with tempfile.TemporaryFile() as settings:
             settings.write(self.options.to_json().encode())
             settings.seek(0)
-            self.proc = subprocess.Popen(self.argv, stdin=settings, preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(self.argv, stdin=settings, preexec_fn=die_with_parent)
         log.info("engine started (pid %d) for %s", self.proc.pid, self.options.model)
 
         def watch_exit():

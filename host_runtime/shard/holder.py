@@ -1,0 +1,75 @@
+"""The box holding a model reaches the members that lend it devices (`serve --shard-host ADDR:PORT`).
+
+One stunnel client for all of them (a loopback port per member, TLS with the fleet's key to each), each member
+asked its RPC protocol first (probe.py), then registered with ggml: its devices (RPC0, RPC1, ...) are then
+devices the planner places layers on and llama.cpp's dry run proves, like the holder's own GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from host_runtime.gpu import rpc_devices
+from host_runtime.shard.errors import ShardError
+from host_runtime.shard.ports import free_loopback_port
+from host_runtime.shard.probe import hello
+from host_runtime.shard.tunnel import Tunnel
+from host_runtime.shard.tunnel_conf import Route, client_conf
+from host_runtime.shard.wire_key import secrets_text
+
+log = logging.getLogger("everycycle.shard")
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    hosts: tuple[str, ...] = ()    # the members' HOST:PORT (their `shard host --listen`), in device order
+    key_file: str | None = None    # the fleet key's file: the wire's TLS is keyed from it
+
+
+def read_fleet_key(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError as exc:
+        raise ShardError(f"cannot read the fleet key {path}: {exc.strerror}") from None
+
+
+class Shards:
+    """The members attached to this process, for as long as it lives: `devices` maps each ggml device name
+    (RPC0, ...) to the member lending it. The tunnel and its loopback ports are made once: ggml keeps a device
+    per endpoint for the process's life, so a retry must name the same endpoints."""
+
+    def __init__(self, config: ShardConfig, say=lambda phase: None):
+        if not config.key_file:
+            raise ShardError("shard hosts need the fleet key (--shard-key-file): their wire is keyed from it")
+        key = read_fleet_key(config.key_file)
+        self.say = say
+        self.members = dict(zip(config.hosts, (free_loopback_port() for _ in config.hosts)))
+        routes = [Route(f"member{i}", f"127.0.0.1:{port}", host) for i, (host, port) in enumerate(self.members.items())]
+        say("starting the tunnel to the shard hosts")
+        self.tunnel = Tunnel(lambda secrets, log_file: client_conf(routes, secrets, log_file), secrets_text(key),
+                             list(self.members.values()))
+        self.devices: dict[str, str] = {}
+
+    def attach(self) -> None:
+        """Ask every member first, then register them all: a member that cannot be used leaves ggml's registry
+        as it was (ShardError naming it, with what the tunnel saw)."""
+        versions = {}
+        for host, port in self.members.items():
+            self.say(f"asking shard host {host}")
+            try:
+                versions[host] = hello("127.0.0.1", port, member=host)
+            except ShardError as exc:
+                seen = self.tunnel.log_tail(1)
+                raise ShardError(f"{exc} (the tunnel: {seen})" if seen else str(exc)) from None
+        for host, port in self.members.items():
+            names = rpc_devices.add_server(f"127.0.0.1:{port}", shown_as=host)
+            log.info("shard host %s (RPC protocol %d.%d.%d) lends %s", host, *versions[host], ", ".join(names))
+            self.devices.update({name: host for name in names})
+
+    def alive(self) -> bool:
+        return self.tunnel.alive()
+
+    def stop(self) -> None:
+        self.tunnel.stop()

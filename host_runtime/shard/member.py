@@ -1,0 +1,71 @@
+"""A box lending its devices to a model another box holds (`everycycle shard host`).
+
+llama.cpp's RPC server runs in this process on a loopback port; stunnel takes the LAN address and lets in only
+a peer holding the fleet key (wire_key.py). Loopback is trusted as the box's other loopback services are: the
+box runs nothing of anyone else's. The process ends when stunnel does, and stunnel with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+from host_runtime.common.host_port import split_host_port
+from host_runtime.gpu import rpc_devices
+from host_runtime.shard.errors import ShardError
+from host_runtime.shard.ports import free_loopback_port
+from host_runtime.shard.tunnel import Tunnel, listening_ports
+from host_runtime.shard.tunnel_conf import Route, server_conf
+from host_runtime.shard.wire_key import secrets_text
+
+log = logging.getLogger("everycycle.shard")
+SERVER_START_TIMEOUT_S = 30.0
+
+
+def lend(listen: str, fleet_key: str, *, cache_dir: str | None = None, n_threads: int = 0,
+         on_ready=lambda devices: None) -> int:
+    """Serve this box's devices on `listen` (HOST:PORT on the LAN) until SIGTERM; the exit status."""
+    _, port = split_host_port(listen)
+    lent = rpc_devices.devices_to_lend()
+    if not lent:
+        raise ShardError("llama.cpp sees no device on this box to lend")
+    inner = free_loopback_port()
+    if cache_dir:
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+    server = threading.Thread(target=rpc_devices.serve, name="rpc-server", daemon=True,
+                              args=(f"127.0.0.1:{inner}", cache_dir, n_threads or os.cpu_count() or 1,
+                                    [handle for handle, _ in lent]))
+    server.start()
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while inner not in listening_ports(os.getpid()):
+        if not server.is_alive() or time.monotonic() > deadline:
+            raise ShardError("llama.cpp's RPC server did not start (its reason is on stderr above)")
+        time.sleep(0.05)
+    route = Route("rpc", accept=listen, connect=f"127.0.0.1:{inner}")
+    tunnel = Tunnel(lambda secrets, log_file: server_conf(route, secrets, log_file), secrets_text(fleet_key), [port])
+    stopping = threading.Event()
+
+    def stop(_signum, _frame):
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    devices = [device for _, device in lent]
+    log.info("lending %s on %s (TLS with the fleet's key; llama.cpp's RPC protocol %d.%d)",
+             ", ".join(f"{d.name} ({d.description}, {d.total_bytes / 2**30:.1f} GiB)" for d in devices), listen,
+             *rpc_devices.RPC_PROTOCOL)
+    on_ready(devices)
+    try:
+        while not stopping.wait(0.5):
+            if not tunnel.alive():
+                log.error("stunnel ended: %s", tunnel.log_tail())
+                return 1
+            if not server.is_alive():
+                log.error("llama.cpp's RPC server ended")
+                return 1
+        return 0
+    finally:
+        tunnel.stop()

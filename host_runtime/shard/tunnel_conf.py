@@ -1,0 +1,48 @@
+"""stunnel's configuration for the RPC wire (pure): TLS 1.3 with the fleet's pre-shared key, nothing else.
+
+The member's side accepts on its LAN address and connects to llama.cpp's RPC server on loopback; the holder's
+side accepts on loopback (one port per member) and connects to each member. Keepalive on both sockets: a member
+that vanishes from the network is noticed by the kernel rather than waited on for ever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from host_runtime.shard.wire_key import PSK_IDENTITY
+
+# TLS 1.3 only, PSK only (no certificate can stand in for the key). TLS 1.3's ciphersuites all have forward
+# secrecy with psk_dhe_ke, which OpenSSL negotiates by default.
+_TLS = ("sslVersionMin = TLSv1.3\n"
+        "ciphers = PSK\n"
+        "ciphersuites = TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256\n")
+_KEEPALIVE = ("socket = l:SO_KEEPALIVE=1\nsocket = r:SO_KEEPALIVE=1\n"
+              "socket = l:TCP_KEEPIDLE=10\nsocket = r:TCP_KEEPIDLE=10\n"
+              "socket = l:TCP_KEEPINTVL=5\nsocket = r:TCP_KEEPINTVL=5\n"
+              "socket = l:TCP_KEEPCNT=3\nsocket = r:TCP_KEEPCNT=3\n"
+              "socket = l:TCP_NODELAY=1\nsocket = r:TCP_NODELAY=1\n")
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str      # a section name: letters, digits, '-'
+    accept: str    # HOST:PORT stunnel listens on
+    connect: str   # HOST:PORT it forwards to
+
+
+def _globals(log_file: str) -> str:
+    # foreground: its parent (the shard host, or the engine) supervises it; no pid file, no syslog.
+    return f"foreground = yes\npid =\nsyslog = no\ndebug = 4\noutput = {log_file}\n"
+
+
+def server_conf(route: Route, secrets_file: str, log_file: str) -> str:
+    """A member's: TLS in on route.accept, the RPC server on route.connect."""
+    return (_globals(log_file) + f"[{route.name}]\naccept = {route.accept}\nconnect = {route.connect}\n"
+            + _TLS + f"PSKsecrets = {secrets_file}\n" + _KEEPALIVE)
+
+
+def client_conf(routes: list[Route], secrets_file: str, log_file: str) -> str:
+    """The holder's: plain on each route.accept (loopback), TLS out to each member's route.connect."""
+    return _globals(log_file) + "".join(
+        f"[{r.name}]\nclient = yes\naccept = {r.accept}\nconnect = {r.connect}\n" + _TLS
+        + f"PSKsecrets = {secrets_file}\nPSKidentity = {PSK_IDENTITY}\n" + _KEEPALIVE for r in routes)

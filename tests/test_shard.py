@@ -1,0 +1,231 @@
+"""One model across three boxes (#60): a holder and two members in network namespaces on one bridge, each
+member's memory capped below the model's size, so the model fits only across them. The members lend their CPU
+through llama.cpp's RPC server behind stunnel's TLS keyed from the fleet key; the holder's `serve --shard-host`
+places layers on them. Its greedy output equals the same model's on one box; a peer without the fleet key gets
+nothing; a member killed mid-stream ends that stream with an error, the model waits with a 503 saying why, and it
+serves again when the member returns."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import struct
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from host_runtime.gpu.rpc_devices import RPC_PROTOCOL
+from host_runtime.shard.errors import ShardError
+from host_runtime.shard.holder import ShardConfig, Shards
+from tests.fleet_hosts import Net
+from tests.memory_cap import MemoryCap
+from tests.servers import Proc, everycycle, running_serve, wait_for
+from tests.tiny_gguf import write_tiny_llama
+
+pytestmark = [pytest.mark.system, pytest.mark.root, pytest.mark.cgroup]
+
+PORT = 50052
+MODEL = "shard-llama"
+# 8 layers 512 wide, F32: 105 MiB. Each member takes 3 layers (39 MiB); its cap, 70% of the model, holds its share
+# and the largest tensor in flight, never the whole model.
+CAP_SHARE = 0.7
+SERVE_ARGS = ["--threads", "1", "--ctx-size", "256", "--parallel", "1", "--gpu-layers", "6", "--tensor-split", "1,1"]
+PROMPTS = ("Hello there, my friend", "A box on the LAN")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("shard") / f"{MODEL}.gguf", n_ctx=512, n_embd=512, n_layer=8,
+                            n_head=8, n_ff=1536)
+
+
+def _key_file(path: Path) -> Path:
+    path.write_text(secrets.token_urlsafe(32) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+class Members:
+    """The two members: `everycycle fleet shard-host` in namespaces 1 and 2, each capped once it lends."""
+
+    def __init__(self, net: Net, key: Path, workdir: Path, model_bytes: int):
+        self.net, self.key, self.workdir, self.model_bytes = net, key, workdir, model_bytes
+        self.procs: dict[int, Proc] = {}
+        self.caps: dict[int, MemoryCap] = {}
+        for i in (1, 2):
+            self.start(i)
+
+    def address(self, i: int) -> str:
+        return f"{self.net.address(i)}:{PORT}"
+
+    def start(self, i: int) -> None:
+        argv = self.net.run_in(i, everycycle("fleet", "shard-host", "--listen", self.address(i), "--key-file",
+                                             str(self.key), "--threads", "1"))
+        proc = self.procs[i] = Proc(argv, self.workdir / f"member{i}.log")
+        wait_for(lambda: "lending CPU" in proc.log(), 60, f"member {i} lending", proc)
+        if i in self.caps:
+            self.caps[i].lift()
+        self.caps[i] = MemoryCap(self._python(proc).pid, int(self.model_bytes * CAP_SHARE), f"ecshard{os.getpid()}-{i}")
+
+    @staticmethod
+    def _python(proc: Proc) -> psutil.Process:
+        """The member's own process (under `ip netns exec`, which execs it: the same pid)."""
+        return psutil.Process(proc.popen.pid)
+
+    def rpc_port(self, i: int) -> int:
+        """The port of member i's llama.cpp RPC server: the one its namespace listens on besides PORT, on
+        127.0.0.1 (read from /proc/PID/net/tcp, which is the member's namespace's table)."""
+        listening = set()
+        for line in Path(f"/proc/{self.procs[i].popen.pid}/net/tcp").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A":  # LISTEN
+                address, port = local.split(":")
+                listening.add((socket.inet_ntoa(struct.pack("<I", int(address, 16))), int(port, 16)))
+        (inner,) = [entry for entry in listening if entry[1] != PORT]
+        assert inner[0] == "127.0.0.1", listening
+        return inner[1]
+
+    def kill(self, i: int) -> None:
+        os.killpg(self.procs[i].popen.pid, signal.SIGKILL)
+        self.procs[i].popen.wait()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+        for cap in self.caps.values():
+            cap.lift()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, model):
+    workdir = tmp_path_factory.mktemp("shard-fleet")
+    net = Net(3)
+    members = None
+    try:
+        members = Members(net, _key_file(workdir / "fleet.key"), workdir, model.stat().st_size)
+        yield net, members
+    finally:
+        if members is not None:
+            members.stop()
+        net.remove()
+
+
+def _get(url: str, timeout: float = 30) -> tuple[int, dict]:
+    """(status, JSON body); (0, {}) while nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+    except OSError:
+        return 0, {}
+
+
+def _complete(base: str, prompt: str, **extra) -> urllib.request.Request:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0, "logprobs": 1, **extra}
+    return urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json"})
+
+
+def _greedy(base: str) -> list[tuple[str, list[float]]]:
+    out = []
+    for prompt in PROMPTS:
+        with urllib.request.urlopen(_complete(base, prompt), timeout=120) as resp:
+            choice = json.loads(resp.read())["choices"][0]
+        out.append((choice["text"], choice["logprobs"]["token_logprobs"]))
+    return out
+
+
+def _hello_answered(address: str, port: int) -> bool:
+    """Whether a plain TCP peer sending llama.cpp's HELLO gets an answer (of any size)."""
+    try:
+        with socket.create_connection((address, port), timeout=5) as sock:
+            sock.sendall(struct.pack("<BQ", 14, 24) + bytes(24))
+            return len(sock.recv(8)) > 0
+    except OSError:
+        return False
+
+
+def test_a_peer_without_the_fleet_key_reaches_nothing(fleet, tmp_path):
+    net, members = fleet
+    member = members.address(1)
+    # Plain TCP, as llama.cpp's own client would speak it: stunnel wants TLS and closes the connection.
+    assert not _hello_answered(net.address(1), PORT)
+    # The RPC server itself listens on the member's loopback alone: from the LAN its port is closed.
+    inner = members.rpc_port(1)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((net.address(1), inner), timeout=5).close()
+    # TLS keyed from another fleet's key: the handshake fails, named as such.
+    stranger = Shards(ShardConfig(hosts=(member,), key_file=str(_key_file(tmp_path / "other.key"))))
+    try:
+        with pytest.raises(ShardError, match="fleet key differs"):
+            stranger.attach()
+    finally:
+        stranger.stop()
+    assert not stranger.devices
+    # The fleet's key opens it, and the member speaks this llama.cpp's protocol.
+    from host_runtime.shard.probe import hello
+
+    ours = Shards(ShardConfig(hosts=(member,), key_file=str(members.key)))
+    try:
+        assert hello("127.0.0.1", ours.members[member], member=member)[:2] == RPC_PROTOCOL
+    finally:
+        ours.stop()
+
+
+@pytest.fixture(scope="module")
+def holder(fleet, model, tmp_path_factory):
+    net, members = fleet
+    run_dir = tmp_path_factory.mktemp("shard-holder")
+    argv = net.run_in(0, everycycle("serve", "--host", net.address(0), "--port", "8080", "--run-dir", str(run_dir),
+                                    "--model", str(model), "--shard-key-file", str(members.key),
+                                    "--shard-host", members.address(1), "--shard-host", members.address(2),
+                                    *SERVE_ARGS))
+    proc = Proc(argv, run_dir / "serve.log")
+    base = f"http://{net.address(0)}:8080"
+    try:
+        wait_for(lambda: _get(base + "/ready", 5)[0] == 200, 120, "the holder ready", proc)
+        yield base, proc
+    finally:
+        proc.stop()
+
+
+def test_the_split_model_answers_as_one_box_does(fleet, holder, model, tmp_path):
+    net, members = fleet
+    base, proc = holder
+    charged = {i: members.caps[i].usage() for i in (1, 2)}
+    # The layers are on the members: each holds more than a quarter of the model under a cap that the whole
+    # model would not fit.
+    assert all(c > model.stat().st_size * 0.25 for c in charged.values()), charged
+    log = proc.log()
+    assert f"RPC0 ({members.address(1)})" in log and f"RPC1 ({members.address(2)})" in log, log[-3000:]
+    split = _greedy(base)
+    with running_serve(["--model", str(model), *SERVE_ARGS[:6]], tmp_path, "one box") as (one_box, _):
+        alone = _greedy(one_box)
+    assert split == alone
+    assert all(text for text, _ in split)
+
+
+def test_a_member_gone_mid_stream_ends_it_and_the_model_returns_with_it(fleet, holder):
+    net, members = fleet
+    base, proc = holder
+    before = _greedy(base)
+    request = _complete(base, PROMPTS[0], max_tokens=400, stream=True)
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        assert b"data:" in resp.readline()
+        members.kill(2)
+        rest = resp.read().decode()
+    assert '"engine_unavailable"' in rest, rest[-2000:]
+    # The engine ggml ended comes back waiting for the member, saying so.
+    status, body = wait_for(lambda: (lambda r: r if "shard host" in r[1].get("reason", "") else None)(
+        _get(base + "/ready", 5)), 60, "the holder waiting for its member", proc)
+    assert status == 503 and members.address(2) in body["reason"], body
+    members.start(2)
+    wait_for(lambda: _get(base + "/ready", 5)[0] == 200, 90, "the holder serving again", proc)
+    assert _greedy(base) == before

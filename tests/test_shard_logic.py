@@ -1,0 +1,140 @@
+"""The pieces of one model across boxes (#60) that need no second box: the wire's key, stunnel's settings, the
+HELLO probe against a stand-in server, and the flags (tests/test_shard.py runs the real thing)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import pytest
+
+from host_runtime.gpu.rpc_devices import RPC_PROTOCOL
+from host_runtime.shard.errors import ShardError
+from host_runtime.shard.probe import hello
+from host_runtime.shard.tunnel_conf import Route, client_conf, server_conf
+from host_runtime.shard.wire_key import PSK_IDENTITY, secrets_text, wire_psk
+
+KEY = "fleet-key-of-this-fleet-0123456789"
+
+
+def test_the_wire_key_comes_from_the_fleet_key_without_being_it():
+    psk = wire_psk(KEY)
+    assert len(psk) == 64 and int(psk, 16) >= 0
+    assert wire_psk(KEY + "\n") == psk  # as the key file holds it
+    assert wire_psk("another-fleet-key-0123456789") != psk
+    assert KEY not in secrets_text(KEY) and secrets_text(KEY) == f"{PSK_IDENTITY}:{psk}\n"
+
+
+def test_stunnel_takes_only_tls_1_3_with_the_key():
+    member = server_conf(Route("rpc", "10.0.0.3:50052", "127.0.0.1:4000"), "/run/x/psk.txt", "/run/x/log")
+    assert "accept = 10.0.0.3:50052\nconnect = 127.0.0.1:4000\n" in member
+    assert "sslVersionMin = TLSv1.3" in member and "ciphers = PSK" in member
+    assert "PSKsecrets = /run/x/psk.txt" in member and "cert" not in member and "client" not in member
+    holder = client_conf([Route("member0", "127.0.0.1:4001", "10.0.0.3:50052"),
+                          Route("member1", "127.0.0.1:4002", "10.0.0.4:50052")], "/run/y/psk.txt", "/run/y/log")
+    assert holder.count("client = yes") == 2 and holder.count(f"PSKidentity = {PSK_IDENTITY}") == 2
+    assert "[member1]\nclient = yes\naccept = 127.0.0.1:4002\nconnect = 10.0.0.4:50052\n" in holder
+    assert holder.count("socket = r:SO_KEEPALIVE=1") == 2  # a member gone from the network is noticed
+
+
+def _server(answer):
+    """A loopback listener that reads one HELLO and replies answer(request) (None: closes at once)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            request = conn.recv(33)
+            reply = answer(request)
+            if reply is not None:
+                conn.sendall(reply)
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1]
+
+
+def _hello_reply(major: int, minor: int, patch: int = 0) -> bytes:
+    return struct.pack("<Q", 28) + bytes([major, minor, patch, 0]) + bytes(24)
+
+
+def test_the_probe_asks_hello_as_ggml_does_and_refuses_another_protocol():
+    seen = []
+    port = _server(lambda request: seen.append(request) or _hello_reply(*RPC_PROTOCOL, 3))
+    assert hello("127.0.0.1", port, member="10.0.0.3:50052") == (*RPC_PROTOCOL, 3)
+    assert seen == [struct.pack("<BQ", 14, 24) + bytes(24)]
+    newer = _server(lambda request: _hello_reply(RPC_PROTOCOL[0] + 1, 0))
+    with pytest.raises(ShardError, match=rf"10.0.0.3:50052 speaks llama.cpp's RPC protocol {RPC_PROTOCOL[0] + 1}\.0"):
+        hello("127.0.0.1", newer, member="10.0.0.3:50052")
+    closed = _server(lambda request: None)
+    with pytest.raises(ShardError, match="closed the connection: it is down, not serving as a shard host, or its "
+                                         "fleet key differs"):
+        hello("127.0.0.1", closed, member="10.0.0.3:50052")
+    other = _server(lambda request: struct.pack("<Q", 4) + b"HTTP")
+    with pytest.raises(ShardError, match="answered, but not as llama.cpp's RPC server"):
+        hello("127.0.0.1", other, member="10.0.0.3:50052")
+    silent = socket.create_server(("127.0.0.1", 0))  # listens, never accepts: a member busy with another holder
+    try:
+        with pytest.raises(ShardError, match="did not answer in 0.5 s"):
+            hello("127.0.0.1", silent.getsockname()[1], member="10.0.0.3:50052", timeout=0.5)
+    finally:
+        silent.close()
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    path = tmp_path / "fleet.key"
+    path.write_text(KEY + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shard-host", "10.0.0.3:50052"], "--shard-host needs --shard-key-file"),
+    (["--shard-key-file", "{key}"], "--shard-key-file goes with --shard-host"),
+    (["--shard-host", "10.0.0.3", "--shard-key-file", "{key}"], "--shard-host: '10.0.0.3'"),
+    (["--shard-host", "10.0.0.3:50052", "--shard-host", "10.0.0.3:50052", "--shard-key-file", "{key}"],
+     "names a box twice"),
+    (["--placement", "cpu", "--shard-host", "10.0.0.3:50052", "--shard-key-file", "{key}"],
+     "not with --placement cpu"),
+    (["--shard-host", "10.0.0.3:50052", "--shard-key-file", "{open_key}"], "has mode 0644; it must be 0600"),
+    (["--shard-host", "10.0.0.3:50052", "--shard-key-file", "/nonexistent/fleet.key"],
+     "--shard-key-file: cannot read /nonexistent/fleet.key"),
+])
+def test_shard_flags_are_checked_before_anything_starts(argv, message, key_file, tmp_path, capsys):
+    from host_runtime.cli import main
+
+    readable = tmp_path / "open.key"
+    readable.write_text(KEY)
+    readable.chmod(0o644)
+    argv = [a.format(key=key_file, open_key=readable) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_shard_hosts_reach_the_engine_and_not_the_models_loaded_beside_it(key_file):
+    from host_runtime.cli import build_parser, engine_options
+    from host_runtime.engine.options import EngineOptions
+    from host_runtime.shard.holder import ShardConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--shard-host", "10.0.0.3:50052", "--shard-host", "10.0.0.4:50052",
+                              "--shard-key-file", str(key_file), "--gpu-layers", "6", "--tensor-split", "1,1"])
+    options = EngineOptions.from_json(engine_options(parser, args, None).to_json())
+    assert options.shards == ShardConfig(hosts=("10.0.0.3:50052", "10.0.0.4:50052"), key_file=str(key_file))
+    assert options.context.n_gpu_layers == 6  # a CPU-only box's --gpu-layers: the members' devices take them
+    assert options.for_on_demand("/store/other.gguf").shards == ShardConfig()
+
+
+def test_a_member_refuses_to_start_with_a_key_file_others_can_read(tmp_path, capsys):
+    from host_runtime.cli import main
+
+    readable = tmp_path / "open.key"
+    readable.write_text(KEY)
+    readable.chmod(0o644)
+    with pytest.raises(SystemExit) as exc:
+        main(["fleet", "shard-host", "--listen", "10.0.0.3:50052", "--key-file", str(readable)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "fleet shard-host: --key-file: " in err and "it must be 0600" in err, err
