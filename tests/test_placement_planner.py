@@ -237,6 +237,24 @@ def test_a_card_slower_than_the_hosts_ram_takes_only_what_the_cpu_cannot_hold():
     assert_sound(tight, model)
 
 
+def test_a_70b_fits_a_3090_box_only_with_two_more_boxes_lending_their_ram():
+    """#60: another box's lent CPU is a device with what it lends and no margin of the holder's (the member kept
+    its own); the holder's --models-memory-mib bounds its RAM however much is available."""
+    model = llama70b()
+    host = Host(available_bytes=120 * GIB, total_bytes=128 * GIB, budget_bytes=12 * GIB)
+    request = PlanRequest(n_ctx_per_seq=8192, n_parallel=1)
+    with pytest.raises(PlacementError, match="host RAM"):
+        plan(model, [RTX3090(0)], host, request)
+    members = [Device(f"RPC{i}", f"10.0.0.{3 + i}:50052 CPU", 9 * GIB, 64 * GIB, 40.0, backend="RPC")
+               for i in range(2)]
+    p = plan(model, [RTX3090(0), *members], host, request)
+    assert_sound(p, model)
+    # the card, fastest, last in llama.cpp's list (the top layers and the head); the members' before it
+    assert p.device_order[-1] == "CUDA0" and set(p.device_order[:-1]) == {"RPC0", "RPC1"}
+    assert all(s.margin_bytes == 0 and 8 * GIB < s.used_bytes <= 9 * GIB for s in p.gpu_shares if s.device != "CUDA0")
+    assert p.cpu_share.capacity_bytes == 12 * GIB and p.cpu_share.n_layers > 0  # the budget, not what is available
+
+
 def test_the_api_has_a_thread_for_every_request_the_engine_admits_and_some_for_health_checks():
     from host_runtime.placement.planner import MAX_PARALLEL, QUEUE_PER_SEQUENCE
     from host_runtime.serving.http_threads import CONTROL_RESERVE, MIN_THREADS, http_threads

@@ -27,7 +27,7 @@ def test_the_wire_key_comes_from_the_fleet_key_without_being_it():
 
 
 def test_stunnel_takes_only_tls_1_3_with_the_key():
-    member = server_conf(Route("rpc", "10.0.0.3:50052", "127.0.0.1:4000"), "/run/x/psk.txt", "/run/x/log")
+    member = server_conf("10.0.0.3:50052", "127.0.0.1:4000", "127.0.0.1:4001", "/run/x/psk.txt", "/run/x/log")
     assert "accept = 10.0.0.3:50052\nconnect = 127.0.0.1:4000\n" in member
     assert "sslVersionMin = TLSv1.3" in member and "ciphers = PSK" in member
     assert "PSKsecrets = /run/x/psk.txt" in member and "cert" not in member and "client" not in member
@@ -121,8 +121,12 @@ def test_the_shard_hosts_reach_the_engine_and_not_the_models_loaded_beside_it(ke
 
     parser = build_parser()
     args = parser.parse_args(["serve", "--shard-host", "10.0.0.3:50052", "--shard-host", "10.0.0.4:50052",
-                              "--shard-key-file", str(key_file), "--gpu-layers", "6", "--tensor-split", "1,1"])
+                              "--shard-key-file", str(key_file), "--gpu-layers", "6", "--tensor-split", "1,1",
+                              "--models-memory-mib", "2048"])
     options = EngineOptions.from_json(engine_options(parser, args, None).to_json())
+    # the holder's RAM for the model: what serve's models may take, so layers past it go to the members
+    assert options.context.host_ram_bytes == 2048 << 20
+    assert engine_options(parser, parser.parse_args(["serve"]), None).context.host_ram_bytes is None
     assert options.shards == ShardConfig(hosts=("10.0.0.3:50052", "10.0.0.4:50052"), key_file=str(key_file))
     assert options.context.n_gpu_layers == 6  # a CPU-only box's --gpu-layers: the members' devices take them
     assert options.for_on_demand("/store/other.gguf").shards == ShardConfig()
@@ -138,3 +142,37 @@ def test_a_member_refuses_to_start_with_a_key_file_others_can_read(tmp_path, cap
         main(["fleet", "shard-host", "--listen", "10.0.0.3:50052", "--key-file", str(readable)])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "fleet shard-host: --key-file: " in err and "it must be 0600" in err, err
+
+
+def test_a_member_lends_what_it_can_spare_never_past_its_cap():
+    from host_runtime.shard.facts import lendable_bytes
+
+    gib = 1 << 30
+    # the CPU: RAM available now, less the larger of 1 GiB and 5% (ggml calls all of it free)
+    assert lendable_bytes("cpu", 64 * gib, 64 * gib, 40 * gib, None) == 40 * gib - int(3.2 * gib)
+    assert lendable_bytes("cpu", 8 * gib, 8 * gib, 6 * gib, None) == 5 * gib
+    assert lendable_bytes("cpu", 8 * gib, 8 * gib, 6 * gib, 2 * gib) == 2 * gib
+    assert lendable_bytes("cpu", 8 * gib, 8 * gib, gib // 2, None) == 0
+    # a GPU: its free memory less the larger of 512 MiB and 5%
+    assert lendable_bytes("gpu", 23 * gib, 24 * gib, 0, None) == 23 * gib - int(1.2 * gib)
+
+
+def test_the_facts_say_what_is_lent_and_time_the_link():
+    from host_runtime.shard.facts import FactsServer, LentDevice, ask, facts_doc
+
+    lent = [LentDevice("CUDA0", "NVIDIA GeForce RTX 3090", "gpu", 22 << 30, 24 << 30),
+            LentDevice("CPU", "AMD EPYC", "cpu", 40 << 30, 64 << 30)]
+    server = FactsServer(lambda: facts_doc(lent, "0.1.0", RPC_PROTOCOL))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        devices, link = ask("127.0.0.1", server.port, member="10.0.0.3:50052")
+        assert devices == lent
+        assert 0 < link.round_trip_ms < 1000 and link.mbytes_per_s > 0
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:  # anything else: the member hangs up
+            sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            assert sock.recv(100) == b""
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(ShardError, match="10.0.0.3:50052 did not say what it lends"):
+        ask("127.0.0.1", server.port, member="10.0.0.3:50052")

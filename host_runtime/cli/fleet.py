@@ -298,5 +298,6 @@ def _shard_host(parser, args) -> int:
     from host_runtime.shard.member import lend
 
     return lend(args.listen, key, cache_dir=args.cache_dir, n_threads=args.threads or 0,
+                cap_bytes=args.lend_mib << 20 if args.lend_mib else None,
                 on_ready=lambda devices: print(f"everycycle fleet shard-host: lending "
                                                f"{', '.join(d.name for d in devices)} on {args.listen}", flush=True))

@@ -299,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     lend.add_argument("--cache-dir", metavar="DIR",
                       help="keep the weights sent here by hash, so that a reload sends only hashes (default: none)")
     lend.add_argument("--threads", type=_positive, metavar="N", help="CPU threads for the lent CPU (default: all)")
+    lend.add_argument("--lend-mib", type=_positive, metavar="MIB",
+                      help="the most any device lends (default: a GPU its free memory, the CPU the RAM available; "
+                           "each less the larger of 5%% and 512 MiB for a GPU, 1 GiB for the CPU)")
     status = fleet_sub.add_parser("status", help="each box as the gateway's last poll saw it: version, slot, "
                                                  "serving or why not, models")
     status.add_argument("--state", metavar="FILE", help="the gateway's state file (default: RUN_DIR/fleet/fleet.json)")

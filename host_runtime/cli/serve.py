@@ -318,7 +318,8 @@ def engine_options(parser, args, model: str | None):
                             placement=args.placement, n_gpu_layers=args.gpu_layers,
                             tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,
                             main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches, speculation=speculating,
-                            n_cpu_moe=_n_cpu_moe(args))
+                            n_cpu_moe=_n_cpu_moe(args),
+                            host_ram_bytes=_mib(getattr(args, "models_memory_mib", 0) or None))  # serve's
     cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,
                               disk_bytes=args.prefix_cache_disk_mib << 20, directory=args.prefix_cache_dir)
     speculation = SpeculationConfig(enabled=speculating, kind="ngram" if not speculating else args.speculation,

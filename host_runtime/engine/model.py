@@ -6,7 +6,7 @@ import ctypes
 import importlib.util
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from host_runtime.common.errors import EveryCycleError
@@ -104,6 +104,9 @@ class ContextConfig:
     # A MoE model: the expert weights of layers [0, N) stay in host RAM (llama-server's --n-cpu-moe N); None: the
     # planner decides (placement/planner.py), 0: they go with their layers.
     n_cpu_moe: int | None = None
+    # The most host RAM the model may take (serve's --models-memory-mib, which the models served share): layers
+    # past it go to the GPUs or the shard hosts, or the plan is refused; None: what is available.
+    host_ram_bytes: int | None = None
 
     def plan_request(self, **also):
         """These settings as the planner's request (placement/planner.PlanRequest): the one mapping of the two."""
@@ -124,6 +127,7 @@ def place(path: str | os.PathLike, config: ContextConfig, say=lambda phase, frac
         say("planning: proving the placement with llama.cpp's dry run")
         devices, host = live_devices()
         devices = [] if config.placement == "cpu" else only_main_gpu(devices, config.main_gpu)
+        host = replace(host, budget_bytes=config.host_ram_bytes)
         placement, _ = prove(str(path), table, devices, host, request, n_batch=config.n_batch,
                              n_threads=config.n_threads, batch_invariant=config.batch_invariant,
                              speculation=config.speculation)

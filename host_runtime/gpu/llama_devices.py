@@ -10,16 +10,28 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from host_runtime.common.errors import UnavailableError
 from host_runtime.gpu.bandwidth import bandwidth_gbps
 from host_runtime.gpu.llama_build import lib_dir, select
 
 DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
-# An RPC device's description is its endpoint; where that is a tunnel's loopback end, what it stands for (the
-# member's LAN address), filled by rpc_devices.add_server.
-REMOTE_DESCRIPTIONS: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class RemoteView:
+    """An RPC device as its member describes it (host_runtime/shard): ggml's own says only the endpoint (a
+    tunnel's loopback end) and, for a lent CPU, all of the member's RAM as free."""
+    description: str        # the member's address and its device: "10.0.0.3:50052 CPU"
+    type: str               # the member's device's kind: cpu, gpu, igpu
+    free_bytes: int         # what the member lends
+    total_bytes: int
+    bandwidth_gbps: float   # the member's device's memory bandwidth: its speed class, as a local card's
+
+
+# RPC devices by ggml name (RPC0, ...), filled by rpc_devices.add_server.
+REMOTE_DEVICES: dict[str, RemoteView] = {}
 
 
 class LlamaDevicesError(UnavailableError):
@@ -119,13 +131,17 @@ def list_devices(include_cpu: bool = False) -> list[LlamaDevice]:
         if kind in ("cpu", "accel", "meta") and not include_cpu:
             continue
         backend = lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)).decode()
+        name = (props.name or b"").decode()
         desc = (props.description or b"").decode(errors="replace")
-        if backend == "RPC":
-            desc = REMOTE_DESCRIPTIONS.get(desc, desc)
-        out.append(LlamaDevice(index=i, name=(props.name or b"").decode(), description=desc, backend=backend,
-                               type=kind, free_bytes=int(props.memory_free), total_bytes=int(props.memory_total),
-                               pci_address=props.device_id.decode() if props.device_id else None,
-                               bandwidth_gbps=bandwidth_gbps(desc, kind)))
+        device = LlamaDevice(index=i, name=name, description=desc, backend=backend, type=kind,
+                             free_bytes=int(props.memory_free), total_bytes=int(props.memory_total),
+                             pci_address=props.device_id.decode() if props.device_id else None,
+                             bandwidth_gbps=bandwidth_gbps(desc, kind))
+        remote = REMOTE_DEVICES.get(name) if backend == "RPC" else None
+        if remote is not None:
+            device = replace(device, description=remote.description, free_bytes=remote.free_bytes,
+                             total_bytes=remote.total_bytes, bandwidth_gbps=remote.bandwidth_gbps)
+        out.append(device)
     return out
 
 

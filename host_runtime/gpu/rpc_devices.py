@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import ctypes
 from host_runtime.common.errors import UnavailableError
-from host_runtime.gpu.llama_devices import REMOTE_DESCRIPTIONS, LlamaDevice, device_handles, ggml_library, list_devices
+from host_runtime.gpu.llama_devices import (REMOTE_DEVICES, LlamaDevice, RemoteView, device_handles, ggml_library,
+                                            list_devices)
 
 # ggml-rpc.h's RPC_PROTO_MAJOR_VERSION and _MINOR_VERSION in the pinned llama.cpp (a client accepts a server of
 # the same major and a minor no newer than its own); tests/test_shard.py asks a real server for them, so a pin
@@ -63,11 +64,11 @@ def serve(endpoint: str, cache_dir: str | None, n_threads: int, devices: list[in
     start(endpoint.encode(), cache_dir.encode() if cache_dir else None, n_threads, len(devices), handles)
 
 
-def add_server(endpoint: str, shown_as: str | None = None) -> list[str]:
+def add_server(endpoint: str, views: list[RemoteView]) -> list[str]:
     """Register the RPC server at endpoint (HOST:PORT, already probed) in this process's ggml registry: its
-    devices (RPC0, RPC1, ... in the order added) are then devices the planner and llama.cpp place layers on.
-    shown_as: what list_devices describes them as (the member's LAN address, where endpoint is a tunnel's
-    loopback end). Returns their names."""
+    devices (RPC0, RPC1, ... in the order added) are then devices the planner and llama.cpp place layers on,
+    listed as `views` (one per device the server has, in its order) describes them. Returns their names;
+    RpcBackendError when the server has another number of devices than views."""
     lib = ggml_library()
     add = _proc(lib, "ggml_backend_rpc_add_server", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p))
     lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
@@ -83,8 +84,10 @@ def add_server(endpoint: str, shown_as: str | None = None) -> list[str]:
     if not reg:
         raise RpcBackendError(f"the RPC server at {endpoint} lends no device")
     devices = [lib.ggml_backend_reg_dev_get(reg, i) for i in range(lib.ggml_backend_reg_dev_count(reg))]
+    if len(devices) != len(views):
+        raise RpcBackendError(f"the RPC server at {endpoint} has {len(devices)} device(s), its facts {len(views)}")
     if not set(devices) <= before:  # added once per process (ggml keeps one registry entry per endpoint)
         lib.ggml_backend_register(reg)
-    if shown_as:
-        REMOTE_DESCRIPTIONS[endpoint] = shown_as
-    return [lib.ggml_backend_dev_name(d).decode() for d in devices]
+    names = [lib.ggml_backend_dev_name(d).decode() for d in devices]
+    REMOTE_DEVICES.update(zip(names, views))
+    return names

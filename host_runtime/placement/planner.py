@@ -52,6 +52,8 @@ class Device:
     backend: str = ""         # "CUDA", "Vulkan"
 
     def margin_bytes(self, fraction: float = MARGIN_FRACTION, minimum: int = MARGIN_MIN_BYTES) -> int:
+        if self.backend == "RPC":
+            return 0  # another box's device: free_bytes is what it lends, its margin already kept (shard/facts.py)
         return max(int(self.total_bytes * fraction), minimum)
 
 
@@ -61,9 +63,14 @@ class Host:
     total_bytes: int
     bandwidth_gbps: float = CPU_BANDWIDTH_GBPS
     numa_nodes: int = 1
+    budget_bytes: int | None = None  # the most of it a model may take (serve's --models-memory-mib); None: no bound
 
     def reserve_bytes(self) -> int:
-        return max(int(self.total_bytes * MARGIN_FRACTION), HOST_RESERVE_MIN_BYTES)
+        """What the plan leaves free: the reserve, or more where the budget is below what is available."""
+        reserve = max(int(self.total_bytes * MARGIN_FRACTION), HOST_RESERVE_MIN_BYTES)
+        if self.budget_bytes is not None:
+            reserve = max(reserve, self.available_bytes - self.budget_bytes)
+        return reserve
 
 
 @dataclass(frozen=True)

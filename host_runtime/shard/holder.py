@@ -11,11 +11,15 @@ import logging
 from dataclasses import dataclass
 
 from host_runtime.gpu import rpc_devices
+from host_runtime.gpu.bandwidth import bandwidth_gbps
+from host_runtime.gpu.llama_devices import RemoteView
 from host_runtime.shard.errors import ShardError
+from host_runtime.shard.facts import Link
+from host_runtime.shard.facts import ask as ask_facts
 from host_runtime.shard.ports import free_loopback_port
 from host_runtime.shard.probe import hello
 from host_runtime.shard.tunnel import Tunnel
-from host_runtime.shard.tunnel_conf import Route, client_conf
+from host_runtime.shard.tunnel_conf import FACTS_NAME, Route, client_conf
 from host_runtime.shard.wire_key import secrets_text
 
 log = logging.getLogger("everycycle.shard")
@@ -37,36 +41,49 @@ def read_fleet_key(path: str) -> str:
 
 class Shards:
     """The members attached to this process, for as long as it lives: `devices` maps each ggml device name
-    (RPC0, ...) to the member lending it. The tunnel and its loopback ports are made once: ggml keeps a device
-    per endpoint for the process's life, so a retry must name the same endpoints."""
+    (RPC0, ...) to the member lending it, `links` each member to its link's measured speed. The tunnel and its
+    loopback ports are made once: ggml keeps a device per endpoint for the process's life, so a retry must name
+    the same endpoints."""
 
     def __init__(self, config: ShardConfig, say=lambda phase: None):
         if not config.key_file:
             raise ShardError("shard hosts need the fleet key (--shard-key-file): their wire is keyed from it")
         key = read_fleet_key(config.key_file)
         self.say = say
-        self.members = dict(zip(config.hosts, (free_loopback_port() for _ in config.hosts)))
-        routes = [Route(f"member{i}", f"127.0.0.1:{port}", host) for i, (host, port) in enumerate(self.members.items())]
+        # each member: (its RPC wire's loopback port, its facts' loopback port)
+        self.members = {host: (free_loopback_port(), free_loopback_port()) for host in config.hosts}
+        routes = [route for i, (host, (rpc, facts)) in enumerate(self.members.items())
+                  for route in (Route(f"member{i}", f"127.0.0.1:{rpc}", host),
+                                Route(f"member{i}-facts", f"127.0.0.1:{facts}", host, sni=FACTS_NAME))]
         say("starting the tunnel to the shard hosts")
         self.tunnel = Tunnel(lambda secrets, log_file: client_conf(routes, secrets, log_file), secrets_text(key),
-                             list(self.members.values()))
+                             [port for ports in self.members.values() for port in ports])
         self.devices: dict[str, str] = {}
+        self.links: dict[str, Link] = {}
 
     def attach(self) -> None:
-        """Ask every member first, then register them all: a member that cannot be used leaves ggml's registry
-        as it was (ShardError naming it, with what the tunnel saw)."""
-        versions = {}
-        for host, port in self.members.items():
+        """Ask every member first (its protocol, what it lends, the link), then register them all: a member
+        that cannot be used leaves ggml's registry as it was (ShardError naming it, with what the tunnel saw)."""
+        asked = {}
+        for host, (rpc, facts) in self.members.items():
             self.say(f"asking shard host {host}")
             try:
-                versions[host] = hello("127.0.0.1", port, member=host)
+                version = hello("127.0.0.1", rpc, member=host)
+                asked[host] = (version, *ask_facts("127.0.0.1", facts, member=host))
             except ShardError as exc:
                 seen = self.tunnel.log_tail(1)
                 raise ShardError(f"{exc} (the tunnel: {seen})" if seen else str(exc)) from None
-        for host, port in self.members.items():
-            names = rpc_devices.add_server(f"127.0.0.1:{port}", shown_as=host)
-            log.info("shard host %s (RPC protocol %d.%d.%d) lends %s", host, *versions[host], ", ".join(names))
+        for host, (version, lent, link) in asked.items():
+            views = [RemoteView(f"{host} {d.name}", d.type, d.lend_bytes, d.total_bytes,
+                                bandwidth_gbps(d.description, d.type)) for d in lent]
+            try:
+                names = rpc_devices.add_server(f"127.0.0.1:{self.members[host][0]}", views)
+            except rpc_devices.RpcBackendError as exc:
+                raise ShardError(f"shard host {host}: {exc}") from None
+            log.info("shard host %s (RPC protocol %d.%d.%d; %s) lends %s", host, *version, link,
+                     ", ".join(f"{d.name} as {n} ({d.lend_bytes / 2**20:,.0f} MiB)" for d, n in zip(lent, names)))
             self.devices.update({name: host for name in names})
+            self.links[host] = link
 
     def alive(self) -> bool:
         return self.tunnel.alive()

@@ -1,7 +1,8 @@
 """A box lending its devices to a model another box holds (`everycycle shard host`).
 
-llama.cpp's RPC server runs in this process on a loopback port; stunnel takes the LAN address and lets in only
-a peer holding the fleet key (wire_key.py). Loopback is trusted as the box's other loopback services are: the
+llama.cpp's RPC server runs in this process on a loopback port, and beside it the facts a holder asks first
+(facts.py: what each device lends, the link's speed); stunnel takes the LAN address and lets in only a peer
+holding the fleet key (wire_key.py). Loopback is trusted as the box's other loopback services are: the
 box runs nothing of anyone else's. The process ends when stunnel does, and stunnel with it.
 """
 
@@ -16,22 +17,39 @@ import time
 from host_runtime.common.host_port import split_host_port
 from host_runtime.gpu import rpc_devices
 from host_runtime.shard.errors import ShardError
+from host_runtime.shard.facts import FactsServer, LentDevice, facts_doc, lendable_bytes
 from host_runtime.shard.ports import free_loopback_port
 from host_runtime.shard.tunnel import Tunnel, listening_ports
-from host_runtime.shard.tunnel_conf import Route, server_conf
+from host_runtime.shard.tunnel_conf import server_conf
 from host_runtime.shard.wire_key import secrets_text
 
 log = logging.getLogger("everycycle.shard")
 SERVER_START_TIMEOUT_S = 30.0
 
 
+def lent_now(devices, cap_bytes: int | None) -> list[LentDevice]:
+    """What each device lends now (facts.lendable_bytes), in the order the RPC server serves them."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return [LentDevice(d.name, d.description, d.type,
+                       lendable_bytes(d.type, d.free_bytes, d.total_bytes, vm.available, cap_bytes), d.total_bytes)
+            for d in devices]
+
+
 def lend(listen: str, fleet_key: str, *, cache_dir: str | None = None, n_threads: int = 0,
-         on_ready=lambda devices: None) -> int:
-    """Serve this box's devices on `listen` (HOST:PORT on the LAN) until SIGTERM; the exit status."""
+         cap_bytes: int | None = None, on_ready=lambda devices: None) -> int:
+    """Serve this box's devices on `listen` (HOST:PORT on the LAN) until SIGTERM; the exit status. cap_bytes:
+    the most any device lends (the member's own word: ggml's CPU device calls all RAM free)."""
+    from host_runtime import __version__
+
     _, port = split_host_port(listen)
     lent = rpc_devices.devices_to_lend()
     if not lent:
         raise ShardError("llama.cpp sees no device on this box to lend")
+    devices = [device for _, device in lent]
+    facts = FactsServer(lambda: facts_doc(lent_now(devices, cap_bytes), __version__, rpc_devices.RPC_PROTOCOL))
+    threading.Thread(target=facts.serve_forever, name="shard-facts", daemon=True).start()
     inner = free_loopback_port()
     if cache_dir:
         os.makedirs(cache_dir, mode=0o700, exist_ok=True)
@@ -44,8 +62,8 @@ def lend(listen: str, fleet_key: str, *, cache_dir: str | None = None, n_threads
         if not server.is_alive() or time.monotonic() > deadline:
             raise ShardError("llama.cpp's RPC server did not start (its reason is on stderr above)")
         time.sleep(0.05)
-    route = Route("rpc", accept=listen, connect=f"127.0.0.1:{inner}")
-    tunnel = Tunnel(lambda secrets, log_file: server_conf(route, secrets, log_file), secrets_text(fleet_key), [port])
+    tunnel = Tunnel(lambda secrets, log_file: server_conf(listen, f"127.0.0.1:{inner}", f"127.0.0.1:{facts.port}",
+                                                          secrets, log_file), secrets_text(fleet_key), [port])
     stopping = threading.Event()
 
     def stop(_signum, _frame):
@@ -53,10 +71,9 @@ def lend(listen: str, fleet_key: str, *, cache_dir: str | None = None, n_threads
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    devices = [device for _, device in lent]
     log.info("lending %s on %s (TLS with the fleet's key; llama.cpp's RPC protocol %d.%d)",
-             ", ".join(f"{d.name} ({d.description}, {d.total_bytes / 2**30:.1f} GiB)" for d in devices), listen,
-             *rpc_devices.RPC_PROTOCOL)
+             ", ".join(f"{d.name} ({d.description}, {d.lend_bytes / 2**30:.1f} of {d.total_bytes / 2**30:.1f} GiB)"
+                       for d in lent_now(devices, cap_bytes)), listen, *rpc_devices.RPC_PROTOCOL)
     on_ready(devices)
     try:
         while not stopping.wait(0.5):
@@ -69,3 +86,4 @@ def lend(listen: str, fleet_key: str, *, cache_dir: str | None = None, n_threads
         return 0
     finally:
         tunnel.stop()
+        facts.shutdown()
