@@ -14,6 +14,7 @@ import secrets
 import signal
 import socket
 import struct
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -177,6 +178,25 @@ def test_a_peer_without_the_fleet_key_reaches_nothing(fleet, tmp_path):
         assert hello("127.0.0.1", ours.members[member][0], member=member)[:2] == RPC_PROTOCOL
     finally:
         ours.stop()
+
+
+def test_the_plan_splits_the_model_only_with_the_members(fleet, model):
+    net, members = fleet
+    common = ["plan", "--model", str(model), "--ctx-size", "256", "--parallel", "1", "--models-memory-mib",
+              str(HOLDER_MIB), "--json"]
+    alone = subprocess.run(everycycle(*common), capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 1 and "the models' budget" in alone.stderr, alone.stderr
+    split = subprocess.run(everycycle(*common, "--shard-key-file", str(members.key), "--shard-host",
+                                      members.address(1), "--shard-host", members.address(2)),
+                           capture_output=True, text=True, timeout=120)
+    assert split.returncode == 0, split.stderr
+    doc = json.loads(split.stdout)
+    assert doc["fits"] and doc["proven"] and set(doc["device_order"]) == {"RPC0", "RPC1"}
+    shares = {s["device"]: s for s in doc["devices"]}
+    assert {shares["RPC0"]["description"], shares["RPC1"]["description"]} == {f"{members.address(i)} CPU"
+                                                                            for i in (1, 2)}
+    assert all(shares[d]["free_bytes"] == LEND_MIB << 20 and shares[d]["margin_bytes"] == 0 for d in ("RPC0", "RPC1"))
+    assert shares["CPU"]["used_bytes"] <= HOLDER_MIB << 20
 
 
 @pytest.fixture(scope="module")

@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Plan a model's placement (layers per device, weights, KV, compute, margin), "
                                       "proven with llama.cpp's own dry run. Exit 0 when it fits, 1 when it does not.")
     plan.add_argument("--model", metavar="PATH", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
-    add_setting_flags(plan, ("context_length", "parallel", "kv_budget_mib", "cache_type_k", "cache_type_v"))
+    add_setting_flags(plan, ("context_length", "parallel", "kv_budget_mib", "cache_type_k", "cache_type_v",
+                             "models_memory_mib"))
     plan.add_argument("--batch", type=_positive, default=512, metavar="N", help="prompt tokens per step (default 512)")
     plan.add_argument("--topology", metavar="FILE",
                       help="plan for the devices in this topology file (from 'everycycle discover') instead of the "

@@ -416,6 +416,9 @@ def cmd_plan(parser, args) -> int:
     from host_runtime.placement.session import PlanInputsError, plan_for_cli
 
     _refuse_offload_with_cpu_placement(parser, args)
+    shard_config = _shard_config(parser, args)
+    if shard_config.hosts and args.topology:
+        parser.error("--shard-host: the members' devices are asked live; not with --topology")
     model = _resolve_model(parser, args.model)
     projector = _read_projector(parser, args.mmproj)
     config = ContextConfig(
@@ -423,13 +426,23 @@ def cmd_plan(parser, args) -> int:
                  cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v),
         n_parallel=args.parallel, placement=args.placement, n_gpu_layers=args.gpu_layers,
         tensor_split=_split_values(args.tensor_split),
-        gpu_margin_bytes=args.gpu_margin_mib << 20, main_gpu=args.main_gpu, n_cpu_moe=_n_cpu_moe(args))
+        gpu_margin_bytes=args.gpu_margin_mib << 20, main_gpu=args.main_gpu, n_cpu_moe=_n_cpu_moe(args),
+        host_ram_bytes=_mib(args.models_memory_mib or None))
+    shards = None
     try:
+        if shard_config.hosts:  # their devices join this process's before the plan, as in the engine
+            from host_runtime.shard.holder import Shards
+
+            shards = Shards(shard_config)
+            shards.attach()
         outcome = plan_for_cli(model, with_projector_room(config, projector), n_batch=args.batch,
                                topology=args.topology)
     except PlanInputsError as exc:
         print(f"everycycle plan: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if shards is not None:
+            shards.stop()
     if outcome.error:
         if args.json:
             print(json.dumps({"fits": False, "reason": outcome.error, "proven": outcome.proven}, indent=2))

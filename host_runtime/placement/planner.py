@@ -57,6 +57,9 @@ class Device:
         return max(int(self.total_bytes * fraction), minimum)
 
 
+BUDGET_DESCRIPTION = "the models' budget (serve's --models-memory-mib)"
+
+
 @dataclass(frozen=True)
 class Host:
     available_bytes: int
@@ -68,9 +71,11 @@ class Host:
     def reserve_bytes(self) -> int:
         """What the plan leaves free: the reserve, or more where the budget is below what is available."""
         reserve = max(int(self.total_bytes * MARGIN_FRACTION), HOST_RESERVE_MIN_BYTES)
-        if self.budget_bytes is not None:
-            reserve = max(reserve, self.available_bytes - self.budget_bytes)
-        return reserve
+        return max(reserve, self.available_bytes - self.budget_bytes) if self.budget_binds() else reserve
+
+    def budget_binds(self) -> bool:
+        reserve = max(int(self.total_bytes * MARGIN_FRACTION), HOST_RESERVE_MIN_BYTES)
+        return self.budget_bytes is not None and self.budget_bytes < self.available_bytes - reserve
 
 
 @dataclass(frozen=True)
@@ -318,7 +323,7 @@ def _share(model, request, dev: Device | None, host: Host | None, first: int, la
     if dev is None:
         assert host is not None, "the CPU's share is planned against the host"
         free, margin = host.available_bytes, host.reserve_bytes()
-        name, desc = "CPU", "host RAM"
+        name, desc = "CPU", BUDGET_DESCRIPTION if host.budget_binds() else "host RAM"
     else:
         free = dev.free_bytes
         margin = dev.margin_bytes(request.margin_fraction, request.margin_min_bytes)
@@ -457,11 +462,12 @@ def _check(placement: Placement) -> None:
     for s in placement.shares:
         if s.left_bytes < 0:
             where = "host RAM" if s.device == "CPU" else f"{s.device} ({s.description})"
+            has = (f"{_gib(s.capacity_bytes)}, {BUDGET_DESCRIPTION}" if s.description == BUDGET_DESCRIPTION
+                   else f"{_gib(s.capacity_bytes)} after its {_gib(s.margin_bytes)} margin")
             raise PlacementError(
                 f"{placement.model} does not fit at context {placement.n_ctx_per_seq} x {placement.n_parallel} "
                 f"sequences: {where} would need {_gib(s.used_bytes)} (weights {_gib(s.weights_bytes)}, KV "
-                f"{_gib(s.kv_bytes)}, compute {_gib(s.compute_bytes)}) but has {_gib(s.capacity_bytes)} after its "
-                f"{_gib(s.margin_bytes)} margin: short by {_gib(-s.left_bytes)}")
+                f"{_gib(s.kv_bytes)}, compute {_gib(s.compute_bytes)}) but has {has}: short by {_gib(-s.left_bytes)}")
 
 
 def _pad(x: int, n: int) -> int:

@@ -72,6 +72,7 @@ def plan_for_cli(model_path: str, context, *, n_batch: int, topology: str | None
         try:
             doc = json.loads(Path(topology).read_text())
             devices, host = devices_from_topology(doc)
+            host = replace(host, budget_bytes=context.host_ram_bytes)
         except OSError as exc:
             raise PlanInputsError(f"--topology: cannot read {topology}: {exc.strerror or exc}") from None
         except (ValueError, KeyError, TypeError) as exc:
@@ -84,6 +85,7 @@ def plan_for_cli(model_path: str, context, *, n_batch: int, topology: str | None
 
     llama_log.install()
     devices, host = live_devices()
+    host = replace(host, budget_bytes=context.host_ram_bytes)
     try:
         placement_, runs = prove(model_path, table, only_main_gpu(devices, main_gpu), host, request, n_batch=n_batch)
     except (PlacementError, ProofFailed) as exc:
