@@ -150,10 +150,10 @@ class Server:
         stop_process(self.proc, 20, group=True)
 
 
-def stream_chat(port: int, body: dict) -> dict:
+def stream_chat(port: int, body: dict, host: str = "127.0.0.1") -> dict:
     """One streamed chat request on a fresh connection: times of send, first token and each token."""
     started = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=STREAM_TIMEOUT_S)
+    conn = http.client.HTTPConnection(host, port, timeout=STREAM_TIMEOUT_S)
     token_times: list[float] = []
     text: list[str] = []
     usage: dict = {}
@@ -205,7 +205,7 @@ def run_level(server: Server, concurrency: int, per_client: int, body_for) -> di
 
     def client(ci: int) -> None:
         for ri in range(per_client):
-            r = stream_chat(server.port, body_for(ci, ri))
+            r = stream_chat(server.port, body_for(ci, ri), getattr(server, "host", "127.0.0.1"))
             with lock:
                 results.append(r)
 

@@ -13,17 +13,22 @@ from host_runtime.gpu.rpc_devices import RPC_PROTOCOL
 from host_runtime.shard.errors import ShardError
 from host_runtime.shard.probe import hello
 from host_runtime.shard.tunnel_conf import Route, client_conf, server_conf
-from host_runtime.shard.wire_key import PSK_IDENTITY, secrets_text, wire_psk
+from host_runtime.shard.wire_key import psk_identity, secrets_text, wire_psk
 
 KEY = "fleet-key-of-this-fleet-0123456789"
 
 
-def test_the_wire_key_comes_from_the_fleet_key_without_being_it():
-    psk = wire_psk(KEY)
+def test_each_members_wire_key_comes_from_the_fleet_key_without_being_it():
+    member, other = "10.0.0.3:50052", "[fd00::3]:50052"
+    psk = wire_psk(KEY, member)
     assert len(psk) == 64 and int(psk, 16) >= 0
-    assert wire_psk(KEY + "\n") == psk  # as the key file holds it
-    assert wire_psk("another-fleet-key-0123456789") != psk
-    assert KEY not in secrets_text(KEY) and secrets_text(KEY) == f"{PSK_IDENTITY}:{psk}\n"
+    assert wire_psk(KEY + "\n", member) == psk  # as the key file holds it
+    assert wire_psk("another-fleet-key-0123456789", member) != psk
+    assert wire_psk(KEY, other) != psk  # a member's key opens no other member's wire
+    assert psk_identity(other) == "everycycle-shard--fd00--3--50052"  # no ':' for stunnel's IDENTITY:KEY lines
+    own = secrets_text(KEY, [member])
+    assert KEY not in own and own == f"everycycle-shard-10.0.0.3-50052:{psk}\n"
+    assert secrets_text(KEY, [member, other]).splitlines() == [own.strip(), f"{psk_identity(other)}:{wire_psk(KEY, other)}"]
 
 
 def test_stunnel_takes_only_tls_1_3_with_the_key():
@@ -33,7 +38,9 @@ def test_stunnel_takes_only_tls_1_3_with_the_key():
     assert "PSKsecrets = /run/x/psk.txt" in member and "cert" not in member and "client" not in member
     holder = client_conf([Route("member0", "127.0.0.1:4001", "10.0.0.3:50052"),
                           Route("member1", "127.0.0.1:4002", "10.0.0.4:50052")], "/run/y/psk.txt", "/run/y/log")
-    assert holder.count("client = yes") == 2 and holder.count(f"PSKidentity = {PSK_IDENTITY}") == 2
+    assert holder.count("client = yes") == 2
+    assert "PSKidentity = everycycle-shard-10.0.0.3-50052\n" in holder  # each route keyed as its member
+    assert "PSKidentity = everycycle-shard-10.0.0.4-50052\n" in holder
     assert "[member1]\nclient = yes\naccept = 127.0.0.1:4002\nconnect = 10.0.0.4:50052\n" in holder
     assert holder.count("socket = r:SO_KEEPALIVE=1") == 2  # a member gone from the network is noticed
 
@@ -142,6 +149,9 @@ def test_a_member_refuses_to_start_with_a_key_file_others_can_read(tmp_path, cap
         main(["fleet", "shard-host", "--listen", "10.0.0.3:50052", "--key-file", str(readable)])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "fleet shard-host: --key-file: " in err and "it must be 0600" in err, err
+    with pytest.raises(SystemExit) as exc:  # its key is derived from the address holders name it by
+        main(["fleet", "shard-host", "--listen", "0.0.0.0:50052", "--key-file", str(readable)])
+    assert exc.value.code == 2 and "not 0.0.0.0:50052" in capsys.readouterr().err
 
 
 def test_a_member_lends_what_it_can_spare_never_past_its_cap():

@@ -289,6 +289,11 @@ def _shard_host(parser, args) -> int:
     from host_runtime.fleet.settings import read_key
     from host_runtime.gpu.llama_build import load_first, select
 
+    from host_runtime.common.host_port import split_host_port
+
+    if split_host_port(args.listen)[0].is_unspecified:
+        parser.error(f"fleet shard-host: --listen: name the address holders reach this box by, not {args.listen}: "
+                     "the wire's key is derived from it")
     try:
         key = read_key(args.key_file)
     except SettingsError as exc:

@@ -56,8 +56,8 @@ class Shards:
                   for route in (Route(f"member{i}", f"127.0.0.1:{rpc}", host),
                                 Route(f"member{i}-facts", f"127.0.0.1:{facts}", host, sni=FACTS_NAME))]
         say("starting the tunnel to the shard hosts")
-        self.tunnel = Tunnel(lambda secrets, log_file: client_conf(routes, secrets, log_file), secrets_text(key),
-                             [port for ports in self.members.values() for port in ports])
+        self.tunnel = Tunnel(lambda secrets, log_file: client_conf(routes, secrets, log_file),
+                             secrets_text(key, list(self.members)), [port for ports in self.members.values() for port in ports])
         self.devices: dict[str, str] = {}
         self.links: dict[str, Link] = {}
 

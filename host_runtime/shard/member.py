@@ -63,7 +63,8 @@ def lend(listen: str, fleet_key: str, *, cache_dir: str | None = None, n_threads
             raise ShardError("llama.cpp's RPC server did not start (its reason is on stderr above)")
         time.sleep(0.05)
     tunnel = Tunnel(lambda secrets, log_file: server_conf(listen, f"127.0.0.1:{inner}", f"127.0.0.1:{facts.port}",
-                                                          secrets, log_file), secrets_text(fleet_key), [port])
+                                                          secrets, log_file), secrets_text(fleet_key, [listen]),
+                    [port])
     stopping = threading.Event()
 
     def stop(_signum, _frame):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from host_runtime.shard.wire_key import PSK_IDENTITY
+from host_runtime.shard.wire_key import psk_identity
 
 # TLS 1.3 only, PSK only (no certificate can stand in for the key). TLS 1.3's ciphersuites all have forward
 # secrecy with psk_dhe_ke, which OpenSSL negotiates by default.
@@ -49,7 +49,9 @@ def server_conf(accept: str, rpc: str, facts: str, secrets_file: str, log_file: 
 
 
 def client_conf(routes: list[Route], secrets_file: str, log_file: str) -> str:
-    """The holder's: plain on each route.accept (loopback), TLS out to each member's route.connect."""
+    """The holder's: plain on each route.accept (loopback), TLS out to each member's route.connect, keyed with
+    that member's key (its identity in the secrets file)."""
     return _globals(log_file) + "".join(
         f"[{r.name}]\nclient = yes\naccept = {r.accept}\nconnect = {r.connect}\n" + (f"sni = {r.sni}\n" if r.sni else "")
-        + _TLS + f"PSKsecrets = {secrets_file}\nPSKidentity = {PSK_IDENTITY}\n" + _KEEPALIVE for r in routes)
+        + _TLS + f"PSKsecrets = {secrets_file}\nPSKidentity = {psk_identity(r.connect)}\n" + _KEEPALIVE
+        for r in routes)

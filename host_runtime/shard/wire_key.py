@@ -1,24 +1,29 @@
-"""The secret the RPC wire's TLS is keyed with, derived from the fleet key (pure).
+"""The secret each member's RPC wire is keyed with, derived from the fleet key and the member's address (pure).
 
 stunnel's TLS with a pre-shared key: both ends prove they hold it, the wire is encrypted, and no certificate
-has to be issued, renewed or trusted. Derived rather than the fleet key itself: the fleet key is also the
-gateway's bearer credential at every box's API, and the secrets file stunnel reads should open nothing but the
-wire.
+has to be issued, renewed or trusted. Derived rather than the fleet key itself (which is also the gateway's bearer
+credential at every box's API), and per member: a member needs only its own, which opens no other member's wire,
+while the holder, which has the fleet key, derives each member's.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 
-PSK_IDENTITY = "everycycle-shard"
 _DERIVATION = b"everycycle shard wire v1\0"
 
 
-def wire_psk(fleet_key: str) -> str:
-    """The pre-shared key, as 64 hex digits (stunnel takes 16 to 256 printable characters)."""
-    return hashlib.sha256(_DERIVATION + fleet_key.strip().encode()).hexdigest()
+def psk_identity(member: str) -> str:
+    """The TLS identity a member's key goes by: its ADDR:PORT, in characters stunnel's secrets file keeps."""
+    return "everycycle-shard-" + re.sub(r"[^0-9A-Za-z.]", "-", member)
 
 
-def secrets_text(fleet_key: str) -> str:
-    """stunnel's PSKsecrets file: IDENTITY:KEY."""
-    return f"{PSK_IDENTITY}:{wire_psk(fleet_key)}\n"
+def wire_psk(fleet_key: str, member: str) -> str:
+    """Member's pre-shared key, as 64 hex digits (stunnel takes 16 to 256 printable characters)."""
+    return hashlib.sha256(_DERIVATION + member.encode() + b"\0" + fleet_key.strip().encode()).hexdigest()
+
+
+def secrets_text(fleet_key: str, members: list[str]) -> str:
+    """stunnel's PSKsecrets file, IDENTITY:KEY a line: a member's own alone, the holder's one for each member."""
+    return "".join(f"{psk_identity(m)}:{wire_psk(fleet_key, m)}\n" for m in members)
