@@ -229,6 +229,13 @@ def test_the_split_model_answers_as_one_box_does(fleet, holder, model, tmp_path)
     assert re.search(rf"^RPC0 \({re.escape(members.address(1))} CPU\)\s+\d+-\d+", log, re.M), log[-3000:]
     assert re.search(rf"^RPC1 \({re.escape(members.address(2))} CPU\)\s+\d+-\d+", log, re.M), log[-3000:]
     assert re.search(r"^CPU\s+\d+-\d+", log, re.M), log[-3000:]
+    # One model in the box's capability map, with the boxes lending it devices and each link as measured.
+    status, caps = _get(base + "/v1/everycycle/capabilities")
+    (served,) = caps["models"]
+    assert status == 200 and served["id"] == MODEL, caps
+    assert {s["host"]: s["devices"] for s in served["shard_hosts"]} == {members.address(1): ["RPC0"],
+                                                                        members.address(2): ["RPC1"]}
+    assert all(s["round_trip_ms"] > 0 and s["mbytes_per_s"] > 0 for s in served["shard_hosts"])
     split = _greedy(base)
     with running_serve(["--model", str(model), *SERVE_ARGS], tmp_path, "one box") as (one_box, _):
         alone = _greedy(one_box)
@@ -250,6 +257,14 @@ def test_a_member_gone_mid_stream_ends_it_and_the_model_returns_with_it(fleet, h
     status, body = wait_for(lambda: (lambda r: r if "waiting for the shard hosts" in r[1].get("reason", "") else None)(
         _get(base + "/ready", 5)), 60, "the holder waiting for its member", proc)
     assert status == 503 and members.address(2) in body["reason"], body
+    # A request meanwhile: a 503 at once, saying why, never a hang.
+    try:
+        urllib.request.urlopen(_complete(base, PROMPTS[0]), timeout=30)
+        raise AssertionError("a request was answered without the member")
+    except urllib.error.HTTPError as exc:
+        error = json.loads(exc.read())["error"]
+        assert exc.code == 503 and members.address(2) in error["message"], error
+        assert exc.headers.get("Retry-After"), dict(exc.headers)
     members.start(2)
     wait_for(lambda: _get(base + "/ready", 5)[0] == 200, 90, "the holder serving again", proc)
     assert _greedy(base) == before

@@ -200,7 +200,8 @@ class EngineService:
             n_parallel=m.n_parallel if m else None,
             max_waiting=m.capacity.max_waiting if m else None, placement=m.placement.to_json() if m else None,
             pooling=m.pooling if m else None, recent=self.engine.metrics.recent() if self.engine else None,
-            media=self.prompts.media if self.prompts else None)
+            media=self.prompts.media if self.prompts else None,
+            shards=self.shards.describe() if self.shards else None)
 
     def metrics_text(self, _request: wire.Metrics | None = None) -> wire.MetricsText:
         if self.engine is None:

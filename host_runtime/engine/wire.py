@@ -393,6 +393,7 @@ class EngineInfo:
     task: str = "generate"          # what it answers: generate (and embed), or transcribe (a Whisper model)
     placement: dict | None = None
     recent: dict | None = None
+    shards: list | None = None      # other boxes lending devices: [{host, devices, round_trip_ms, mbytes_per_s}]
 
     @property
     def ready(self) -> bool:

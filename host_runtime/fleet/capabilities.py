@@ -32,6 +32,9 @@ class ModelCapability:
     prefix_cache_bytes: dict[str, int] = field(default_factory=dict)  # tier -> bytes held
     kv_bytes_per_token: int | None = None   # one token's K and V over all layers (the planner's figure)
     trained_context_length: int | None = None  # what it was trained for; context_length is what it is served at
+    # Other boxes lending it devices (one model across boxes, host_runtime/shard): [{host, devices (here),
+    # round_trip_ms, mbytes_per_s}], the link as measured when its engine joined them.
+    shard_hosts: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ class BoxState:
     draining: bool = False
     models: tuple[str, ...] = ()    # the models it holds loaded or in its store
     speeds: dict = field(default_factory=dict)  # model -> its tokens/s while busy, where measured lately
+    shards: dict = field(default_factory=dict)  # model -> the boxes lending it devices: [[host, round trip ms, MB/s]]
 
     def summary(self) -> str:
         """One word or phrase for a person: serving, draining (why), left out (why), not answering (why)."""
@@ -79,7 +80,9 @@ def box_state(report, left_out: str) -> BoxState:
         return BoxState(report.box, False, error=report.error)
     return BoxState(report.box, True, left_out=left_out, name=caps.box, version=caps.version, slot=caps.slot,
                     draining=caps.draining, models=tuple(m.id for m in caps.models if m.state in ROUTABLE_STATES),
-                    speeds={m.id: m.busy_tokens_per_s for m in caps.models if m.busy_tokens_per_s})
+                    speeds={m.id: m.busy_tokens_per_s for m in caps.models if m.busy_tokens_per_s},
+                    shards={m.id: [[s.get("host"), s.get("round_trip_ms"), s.get("mbytes_per_s")] for s in m.shard_hosts]
+                            for m in caps.models if m.shard_hosts})
 
 
 def render(state: GatewayState, now: float) -> list[str]:
@@ -91,7 +94,9 @@ def render(state: GatewayState, now: float) -> list[str]:
         lines.append(f"  {b.box}  {b.name or '?'}  {_short(b.version)}  slot {_short(b.slot)}  {b.summary()}"
                      + (f"  models: {', '.join(b.models)}" if b.models else "")
                      + (f"  busy speed: {', '.join(f'{m} {v:.1f} tok/s' for m, v in sorted(b.speeds.items()))}"
-                        if b.speeds else ""))
+                        if b.speeds else "")
+                     + "".join(f"  {m} across {', '.join(f'{h} ({rtt:g} ms, {mbps:g} MB/s)' for h, rtt, mbps in hosts)}"
+                               for m, hosts in sorted(b.shards.items())))
     routed: dict[str, list[str]] = {}
     for w in state.workers:
         routed.setdefault(w.model_id, []).append(w.box)

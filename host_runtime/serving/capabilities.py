@@ -36,7 +36,7 @@ def _model(row, info: EngineInfo | None) -> ModelCapability:
         busy_tokens_per_s=recent.get("busy_tokens_per_s"),
         ttft_p50_s=recent.get("ttft_p50_s"), prefix_cache_bytes=dict(recent.get("prefix_cache_bytes") or {}),
         kv_bytes_per_token=(info.placement or {}).get("kv_bytes_per_token"),
-        trained_context_length=row.trained_context_length or info.n_ctx_train)
+        trained_context_length=row.trained_context_length or info.n_ctx_train, shard_hosts=list(info.shards or []))
 
 
 def hardware(infos: list[EngineInfo]) -> dict:

@@ -56,8 +56,9 @@ class Shards:
                   for route in (Route(f"member{i}", f"127.0.0.1:{rpc}", host),
                                 Route(f"member{i}-facts", f"127.0.0.1:{facts}", host, sni=FACTS_NAME))]
         say("starting the tunnel to the shard hosts")
+        ports = [port for pair in self.members.values() for port in pair]
         self.tunnel = Tunnel(lambda secrets, log_file: client_conf(routes, secrets, log_file),
-                             secrets_text(key, list(self.members)), [port for ports in self.members.values() for port in ports])
+                             secrets_text(key, list(self.members)), ports)
         self.devices: dict[str, str] = {}
         self.links: dict[str, Link] = {}
 
@@ -85,8 +86,12 @@ class Shards:
             self.devices.update({name: host for name in names})
             self.links[host] = link
 
-    def alive(self) -> bool:
-        return self.tunnel.alive()
+    def describe(self) -> list[dict]:
+        """Each member, its devices here and its link as measured when this process joined (the engine's info,
+        the capability map, `fleet status`)."""
+        return [{"host": host, "devices": sorted(n for n, h in self.devices.items() if h == host),
+                 "round_trip_ms": link.round_trip_ms, "mbytes_per_s": link.mbytes_per_s}
+                for host, link in self.links.items()]
 
     def stop(self) -> None:
         self.tunnel.stop()
