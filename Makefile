@@ -168,14 +168,14 @@ image-update-test: $(STAMP)
 BENCH_CACHE ?= $(HOME)/.cache/everycycle/bench-ref
 LLAMA_PIN := $(shell grep -oE 'llama-cpp-python==[0-9.]+' pyproject.toml)
 LLAMA_SERVER := $(BENCH_CACHE)/$(subst ==,-,$(LLAMA_PIN))/build/bin/llama-server
-# With llama.cpp's RPC backend and its rpc-server: the reference for one model across boxes (bench/shard.py).
-RPC_SERVER := $(dir $(LLAMA_SERVER))rpc-server
+# With llama.cpp's RPC backend and its ggml-rpc-server: the reference for one model across boxes (bench/shard.py).
+RPC_SERVER := $(dir $(LLAMA_SERVER))ggml-rpc-server
 
 .PHONY: bench-ref bench
 
 bench-ref: $(LLAMA_SERVER) $(RPC_SERVER)
 
-# The C++ llama-server (and rpc-server) from the llama.cpp that the pinned llama-cpp-python vendors: same kernels,
+# The C++ llama-server (and ggml-rpc-server) from the llama.cpp that the pinned llama-cpp-python vendors: same kernels,
 # same model.
 $(LLAMA_SERVER) $(RPC_SERVER) &:
 	@mkdir -p $(BENCH_CACHE)
@@ -189,7 +189,7 @@ $(LLAMA_SERVER) $(RPC_SERVER) &:
 	cmake -S $$src/vendor/llama.cpp -B $$src/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_USE_PREBUILT_UI=OFF \
 	  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
 	  -DLLAMA_BUILD_TOOLS=ON -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF > $$src/build.log 2>&1 && \
-	cmake --build $$src/build --target llama-server rpc-server -j$$(nproc) >> $$src/build.log 2>&1 \
+	cmake --build $$src/build --target llama-server ggml-rpc-server -j$$(nproc) >> $$src/build.log 2>&1 \
 	  || { tail -30 $$src/build.log; exit 1; }
 	@echo "built $(LLAMA_SERVER) and $(RPC_SERVER)"
 

@@ -1,12 +1,12 @@
 """One model across boxes (#60): what a split costs, against the same model on one box and against llama.cpp's own
-split (llama-server --rpc with rpc-server), the same split and the same machine.
+split (llama-server --rpc with ggml-rpc-server), the same split and the same machine.
 
 Three network namespaces on one bridge (tests/fleet_hosts.py): a holder and two members. Each configuration runs on
 fresh processes, its order reversed every other repeat:
 - one_box: `everycycle serve` in the holder's namespace with the whole model;
 - split: `everycycle fleet shard-host` in each member's namespace (llama.cpp's RPC server behind stunnel's TLS) and
   `everycycle serve --shard-host A --shard-host B --gpu-layers G --tensor-split 1,1` in the holder's;
-- llama_server_rpc: `rpc-server` in each member's namespace (plain TCP, as llama.cpp ships it) and `llama-server
+- llama_server_rpc: `ggml-rpc-server` in each member's namespace (plain TCP, as llama.cpp ships it) and `llama-server
   --rpc A,B -ngl G -ts 1,1` in the holder's: the same layers on the same devices.
 Every process gets --threads; the split's processes compute in turn (a layer runs where it lives), so each may
 use every core. Measured from the root namespace, streaming chat at each --levels concurrency: generated tokens
@@ -26,90 +26,50 @@ import os
 import platform
 import re
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from host_runtime.common.processes import stop_process  # noqa: E402
 from host_runtime.engine.model import default_model_path  # noqa: E402
 from tests.fleet_hosts import Net  # noqa: E402
 
-from serving import PARAGRAPH, cpu_flags, cpu_name, paired_ratio, run_level, spread  # noqa: E402
+from serving import PARAGRAPH, Server, cpu_flags, cpu_name, paired_ratio, run_level, spread  # noqa: E402
 
 CONFIGS = ("one_box", "split", "llama_server_rpc")
 OURS_PORT, RPC_PORT, API_PORT = 50052, 50053, 8080
 REF = Path(os.environ.get("HOME", "/root")) / ".cache/everycycle/bench-ref/llama-cpp-python-0.3.36/build/bin"
 
 
-class Proc:
-    def __init__(self, name: str, argv: list[str], log: Path):
-        self.name, self.log = name, log
-        self._out = open(log, "wb")
-        self.popen = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True,
-                                      cwd=REPO)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        stop_process(self.popen, 20, group=True)
-        self._out.close()
-
-
-class Target:
-    """What run_level sends to: the holder's API, reached from the root namespace."""
-
-    def __init__(self, host: str, port: int):
-        self.host, self.port = host, port
-
-
-def wait_http(url: str, proc: Proc, timeout: float = 300) -> None:
+def wait_log(server: Server, needle: str, timeout: float = 60) -> None:
+    """Until the server's log says `needle` (a member has no HTTP to ask)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise SystemExit(f"{proc.name} exited; its log ends:\n{proc.text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise SystemExit(f"{proc.name} not ready after {timeout} s; its log ends:\n{proc.text()[-3000:]}")
-
-
-def wait_log(proc: Proc, needle: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while needle not in proc.text():
-        if proc.popen.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"{proc.name}: no {needle!r}; its log ends:\n{proc.text()[-3000:]}")
+    while needle not in Path(server.log.name).read_text(errors="replace"):
+        if server.proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{server.name}: no {needle!r}; its log ends:\n{server.log_tail()}")
         time.sleep(0.2)
 
 
-def start(config: str, net: Net, args, key: Path, workdir: Path) -> list[Proc]:
-    """The configuration's processes, ready; the holder's last."""
+def start(config: str, net: Net, args, key: Path, workdir: Path) -> list[Server]:
+    """The configuration's processes, ready; the holder's last (run_level sends to it)."""
     py = [sys.executable, "-m", "host_runtime.cli"]
     members = [f"{net.address(i)}:{OURS_PORT if config == 'split' else RPC_PORT}" for i in (1, 2)]
-    procs: list[Proc] = []
+    procs: list[Server] = []
     try:
         if config == "split":
             for i, member in zip((1, 2), members):
-                procs.append(Proc(f"member {i}", net.run_in(i, py + ["fleet", "shard-host", "--listen", member,
-                                                                    "--key-file", str(key), "--threads",
-                                                                    str(args.threads)]), workdir / f"member{i}.log"))
+                procs.append(Server(f"member{i}", net.run_in(i, py + ["fleet", "shard-host", "--listen", member,
+                                                                      "--key-file", str(key), "--threads",
+                                                                      str(args.threads)]), 0, ""))
                 wait_log(procs[-1], "lending")
         elif config == "llama_server_rpc":
             for i in (1, 2):
-                procs.append(Proc(f"rpc-server {i}", net.run_in(i, [str(args.rpc_server), "-H", net.address(i), "-p",
-                                                                    str(RPC_PORT), "-t", str(args.threads)]),
-                                  workdir / f"rpc-server{i}.log"))
+                procs.append(Server(f"rpc-server{i}", net.run_in(i, ["stdbuf", "-oL", str(args.rpc_server), "-H", net.address(i), "-p",
+                                                                     str(RPC_PORT), "-t", str(args.threads)]), 0, ""))
                 wait_log(procs[-1], "transport")
         host = net.address(0)
         common = ["--threads", str(args.threads), "--parallel", str(max(args.levels))]
@@ -126,8 +86,8 @@ def start(config: str, net: Net, args, key: Path, workdir: Path) -> list[Proc]:
                 for member in members:
                     argv += ["--shard-host", member]
             ready = "/ready"
-        procs.append(Proc(config, net.run_in(0, argv), workdir / f"{config}.log"))
-        wait_http(f"http://{host}:{API_PORT}{ready}", procs[-1])
+        procs.append(Server(config, net.run_in(0, argv), API_PORT, ready, host=host))
+        procs[-1].wait_ready(300)
         return procs
     except BaseException:
         for proc in reversed(procs):
@@ -146,10 +106,11 @@ def body_for(args):
 def measure(config: str, net: Net, args, key: Path, workdir: Path) -> dict:
     procs = start(config, net, args, key, workdir)
     try:
-        target = Target(net.address(0), API_PORT)
-        run_level(target, 1, 1, body_for(args))  # warm: the first request's one-time costs
-        levels = {str(c): run_level(target, c, args.requests_per_client, body_for(args)) for c in args.levels}
-        link = re.findall(r"\(RPC protocol [^;]+; ([^)]+)\)", procs[-1].text()) if config == "split" else []
+        holder = procs[-1]
+        run_level(holder, 1, 1, body_for(args))  # warm: the first request's one-time costs
+        levels = {str(c): run_level(holder, c, args.requests_per_client, body_for(args)) for c in args.levels}
+        log = Path(holder.log.name).read_text(errors="replace")
+        link = re.findall(r"\(RPC protocol [^;]+; ([^)]+)\)", log) if config == "split" else []
         return {"levels": levels, **({"links": link} if link else {})}
     finally:
         for proc in reversed(procs):
@@ -169,7 +130,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--configs", default=",".join(CONFIGS), type=lambda s: s.split(","))
     ap.add_argument("--llama-server", type=Path, default=REF / "llama-server")
-    ap.add_argument("--rpc-server", type=Path, default=REF / "rpc-server")
+    ap.add_argument("--rpc-server", type=Path, default=REF / "ggml-rpc-server")
     ap.add_argument("--json", type=Path, help="also write the JSON here")
     args = ap.parse_args()
     if "llama_server_rpc" in args.configs and not (args.llama_server.exists() and args.rpc_server.exists()):

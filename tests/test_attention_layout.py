@@ -63,3 +63,18 @@ def test_the_mixed_mode_and_gpu_layers():
     gpu = layout(cpu_only=False)
     assert (gpu.flash, gpu.type_k) == ("off", "f16") and "GPU" in gpu.reason
     assert layout(("q8_0", "q8_0"), cpu_only=False).flash == "on"
+
+
+def test_layers_on_other_boxes_get_flash_attention_so_v_is_read_a_layer_at_a_time():
+    a = layout(cpu_only=False, remote=True, n_parallel=1)
+    assert (a.mode, a.flash, a.type_k, a.type_v) == ("invariant", "on", "f16", "f16")
+    assert "other boxes" in a.reason and "untransposed" in a.reason
+    assert layout(cpu_only=False, n_parallel=1).flash == "off"  # a local GPU's keeps plain attention
+    assert layout(batch_invariant=False, cpu_only=False, remote=True).mode == "mixed"  # mixed: llama.cpp's choice
+
+
+def test_a_placement_is_remote_where_it_names_another_boxs_device():
+    from host_runtime.gpu.rpc_devices import is_remote
+
+    assert is_remote("RPC0") and is_remote("RPC12")
+    assert not any(is_remote(name) for name in ("CUDA0", "Vulkan1", "CPU", "RPC", "RPCx"))

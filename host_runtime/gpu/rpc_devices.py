@@ -19,6 +19,11 @@ from host_runtime.gpu.llama_devices import (REMOTE_DEVICES, LlamaDevice, RemoteV
 RPC_PROTOCOL = (7, 0)
 
 
+def is_remote(device_name: str) -> bool:
+    """Whether a device of a placement is another box's: ggml names every RPC device RPC<n>."""
+    return device_name.startswith("RPC") and device_name[3:].isdigit()
+
+
 class RpcBackendError(UnavailableError):
     """This llama.cpp build has no RPC backend, or it refused what was asked."""
 

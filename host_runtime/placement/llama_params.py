@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from host_runtime.common.errors import UnavailableError
 from host_runtime.gpu.llama_devices import cpu_buffer_type, device_handles, list_devices
+from host_runtime.gpu.rpc_devices import is_remote
 from host_runtime.placement.kv_types import DEFAULT_KV, AttentionLayout, attention_layout, kv_type
 from host_runtime.placement.planner import Placement
 
@@ -88,7 +89,8 @@ def attention_for(placement: Placement, batch_invariant: bool, speculation: bool
     """The attention this placement runs with (kv_types.attention_layout)."""
     return attention_layout(placement.kv_types, batch_invariant=batch_invariant,
                             cpu_only=placement.n_gpu_layers == 0, speculation=speculation,
-                            n_ctx_per_seq=placement.n_ctx_per_seq, n_parallel=placement.n_parallel)
+                            n_ctx_per_seq=placement.n_ctx_per_seq, n_parallel=placement.n_parallel,
+                            remote=any(is_remote(name) for name in placement.device_order))
 
 
 def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threads: int, batch_invariant: bool,
