@@ -80,7 +80,7 @@ def start(config: str, net: Net, args, key: Path, workdir: Path) -> list[Server]
             ready = "/health"
         else:
             argv = py + ["serve", "--host", host, "--port", str(API_PORT), "--model", args.model, "--ctx-size",
-                         str(args.ctx), "--run-dir", str(workdir / f"run-{config}"), *common]
+                         str(args.ctx), "--run-dir", str(workdir / f"run-{config}"), *common, *args.serve_args.split()]
             if config == "split":
                 argv += ["--shard-key-file", str(key), "--gpu-layers", str(args.gpu_layers), "--tensor-split", "1,1"]
                 for member in members:
@@ -129,6 +129,8 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=1024, help="context per sequence")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--configs", default=",".join(CONFIGS), type=lambda s: s.split(","))
+    ap.add_argument("--serve-args", default="", help="more options for EveryCycle's serve (one_box and split), "
+                                                     "e.g. --mixed-batches")
     ap.add_argument("--llama-server", type=Path, default=REF / "llama-server")
     ap.add_argument("--rpc-server", type=Path, default=REF / "ggml-rpc-server")
     ap.add_argument("--json", type=Path, help="also write the JSON here")
@@ -166,6 +168,7 @@ def main() -> int:
                     for key_ in ("tok_s", "ttft_p50_s")} for c in levels}
     doc = {"bench": "shard", "date": time.strftime("%Y-%m-%d"), "model": Path(args.model).name,
            "gpu_layers_on_members": args.gpu_layers, "threads": args.threads, "levels": args.levels,
+           "serve_args": args.serve_args,
            "requests_per_client": args.requests_per_client, "max_tokens": args.max_tokens, "repeats": args.repeats,
            "cpu": {"name": cpu_name(), "count": os.cpu_count(), "flags": cpu_flags(), "machine": platform.machine()},
            "configs": figures, "ratios": ratios,

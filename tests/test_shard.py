@@ -237,8 +237,8 @@ def test_the_split_model_answers_as_one_box_does(fleet, holder, model, tmp_path)
                                                                         members.address(2): ["RPC1"]}
     assert all(s["round_trip_ms"] > 0 and s["mbytes_per_s"] > 0 for s in served["shard_hosts"])
     split = _greedy(base)
-    # One box with the same attention kernels: the split runs flash attention (V kept untransposed for remote
-    # reads, kv_types.py), as one box does with --mixed-batches; in its default mode one box's is plain attention.
+    # One box batching as the split does: mixed batches (a model across boxes batches as llama-server --rpc does;
+    # one box's default is the invariant mode, with other attention kernels).
     with running_serve(["--model", str(model), "--mixed-batches", *SERVE_ARGS], tmp_path, "one box") as (one_box, _):
         alone = _greedy(one_box)
     assert split == alone and all(text for text, _ in split)

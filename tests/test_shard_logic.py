@@ -136,6 +136,7 @@ def test_the_shard_hosts_reach_the_engine_and_not_the_models_loaded_beside_it(ke
     assert engine_options(parser, parser.parse_args(["serve"]), None).context.host_ram_bytes is None
     assert options.shards == ShardConfig(hosts=("10.0.0.3:50052", "10.0.0.4:50052"), key_file=str(key_file))
     assert options.context.n_gpu_layers == 6  # a CPU-only box's --gpu-layers: the members' devices take them
+    assert not options.context.batch_invariant  # mixed batches across boxes, as llama-server --rpc batches
     assert options.for_on_demand("/store/other.gguf").shards == ShardConfig()
 
 

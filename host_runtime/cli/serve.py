@@ -317,7 +317,11 @@ def engine_options(parser, args, model: str | None):
                             max_waiting=args.max_queue,
                             placement=args.placement, n_gpu_layers=args.gpu_layers,
                             tensor_split=_split_values(args.tensor_split), gpu_margin_bytes=args.gpu_margin_mib << 20,
-                            main_gpu=args.main_gpu, batch_invariant=not args.mixed_batches, speculation=speculating,
+                            main_gpu=args.main_gpu, speculation=speculating,
+                            # Across boxes, mixed batches: a stream per sequence (the invariant mode's) costs a
+                            # network exchange per stream each step (bench/shard.py: 0.41x llama-server --rpc's
+                            # tok/s at 4 sequences invariant, 0.94x mixed)
+                            batch_invariant=not (args.mixed_batches or args.shard_host),
                             n_cpu_moe=_n_cpu_moe(args),
                             host_ram_bytes=_mib(getattr(args, "models_memory_mib", 0) or None))  # serve's
     cache = PrefixCacheConfig(enabled=not args.no_prefix_cache, ram_bytes=args.prefix_cache_ram_mib << 20,

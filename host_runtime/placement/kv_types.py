@@ -109,7 +109,8 @@ def attention_layout(types: tuple[str, str], *, batch_invariant: bool, cpu_only:
     quantized = needs_flash_attention(types)
     if not batch_invariant:
         return AttentionLayout("mixed", "on" if quantized else "auto", k, v,
-                               "mixed batches: llama.cpp's choice of attention kernels, as llama-server's")
+                               "mixed batches" + (" (layers on other boxes)" if remote else "")
+                               + ": llama.cpp's choice of attention kernels, as llama-server's")
     if remote:
         return AttentionLayout("invariant", "on", k, v, "batch-invariant with layers on other boxes: flash attention "
                                                         "(V kept untransposed: the prefix cache reads it a layer "
