@@ -114,8 +114,8 @@ def end_of_generation_ids(model_path: str) -> list[int]:
 
 class Server:
     def __init__(self, name: str, argv: list[str], port: int, ready_path: str, env: dict | None = None,
-                 cwd: Path = REPO):
-        self.name, self.argv, self.port, self.ready_path = name, argv, port, ready_path
+                 cwd: Path = REPO, host: str = "127.0.0.1"):
+        self.name, self.argv, self.port, self.ready_path, self.host = name, argv, port, ready_path, host
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
                                      cwd=cwd, env=env)
@@ -126,7 +126,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise SystemExit(f"{self.name} exited; log: {self.log.name}; its end:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=5) as r:
+                with urllib.request.urlopen(f"http://{self.host}:{self.port}{self.ready_path}", timeout=5) as r:
                     if r.status == 200:
                         return
             except OSError:
@@ -143,7 +143,7 @@ class Server:
     def metrics(self) -> dict[str, float]:
         from host_runtime.common.prometheus_text import parse_prometheus
 
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+        with urllib.request.urlopen(f"http://{self.host}:{self.port}/metrics", timeout=10) as r:
             return parse_prometheus(r.read().decode())
 
     def stop(self) -> None:
@@ -205,7 +205,7 @@ def run_level(server: Server, concurrency: int, per_client: int, body_for) -> di
 
     def client(ci: int) -> None:
         for ri in range(per_client):
-            r = stream_chat(server.port, body_for(ci, ri), getattr(server, "host", "127.0.0.1"))
+            r = stream_chat(server.port, body_for(ci, ri), server.host)
             with lock:
                 results.append(r)
 

@@ -71,11 +71,14 @@ class Host:
     def reserve_bytes(self) -> int:
         """What the plan leaves free: the reserve, or more where the budget is below what is available."""
         reserve = max(int(self.total_bytes * MARGIN_FRACTION), HOST_RESERVE_MIN_BYTES)
-        return max(reserve, self.available_bytes - self.budget_bytes) if self.budget_binds() else reserve
+        if self.budget_bytes is not None:
+            reserve = max(reserve, self.available_bytes - self.budget_bytes)
+        return reserve
 
     def budget_binds(self) -> bool:
-        reserve = max(int(self.total_bytes * MARGIN_FRACTION), HOST_RESERVE_MIN_BYTES)
-        return self.budget_bytes is not None and self.budget_bytes < self.available_bytes - reserve
+        """Whether the budget, not what is available, bounds the plan."""
+        default = max(int(self.total_bytes * MARGIN_FRACTION), HOST_RESERVE_MIN_BYTES)
+        return self.reserve_bytes() > default
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,8 @@ class ServingSettings:
                                           "or '10m', '1h'; negative: forever; a request's keep_alive wins")
     models_memory_mib: ModelsMemoryMib = setting(
         0, flag="--models-memory-mib", description="memory for loaded models, the one served at start included, "
-                                                   "MiB (default: 90% of what is available at start)")
+                                                   "MiB; no model's plan takes more host RAM (default: 90% of what "
+                                                   "is available at start)")
     aliases: dict = setting({}, description="other names clients may ask for (or patterns of names, with * and "
                                             "?), each naming a model of the store, e.g. "
                                             "{ \"gpt-4o-mini\" = \"qwen2.5-7b-instruct\" }")
