@@ -71,8 +71,18 @@ is the member's own: `ip netns exec` execs it)."""
         return f"{self.net.address(i)}:{PORT}"
 
     def start(self, i: int) -> None:
-        argv = self.net.run_in(i, everycycle("fleet", "shard-host", "--listen", self.address(i), "--key-file",
-                                             str(self.key), "--threads", "1", "--lend-mib", str(LEND_MIB)))
+        """Member 1 holds the fleet key; member 2 only its own wire key, as `fleet shard-key` prints it."""
+        if i == 1:
+            key = ["--key-file", str(self.key)]
+        else:
+            own = self.workdir / f"member{i}.wire-key"
+            printed = subprocess.run(everycycle("fleet", "shard-key", "--member", self.address(i), "--key-file",
+                                                str(self.key)), capture_output=True, text=True, check=True).stdout
+            own.write_text(printed)
+            own.chmod(0o600)
+            key = ["--wire-key-file", str(own)]
+        argv = self.net.run_in(i, everycycle("fleet", "shard-host", "--listen", self.address(i), *key,
+                                             "--threads", "1", "--lend-mib", str(LEND_MIB)))
         proc = self.procs[i] = Proc(argv, self.workdir / f"member{i}.log")
         wait_for(lambda: "lending CPU" in proc.log(), 60, f"member {i} lending", proc)
         if i in self.caps:

@@ -187,3 +187,31 @@ def test_the_facts_say_what_is_lent_and_time_the_link():
         server.server_close()
     with pytest.raises(ShardError, match="10.0.0.3:50052 did not say what it lends"):
         ask("127.0.0.1", server.port, member="10.0.0.3:50052")
+
+
+def test_a_members_own_wire_key_is_checked_for_its_address(key_file, tmp_path, capsys):
+    from host_runtime.cli import main
+    from host_runtime.shard.wire_key import own_secret
+
+    member = "10.0.0.3:50052"
+    assert main(["fleet", "shard-key", "--member", member, "--key-file", str(key_file)]) == 0
+    printed = capsys.readouterr().out
+    assert printed == secrets_text(KEY, [member]) and KEY not in printed
+    assert own_secret(printed, member) == printed
+    with pytest.raises(ValueError, match="another address"):
+        own_secret(printed, "10.0.0.4:50052")
+    with pytest.raises(ValueError, match="not one IDENTITY:KEY line"):
+        own_secret(KEY + "\n", member)
+    own = tmp_path / "own.key"
+    own.write_text(printed)
+    own.chmod(0o600)
+    for argv, message in ((["--wire-key-file", str(own), "--listen", "10.0.0.4:50052"], "another address"),
+                          (["--wire-key-file", str(own), "--key-file", str(key_file), "--listen", member],
+                           "not allowed with argument")):
+        with pytest.raises(SystemExit) as exc:
+            main(["fleet", "shard-host", *argv])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+    own.chmod(0o644)
+    with pytest.raises(SystemExit):
+        main(["fleet", "shard-host", "--wire-key-file", str(own), "--listen", member])
+    assert "it must be 0600" in capsys.readouterr().err

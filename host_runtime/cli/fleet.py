@@ -15,6 +15,8 @@ def cmd_fleet(parser, args) -> int:
         return _fleet_status(args)
     if args.fleet_command == "shard-host":
         return _shard_host(parser, args)
+    if args.fleet_command == "shard-key":
+        return _shard_key(parser, args)
 
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.common.stop_signal import stop_on_signals
@@ -294,15 +296,51 @@ def _shard_host(parser, args) -> int:
     if split_host_port(args.listen)[0].is_unspecified:
         parser.error(f"fleet shard-host: --listen: name the address holders reach this box by, not {args.listen}: "
                      "the wire's key is derived from it")
-    try:
-        key = read_key(args.key_file)
-    except SettingsError as exc:
-        parser.error(f"fleet shard-host: --key-file: {exc.message}")
+    from host_runtime.shard import wire_key
+
+    if args.key_file:
+        try:
+            secrets = wire_key.secrets_text(read_key(args.key_file), [args.listen])
+        except SettingsError as exc:
+            parser.error(f"fleet shard-host: --key-file: {exc.message}")
+    else:
+        secrets = _own_wire_key(parser, args.wire_key_file, args.listen)
     select()
     load_first()
     from host_runtime.shard.member import lend
 
-    return lend(args.listen, key, cache_dir=args.cache_dir, n_threads=args.threads or 0,
+    return lend(args.listen, secrets, cache_dir=args.cache_dir, n_threads=args.threads or 0,
                 cap_bytes=args.lend_mib << 20 if args.lend_mib else None,
                 on_ready=lambda devices: print(f"everycycle fleet shard-host: lending "
                                                f"{', '.join(d.name for d in devices)} on {args.listen}", flush=True))
+
+
+def _own_wire_key(parser, path: str, listen: str) -> str:
+    """A member's own wire key file: 0600 as every key file, and for the address it listens on."""
+    from host_runtime.auth.keystore import KeyStoreError, check_permissions
+    from host_runtime.shard.wire_key import own_secret
+
+    try:
+        check_permissions(Path(path))
+        return own_secret(Path(path).read_text(), listen)
+    except OSError as exc:
+        parser.error(f"fleet shard-host: --wire-key-file: cannot read {path}: {exc.strerror}")
+    except KeyStoreError as exc:
+        parser.error(f"fleet shard-host: --wire-key-file: {str(exc).replace('key file ', '', 1)}")
+    except ValueError as exc:
+        parser.error(f"fleet shard-host: --wire-key-file: {path} {exc}")
+
+
+def _shard_key(parser, args) -> int:
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.fleet.settings import read_key
+    from host_runtime.shard.wire_key import secrets_text
+
+    try:
+        key = read_key(args.key_file)
+    except SettingsError as exc:
+        parser.error(f"fleet shard-key: --key-file: {exc.message}")
+    sys.stdout.write(secrets_text(key, [args.member]))
+    print(f"everycycle fleet shard-key: {args.member}'s own wire key: put it on that box in a 0600 file for its "
+          "shard-host --wire-key-file", file=sys.stderr)
+    return 0

@@ -296,13 +296,22 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "another box of the fleet holds (its serve --shard-host)")
     lend.add_argument("--listen", required=True, type=_host_port, metavar="ADDR:PORT",
                       help="where the holder reaches this box (TLS keyed from the fleet key; nothing else gets in)")
-    lend.add_argument("--key-file", required=True, metavar="FILE", help="the fleet key's file (0600)")
+    lend_key = lend.add_mutually_exclusive_group(required=True)
+    lend_key.add_argument("--key-file", metavar="FILE", help="the fleet key's file (0600)")
+    lend_key.add_argument("--wire-key-file", metavar="FILE",
+                          help="this member's own wire key (0600), from `everycycle fleet shard-key` on a box with the "
+                               "fleet key: a member then holds nothing that opens another box")
     lend.add_argument("--cache-dir", metavar="DIR",
                       help="keep the weights sent here by hash, so that a reload sends only hashes (default: none)")
     lend.add_argument("--threads", type=_positive, metavar="N", help="CPU threads for the lent CPU (default: all)")
     lend.add_argument("--lend-mib", type=_positive, metavar="MIB",
                       help="the most any device lends (default: a GPU its free memory, the CPU the RAM available; "
                            "each less the larger of 5%% and 512 MiB for a GPU, 1 GiB for the CPU)")
+    shard_key = fleet_sub.add_parser("shard-key", help="print a member's own wire key (for its shard-host "
+                                                       "--wire-key-file), derived from the fleet key and its address")
+    shard_key.add_argument("--member", required=True, type=_host_port, metavar="ADDR:PORT",
+                           help="the member's shard-host --listen")
+    shard_key.add_argument("--key-file", required=True, metavar="FILE", help="the fleet key's file (0600)")
     status = fleet_sub.add_parser("status", help="each box as the gateway's last poll saw it: version, slot, "
                                                  "serving or why not, models")
     status.add_argument("--state", metavar="FILE", help="the gateway's state file (default: RUN_DIR/fleet/fleet.json)")

@@ -21,7 +21,6 @@ from host_runtime.shard.facts import FactsServer, LentDevice, facts_doc, lendabl
 from host_runtime.shard.ports import free_loopback_port
 from host_runtime.shard.tunnel import Tunnel, listening_ports
 from host_runtime.shard.tunnel_conf import server_conf
-from host_runtime.shard.wire_key import secrets_text
 
 log = logging.getLogger("everycycle.shard")
 SERVER_START_TIMEOUT_S = 30.0
@@ -37,9 +36,10 @@ def lent_now(devices, cap_bytes: int | None) -> list[LentDevice]:
             for d in devices]
 
 
-def lend(listen: str, fleet_key: str, *, cache_dir: str | None = None, n_threads: int = 0,
+def lend(listen: str, secrets: str, *, cache_dir: str | None = None, n_threads: int = 0,
          cap_bytes: int | None = None, on_ready=lambda devices: None) -> int:
-    """Serve this box's devices on `listen` (HOST:PORT on the LAN) until SIGTERM; the exit status. cap_bytes:
+    """Serve this box's devices on `listen` (HOST:PORT on the LAN) until SIGTERM; the exit status. secrets: its
+    wire's secrets file (wire_key: its own IDENTITY:KEY line). cap_bytes:
     the most any device lends (the member's own word: ggml's CPU device calls all RAM free)."""
     from host_runtime import __version__
 
@@ -62,9 +62,9 @@ def lend(listen: str, fleet_key: str, *, cache_dir: str | None = None, n_threads
         if not server.is_alive() or time.monotonic() > deadline:
             raise ShardError("llama.cpp's RPC server did not start (its reason is on stderr above)")
         time.sleep(0.05)
-    tunnel = Tunnel(lambda secrets, log_file: server_conf(listen, f"127.0.0.1:{inner}", f"127.0.0.1:{facts.port}",
-                                                          secrets, log_file), secrets_text(fleet_key, [listen]),
-                    [port])
+    rpc, facts_at = f"127.0.0.1:{inner}", f"127.0.0.1:{facts.port}"
+    tunnel = Tunnel(lambda secrets_file, log_file: server_conf(listen, rpc, facts_at, secrets_file, log_file),
+                    secrets, [port])
     stopping = threading.Event()
 
     def stop(_signum, _frame):

@@ -27,3 +27,17 @@ def wire_psk(fleet_key: str, member: str) -> str:
 def secrets_text(fleet_key: str, members: list[str]) -> str:
     """stunnel's PSKsecrets file, IDENTITY:KEY a line: a member's own alone, the holder's one for each member."""
     return "".join(f"{psk_identity(m)}:{wire_psk(fleet_key, m)}\n" for m in members)
+
+
+def own_secret(text: str, member: str) -> str:
+    """A member's own secrets file (what `fleet shard-key` printed for it), checked to be for `member`; ValueError
+    saying what is wrong."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) != 1 or ":" not in lines[0]:
+        raise ValueError("is not one IDENTITY:KEY line (from everycycle fleet shard-key)")
+    identity, key = lines[0].split(":", 1)
+    if identity != psk_identity(member):
+        raise ValueError(f"is the key of another address ({identity}), not of {member}")
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        raise ValueError("holds no key of the form fleet shard-key writes")
+    return lines[0] + "\n"
