@@ -316,17 +316,16 @@ def _shard_host(parser, args) -> int:
 
 
 def _own_wire_key(parser, path: str, listen: str) -> str:
-    """A member's own wire key file: 0600 as every key file, and for the address it listens on."""
-    from host_runtime.auth.keystore import KeyStoreError, check_permissions
+    """A member's own wire key file: read by the fleet key's rules (0600, one word), and for the address it
+    listens on."""
+    from host_runtime.common.settings_file import SettingsError
+    from host_runtime.fleet.settings import read_key
     from host_runtime.shard.wire_key import own_secret
 
     try:
-        check_permissions(Path(path))
-        return own_secret(Path(path).read_text(), listen)
-    except OSError as exc:
-        parser.error(f"fleet shard-host: --wire-key-file: cannot read {path}: {exc.strerror}")
-    except KeyStoreError as exc:
-        parser.error(f"fleet shard-host: --wire-key-file: {str(exc).replace('key file ', '', 1)}")
+        return own_secret(read_key(path), listen)
+    except SettingsError as exc:
+        parser.error(f"fleet shard-host: --wire-key-file: {exc.message}")
     except ValueError as exc:
         parser.error(f"fleet shard-host: --wire-key-file: {path} {exc}")
 

@@ -68,17 +68,18 @@ class Host:
     numa_nodes: int = 1
     budget_bytes: int | None = None  # the most of it a model may take (serve's --models-memory-mib); None: no bound
 
+    def _default_reserve(self) -> int:
+        return max(int(self.total_bytes * MARGIN_FRACTION), HOST_RESERVE_MIN_BYTES)
+
     def reserve_bytes(self) -> int:
         """What the plan leaves free: the reserve, or more where the budget is below what is available."""
-        reserve = max(int(self.total_bytes * MARGIN_FRACTION), HOST_RESERVE_MIN_BYTES)
-        if self.budget_bytes is not None:
-            reserve = max(reserve, self.available_bytes - self.budget_bytes)
-        return reserve
+        if self.budget_bytes is None:
+            return self._default_reserve()
+        return max(self._default_reserve(), self.available_bytes - self.budget_bytes)
 
     def budget_binds(self) -> bool:
         """Whether the budget, not what is available, bounds the plan."""
-        default = max(int(self.total_bytes * MARGIN_FRACTION), HOST_RESERVE_MIN_BYTES)
-        return self.reserve_bytes() > default
+        return self.reserve_bytes() > self._default_reserve()
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,13 @@ import logging
 import os
 import signal
 import threading
-import time
 
 from host_runtime.common.host_port import split_host_port
 from host_runtime.gpu import rpc_devices
 from host_runtime.shard.errors import ShardError
 from host_runtime.shard.facts import FactsServer, LentDevice, facts_doc, lendable_bytes
 from host_runtime.shard.ports import free_loopback_port
-from host_runtime.shard.tunnel import Tunnel, listening_ports
+from host_runtime.shard.tunnel import Tunnel, wait_listening
 from host_runtime.shard.tunnel_conf import server_conf
 
 log = logging.getLogger("everycycle.shard")
@@ -57,11 +56,8 @@ def lend(listen: str, secrets: str, *, cache_dir: str | None = None, n_threads: 
                               args=(f"127.0.0.1:{inner}", cache_dir, n_threads or os.cpu_count() or 1,
                                     [handle for handle, _ in lent]))
     server.start()
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while inner not in listening_ports(os.getpid()):
-        if not server.is_alive() or time.monotonic() > deadline:
-            raise ShardError("llama.cpp's RPC server did not start (its reason is on stderr above)")
-        time.sleep(0.05)
+    if not wait_listening(os.getpid(), {inner}, server.is_alive, SERVER_START_TIMEOUT_S):
+        raise ShardError("llama.cpp's RPC server did not start (its reason is on stderr above)")
     rpc, facts_at = f"127.0.0.1:{inner}", f"127.0.0.1:{facts.port}"
     tunnel = Tunnel(lambda secrets_file, log_file: server_conf(listen, rpc, facts_at, secrets_file, log_file),
                     secrets, [port])

@@ -36,6 +36,16 @@ def listening_ports(pid: int) -> set[int]:
         return set()
 
 
+def wait_listening(pid: int, ports: set[int], running: Callable[[], bool], timeout: float) -> bool:
+    """Until process pid listens on every port of `ports` (True), or it stops `running` or the time is up."""
+    deadline = time.monotonic() + timeout
+    while not ports <= listening_ports(pid):
+        if not running() or time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 class Tunnel:
     def __init__(self, conf: Callable[[str, str], str], secrets: str, ports: list[int],
                  parent_dir: str | None = None):
@@ -51,13 +61,10 @@ class Tunnel:
         self.proc = subprocess.Popen([stunnel_binary(), str(conf_file)], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                      preexec_fn=die_with_parent)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not set(ports) <= listening_ports(self.proc.pid):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log_tail()
-                self.stop()
-                raise ShardError(f"stunnel did not start: {tail or 'no log'}")
-            time.sleep(0.05)
+        if not wait_listening(self.proc.pid, set(ports), self.alive, START_TIMEOUT_S):
+            tail = self.log_tail()
+            self.stop()
+            raise ShardError(f"stunnel did not start: {tail or 'no log'}")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
