@@ -46,7 +46,7 @@ run: $(STAMP)
 	       EVERYCYCLE_STATE_DIR=$(VAR)/state EVERYCYCLE_RUN_DIR=$(VAR)/run EVERYCYCLE_LOG_DIR=$(VAR)/log \
 	       EVERYCYCLE_CACHE_DIR=$(VAR)/cache EVERYCYCLE_MODEL_STORE=$(VAR)/models EVERYCYCLE_SERVICE_USER=$$(id -un) \
 	       EVERYCYCLE_GOVERNOR_USER=$$(id -un) EVERYCYCLE_FRONT_USER=$$(id -un) EVERYCYCLE_BMC_USER=$$(id -un) \
-	       EVERYCYCLE_FLEET_USER=$$(id -un) EVERYCYCLE_FLEET_ADDRESS_USER=$$(id -un) \
+	       EVERYCYCLE_FLEET_USER=$$(id -un) EVERYCYCLE_FLEET_ADDRESS_USER=$$(id -un) EVERYCYCLE_SHARD_USER=$$(id -un) \
 	       EVERYCYCLE_SERVE_ARGS="--usage-dir $(VAR)/usage $(SERVE_ARGS)" EVERYCYCLE_GOVERNOR_ARGS="$(GOVERNOR_ARGS)" \
 	       EVERYCYCLE_BMC_ARGS="$(BMC_ARGS) --listen $(BMC_LISTEN)"; \
 	$(VENV)/bin/supervisord -c supervisor.d/supervisord.conf & sup=$$!; \

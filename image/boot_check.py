@@ -506,6 +506,8 @@ def expected_user(args: str) -> str | None:
         return u.BMC_USER
     if " fleet gateway" in args or " fleet address" in args or "host_runtime.fleet.router_main" in args:
         return u.FLEET_USER
+    if " fleet shard-host" in args:
+        return u.SHARD_USER
     if any(f" {c} " in f"{args} " or f"host_runtime.cli {c}" in args for c in ("serve", "engine", "discover", "governor")):
         return u.SERVICE_USER  # the governor too: the test bundle observes
     return None

@@ -23,21 +23,25 @@ from host_runtime.auth.keystore import FILE_VERSION, fleet_vouch_fields, hash_ke
 from host_runtime.common import settings_file
 from host_runtime.common.atomic_file import atomic_write
 from host_runtime.common.service_user import owner_of, service_owner
-from host_runtime.fleet.settings import (BOX_KEY_FILE, BOX_PEER_CERT_DIR, box_peer_certificate,
+from host_runtime.fleet.settings import (BOX_KEY_FILE, BOX_PEER_CERT_DIR, BOX_SHARD_HOLDER_KEYS, BOX_SHARD_WIRE_KEY,
+                                         box_peer_certificate,
                                          process_environment as fleet_process_environment)
 from host_runtime.front.settings import box_gateway_addresses
 from host_runtime.governor.settings import process_environment
 from host_runtime.models.store import Store, StoreError
+from host_runtime.shard.wire_key import secrets_text
 from provisioning.bundle import MAX_MODEL_BYTES, Bundle, BundleError, StagedCopy
 from provisioning.service_settings import MODELS_DIR, service_settings
 from provisioning.signing import manifest, verify
 from provisioning.validate import FLEET_KEY_NAME, SECRET_FIELDS, field_value, validate
 
 FLEET_KEY = BOX_KEY_FILE.lstrip("/")
+SHARD_WIRE_KEY, SHARD_HOLDER_KEYS = BOX_SHARD_WIRE_KEY.lstrip("/"), BOX_SHARD_HOLDER_KEYS.lstrip("/")
 # Secrets the unprivileged services read, each owned by the one that reads it (common/service_user.py: serving the
-# keys, the front the TLS key, the BMC agent its password, the fleet program the fleet key).
+# keys, the front the TLS key, the BMC agent its password, the fleet program the fleet key, a shard host its wire key,
+# serving its shard hosts').
 SERVICE_READ_FILES = ("etc/everycycle/api_keys.json", "etc/everycycle/tls/api.key", "etc/everycycle/bmc.password",
-                      FLEET_KEY)
+                      FLEET_KEY, SHARD_WIRE_KEY, SHARD_HOLDER_KEYS)
 
 
 class BundleInvalid(InputError):
@@ -117,6 +121,12 @@ def plan_files(bundle: Bundle, generated: dict[str, str], existing_keys: list[di
         files[FLEET_KEY] = (fleet_key.encode() + b"\n", 0o600)
     for i, rel in enumerate(fleet.get("peer_certificates", [])):
         files[box_peer_certificate(i).lstrip("/")] = (bundle.read(rel), 0o644)
+    # A shard host keeps its own wire key, a holder one for each of its shard hosts: each opens only those wires
+    # (shard/wire_key.py), and neither is the fleet key.
+    if fleet_key and fleet.get("shard_listen"):
+        files[SHARD_WIRE_KEY] = (secrets_text(fleet_key, [fleet["shard_listen"]]).encode(), 0o600)
+    if fleet_key and fleet.get("shard_hosts"):
+        files[SHARD_HOLDER_KEYS] = (secrets_text(fleet_key, fleet["shard_hosts"]).encode(), 0o600)
     bmc = box["bmc"]
     if bmc["mode"] == "ipmi":
         files["etc/everycycle/bmc.password"] = (bundle.read(bmc["password_file"]), 0o600)
@@ -349,8 +359,9 @@ def _commit(staged: dict[str, Path], root: Path, tag: str, stale: list[str] = ()
 
 def stale_files(root: Path, files: dict) -> list[str]:
     """What an earlier bundle wrote that this one does not, and that must not outlive it: the fleet key (a box
-    that leaves its fleet, or becomes a member, which needs only the key's hash) and peer certificates."""
-    candidates = [FLEET_KEY] + [str(p.relative_to(root)) for p in sorted((root / BOX_PEER_CERT_DIR.lstrip("/")).glob("*.pem"))]
+    that leaves its fleet, or becomes a member, which needs only the key's hash), the shard wires' keys and peer
+    certificates."""
+    candidates = [FLEET_KEY, SHARD_WIRE_KEY, SHARD_HOLDER_KEYS] + [str(p.relative_to(root)) for p in sorted((root / BOX_PEER_CERT_DIR.lstrip("/")).glob("*.pem"))]
     return [rel for rel in candidates if rel not in files and ((root / rel).is_symlink() or (root / rel).exists())]
 
 

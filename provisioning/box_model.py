@@ -21,7 +21,8 @@ from host_runtime.engine.wire import PRIORITIES
 from host_runtime.common import generated_file
 from host_runtime.common.generated_file import readable_schema
 from host_runtime.common.setting_rules import TYPE_WORDS, error_words, hint_parts, one_of, tunables
-from host_runtime.fleet.settings import Mdns, Policy, Role, RouteBySpeed, VrrpPriority, VrrpRouterId
+from host_runtime.fleet.settings import (Mdns, Policy, Role, RouteBySpeed, ShardHosts, ShardLendMib, ShardListen,
+                                         VrrpPriority, VrrpRouterId)
 from host_runtime.front.settings import BOX_HTTP_MODES, MetricsAccess, Port
 from host_runtime.governor.settings import GovernorSettings
 from host_runtime.measure.requirement import AnswerTokens, ConcurrentUsers, PromptTokens, TimePerToken, TtftP50
@@ -184,6 +185,9 @@ class Fleet(Table):
                                                     "unicast adverts (default: multicast)")
     vrrp_interface: str = Field(None, description="gateway with virtual_address: the interface to hold it on "
                                                   "(default: the one on its network)")
+    shard_listen: ShardListen = None
+    shard_lend_mib: ShardLendMib = None
+    shard_hosts: ShardHosts = None
 
 
 class Box(Table):

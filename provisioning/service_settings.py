@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agent_bmc.settings import from_box as bmc_from_box
 from host_runtime.common.setting_rules import SettingsError, from_table
-from host_runtime.fleet.settings import OWN_API
+from host_runtime.fleet.settings import BOX_SHARD_HOLDER_KEYS, OWN_API
 from host_runtime.fleet.settings import from_box as fleet_from_box
 from host_runtime.front.settings import from_box as front_from_box
 from host_runtime.governor.settings import from_box as governor_from_box
@@ -37,6 +37,11 @@ def service_settings(box: dict) -> dict:
     serving = _serving_table(box.get("serving", {}), serving, model)
     serving = _tracing_table(box.get("tracing", {}), serving)
     fleet = fleet_from_box(box)
+    if hosts := box.get("fleet", {}).get("shard_hosts"):
+        try:  # the keys to them: apply writes the file (plan_files)
+            serving = dataclasses.replace(serving, shard_hosts=tuple(hosts), shard_key_file=BOX_SHARD_HOLDER_KEYS)
+        except SettingsError as exc:
+            raise SettingsError(f"fleet.{exc.field}", exc.message) from None
     if fleet.role == "gateway":
         serving = dataclasses.replace(serving, fleet_listen=OWN_API, fleet_router=f"127.0.0.1:{fleet.router_port}")
         # apply writes the fleet key's signing seed into this gateway's key file (plan_files): it vouches

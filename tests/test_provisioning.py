@@ -149,6 +149,23 @@ BAD = [
      {"extra": {"files/fleet.key": b"two words are not one key here\n"}}, "fleet.key_file"),
     ("a readable fleet key", _with("fleet", {"role": "member", "key_file": "files/fleet.key"}),
      {**FLEET_KEY, "modes": {"files/fleet.key": 0o644}}, "fleet.key_file"),
+    ("a shard host outside a fleet", _with("fleet", {"shard_listen": "10.20.0.5:50052"}), {}, "fleet.shard_listen"),
+    ("a shard host on an address not the box's",
+     _with("fleet", {"role": "member", "key_file": "files/fleet.key", "shard_listen": "10.20.0.6:50052"}), FLEET_KEY,
+     "fleet.shard_listen"),
+    ("a shard host on every address",
+     _with("fleet", {"role": "member", "key_file": "files/fleet.key", "shard_listen": "0.0.0.0:50052"}), FLEET_KEY,
+     "fleet.shard_listen"),
+    ("a shard host lending nothing", _with("fleet", {"role": "member", "key_file": "files/fleet.key",
+                                                     "shard_listen": "10.20.0.5:50052", "shard_lend_mib": 0}),
+     FLEET_KEY, "fleet.shard_lend_mib"),
+    ("shard hosts outside a fleet", _with("fleet", {"shard_hosts": ["10.20.0.7:50052"]}), {}, "fleet.shard_hosts"),
+    ("a shard host twice", _with("fleet", {"role": "member", "key_file": "files/fleet.key",
+                                           "shard_hosts": ["10.20.0.7:50052", "10.20.0.7:50052"]}), FLEET_KEY,
+     "fleet.shard_hosts"),
+    ("a shard host that is no address", _with("fleet", {"role": "member", "key_file": "files/fleet.key",
+                                                        "shard_hosts": ["box-7:50052"]}), FLEET_KEY,
+     "fleet.shard_hosts[0]"),
     ("a peer certificate not in [files]", _with("fleet", {"role": "gateway", "key_file": "files/fleet.key",
                                                           "peers": ["https://10.20.0.6:8443"],
                                                           "peer_certificates": ["files/peer.pem"]}),
@@ -517,7 +534,8 @@ def test_the_secrets_services_read_are_handed_to_their_user(tmp_path):
     box = _with("api", {"port": 8443, "generate_keys": ["owner"], "tls_certificate": "files/api.crt",
                         "tls_key": "files/api.key"})
     box["bmc"] = {"mode": "ipmi", "address": "10.0.0.9", "user": "admin", "password_file": "files/bmc.pass"}
-    box["fleet"] = {"role": "gateway", "key_file": "files/fleet.key", "peers": ["https://10.0.0.3:8443"]}
+    box["fleet"] = {"role": "gateway", "key_file": "files/fleet.key", "peers": ["https://10.0.0.3:8443"],
+                    "shard_listen": "10.20.0.5:50052", "shard_hosts": ["10.20.0.7:50052"]}
     bundle = open_bundle(make_bundle(tmp_path / "bundle", box, {"files/api.crt": b"c", "files/api.key": b"k",
                                                                 "files/bmc.pass": b"p",
                                                                 "files/fleet.key": FLEET_KEY_TEXT.encode()},
@@ -689,6 +707,8 @@ def test_every_box_toml_field_has_an_owner():
         "fleet.gateway_address": "front.toml", "fleet.mdns": "fleet.toml", "fleet.route_by_speed": "fleet.toml",
         "fleet.virtual_address": "fleet.toml + front.toml",
         **{f"fleet.{k}": "fleet.toml" for k in ("vrrp_priority", "vrrp_router_id", "vrrp_peers", "vrrp_interface")},
+        "fleet.shard_listen": "fleet.toml + shard-wire.key", "fleet.shard_lend_mib": "fleet.toml",
+        "fleet.shard_hosts": "serving.toml + shard-holder.keys",
         "tracing.endpoint": "serving.toml", "tracing.sample_ratio": "serving.toml",
         **{f"serving.{k}": "serving.toml" for k in ("context_length", "parallel", "kv_budget_mib", "speculation",
                                                      "keep_alive", "models_memory_mib", "aliases", "cache_type_k",
@@ -803,6 +823,45 @@ def test_a_fleet_gateway_and_a_member_read_back_what_provisioning_wrote(tmp_path
     verifier = KeyVerifier(etc / "api_keys.json")
     assert verifier.verify(FLEET_KEY_TEXT) is None and verifier.verify(laptop) == "laptop"
     assert load(etc / "fleet.toml").role == "none"
+
+
+def test_a_shard_host_and_its_holder_read_back_their_wire_keys_and_nothing_outlives_leaving(tmp_path):
+    """box.toml's [fleet] shard_listen reaches the shard-host program (fleet.toml, its own wire key) and
+    shard_hosts the holder's serving (serving.toml, a key per member): each key opens only its own wires, neither
+    file is the fleet key, and a box that stops lending or holding keeps neither."""
+    from host_runtime.common.settings_file import load as load_settings
+    from host_runtime.fleet.settings import BOX_KEY_FILE, load
+    from host_runtime.serving.settings import ServingSettings
+    from host_runtime.shard.wire_key import holder_secrets, own_secret, secrets_text
+
+    files = {"files/bmc.pass": b"s3cret\n", "files/fleet.key": FLEET_KEY_TEXT.encode() + b"\n"}
+    box = _with("fleet", {"role": "member", "key_file": "files/fleet.key", "gateway_address": "10.20.0.1",
+                          "shard_listen": "10.20.0.5:50052", "shard_lend_mib": 9000,
+                          "shard_hosts": ["10.20.0.7:50052", "10.20.0.8:50052"]})
+    root = tmp_path / "root"
+    apply(open_bundle(make_bundle(tmp_path / "both", box, files)), root)
+    etc = root / "etc/everycycle"
+    fleet = load(etc / "fleet.toml")
+    assert (fleet.shard_listen, fleet.shard_lend_mib) == ("10.20.0.5:50052", 9000)
+    wire = root / fleet.shard_wire_key_file.lstrip("/")
+    assert stat.S_IMODE(wire.stat().st_mode) == 0o600
+    assert own_secret(wire.read_text(), "10.20.0.5:50052") == secrets_text(FLEET_KEY_TEXT, ["10.20.0.5:50052"])
+    serving = load_settings(ServingSettings, etc / "serving.toml")
+    assert serving.shard_hosts == ("10.20.0.7:50052", "10.20.0.8:50052")
+    holder = root / serving.shard_key_file.lstrip("/")
+    assert stat.S_IMODE(holder.stat().st_mode) == 0o600
+    assert holder_secrets(holder.read_text(), list(serving.shard_hosts)) == \
+        secrets_text(FLEET_KEY_TEXT, list(serving.shard_hosts))
+    with pytest.raises(ValueError, match="10.20.0.9:50052"):  # a member it was not given a key for
+        holder_secrets(holder.read_text(), ["10.20.0.9:50052"])
+    # Neither holds the fleet key (a member keeps only its hash), nor a key of another member's wire.
+    assert not (root / BOX_KEY_FILE.lstrip("/")).exists()
+    assert FLEET_KEY_TEXT not in wire.read_text() + holder.read_text()
+    assert "10.20.0.7" not in wire.read_text() and "10.20.0.5" not in holder.read_text()
+    apply(open_bundle(make_bundle(tmp_path / "plain", _with("fleet", {"role": "member", "key_file": "files/fleet.key",
+                                                                      "gateway_address": "10.20.0.1"}), files)), root)
+    assert not wire.exists() and not holder.exists()
+    assert load(etc / "fleet.toml").shard_listen == "" and not load_settings(ServingSettings, etc / "serving.toml").shard_hosts
 
 
 def test_a_member_keeps_only_the_fleet_keys_hash_valid_from_its_gateway_and_nothing_outlives_leaving(tmp_path):

@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from host_runtime.common import settings_file
+from host_runtime.fleet.settings import FleetSettings
 from host_runtime.gpu.rpc_devices import RPC_PROTOCOL
+from host_runtime.serving.settings import ServingSettings
 from host_runtime.shard.errors import ShardError
 from host_runtime.shard.holder import ShardConfig, Shards
 from tests.fleet_hosts import Net
@@ -50,6 +53,12 @@ def model(tmp_path_factory) -> Path:
                             n_layer=N_LAYER, n_head=8, n_ff=1536)
 
 
+def shard_key(fleet_key: Path, *members: str) -> str:
+    """`everycycle fleet shard-key`'s output for these members."""
+    return subprocess.run(everycycle("fleet", "shard-key", *(a for m in members for a in ("--member", m)), "--key-file",
+                                     str(fleet_key)), capture_output=True, text=True, check=True).stdout
+
+
 def _key_file(path: Path) -> Path:
     path.write_text(secrets.token_urlsafe(32) + "\n")
     path.chmod(0o600)
@@ -64,6 +73,13 @@ is the member's own: `ip netns exec` execs it)."""
         self.net, self.key, self.workdir = net, key, workdir
         self.procs: dict[int, Proc] = {}
         self.caps: dict[int, MemoryCap] = {}
+        holder_keys = workdir / "holder.keys"
+        holder_keys.write_text(shard_key(key, self.address(1), self.address(2)))
+        holder_keys.chmod(0o600)
+        self.holder_settings = workdir / "holder-serving.toml"
+        settings_file.save(ServingSettings(shard_hosts=(self.address(1), self.address(2)),
+                                           shard_key_file=str(holder_keys), models_memory_mib=HOLDER_MIB),
+                           self.holder_settings)
         for i in (1, 2):
             self.start(i)
 
@@ -71,18 +87,19 @@ is the member's own: `ip netns exec` execs it)."""
         return f"{self.net.address(i)}:{PORT}"
 
     def start(self, i: int) -> None:
-        """Member 1 holds the fleet key; member 2 only its own wire key, as `fleet shard-key` prints it."""
+        """Member 1 holds the fleet key and is given its flags; member 2 runs as supervisord runs it on a
+        provisioned box: its settings in fleet.toml, only its own wire key, as `fleet shard-key` prints it."""
         if i == 1:
-            key = ["--key-file", str(self.key)]
+            argv = ["--listen", self.address(i), "--key-file", str(self.key), "--lend-mib", str(LEND_MIB)]
         else:
             own = self.workdir / f"member{i}.wire-key"
-            printed = subprocess.run(everycycle("fleet", "shard-key", "--member", self.address(i), "--key-file",
-                                                str(self.key)), capture_output=True, text=True, check=True).stdout
-            own.write_text(printed)
+            own.write_text(shard_key(self.key, self.address(i)))
             own.chmod(0o600)
-            key = ["--wire-key-file", str(own)]
-        argv = self.net.run_in(i, everycycle("fleet", "shard-host", "--listen", self.address(i), *key,
-                                             "--threads", "1", "--lend-mib", str(LEND_MIB)))
+            settings = self.workdir / f"member{i}-fleet.toml"
+            settings_file.save(FleetSettings(role="member", shard_listen=self.address(i), shard_lend_mib=LEND_MIB,
+                                             shard_wire_key_file=str(own)), settings)
+            argv = ["--if-lending", "--settings", str(settings)]
+        argv = self.net.run_in(i, everycycle("fleet", "shard-host", *argv, "--threads", "1"))
         proc = self.procs[i] = Proc(argv, self.workdir / f"member{i}.log")
         wait_for(lambda: "lending CPU" in proc.log(), 60, f"member {i} lending", proc)
         if i in self.caps:
@@ -207,16 +224,21 @@ def test_the_plan_splits_the_model_only_with_the_members(fleet, model):
                                                                             for i in (1, 2)}
     assert all(shares[d]["free_bytes"] == LEND_MIB << 20 and shares[d]["margin_bytes"] == 0 for d in ("RPC0", "RPC1"))
     assert shares["CPU"]["used_bytes"] <= HOLDER_MIB << 20
+    # The box's own view (plan --fleet): serving.toml's shard hosts, their wire keys and the models' budget.
+    fleet_plan = subprocess.run(everycycle("plan", "--model", str(model), "--ctx-size", "256", "--parallel", "1",
+                                           "--json", "--fleet", "--settings", str(members.holder_settings)),
+                                capture_output=True, text=True, timeout=120)
+    assert fleet_plan.returncode == 0, fleet_plan.stderr
+    assert json.loads(fleet_plan.stdout)["device_order"] == doc["device_order"]
 
 
 @pytest.fixture(scope="module")
 def holder(fleet, model, tmp_path_factory):
     net, members = fleet
     run_dir = tmp_path_factory.mktemp("shard-holder")
+    # as provisioned: serving.toml names the members and a file of their wire keys (no fleet key)
     argv = net.run_in(0, everycycle("serve", "--host", net.address(0), "--port", "8080", "--run-dir", str(run_dir),
-                                    "--model", str(model), "--shard-key-file", str(members.key),
-                                    "--shard-host", members.address(1), "--shard-host", members.address(2),
-                                    "--models-memory-mib", str(HOLDER_MIB), *SERVE_ARGS))
+                                    "--model", str(model), "--settings", str(members.holder_settings), *SERVE_ARGS))
     proc = Proc(argv, run_dir / "serve.log")
     base = f"http://{net.address(0)}:8080"
     try:

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from host_runtime.common.setting_rules import SettingsError
 from host_runtime.gpu.rpc_devices import RPC_PROTOCOL
 from host_runtime.shard.errors import ShardError
 from host_runtime.shard.probe import hello
@@ -108,6 +109,8 @@ def key_file(tmp_path):
     (["--shard-host", "10.0.0.3:50052", "--shard-key-file", "{open_key}"], "has mode 0644; it must be 0600"),
     (["--shard-host", "10.0.0.3:50052", "--shard-key-file", "/nonexistent/fleet.key"],
      "--shard-key-file: cannot read /nonexistent/fleet.key"),
+    (["--shard-host", "10.0.0.3:50052", "--shard-host", "10.0.0.5:50052", "--shard-key-file", "{wire_keys}"],
+     "holds no wire key for 10.0.0.5:50052"),
 ])
 def test_shard_flags_are_checked_before_anything_starts(argv, message, key_file, tmp_path, capsys):
     from host_runtime.cli import main
@@ -115,7 +118,10 @@ def test_shard_flags_are_checked_before_anything_starts(argv, message, key_file,
     readable = tmp_path / "open.key"
     readable.write_text(KEY)
     readable.chmod(0o644)
-    argv = [a.format(key=key_file, open_key=readable) for a in argv]
+    wire_keys = tmp_path / "wire.keys"  # the members' own keys, one of them missing
+    wire_keys.write_text(secrets_text(KEY, ["10.0.0.3:50052", "10.0.0.4:50052"]))
+    wire_keys.chmod(0o600)
+    argv = [a.format(key=key_file, open_key=readable, wire_keys=wire_keys) for a in argv]
     with pytest.raises(SystemExit) as exc:
         main(["serve", *argv])
     assert exc.value.code == 2 and message in capsys.readouterr().err
@@ -200,8 +206,10 @@ def test_a_members_own_wire_key_is_checked_for_its_address(key_file, tmp_path, c
     assert own_secret(printed, member) == printed
     with pytest.raises(ValueError, match="another address"):
         own_secret(printed, "10.0.0.4:50052")
-    with pytest.raises(ValueError, match="not one IDENTITY:KEY line"):
+    with pytest.raises(ValueError, match="IDENTITY:KEY"):
         own_secret(KEY + "\n", member)
+    with pytest.raises(ValueError, match="not one IDENTITY:KEY line"):
+        own_secret(secrets_text(KEY, [member, "10.0.0.4:50052"]), member)
     own = tmp_path / "own.key"
     own.write_text(printed)
     own.chmod(0o600)
@@ -215,3 +223,82 @@ def test_a_members_own_wire_key_is_checked_for_its_address(key_file, tmp_path, c
     with pytest.raises(SystemExit):
         main(["fleet", "shard-host", "--wire-key-file", str(own), "--listen", member])
     assert "it must be 0600" in capsys.readouterr().err
+
+
+def test_a_holder_needs_no_fleet_key_only_its_members_wire_keys(key_file, tmp_path, capsys):
+    """`fleet shard-key --member A --member B` prints the holder's file: a line per member, what the fleet key
+    derives for them, and nothing of the key; serve's serving.toml names the members and that file (provisioning
+    writes both from box.toml's [fleet] shard_hosts)."""
+    from host_runtime.cli import build_parser, engine_options, main, serve_arguments
+    from host_runtime.serving.settings import ServingSettings
+    from host_runtime.shard.holder import ShardConfig, read_secrets
+    from host_runtime.shard.wire_key import holder_secrets
+
+    members = ["10.0.0.3:50052", "10.0.0.4:50052"]
+    assert main(["fleet", "shard-key", "--member", members[0], "--member", members[1], "--key-file",
+                 str(key_file)]) == 0
+    printed = capsys.readouterr().out
+    assert printed == secrets_text(KEY, members) and KEY not in printed
+    holder_keys = tmp_path / "holder.keys"
+    holder_keys.write_text(printed)
+    holder_keys.chmod(0o600)
+    # in the members' order, whichever order the file has; the fleet key's file gives the same secrets
+    assert read_secrets(str(holder_keys), members[::-1]) == secrets_text(KEY, members[::-1])
+    assert read_secrets(str(key_file), members) == printed
+    with pytest.raises(ShardError, match="holds no wire key for 10.0.0.9:50052"):
+        read_secrets(str(holder_keys), ["10.0.0.9:50052"])
+    for text in ("two words\n", "id:not-a-key\n"):
+        with pytest.raises(ValueError):
+            holder_secrets(text, members)
+    parser = build_parser()
+    settings = ServingSettings(shard_hosts=tuple(members), shard_key_file=str(holder_keys))
+    args = serve_arguments(parser.parse_args(["serve"]), settings)
+    assert engine_options(parser, args, None).shards == ShardConfig(hosts=tuple(members), key_file=str(holder_keys))
+    given = serve_arguments(parser.parse_args(["serve", "--shard-host", members[0], "--shard-key-file",
+                                               str(key_file)]), settings)
+    assert engine_options(parser, given, None).shards == ShardConfig(hosts=(members[0],), key_file=str(key_file))
+
+
+def test_a_provisioned_member_lends_only_where_fleet_toml_says_so(key_file, tmp_path, capsys):
+    from host_runtime.cli import main
+    from host_runtime.common.settings_file import save
+    from host_runtime.fleet.settings import FleetSettings
+
+    idle = tmp_path / "idle.toml"
+    save(FleetSettings(role="member"), idle)
+    with pytest.raises(SystemExit) as exc:  # without --if-lending it is a mistake, said
+        main(["fleet", "shard-host", "--settings", str(idle)])
+    assert exc.value.code == 2 and "--listen: required (or --settings with shard_listen)" in capsys.readouterr().err
+    lending = tmp_path / "lending.toml"
+    save(FleetSettings(role="member", shard_listen="10.0.0.3:50052", shard_lend_mib=64,
+                       shard_wire_key_file=str(tmp_path / "missing.key")), lending)
+    with pytest.raises(SystemExit) as exc:
+        main(["fleet", "shard-host", "--if-lending", "--settings", str(lending)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--wire-key-file: cannot read" in err and "missing.key" in err, err
+    with pytest.raises(SettingsError, match="only used in a fleet"):
+        FleetSettings(shard_listen="10.0.0.3:50052")
+    with pytest.raises(SettingsError, match="shard_listen"):
+        FleetSettings(role="member", shard_listen="0.0.0.0:50052")
+
+
+def test_plan_fleet_reads_the_boxs_serving_settings(tmp_path, capsys):
+    from host_runtime.cli import main
+    from host_runtime.common.settings_file import save
+    from host_runtime.serving.settings import ServingSettings
+
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--fleet", "--settings", str(tmp_path / "none.toml")])
+    assert exc.value.code == 2 and "none.toml: no such settings file" in capsys.readouterr().err
+    alone = tmp_path / "serving.toml"
+    save(ServingSettings(), alone)
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--fleet", "--settings", str(alone)])
+    assert exc.value.code == 2 and "names no shard hosts" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--settings", str(alone)])
+    assert exc.value.code == 2 and "--settings goes with --fleet" in capsys.readouterr().err
+    with pytest.raises(SettingsError, match="shard_hosts\\[0\\]"):
+        ServingSettings(shard_hosts=("0.0.0.0:50052",), shard_key_file="/k")
+    with pytest.raises(SettingsError, match="shard_key_file"):
+        ServingSettings(shard_hosts=("10.0.0.3:50052",))

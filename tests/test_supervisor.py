@@ -35,7 +35,7 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
            "EVERYCYCLE_CACHE_DIR": str(tmp_path / "cache"), "EVERYCYCLE_SERVICE_USER": getpass.getuser(),
            "EVERYCYCLE_GOVERNOR_USER": getpass.getuser(), "EVERYCYCLE_FRONT_USER": getpass.getuser(),
            "EVERYCYCLE_BMC_USER": getpass.getuser(), "EVERYCYCLE_FLEET_USER": getpass.getuser(),
-           "EVERYCYCLE_FLEET_ADDRESS_USER": getpass.getuser(),
+           "EVERYCYCLE_FLEET_ADDRESS_USER": getpass.getuser(), "EVERYCYCLE_SHARD_USER": getpass.getuser(),
            "EVERYCYCLE_SERVE_ARGS": "--threads 2 --ctx-size 1024 --parallel 2",
            "EVERYCYCLE_GOVERNOR_ARGS": "--backend simulator --sim-speed 20",
            "EVERYCYCLE_BMC_ARGS": f"--backend local --listen 127.0.0.1:{free_port()}"}
@@ -63,11 +63,12 @@ def test_supervisord_runs_serving_and_restarts_it(tmp_path):
         assert http_status(base + "/metrics", context=https, key=key) == 200
         assert unix_get(str(run / "serving" / "http.sock"), "/metrics", 5).status == 200
         # fleet: no fleet.toml here, so it waits idle (a box that is not the fleet's gateway), RUNNING all the same.
-        for program in ("front", "serving", "discovery", "governor", "bmc", "fleet", "fleet-address"):
+        for program in ("front", "serving", "discovery", "governor", "bmc", "fleet", "fleet-address", "shard-host"):
             wait_for(lambda program=program: "RUNNING" in subprocess.run(ctl + ["status", program], capture_output=True,
                                                            text=True).stdout, 30, f"{program} RUNNING")
         assert "not the fleet's gateway" in (log / "fleet.log").read_text()
         assert "no virtual_address" in (log / "fleet-address.log").read_text()
+        assert "this box lends nothing" in (log / "shard-host.log").read_text()
         # The prefix cache's disk tier is on disk, private, and nowhere under RUN_DIR (a RAM file system on the box).
         cache_dir = tmp_path / "cache" / "prefix-cache"
         assert cache_dir.is_dir() and cache_dir.stat().st_mode & 0o777 == 0o700

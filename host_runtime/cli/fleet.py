@@ -291,28 +291,52 @@ def _shard_host(parser, args) -> int:
     from host_runtime.fleet.settings import read_key
     from host_runtime.gpu.llama_build import load_first, select
 
-    from host_runtime.common.host_port import split_host_port
+    from host_runtime.fleet.settings import load
 
-    if split_host_port(args.listen)[0].is_unspecified:
-        parser.error(f"fleet shard-host: --listen: name the address holders reach this box by, not {args.listen}: "
-                     "the wire's key is derived from it")
+    try:
+        settings = load(args.settings) if args.settings else None
+    except SettingsError as exc:
+        parser.error(f"fleet shard-host: --settings: {exc}")
+    listen = args.listen or (settings.shard_listen if settings else "")
+    if not listen:
+        if args.if_lending:
+            # supervisord runs this program on every box (the update's health gate wants every program RUNNING):
+            # a box that lends nothing waits here for its stop, at no cost.
+            print(f"everycycle fleet shard-host: this box lends nothing (no shard_listen in {args.settings}); "
+                  "nothing to run", file=sys.stderr, flush=True)
+            import threading
+
+            from host_runtime.common.stop_signal import stop_on_signals
+
+            stop = threading.Event()
+            stop_on_signals(stop.set)
+            stop.wait()
+            return 0
+        parser.error("fleet shard-host: --listen: required (or --settings with shard_listen)")
     from host_runtime.shard import wire_key
 
+    try:
+        wire_key.check_member_address(listen)
+    except ValueError as exc:
+        parser.error(f"fleet shard-host: --listen: {exc}")
     if args.key_file:
         try:
-            secrets = wire_key.secrets_text(read_key(args.key_file), [args.listen])
+            secrets = wire_key.secrets_text(read_key(args.key_file), [listen])
         except SettingsError as exc:
             parser.error(f"fleet shard-host: --key-file: {exc.message}")
+    elif args.wire_key_file or settings:
+        secrets = _own_wire_key(parser, args.wire_key_file or settings.shard_wire_key_file, listen)
     else:
-        secrets = _own_wire_key(parser, args.wire_key_file, args.listen)
+        parser.error("fleet shard-host: one of --key-file, --wire-key-file or --settings is required")
+    lend_mib = args.lend_mib or (settings.shard_lend_mib if settings else 0)
     select()
     load_first()
     from host_runtime.shard.member import lend
 
-    return lend(args.listen, secrets, cache_dir=args.cache_dir, n_threads=args.threads or 0,
-                cap_bytes=args.lend_mib << 20 if args.lend_mib else None,
+    return lend(listen, secrets, cache_dir=args.cache_dir, n_threads=args.threads or 0,
+                cap_bytes=lend_mib << 20 if lend_mib else None,
                 on_ready=lambda devices: print(f"everycycle fleet shard-host: lending "
-                                               f"{', '.join(d.name for d in devices)} on {args.listen}", flush=True))
+                                               f"{', '.join(d.name for d in devices)} on {listen}", flush=True))
 
 
 def _own_wire_key(parser, path: str, listen: str) -> str:
@@ -339,7 +363,11 @@ def _shard_key(parser, args) -> int:
         key = read_key(args.key_file)
     except SettingsError as exc:
         parser.error(f"fleet shard-key: --key-file: {exc.message}")
-    sys.stdout.write(secrets_text(key, [args.member]))
-    print(f"everycycle fleet shard-key: {args.member}'s own wire key: put it on that box in a 0600 file for its "
-          "shard-host --wire-key-file", file=sys.stderr)
+    sys.stdout.write(secrets_text(key, args.member))
+    if len(args.member) == 1:
+        print(f"everycycle fleet shard-key: {args.member[0]}'s own wire key: put it on that box in a 0600 file for "
+              "its shard-host --wire-key-file (or on its holder, for serve --shard-key-file)", file=sys.stderr)
+    else:
+        print(f"everycycle fleet shard-key: the wire keys of {', '.join(args.member)}: put them on their holder in "
+              "a 0600 file for serve --shard-key-file", file=sys.stderr)
     return 0

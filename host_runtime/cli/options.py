@@ -216,6 +216,7 @@ def _add_placement_options(p: argparse.ArgumentParser) -> None:
                    help="a box of the fleet lending its devices (its `everycycle fleet shard-host --listen`), "
                         "repeatable: its devices (RPC0, RPC1, ... in this order) take layers like this box's GPUs")
     p.add_argument("--shard-key-file", metavar="FILE",
-                   help="with --shard-host: the fleet key's file (0600), which the wire's TLS is keyed from")
+                   help="with --shard-host: the fleet key's file (0600), which the wire's TLS is keyed from, or the "
+                        "members' own wire keys (`everycycle fleet shard-key --member A --member B`)")
     p.add_argument("--gpu-margin-mib", type=_non_negative, default=GPU_MARGIN_MIB, metavar="MIB",
                    help=f"memory each GPU keeps free: the larger of this and 5%% of the card (default {GPU_MARGIN_MIB})")

@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "libmtmd runs it on (the first GPU where the model has layers there, else the CPU), and "
                            "shown")
     plan.add_argument("--json", action="store_true", help="print the placement as JSON")
+    plan.add_argument("--fleet", action="store_true",
+                      help="plan over the fleet's shard hosts too, as this box's serving would: serving.toml's "
+                           "shard_hosts, their wire keys and its models_memory_mib where the options give none")
+    plan.add_argument("--settings", metavar="FILE",
+                      help="with --fleet: serving.toml (default: $EVERYCYCLE_STATE_DIR/serving.toml, "
+                           "/etc/everycycle/serving.toml on the box)")
     _add_placement_options(plan)
 
     engine = sub.add_parser("engine", help="run only the inference engine, listening on a Unix socket")
@@ -294,13 +300,21 @@ def build_parser() -> argparse.ArgumentParser:
     upd.add_argument("--interval", type=_positive_float, default=5.0, metavar="S", help="seconds between polls")
     lend = fleet_sub.add_parser("shard-host", help="lend this box's devices (its GPUs, else its CPU) to a model "
                                                    "another box of the fleet holds (its serve --shard-host)")
-    lend.add_argument("--listen", required=True, type=_host_port, metavar="ADDR:PORT",
-                      help="where the holder reaches this box (TLS keyed from the fleet key; nothing else gets in)")
-    lend_key = lend.add_mutually_exclusive_group(required=True)
+    lend.add_argument("--listen", type=_host_port, metavar="ADDR:PORT",
+                      help="where the holder reaches this box (TLS keyed from the fleet key; nothing else gets in; "
+                           "default: --settings' shard_listen)")
+    lend_key = lend.add_mutually_exclusive_group()
     lend_key.add_argument("--key-file", metavar="FILE", help="the fleet key's file (0600)")
     lend_key.add_argument("--wire-key-file", metavar="FILE",
                           help="this member's own wire key (0600), from `everycycle fleet shard-key` on a box with the "
-                               "fleet key: a member then holds nothing that opens another box")
+                               "fleet key: a member then holds nothing that opens another box (default: --settings' "
+                               "shard_wire_key_file)")
+    lend.add_argument("--settings", metavar="FILE",
+                      help="fleet.toml: its shard_listen, shard_lend_mib and shard_wire_key_file where the options "
+                           "give none (provisioning writes them from box.toml's [fleet])")
+    lend.add_argument("--if-lending", action="store_true",
+                      help="where --settings names no shard_listen, wait for a stop and lend nothing (supervisord "
+                           "runs the program on every box)")
     lend.add_argument("--cache-dir", metavar="DIR",
                       help="keep the weights sent here by hash, so that a reload sends only hashes (default: none)")
     lend.add_argument("--threads", type=_positive, metavar="N", help="CPU threads for the lent CPU (default: all)")
@@ -308,9 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the most any device lends (default: a GPU its free memory, the CPU the RAM available; "
                            "each less the larger of 5%% and 512 MiB for a GPU, 1 GiB for the CPU)")
     shard_key = fleet_sub.add_parser("shard-key", help="print a member's own wire key (for its shard-host "
-                                                       "--wire-key-file), derived from the fleet key and its address")
-    shard_key.add_argument("--member", required=True, type=_host_port, metavar="ADDR:PORT",
-                           help="the member's shard-host --listen")
+                                                       "--wire-key-file), or a holder's for its members (for its "
+                                                       "--shard-key-file), derived from the fleet key and each "
+                                                       "member's address")
+    shard_key.add_argument("--member", required=True, action="append", type=_host_port, metavar="ADDR:PORT",
+                           help="a member's shard-host --listen (repeatable: a holder's file, a line for each)")
     shard_key.add_argument("--key-file", required=True, metavar="FILE", help="the fleet key's file (0600)")
     status = fleet_sub.add_parser("status", help="each box as the gateway's last poll saw it: version, slot, "
                                                  "serving or why not, models")

@@ -221,7 +221,16 @@ def serve_arguments(args, settings, own: dict | None = None):
             setattr(resolved, t.dest, own.get(t.dest) or getattr(settings, t.name) or t.default)
     resolved.keep_alive = parse_keep_alive(resolved.keep_alive)  # in seconds; None: forever
     resolved.usage_dir = args.usage_dir or settings.usage_dir or None
+    _settings_shards(resolved, args, settings)
     return resolved
+
+
+def _settings_shards(resolved, args, settings) -> None:
+    """serving.toml's shard hosts (box.toml's [fleet] shard_hosts) and the file of their wire keys provisioning
+    wrote, where the command line named no --shard-host."""
+    if not args.shard_host:
+        resolved.shard_host = list(settings.shard_hosts) or None
+        resolved.shard_key_file = args.shard_key_file or settings.shard_key_file or None
 
 
 def _own_settings(parser, args, model: str | None) -> dict:
@@ -378,8 +387,8 @@ def cmd_engine(parser, args) -> int:
 
 
 def _shard_config(parser, args):
-    """--shard-host and --shard-key-file as the engine's ShardConfig, the key file checked now (its path, its
-    permissions, its text), not at the engine's load."""
+    """--shard-host and --shard-key-file (or serving.toml's shard_hosts and shard_key_file) as the engine's
+    ShardConfig, the key file checked now (its path, its permissions, a key for every host), not at the load."""
     from host_runtime.shard.holder import ShardConfig
 
     if not args.shard_host:
@@ -392,13 +401,17 @@ def _shard_config(parser, args):
         parser.error("--shard-host needs --shard-key-file: the wire to the shard hosts is keyed from the fleet key")
     if len(set(args.shard_host)) != len(args.shard_host):
         parser.error(f"--shard-host: {', '.join(args.shard_host)} names a box twice")
-    from host_runtime.common.settings_file import SettingsError
-    from host_runtime.fleet.settings import read_key
+    from host_runtime.auth.keystore import KeyStoreError, check_permissions
+    from host_runtime.shard.errors import ShardError
+    from host_runtime.shard.holder import read_secrets
 
     try:
-        read_key(args.shard_key_file)
-    except SettingsError as exc:
-        parser.error(f"--shard-key-file: {exc.message}")
+        check_permissions(args.shard_key_file)  # the rule every key file of the box has
+        read_secrets(args.shard_key_file, list(args.shard_host))
+    except OSError as exc:
+        parser.error(f"--shard-key-file: cannot read {args.shard_key_file}: {exc.strerror}")
+    except (KeyStoreError, ShardError) as exc:
+        parser.error(f"--shard-key-file: {exc}")
     return ShardConfig(hosts=tuple(args.shard_host), key_file=os.path.abspath(args.shard_key_file))
 
 
@@ -411,6 +424,28 @@ def _split_values(text: str | None) -> tuple[float, ...] | None:
     return tuple(float(x) for x in text.split(",")) if text else None
 
 
+def _fleet_plan_arguments(parser, args):
+    """plan's options with serving.toml's shard hosts, their keys and the models' budget where none were given:
+    the split this box's serving would load."""
+    from host_runtime.common.settings_file import SettingsError, load
+    from host_runtime.serving.settings import ServingSettings
+
+    path = args.settings or os.path.join(os.environ.get("EVERYCYCLE_STATE_DIR", "/etc/everycycle"), "serving.toml")
+    if not os.path.exists(path):
+        parser.error(f"plan --fleet: {path}: no such settings file (name one with --settings)")
+    try:
+        settings = load(ServingSettings, path)
+    except SettingsError as exc:
+        parser.error(f"plan --fleet: {path}: {exc}")
+    if not (args.shard_host or settings.shard_hosts):
+        parser.error(f"plan --fleet: {path} names no shard hosts (box.toml's [fleet] shard_hosts) and no "
+                     "--shard-host was given")
+    resolved = argparse.Namespace(**vars(args))
+    _settings_shards(resolved, args, settings)
+    resolved.models_memory_mib = args.models_memory_mib or settings.models_memory_mib or None
+    return resolved
+
+
 def cmd_plan(parser, args) -> int:
     import json
 
@@ -420,6 +455,10 @@ def cmd_plan(parser, args) -> int:
     from host_runtime.placement.session import PlanInputsError, plan_for_cli
 
     _refuse_offload_with_cpu_placement(parser, args)
+    if args.fleet:
+        args = _fleet_plan_arguments(parser, args)
+    elif args.settings:
+        parser.error("plan: --settings goes with --fleet")
     shard_config = _shard_config(parser, args)
     if shard_config.hosts and args.topology:
         parser.error("--shard-host: the members' devices are asked live; not with --topology")

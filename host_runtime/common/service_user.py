@@ -18,7 +18,8 @@ SERVICE_USER = "everycycle"        # the serving API, its engines, discovery (an
 FRONT_USER = "everycycle-front"    # nginx: the TLS keys, the local CA's key
 BMC_USER = "everycycle-bmc"        # the BMC agent: the BMC's password
 FLEET_USER = "everycycle-fleet"    # the fleet program: the fleet key (on the gateway)
-SERVICE_USERS = (SERVICE_USER, FRONT_USER, BMC_USER, FLEET_USER)
+SHARD_USER = "everycycle-shard"    # a shard host (llama.cpp's RPC server behind stunnel): its wire key
+SERVICE_USERS = (SERVICE_USER, FRONT_USER, BMC_USER, FLEET_USER, SHARD_USER)
 
 # Which user owns each of the box's secrets (paths relative to the root; a pattern covers a directory's files).
 # Provisioning writes them so, and an update's carried copy is restored so, whoever owned it before.
@@ -27,6 +28,8 @@ SECRET_OWNERS = (
     ("etc/everycycle/tls/*", FRONT_USER),
     ("etc/everycycle/bmc.password", BMC_USER),
     ("etc/everycycle/fleet.key", FLEET_USER),
+    ("etc/everycycle/shard-wire.key", SHARD_USER),
+    ("etc/everycycle/shard-holder.keys", SERVICE_USER),
 )
 
 

@@ -15,11 +15,16 @@ from host_runtime.auth.keystore import KeyStoreError, check_permissions
 from host_runtime.common import settings_file
 from host_runtime.common.service_user import FLEET_USER
 from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
+from host_runtime.shard.wire_key import check_member_address
 
 ROLES = ("none", "member", "gateway")
 # On the box (provisioning writes these from box.toml's [fleet]):
 BOX_KEY_FILE = "/etc/everycycle/fleet.key"
 BOX_PEER_CERT_DIR = "/etc/everycycle/fleet-peers"
+# A shard host's own wire key (the shard user's) and a holder's keys to its shard hosts (the serving user's):
+# each derived from the fleet key by provisioning, which a box keeps only on the gateway.
+BOX_SHARD_WIRE_KEY = "/etc/everycycle/shard-wire.key"
+BOX_SHARD_HOLDER_KEYS = "/etc/everycycle/shard-holder.keys"
 
 
 def box_peer_certificate(i: int) -> str:
@@ -42,6 +47,15 @@ VrrpRouterId = Annotated[int, Field(ge=1, le=255, description="gateway with virt
 RouteBySpeed = Annotated[bool, Field(description="gateway: a box much slower than the fastest holding a model gets "
                                                  "that model's requests only while the faster ones are full "
                                                  "(default false: the router's policy alone, as measured no worse)")]
+ShardListen = Annotated[str, Field(description="member or gateway: lend this box's devices (its GPUs, else its CPU) "
+                                               "to a model another box holds, on this ADDR:PORT of the LAN "
+                                               "(like 10.0.0.3:50052); TLS keyed from the fleet key, nothing "
+                                               "else gets in (default: lends nothing)")]
+ShardLendMib = Annotated[int, Field(ge=1, description="with shard_listen: the most any device lends, MiB (default: "
+                                                      "a GPU its free memory, the CPU the RAM available, less a "
+                                                      "margin)")]
+ShardHosts = Annotated[list[str], Field(description="member or gateway: the boxes whose shard_listen lend this "
+                                                    "box's models their devices, in order (each ADDR:PORT)")]
 Mdns = Annotated[bool, Field(description="member: announce this box's front on the LAN; gateway: add the fronts "
                                          "announced there to peers (they must still pass peer_certificates)")]
 
@@ -77,6 +91,11 @@ class FleetSettings:
     # passes the voucher and a key's limits hold where it is served (auth/fleet_vouch.py). Off: every box gets
     # the fleet key, as before vouchers (a gateway provisioned before them).
     vouch_for_clients: bool = False
+    # A shard host (`everycycle fleet shard-host --if-lending`): where it lends its devices, how much, and its own
+    # wire key (0600, the shard user's). Empty: the program waits, lending nothing.
+    shard_listen: str = ""
+    shard_lend_mib: int = 0
+    shard_wire_key_file: str = BOX_SHARD_WIRE_KEY
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peers", tuple(self.peers))
@@ -100,6 +119,26 @@ class FleetSettings:
         for i, cert in enumerate(self.peer_certificates):
             if not isinstance(cert, str) or not cert.startswith("/"):
                 raise SettingsError(f"peer_certificates[{i}]", f"must be an absolute path, got {cert!r}")
+        check_shard_host(self)
+
+
+def check_shard_host(s: FleetSettings) -> None:
+    if not s.shard_listen:
+        if s.shard_lend_mib:
+            raise SettingsError("shard_lend_mib", "is only used with shard_listen")
+        return
+    if s.role == "none":
+        raise SettingsError("shard_listen", "is only used in a fleet (role \"member\" or \"gateway\"): the wire is "
+                                            "keyed from the fleet key")
+    try:
+        check_member_address(s.shard_listen)
+    except (ValueError, AttributeError) as exc:
+        raise SettingsError("shard_listen", f"must be this box's ADDR:PORT on the LAN, like 10.0.0.3:50052 "
+                                            f"({exc})") from None
+    if isinstance(s.shard_lend_mib, bool) or not isinstance(s.shard_lend_mib, int) or s.shard_lend_mib < 0:
+        raise SettingsError("shard_lend_mib", f"must be a whole number of MiB, got {s.shard_lend_mib!r}")
+    if not s.shard_wire_key_file.startswith("/"):
+        raise SettingsError("shard_wire_key_file", f"must be an absolute path, got {s.shard_wire_key_file!r}")
 
 
 def check_failover(s: FleetSettings) -> None:
@@ -169,10 +208,20 @@ def from_box(box: dict) -> FleetSettings:
         raise SettingsError("fleet.mdns", "is only used in a fleet (role \"member\" or \"gateway\")")
     if role != "member" and "gateway_address" in fleet:
         raise SettingsError("fleet.gateway_address", "is only used on a member (role = \"member\")")
+    if role == "none":
+        for name in ("shard_listen", "shard_lend_mib", "shard_hosts"):
+            if name in fleet:
+                raise SettingsError(f"fleet.{name}", "is only used in a fleet (role \"member\" or \"gateway\"): "
+                                                     "the wire is keyed from the fleet key")
     certs = tuple(box_peer_certificate(i) for i in range(len(fleet.get("peer_certificates", []))))
     own = (f"http://{OWN_API}",) if role == "gateway" else ()
     mine = {iface["address"].split("/")[0] for iface in box.get("network", {}).get("interfaces", [])
             if iface.get("mode") == "static" and iface.get("address")}
+    listen = fleet.get("shard_listen", "")
+    if listen and mine and listen.rpartition(":")[0].strip("[]") not in mine:
+        raise SettingsError("fleet.shard_listen", f"{listen} is not an address of this box ({', '.join(sorted(mine))})")
+    if listen in fleet.get("shard_hosts", []):
+        raise SettingsError("fleet.shard_hosts", f"names this box's own shard_listen {listen}")
     for i, peer in enumerate(fleet.get("peers", [])):  # named by box.toml's index (fleet.toml's adds its own)
         check_peer(f"fleet.peers[{i}]", peer)
         if urlsplit(peer).scheme != "https":
@@ -185,6 +234,7 @@ def from_box(box: dict) -> FleetSettings:
                              policy=fleet.get("policy", FleetSettings.policy), peer_certificates=certs,
                              mdns=fleet.get("mdns", False),
                              route_by_speed=fleet.get("route_by_speed", FleetSettings.route_by_speed),
+                             shard_listen=listen, shard_lend_mib=fleet.get("shard_lend_mib", 0),
                              **{name: fleet[name] for name in FAILOVER_FIELDS if name in fleet})
     except SettingsError as exc:
         raise SettingsError(f"fleet.{exc.field}", exc.message) from None

@@ -22,6 +22,7 @@ from host_runtime.models.pull_hosts import check_entry
 from host_runtime.models.sources import check_sha256, hf_quant_parts, source_file_name
 from host_runtime.placement.kv_types import DEFAULT_KV
 from host_runtime.pool.residency import KEEP_ALIVE_S, parse_keep_alive
+from host_runtime.shard.wire_key import check_member_address
 
 __all__ = ["CacheType", "ContextLength", "KvBudgetMib", "ModelsMemoryMib", "Parallel", "ServingSettings",
            "Speculation", "TraceSampleRatio"]
@@ -61,6 +62,10 @@ class ServingSettings:
     # On a fleet's gateway: the router's loopback HOST:PORT, which the API asks which models the fleet has when the
     # router could not route a request (serving/fleet_unroutable.py).
     fleet_router: str = ""
+    # box.toml's [fleet] shard_hosts: the boxes lending their devices to this box's models (serve --shard-host),
+    # and the file of their wire keys provisioning writes (the serving user's, 0600; never the fleet key itself).
+    shard_hosts: tuple[str, ...] = ()
+    shard_key_file: str = ""
     # box.toml's [api] prefix_cache = "shared": requests of every API key may reuse each other's cached prefixes
     # (by default each key finds only its own: serving/app.py cache_scope).
     prefix_cache_shared: bool = False
@@ -126,6 +131,7 @@ class ServingSettings:
         for name in ("fleet_listen", "fleet_router"):
             if getattr(self, name):
                 self._check_loopback(name)
+        self._check_shards()
         if self.trace_endpoint:
             check_trace_endpoint(self.trace_endpoint, "trace_endpoint")
         if not isinstance(self.pull_hosts, list | tuple):
@@ -164,6 +170,22 @@ class ServingSettings:
     def keep_alive_s(self) -> float | None | str:
         """keep_alive in seconds (None: forever), or "" where unset."""
         return parse_keep_alive(self.keep_alive) if self.keep_alive else ""
+
+    def _check_shards(self) -> None:
+        object.__setattr__(self, "shard_hosts", tuple(self.shard_hosts))
+        for i, host in enumerate(self.shard_hosts):
+            try:
+                check_member_address(host)
+            except (ValueError, AttributeError):
+                raise SettingsError(f"shard_hosts[{i}]", f"must be a box's ADDR:PORT like 10.0.0.3:50052 (its "
+                                                         f"fleet shard-host --listen), got {host!r}") from None
+        if len(set(self.shard_hosts)) != len(self.shard_hosts):
+            raise SettingsError("shard_hosts", "names a box twice")
+        if self.shard_hosts and not self.shard_key_file.startswith("/"):
+            raise SettingsError("shard_key_file", f"must be an absolute path with shard_hosts, got "
+                                                  f"{self.shard_key_file!r}")
+        if self.shard_key_file and not self.shard_hosts:
+            raise SettingsError("shard_key_file", "is only used with shard_hosts")
 
     def _check_loopback(self, name: str) -> None:
         value = getattr(self, name)

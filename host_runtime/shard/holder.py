@@ -20,7 +20,7 @@ from host_runtime.shard.ports import free_loopback_port
 from host_runtime.shard.probe import hello
 from host_runtime.shard.tunnel import Tunnel
 from host_runtime.shard.tunnel_conf import FACTS_NAME, Route, client_conf
-from host_runtime.shard.wire_key import secrets_text
+from host_runtime.shard.wire_key import holder_secrets
 
 log = logging.getLogger("everycycle.shard")
 
@@ -28,15 +28,19 @@ log = logging.getLogger("everycycle.shard")
 @dataclass(frozen=True)
 class ShardConfig:
     hosts: tuple[str, ...] = ()    # the members' HOST:PORT (their `shard host --listen`), in device order
-    key_file: str | None = None    # the fleet key's file: the wire's TLS is keyed from it
+    # the fleet key's file, or the members' own wire keys (wire_key.holder_secrets): the wire's TLS is keyed so
+    key_file: str | None = None
 
 
-def read_fleet_key(path: str) -> str:
+def read_secrets(path: str, members: list[str]) -> str:
+    """stunnel's secrets for `members` from the holder's key file; ShardError saying what is wrong."""
     try:
         with open(path) as handle:
-            return handle.read().strip()
+            return holder_secrets(handle.read(), members)
     except OSError as exc:
-        raise ShardError(f"cannot read the fleet key {path}: {exc.strerror}") from None
+        raise ShardError(f"cannot read the shard key file {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ShardError(f"the shard key file {path} {exc}") from None
 
 
 class Shards:
@@ -47,8 +51,8 @@ class Shards:
 
     def __init__(self, config: ShardConfig, say=lambda phase: None):
         if not config.key_file:
-            raise ShardError("shard hosts need the fleet key (--shard-key-file): their wire is keyed from it")
-        key = read_fleet_key(config.key_file)
+            raise ShardError("shard hosts need a key file (--shard-key-file): their wire is keyed from it")
+        secrets = read_secrets(config.key_file, list(config.hosts))
         self.say = say
         # each member: (its RPC wire's loopback port, its facts' loopback port)
         self.members = {host: (free_loopback_port(), free_loopback_port()) for host in config.hosts}
@@ -58,7 +62,7 @@ class Shards:
         say("starting the tunnel to the shard hosts")
         ports = [port for pair in self.members.values() for port in pair]
         self.tunnel = Tunnel(lambda secrets, log_file: client_conf(routes, secrets, log_file),
-                             secrets_text(key, list(self.members)), ports)
+                             secrets, ports)
         self.devices: dict[str, str] = {}
         self.links: dict[str, Link] = {}
 

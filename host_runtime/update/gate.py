@@ -18,7 +18,8 @@ import tenacity
 from host_runtime.common.status_sources import serving_get, supervisor_programs
 from host_runtime.engine.readiness import QUIET_LIMIT_S, ReadyDeadline
 
-EXPECTED_PROGRAMS = frozenset({"front", "serving", "discovery", "governor", "bmc", "fleet", "fleet-address"})
+EXPECTED_PROGRAMS = frozenset({"front", "serving", "discovery", "governor", "bmc", "fleet", "fleet-address",
+                               "shard-host"})
 # supervisord's states that will not become RUNNING without someone's help.
 DEAD_STATES = ("FATAL", "EXITED", "STOPPED")
 PASS, WAIT, FAIL = "pass", "wait", "fail"
