@@ -32,6 +32,7 @@ from host_runtime.common import http_client  # noqa: E402
 from host_runtime.common.processes import stop_process  # noqa: E402
 from host_runtime.update.gate import EXPECTED_PROGRAMS  # noqa: E402
 HTTPS_PORT, HTTP_PORT = 8443, 8080  # the front's defaults, which the test bundle keeps
+SHARD_PORT = 50052  # where a box with a static address lends its devices (box.toml [fleet] shard_listen)
 ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
@@ -47,8 +48,12 @@ def say(msg: str) -> None:
 
 # ---- pure parts: what the bundle says, what the box's answers mean ----
 
-def bundle_toml(hostname: str, iface: dict, api_key_sha256: str) -> str:
+def bundle_toml(hostname: str, iface: dict, api_key_sha256: str, shard_listen: str = "") -> str:
+    """The test bundle; with `shard_listen`, the box is a fleet member lending its devices there (its fleet key
+    is files/fleet.key)."""
     net = ", ".join(f'{k} = "{v}"' for k, v in iface.items())
+    fleet = (f'\n[fleet]\nrole = "member"\nkey_file = "files/fleet.key"\nshard_listen = "{shard_listen}"\n'
+             if shard_listen else "")
     return f"""# Written by image/boot_check.py
 schema_version = 1
 hostname = "{hostname}"
@@ -72,7 +77,7 @@ mode = "none"
 [power]
 target_c = 75
 ceiling_c = 87
-"""
+""" + fleet
 
 
 def parse_supervisor_status(text: str) -> dict[str, str]:
@@ -102,6 +107,9 @@ class Box:
                        check=True)
         self.api_key = "ec-" + secrets.token_urlsafe(24)
         self.hostname = "boot-check"
+        self.fleet_key = work / "fleet.key"
+        self.fleet_key.write_text(secrets.token_urlsafe(32) + "\n")
+        self.fleet_key.chmod(0o600)
 
     def write_bundle(self, dest: Path, iface: dict) -> None:
         from host_runtime.auth.keystore import hash_key
@@ -111,8 +119,13 @@ class Box:
         (dest / "files").mkdir(parents=True)
         pub = Path(str(self.key) + ".pub").read_bytes()
         (dest / "files/authorized_keys").write_bytes(pub)
-        toml = bundle_toml(self.hostname, iface, hash_key(self.api_key))
+        shard_listen = f"{iface['address'].split('/')[0]}:{SHARD_PORT}" if iface["mode"] == "static" else ""
+        toml = bundle_toml(self.hostname, iface, hash_key(self.api_key), shard_listen)
         toml += f'\n[files]\n"files/authorized_keys" = "{hashlib.sha256(pub).hexdigest()}"\n'
+        if shard_listen:  # the fleet key stays here for the check's holder end; the bundle's copy is wiped
+            (dest / "files/fleet.key").write_text(self.fleet_key.read_text())
+            (dest / "files/fleet.key").chmod(0o600)
+            toml += f'"files/fleet.key" = "{hashlib.sha256(self.fleet_key.read_bytes()).hexdigest()}"\n'
         (dest / "box.toml").write_text(toml)
         errors = validate(open_bundle(dest))
         if errors:
@@ -548,7 +561,8 @@ def check_users(box: Box, result: dict) -> None:
     if misplaced:
         raise CheckFailed("programs running as another service's user: " + "; ".join(misplaced))
     stats = box.ssh("stat -c '%n %U %a' /etc/everycycle/tls/*.key /etc/everycycle/api_keys.json "
-                    "/etc/everycycle/bmc.password /etc/everycycle/fleet.key 2>/dev/null").stdout
+                    "/etc/everycycle/bmc.password /etc/everycycle/fleet.key /etc/everycycle/shard-wire.key "
+                    "/etc/everycycle/shard-holder.keys 2>/dev/null").stdout
     result["secrets"] = stats.splitlines()
     if wrong := secret_owners(stats):
         raise CheckFailed("secrets not their service's alone: " + "; ".join(wrong))
@@ -639,8 +653,52 @@ def check(box: Box, t0: float, timeout: float, nvidia_required: bool = False) ->
         raise CheckFailed(f"the first boot did not apply the bundle: {record.stdout}{record.stderr}")
     result["first_boot_applied"] = True
     if isinstance(box, NspawnBox):
+        check_shard_host(box, result)
         check_address_change(box, result)  # last: the box's first address (SSH's) is gone after it
     return result
+
+
+def check_shard_host(box: NspawnBox, result: dict) -> None:
+    """The bundle made the box a fleet member lending its devices (#60): from here, as a holder would, through
+    stunnel's TLS keyed from the fleet key, llama.cpp's RPC server answers its HELLO and the box says what it
+    lends; another fleet's key gets nothing."""
+    from host_runtime.shard.errors import ShardError
+    from host_runtime.shard.facts import ask
+    from host_runtime.shard.holder import ShardConfig, Shards
+    from host_runtime.shard.probe import hello
+
+    member = f"{box.box_ip}:{SHARD_PORT}"
+
+    def reach(key_file: Path) -> tuple:
+        shards = Shards(ShardConfig(hosts=(member,), key_file=str(key_file)))
+        try:
+            rpc, facts = shards.members[member]
+            return hello("127.0.0.1", rpc, member=member), ask("127.0.0.1", facts, member=member)
+        finally:
+            shards.stop()
+
+    def answered():
+        try:
+            return reach(box.fleet_key)
+        except ShardError as exc:
+            result["shard_host_error"] = str(exc)
+            return None
+
+    version, (lent, link) = wait_until(box, f"the shard host at {member}", time.monotonic() + 60, answered)
+    result["shard_host"] = {"member": member, "rpc_protocol": list(version),
+                            "lends": [f"{d.name} {d.lend_bytes >> 20} MiB" for d in lent],
+                            "round_trip_ms": link.round_trip_ms}
+    stranger = box.work / "stranger.key"
+    stranger.write_text(secrets.token_urlsafe(32) + "\n")
+    stranger.chmod(0o600)
+    try:
+        reach(stranger)
+    except ShardError:
+        result["shard_host"]["other_key_refused"] = True
+    else:
+        raise CheckFailed(f"the shard host at {member} answered a peer with another fleet's key")
+    say(f"shard host {member}: RPC protocol {'.'.join(map(str, version))}, lends {', '.join(result['shard_host']['lends'])}; "
+        "another fleet's key refused")
 
 
 def check_address_change(box: NspawnBox, result: dict) -> None:

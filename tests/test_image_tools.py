@@ -92,6 +92,10 @@ def test_the_boot_checks_bundle_is_valid(tmp_path):
     bundle = open_bundle(tmp_path / "bundle")
     assert validate(bundle) == []
     assert bundle.box["api"]["keys"][0]["sha256"] != box.api_key  # only the hash travels
+    # a box with a static address is a fleet member lending its devices there, which the check then reaches
+    assert bundle.box["fleet"] == {"role": "member", "key_file": "files/fleet.key", "shard_listen": "10.231.9.2:50052"}
+    box.write_bundle(tmp_path / "dhcp", {"name": "eth0", "mode": "dhcp"})
+    assert validate(open_bundle(tmp_path / "dhcp")) == [] and "fleet" not in open_bundle(tmp_path / "dhcp").box
 
 
 def test_supervisor_status_parsing_and_the_expected_programs():
