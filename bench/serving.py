@@ -7,8 +7,8 @@ connection (llama-server closes keep-alive after a streamed answer, so all get t
 Prints one JSON document: per level and server the aggregate output tok/s, TTFT p50/p95,
 inter-token latency p50 and errors (medians over repeats), the ratios EveryCycle/other, each main ratio's
 spread over the repeats (median, min, max of the repeat-by-repeat ratios: a 0.77x told from noise), the CPU's
-instruction sets and whether each server repacked the weights for them, and the prefix cache's miss / RAM-hit /
-disk-hit TTFT.
+instruction sets and whether each server repacked the weights for them, each server's CPU per generated token
+by process (EveryCycle's also outside its decode calls), and the prefix cache's miss / RAM-hit / disk-hit TTFT.
 
     python bench/serving.py --llama-server PATH [--levels 1,4,8,16] [--repeats 3] [--json out.json]
 """
@@ -225,8 +225,43 @@ def run_level(server: Server, concurrency: int, per_client: int, body_for) -> di
             "ttft_p50_s": percentile([r["ttft"] for r in ok], 0.5),
             "ttft_p95_s": percentile([r["ttft"] for r in ok], 0.95),
             "itl_p50_s": percentile([g for r in ok for g in r["gaps"]], 0.5),
-            "tokens_per_request": tokens / len(ok), "requests": len(results), "errors": len(errors),
+            "tokens_per_request": tokens / len(ok), "tokens": tokens, "requests": len(results), "errors": len(errors),
             **({"error_sample": errors[:2]} if errors else {})}
+
+
+def cpu_by_process(root_pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) each process of a server's tree has used so far, by role: the server's own
+    process ("server": gunicorn's master for everycycle, the whole of llama-server), its HTTP workers (forks of it,
+    the same command line), its engines (the `engine` subcommand) and any other by its name."""
+    import psutil
+
+    root = psutil.Process(root_pid)
+    used: dict[str, float] = {}
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times, argv = proc.cpu_times(), proc.cmdline()
+        except psutil.Error:
+            continue  # gone meanwhile
+        role = ("server" if proc.pid == root_pid else "engine" if "engine" in argv[1:] or "host_runtime.engine" in
+                " ".join(argv) else "workers" if argv == root.cmdline() else proc.name())
+        used[role] = used.get(role, 0.0) + times.user + times.system
+    return used
+
+
+def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int, decode_s: float | None,
+                  threads: int) -> dict:
+    """CPU milliseconds per generated token by role over one run, and, where the server says how long its decode
+    calls took (everycycle's counters), the part outside them: every llama.cpp thread is busy through a call
+    (ggml's threads wait for each other spinning), so a call costs about its time times the threads."""
+    if not tokens:
+        return {}
+    per = {role: 1000 * (after[role] - before.get(role, 0.0)) / tokens for role in after}
+    out = {"cpu_ms_per_token": per, "total_cpu_ms_per_token": sum(per.values())}
+    if decode_s is not None:
+        inside = 1000 * decode_s * threads / tokens
+        out["decode_cpu_ms_per_token"] = inside
+        out["outside_decode_cpu_ms_per_token"] = out["total_cpu_ms_per_token"] - inside
+    return out
 
 
 def spread(values: list[float]) -> dict | None:
@@ -398,17 +433,27 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
             run_level(s, 2, 1, body_for)
         raw: dict[int, dict[str, list]] = {lvl: {s.name: [] for s in servers} for lvl in levels}
         profile: dict[int, dict[str, list]] = {lvl: {} for lvl in levels}  # everycycle's own steps, per server
+        cpu: dict[int, dict[str, list]] = {lvl: {} for lvl in levels}  # each server's CPU per token, by process
         for rep in range(args.repeats):
             order = servers if rep % 2 == 0 else list(reversed(servers))
             for lvl in levels:
                 for s in order:
                     before = s.metrics() if s.name.startswith("everycycle") else None
+                    cpu_before = cpu_by_process(s.proc.pid)
                     t0 = time.perf_counter()
                     result = run_level(s, lvl, args.requests_per_client, body_for)
                     wall = time.perf_counter() - t0
+                    cpu_after = cpu_by_process(s.proc.pid)
                     raw[lvl][s.name].append(result)
+                    decode_s = None
                     if before is not None:
-                        profile[lvl].setdefault(s.name, []).append(step_profile(before, s.metrics(), wall))
+                        after = s.metrics()
+                        profile[lvl].setdefault(s.name, []).append(step_profile(before, after, wall))
+                        decode_s = sum(after.get(f"everycycle_{k}", 0) - before.get(f"everycycle_{k}", 0)
+                                       for k in ("prompt_seconds_total", "predicted_seconds_total"))
+                    cpu[lvl].setdefault(s.name, []).append(cpu_per_token(cpu_before, cpu_after,
+                                                                         result.get("tokens", 0), decode_s,
+                                                                         args.threads))
                     print(f"  rep {rep + 1} c={lvl:<2} {s.name:<17} {result['tok_s']:7.1f} tok/s  "
                           f"ttft p50 {fmt(result['ttft_p50_s'])}  errors {result['errors']}", file=sys.stderr)
         table = {str(lvl): {name: median_of(runs) for name, runs in by.items()} for lvl, by in raw.items()}
@@ -466,10 +511,25 @@ def serving_mode(args, model: str, model_id: str, bias: dict, workdir: Path) -> 
             except OSError:
                 pass
         return {"workload": args.workload, "levels": table, "ratios": ratios, "ratio_spreads": spreads,
-                "weights_repacked": repack, "everycycle_profile": everycycle_profile}
+                "weights_repacked": repack, "everycycle_profile": everycycle_profile,
+                "cpu_per_token": {str(lvl): {name: median_cpu(runs) for name, runs in by.items()}
+                                  for lvl, by in cpu.items()}}
     finally:
         for s in servers:
             s.stop()
+
+
+def median_cpu(runs: list[dict]) -> dict:
+    """cpu_per_token's figures, each the median over the repeats."""
+    runs = [r for r in runs if r]
+    if not runs:
+        return {}
+    out: dict = {"cpu_ms_per_token": {role: statistics.median(r["cpu_ms_per_token"].get(role, 0.0) for r in runs)
+                                      for role in runs[0]["cpu_ms_per_token"]}}
+    for key in runs[0]:
+        if key != "cpu_ms_per_token":
+            out[key] = statistics.median(r[key] for r in runs)
+    return out
 
 
 def agent_model(workdir: Path) -> str:

@@ -12,7 +12,8 @@ Every process gets --threads; the split's processes compute in turn (a layer run
 use every core. Measured from the root namespace, streaming chat at each --levels concurrency: generated tokens
 per second and TTFT (p50, p95). Prints one JSON document (and writes it with --json PATH): each configuration's
 figures (median and range over the repeats), the split's ratios over one_box and over llama_server_rpc repeat by
-repeat with their spreads, the link the holder measured, and the CPU's name and flags.
+repeat with their spreads, the link the holder measured, each process's CPU per generated token (the holder's
+server, workers, engine and tunnel; each member's) and the CPU's name and flags.
 
 Needs root (namespaces) and the reference binaries (`make bench-ref`). Usage:
   sudo .venv/bin/python bench/shard.py [--repeats 3] [--levels 1,4] [--model GGUF] [--json F]
@@ -38,7 +39,8 @@ sys.path.insert(0, str(REPO / "bench"))
 from host_runtime.engine.model import default_model_path  # noqa: E402
 from tests.fleet_hosts import Net  # noqa: E402
 
-from serving import PARAGRAPH, Server, cpu_flags, cpu_name, paired_ratio, run_level, spread  # noqa: E402
+from serving import (PARAGRAPH, Server, cpu_by_process, cpu_flags, cpu_name, cpu_per_token, median_cpu,  # noqa: E402
+                     paired_ratio, run_level, spread)
 
 CONFIGS = ("one_box", "split", "llama_server_rpc")
 OURS_PORT, RPC_PORT, API_PORT = 50052, 50053, 8080
@@ -52,6 +54,16 @@ def wait_log(server: Server, needle: str, timeout: float = 60) -> None:
         if server.proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"{server.name}: no {needle!r}; its log ends:\n{server.log_tail()}")
         time.sleep(0.2)
+
+
+def cpu_of(procs: list[Server]) -> dict[str, float]:
+    """CPU seconds so far of each process tree, by role, the holder's roles as they are, a member's prefixed."""
+    used: dict[str, float] = {}
+    for proc in procs:
+        prefix = "" if proc is procs[-1] else f"{proc.name}."
+        for role, seconds in cpu_by_process(proc.proc.pid).items():
+            used[prefix + role] = used.get(prefix + role, 0.0) + seconds
+    return used
 
 
 def start(config: str, net: Net, args, key: Path, workdir: Path) -> list[Server]:
@@ -108,10 +120,15 @@ def measure(config: str, net: Net, args, key: Path, workdir: Path) -> dict:
     try:
         holder = procs[-1]
         run_level(holder, 1, 1, body_for(args))  # warm: the first request's one-time costs
-        levels = {str(c): run_level(holder, c, args.requests_per_client, body_for(args)) for c in args.levels}
+        levels, cpu = {}, {}
+        for c in args.levels:
+            # every process of the configuration (members by name), so a cost on the shared cores shows where
+            before = cpu_of(procs)
+            levels[str(c)] = run_level(holder, c, args.requests_per_client, body_for(args))
+            cpu[str(c)] = cpu_per_token(before, cpu_of(procs), levels[str(c)].get("tokens", 0), None, args.threads)
         log = Path(holder.log.name).read_text(errors="replace")
         link = re.findall(r"\(RPC protocol [^;]+; ([^)]+)\)", log) if config == "split" else []
-        return {"levels": levels, **({"links": link} if link else {})}
+        return {"levels": levels, "cpu": cpu, **({"links": link} if link else {})}
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -172,6 +189,9 @@ def main() -> int:
            "requests_per_client": args.requests_per_client, "max_tokens": args.max_tokens, "repeats": args.repeats,
            "cpu": {"name": cpu_name(), "count": os.cpu_count(), "flags": cpu_flags(), "machine": platform.machine()},
            "configs": figures, "ratios": ratios,
+           # CPU per generated token by process, median over the repeats (the holder's: server, workers, engine)
+           "cpu_per_token": {config: {c: median_cpu([r["cpu"][c] for r in results]) for c in levels}
+                             for config, results in runs.items()},
            "links": [link for r in runs.get("split", []) for link in r.get("links", [])],
            "runs": runs}
     text = json.dumps(doc, indent=1)

@@ -91,3 +91,49 @@ def test_the_fleet_benchs_goals_are_met_only_where_the_spread_over_repeats_does_
     met = {g["ratio"]: g["met"] for g in fleet.goals(table)}
     # 2.0-2.2x round robin: met; p95 0.33-0.6x: crosses 0.5; 1.1-1.24x LiteLLM: crosses 1.2
     assert met == {"tok_s_vs_round_robin": True, "ttft_p95_s_vs_round_robin": False, "tok_s_vs_litellm": False}
+
+
+def test_the_cpu_per_token_is_split_by_process_and_by_the_decode_calls():
+    """bench/serving.py's CPU count (#61): each role's CPU per generated token, and for a server that says how long
+    its decode calls took, the part outside them (threads x the calls' time is inside)."""
+    before = {"server": 1.0, "workers": 2.0, "engine": 10.0}
+    after = {"server": 1.1, "workers": 2.5, "engine": 14.0, "stunnel": 0.2}
+    figures = bench.cpu_per_token(before, after, 1000, decode_s=1.5, threads=2)
+    assert {k: round(v, 9) for k, v in figures["cpu_ms_per_token"].items()} == \
+        {"server": 0.1, "workers": 0.5, "engine": 4.0, "stunnel": 0.2}
+    assert abs(figures["total_cpu_ms_per_token"] - 4.8) < 1e-9
+    assert figures["decode_cpu_ms_per_token"] == 3.0
+    assert abs(figures["outside_decode_cpu_ms_per_token"] - 1.8) < 1e-9
+    theirs = bench.cpu_per_token({"server": 5.0}, {"server": 8.0}, 1000, decode_s=None, threads=2)
+    assert theirs == {"cpu_ms_per_token": {"server": 3.0}, "total_cpu_ms_per_token": 3.0}
+    assert bench.cpu_per_token(before, after, 0, 1.5, 2) == {}  # nothing generated: nothing to divide by
+    runs = [theirs, bench.cpu_per_token({"server": 5.0}, {"server": 10.0}, 1000, None, 2), {}]
+    assert bench.median_cpu(runs) == {"cpu_ms_per_token": {"server": 4.0}, "total_cpu_ms_per_token": 4.0}
+
+
+def test_a_servers_processes_are_told_apart_by_role():
+    import subprocess
+    import sys
+    import time
+
+    # a "server" that forks a worker (its own command line) and starts an engine, as gunicorn and serve do
+    code = ("import os, subprocess, sys, time\n"
+            "engine = subprocess.Popen([sys.executable, '-c', 'while True: pass', 'engine'])\n"
+            "if os.fork() == 0:\n    time.sleep(30)\n    os._exit(0)\n"
+            "time.sleep(30)\n")
+    server = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            used = bench.cpu_by_process(server.pid)
+            if used.get("engine", 0) > 0.2 and "workers" in used:
+                break
+            time.sleep(0.2)
+        assert set(used) == {"server", "workers", "engine"}
+        assert used["engine"] > used["server"] + used["workers"]  # the engine spins; the others sleep
+    finally:
+        import os
+        import signal
+
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
