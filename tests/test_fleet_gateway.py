@@ -138,8 +138,14 @@ def test_a_keys_limits_hold_on_the_box_that_serves_it(fleet):
     # the box's 429, as it said it (not the front's page), asked of the box once: the router did not retry it
     assert err.value.body["code"] == "token_limit_exceeded" and "limit is 60 a minute" in err.value.message
     assert "metered@fleet" in err.value.message and 1 <= int(err.value.response.headers["retry-after"]) <= 60
-    refusals = [line for line in fleet.boxes[2].proc.log()[log_before:].splitlines() if '" 430 ' in line]
-    assert len(refusals) == 1, refusals
+
+    def refusals() -> list[str]:
+        return [line for line in fleet.boxes[2].proc.log()[log_before:].splitlines() if '" 430 ' in line]
+
+    # the access log's line is written after the answer went out: read once it is there (a full suite's load once
+    # had the log read before it)
+    wait_for(refusals, 10, "the box's access-log line of its refusal")
+    assert len(refusals()) == 1, refusals()
 
 
 def test_a_request_through_the_gateway_is_one_trace_from_its_key_check_to_the_box_that_answers(fleet, collector):
