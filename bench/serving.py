@@ -231,8 +231,8 @@ def run_level(server: Server, concurrency: int, per_client: int, body_for) -> di
 
 def cpu_by_process(root_pid: int) -> dict[str, float]:
     """CPU seconds (user + system) each process of a server's tree has used so far, by role: the server's own
-    process ("server": gunicorn's master for everycycle, the whole of llama-server), its HTTP workers (forks of it,
-    the same command line), its engines (the `engine` subcommand) and any other by its name."""
+    process ("server": gunicorn's master for everycycle, the whole of llama-server), its HTTP workers (forks of it:
+    the same command line, or gunicorn's title for them), its engines (the `engine` subcommand) and any other by its name."""
     import psutil
 
     root = psutil.Process(root_pid)
@@ -243,7 +243,8 @@ def cpu_by_process(root_pid: int) -> dict[str, float]:
         except psutil.Error:
             continue  # gone meanwhile
         role = ("server" if proc.pid == root_pid else "engine" if "engine" in argv[1:] or "host_runtime.engine" in
-                " ".join(argv) else "workers" if argv == root.cmdline() else proc.name())
+                " ".join(argv) else "workers" if argv == root.cmdline() or argv[:1] and argv[0].startswith(
+                    "gunicorn: worker") else proc.name())
         used[role] = used.get(role, 0.0) + times.user + times.system
     return used
 
