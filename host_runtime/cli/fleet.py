@@ -13,8 +13,6 @@ def cmd_fleet(parser, args) -> int:
 
     if args.fleet_command == "status":
         return _fleet_status(args)
-    if args.fleet_command == "shard-host":
-        return _shard_host(parser, args)
     if args.fleet_command == "shard-key":
         return _shard_key(parser, args)
 
@@ -32,6 +30,8 @@ def cmd_fleet(parser, args) -> int:
         return _fleet_update(parser, settings, args)
     stop = threading.Event()
     stop_on_signals(stop.set)
+    if args.fleet_command == "shard-host":
+        return _shard_host(parser, args, settings if args.settings else None, stop)
     if args.fleet_command == "address":
         return _fleet_address(parser, args, settings, stop)
     lan_name = _start_lan_name(parser, args)  # every box, whatever its fleet role: NAME.local on the LAN
@@ -286,17 +286,12 @@ def _fleet_peers(settings, args) -> int:
     return 0
 
 
-def _shard_host(parser, args) -> int:
+def _shard_host(parser, args, settings, stop) -> int:
+    """settings: fleet.toml's, read by cmd_fleet (None: no --settings, the options alone)."""
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.fleet.settings import read_key
     from host_runtime.gpu.llama_build import load_first, select
 
-    from host_runtime.fleet.settings import load
-
-    try:
-        settings = load(args.settings) if args.settings else None
-    except SettingsError as exc:
-        parser.error(f"fleet shard-host: --settings: {exc}")
     listen = args.listen or (settings.shard_listen if settings else "")
     if not listen:
         if args.if_lending:
@@ -304,12 +299,6 @@ def _shard_host(parser, args) -> int:
             # a box that lends nothing waits here for its stop, at no cost.
             print(f"everycycle fleet shard-host: this box lends nothing (no shard_listen in {args.settings}); "
                   "nothing to run", file=sys.stderr, flush=True)
-            import threading
-
-            from host_runtime.common.stop_signal import stop_on_signals
-
-            stop = threading.Event()
-            stop_on_signals(stop.set)
             stop.wait()
             return 0
         parser.error("fleet shard-host: --listen: required (or --settings with shard_listen)")

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from host_runtime.cli.options import ENGINE_SETTINGS, SERVE_SETTINGS, serving_tunable
+from host_runtime.cli.options import ENGINE_SETTINGS, SERVE_SETTINGS, box_serving_settings, serving_tunable
 
 
 def _resolve_model(parser: argparse.ArgumentParser, model: str | None) -> str:
@@ -430,7 +430,7 @@ def _fleet_plan_arguments(parser, args):
     from host_runtime.common.settings_file import SettingsError, load
     from host_runtime.serving.settings import ServingSettings
 
-    path = args.settings or os.path.join(os.environ.get("EVERYCYCLE_STATE_DIR", "/etc/everycycle"), "serving.toml")
+    path = args.settings or str(box_serving_settings())
     if not os.path.exists(path):
         parser.error(f"plan --fleet: {path}: no such settings file (name one with --settings)")
     try:

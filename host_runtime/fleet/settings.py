@@ -14,6 +14,7 @@ from pydantic import Field
 from host_runtime.auth.keystore import KeyStoreError, check_permissions
 from host_runtime.common import settings_file
 from host_runtime.common.service_user import FLEET_USER
+from host_runtime.common.host_port import split_host_port
 from host_runtime.common.setting_rules import SettingsError, check_fields, one_of
 from host_runtime.shard.wire_key import check_member_address
 
@@ -218,7 +219,11 @@ def from_box(box: dict) -> FleetSettings:
     mine = {iface["address"].split("/")[0] for iface in box.get("network", {}).get("interfaces", [])
             if iface.get("mode") == "static" and iface.get("address")}
     listen = fleet.get("shard_listen", "")
-    if listen and mine and listen.rpartition(":")[0].strip("[]") not in mine:
+    try:
+        listen_host = str(split_host_port(listen)[0]) if listen else ""
+    except (ValueError, AttributeError):
+        listen_host = ""  # FleetSettings below refuses it, naming the field
+    if listen_host and mine and listen_host not in mine:
         raise SettingsError("fleet.shard_listen", f"{listen} is not an address of this box ({', '.join(sorted(mine))})")
     if listen in fleet.get("shard_hosts", []):
         raise SettingsError("fleet.shard_hosts", f"names this box's own shard_listen {listen}")
