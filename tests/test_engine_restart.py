@@ -27,6 +27,39 @@ def test_the_crash_budget_restarts_three_crashes_a_minute_and_not_a_fourth():
     assert all(spaced.restart(t) for t in range(0, 1000, 61))  # one a minute, for ever: each restarted
 
 
+
+def test_the_watchdog_outlives_a_failed_check_and_kills_an_engine_that_falls_silent(tmp_path, monkeypatch):
+    """A check that raised anything but EngineUnavailable ended the watchdog's thread, and an engine that then
+    fell silent was never recycled (a full make test once waited 60 s for it)."""
+    import subprocess
+    import threading
+
+    from host_runtime.engine.errors import RequestRejected
+    from host_runtime.engine.ipc import EngineUnavailable
+    from host_runtime.pool import engine_child
+
+    answers = iter([None, ValueError("a bug in the check"), RequestRejected(503, "an error in answer"), None])
+
+    def info(self, timeout=None):
+        answer = next(answers, EngineUnavailable("silent"))
+        if answer is not None:
+            raise answer
+
+    monkeypatch.setattr(engine_child.EngineClient, "info", info)
+    monkeypatch.setattr(engine_child, "WATCH_EVERY_S", 0.05)
+    child = engine_child.EngineChild(str(tmp_path / "engine.sock"), None, wedged_after_s=0.5)
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        watchdog = threading.Thread(target=child._watch, args=(proc,))
+        started = time.monotonic()
+        watchdog.start()
+        watchdog.join(timeout=10)
+        assert not watchdog.is_alive() and proc.wait(timeout=5) == -signal.SIGKILL
+        assert time.monotonic() - started >= 0.5  # silent for wedged_after_s after its last answer, not before
+    finally:
+        proc.kill()
+        proc.wait()
+
 def engine_pid(serve_pid: int) -> int | None:
     """The serve process's live engine (not a killed one not yet reaped)."""
     for child in psutil.Process(serve_pid).children():

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import deque
 
+from host_runtime.common.errors import EveryCycleError
 from host_runtime.common.processes import die_with_parent, stop_process
 from host_runtime.engine.client import EngineClient
 from host_runtime.engine.ipc import EngineUnavailable
@@ -115,8 +116,17 @@ class EngineChild:
         while proc.poll() is None and not self.stopping:
             try:
                 EngineClient(self.socket_path).info(timeout=WATCH_EVERY_S)
-                answered_at = time.monotonic()
+                answered = True
             except EngineUnavailable:
+                answered = False
+            except EveryCycleError:  # an error in answer is an answer: not wedged
+                answered = True
+            except Exception:  # noqa: BLE001 - a check that fails says nothing of the engine; the watchdog goes on
+                log.exception("the engine watchdog's check failed; checking again")
+                answered = None
+            if answered:
+                answered_at = time.monotonic()
+            elif answered is False:
                 if answered_at is None and os.path.exists(self.socket_path):
                     answered_at = time.monotonic()  # stopped before its first answer counts too
                 if answered_at is not None and time.monotonic() - answered_at > self.wedged_after_s:
