@@ -146,3 +146,24 @@ def test_a_stopped_engine_is_seen_within_ready_wait_ends_its_streams_and_is_star
         assert b"error" in events[-1], events[-1]
         assert "wedged; killing it" in proc.log()
         assert answer(base)["choices"][0]["message"]["content"] is not None
+
+
+def test_a_second_serve_on_the_same_run_dir_is_refused_and_the_first_keeps_its_engine(tmp_path):
+    """Two serves on one --run-dir bound one engine socket: the first's workers then talked to the second's engine,
+    and when either stopped the other lost its engine (an orphaned engine was left spinning)."""
+    import subprocess
+
+    from tests.servers import everycycle, free_port
+
+    with running_serve(["--ctx-size", "1024", "--parallel", "1"], tmp_path, "serve") as (base, proc):
+        first = engine_pid(proc.popen.pid)
+        second = subprocess.run(everycycle("serve", "--port", str(free_port()), "--run-dir", str(tmp_path),
+                                           "--ctx-size", "1024", "--parallel", "1"),
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2
+        assert f"--run-dir {tmp_path} is in use by another process (pid {proc.popen.pid})" in second.stderr
+        assert "give each serve its own --run-dir" in second.stderr and "Traceback" not in second.stderr
+        assert http_get(base + "/v1/models")[0] == 200 and engine_pid(proc.popen.pid) == first and ready(base)
+    # the lock goes with its serve: the folder serves again
+    with running_serve(["--ctx-size", "1024", "--parallel", "1"], tmp_path, "serve again") as (base, _):
+        assert ready(base)

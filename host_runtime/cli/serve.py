@@ -11,6 +11,9 @@ import tempfile
 from pathlib import Path
 
 from host_runtime.cli.options import ENGINE_SETTINGS, SERVE_SETTINGS, box_serving_settings, serving_tunable
+from host_runtime.common.file_lock import InUse, hold
+
+SERVE_LOCK = "serve.lock"  # in the run folder: the serve that owns it (its pid), held while it runs
 
 
 def _resolve_model(parser: argparse.ArgumentParser, model: str | None) -> str:
@@ -147,6 +150,12 @@ def cmd_serve(parser, args) -> int:
         options = engine_options(parser, argparse.Namespace(**{
             **vars(args), "prefix_cache_dir": args.prefix_cache_dir or str(run_dir / "prefix-cache")}), model_arg)
         run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            # Two serves on one run folder bind the same engine socket: one's workers then talk to the other's
+            # engine, and when either stops the other loses its engine (seen: an orphaned engine left spinning).
+            owned = hold(run_dir / SERVE_LOCK, f"--run-dir {run_dir}")  # noqa: F841 - held while serve runs
+        except InUse as exc:
+            parser.error(f"{exc}: give each serve its own --run-dir")
         socket_path = str(run_dir / "engine.sock")
         engine = EngineChild(socket_path, options, wedged_after_s=args.wedge_floor)
         pool = _engine_pool(run_dir, socket_path, options, engine, args)
