@@ -16,6 +16,7 @@ from host_runtime.engine.errors import RequestRejected
 from host_runtime.engine.sampling import SamplingParams
 from host_runtime.engine.wire import PRIORITIES
 from host_runtime.engine.speculation import SpeculationConfig
+from host_runtime.engine.step_plan import PrefillBudget
 from tests.fake_runner import EOG, FakeModel, FakeRunner
 
 WAIT_S = 10
@@ -151,19 +152,60 @@ def test_a_cancelled_request_frees_its_sequence_and_its_cells(make):
 def test_a_long_prompt_is_prefilled_in_chunks_while_a_stream_keeps_moving(make):
     engine, runner = make(FakeModel(n_parallel=2, prefill_budget=16, prefill_chunk=16, n_ctx_per_seq=512))
     events = Events()
-    engine.start()
     ask(engine, events, "stream", "a", max_tokens=60)
-    while len(events.of("stream")) < 2:
-        threading.Event().wait(0.001)
     ask(engine, events, "long", "q" * 200, max_tokens=2)
+    engine.start()  # both admitted at once (started first, the fake's stream could end before the prompt came)
     events.wait("long", "stream")
     order = [n for n, e in events.log if isinstance(e, wire.Token)]
     first_long = order.index("long")
-    # 200 prompt tokens at 16 a step: 13 steps before its first token, each of which moved the stream
-    assert order[:first_long].count("stream") >= 13
+    # 200 prompt tokens at 16 a step: 13 steps before its first token, each after the first moved the stream
+    assert 12 <= order[:first_long].count("stream") < 60
     chunks = [p for call in runner.calls for p in call if len(p[2]) > 1]
     assert all(len(tokens) <= 16 and start % 16 == 0 for _, start, tokens, _ in chunks)
 
+
+
+@pytest.mark.parametrize("step_prefill_s, most_chunks_a_step", [(1e-9, 1), (100.0, 4)])
+def test_while_a_stream_decodes_a_steps_prompt_calls_stop_at_the_time_budget(make, step_prefill_s,
+                                                                              most_chunks_a_step):
+    """The step's prompt budget by time, not tokens (#61): an answer waited for four 128-token chunks a step
+    (about 8 s at 15,000 tokens of context); now for what the last prompt call's speed computes in
+    step_prefill_s, at least one chunk. Here every call takes longer than 1e-9 s (one chunk a step while the
+    stream decodes) and none 100 s (the token budget's four chunks)."""
+    engine, runner = make(FakeModel(n_parallel=2, prefill_budget=64, prefill_chunk=16, n_ctx_per_seq=512),
+                          step_prefill_s=step_prefill_s)
+    events = Events()
+    ask(engine, events, "stream", "a", max_tokens=80)
+    ask(engine, events, "long", "q" * 200, max_tokens=2)
+    engine.start()  # both admitted at once: the stream decodes from its second step on, the long prompt prefills
+    events.wait("long", "stream")
+    # the long prompt's chunks between two of the stream's decode calls
+    runs, run = [], 0
+    for call in runner.calls:
+        if any(len(tokens) > 1 for _, _, tokens, _ in call):
+            run += 1
+        elif run:
+            runs.append(run)
+            run = 0
+    # the first step's (no sequence decodes yet: the token budget) aside
+    assert len(runs) > 1 and max(runs[1:]) == most_chunks_a_step
+    order = [n for n, e in events.log if isinstance(e, wire.Token)]
+    assert order[:order.index("long")].count("stream") >= (10 if most_chunks_a_step == 1 else 2)
+
+
+def test_the_prefill_budget_follows_the_last_prompt_calls_speed_while_a_sequence_decodes():
+    budget = PrefillBudget(512, target_s=0.5)
+    assert budget.tokens(decoding=True) == 512  # nothing measured yet: the token budget
+    budget.prompt_call_took(128, 0.128)  # 1 ms a token: 500 of them in half a second
+    assert budget.tokens(decoding=True) == 500 and budget.tokens(decoding=False) == 512
+    budget.prompt_call_took(128, 2.0)  # a long context: 15.6 ms a token
+    assert budget.tokens(decoding=True) == 32
+    budget.prompt_call_took(128, 100.0)
+    assert budget.tokens(decoding=True) == 1  # at least a token: plan_step then takes one whole chunk
+    budget.prompt_call_took(128, 0.001)
+    assert budget.tokens(decoding=True) == 512  # never past the token budget
+    budget.prompt_call_took(0, 1.0)  # nothing to learn from
+    assert budget.tokens(decoding=True) == 512
 
 def test_end_of_generation_stops_unless_ignored(make):
     def stops_after_c(history):

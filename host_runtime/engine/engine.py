@@ -32,7 +32,7 @@ from host_runtime.engine.runner import DecodePart, LlamaRunner
 from host_runtime.engine.sampling import CompiledGrammar, GrammarRejected, SamplingParams
 from host_runtime.engine.drafting import StepDrafter
 from host_runtime.engine.speculation import DraftLength, NgramIndex, SpeculationConfig
-from host_runtime.engine.step_plan import next_cut, plan_step
+from host_runtime.engine.step_plan import STEP_PREFILL_S, PrefillBudget, next_cut, plan_step
 from host_runtime.engine.throttle import ThrottleReader
 from host_runtime.engine.wire import PRIORITIES, Done, Error, Finish, Timings, Token, TokenLogprob
 
@@ -159,12 +159,13 @@ class Engine:
     def __init__(self, model, *, max_waiting: int = 64, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
                  governor_state: str | None = None, speculation: SpeculationConfig = SpeculationConfig(),
                  drafter=None, runner=None, park_ram_bytes: int = PARK_RAM_BYTES,
-                 key_ledger: SharedKeyLedger | None = None, projector=None):
+                 key_ledger: SharedKeyLedger | None = None, projector=None, step_prefill_s: float = STEP_PREFILL_S):
         """model: its shape (engine.model.LoadedModel: n_parallel, n_batch, n_ctx_per_seq, prefill_chunk, ...);
         runner: what calls llama.cpp (runner.LlamaRunner on that model, unless a test gives a fake);
         park_ram_bytes: parked sequences' states held in RAM, the rest on disk beside the prefix cache's files;
         key_ledger: the box's tokens by key, for the keys' token limits (None: this engine's own, in memory);
-        projector: the model's (engine/projector.py), for requests with images."""
+        projector: the model's (engine/projector.py), for requests with images;
+        step_prefill_s: while a sequence decodes, a step's prompt calls stop about this long in (step_plan.PrefillBudget)."""
         self.model = model
         self.metrics = EngineMetrics()
         self.runner = runner if runner is not None else LlamaRunner(model, on_threads=self.metrics.set_cpu_threads,
@@ -180,6 +181,7 @@ class Engine:
                                                                             else model.prefill_budget),
                                     batch_invariant=model.batch_invariant, n_ctx_per_seq=model.n_ctx_per_seq,
                                     draft_model=drafter)
+        self.prefill_budget = PrefillBudget(model.prefill_budget, step_prefill_s)
         self.throttle = ThrottleReader(governor_state)
         self.progress = DecodeProgress()
         self.max_waiting = max_waiting
@@ -621,7 +623,8 @@ class Engine:
     def _step(self) -> None:
         if self.speculation.enabled:
             self.drafting.draft([s for s in self._active if not s.is_prefilling() and s.next_token is not None])
-        for call in plan_step(self._active, self.model.prefill_budget, self.model.batch_invariant):
+        decoding = any(not s.is_prefilling() for s in self._active)
+        for call in plan_step(self._active, self.prefill_budget.tokens(decoding), self.model.batch_invariant):
             if self.media_from is None:  # a text model: no call is looked through (the loop's hot path)
                 self._decode_call(call)
                 continue
@@ -678,6 +681,7 @@ class Engine:
         self.metrics.add("n_busy_slots_total", len(call))
         if has_prompt:
             self.metrics.add("prompt_seconds_total", elapsed)
+            self.prefill_budget.prompt_call_took(n_tokens, elapsed)
         else:  # a decode call's own cost, apart from prompt chunks (bench/serving.py's profile, speculation's price)
             self.metrics.add("predicted_seconds_total", elapsed)
             self.metrics.add("n_decode_generated_total")
