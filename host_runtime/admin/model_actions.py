@@ -4,7 +4,6 @@ and the console's models screen; each returns what it did in words and raises St
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from host_runtime.common import settings_file
@@ -19,10 +18,6 @@ from host_runtime.pool.protocol import PoolClient
 from host_runtime.serving.settings import ServingSettings
 
 
-
-
-def serving_settings_path() -> Path:
-    return Path(os.environ.get("EVERYCYCLE_STATE_DIR", "/etc/everycycle")) / "serving.toml"
 
 
 def set_default(store: Store, name: str | None, settings_path: Path, *, restart: bool = True,

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from host_runtime.admin import model_actions as actions
+from host_runtime.common import run_layout
 from host_runtime.models import pull as pulling
 from host_runtime.models.errors import StoreError
 from host_runtime.models.store import Store
@@ -274,6 +275,6 @@ def _set_own(args, store: Store) -> int:
 
 def _set_default(args, store: Store) -> int:
     print(actions.set_default(store, None if args.built_in else args.name,
-                              args.settings or actions.serving_settings_path(), restart=not args.no_restart,
+                              args.settings or run_layout.serving_settings_file(), restart=not args.no_restart,
                               say=_say))
     return 0

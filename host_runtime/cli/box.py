@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from host_runtime.common import run_layout
-from host_runtime.cli.options import _run_dir, box_serving_settings
+from host_runtime.cli.options import _run_dir
 
 
 def cmd_discover(parser, args) -> int:
@@ -156,7 +156,7 @@ def cmd_console(parser, args) -> int:
                            provision_root=Path(args.provision_root), bundle_dir=Path(args.bundle_dir),
                            new_keys_file=Path(args.new_keys_file) if args.new_keys_file else None,
                            model_store=default_store_root(),
-                           serving_settings=box_serving_settings(args.state_dir))
+                           serving_settings=run_layout.serving_settings_file(args.state_dir))
     reader = StatusReader(config)
     if args.command == "status":
         from host_runtime.console.status_text import render

@@ -15,13 +15,6 @@ from host_runtime.common.setting_rules import SettingsError, Tunable, check_valu
 from host_runtime.serving.settings import ServingSettings
 
 
-def box_serving_settings(state_dir: str | None = None) -> Path:
-    """The box's serving.toml: in state_dir, else $EVERYCYCLE_STATE_DIR, else /etc/everycycle (the image's)."""
-    import os
-
-    return Path(state_dir or os.environ.get("EVERYCYCLE_STATE_DIR", "/etc/everycycle")) / "serving.toml"
-
-
 def _port(text: str) -> int:
     try:
         value = int(text)

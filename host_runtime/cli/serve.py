@@ -10,7 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from host_runtime.cli.options import ENGINE_SETTINGS, SERVE_SETTINGS, box_serving_settings, serving_tunable
+from host_runtime.cli.options import ENGINE_SETTINGS, SERVE_SETTINGS, serving_tunable
+from host_runtime.common import run_layout
 from host_runtime.common.file_lock import InUse, hold
 
 SERVE_LOCK = "serve.lock"  # in the run folder: the serve that owns it (its pid), held while it runs
@@ -111,7 +112,6 @@ def cmd_serve(parser, args) -> int:
     from host_runtime.auth.keystore import KeyStoreError, check_permissions, load_keys
     from host_runtime.common.settings_file import SettingsError
     from host_runtime.common.settings_file import load as load_settings
-    from host_runtime.common import run_layout
     from host_runtime.common.run_layout import fleet_state_file
     from host_runtime.engine.key_ledger_file import LEDGER_NAME
     from host_runtime.serving.app import AppConfig
@@ -439,7 +439,7 @@ def _fleet_plan_arguments(parser, args):
     from host_runtime.common.settings_file import SettingsError, load
     from host_runtime.serving.settings import ServingSettings
 
-    path = args.settings or str(box_serving_settings())
+    path = args.settings or str(run_layout.serving_settings_file())
     if not os.path.exists(path):
         parser.error(f"plan --fleet: {path}: no such settings file (name one with --settings)")
     try:
