@@ -116,17 +116,8 @@ class EngineChild:
         while proc.poll() is None and not self.stopping:
             try:
                 EngineClient(self.socket_path).info(timeout=WATCH_EVERY_S)
-                answered = True
-            except EngineUnavailable:
-                answered = False
-            except EveryCycleError:  # an error in answer is an answer: not wedged
-                answered = True
-            except Exception:  # noqa: BLE001 - a check that fails says nothing of the engine; the watchdog goes on
-                log.exception("the engine watchdog's check failed; checking again")
-                answered = None
-            if answered:
                 answered_at = time.monotonic()
-            elif answered is False:
+            except EngineUnavailable:
                 if answered_at is None and os.path.exists(self.socket_path):
                     answered_at = time.monotonic()  # stopped before its first answer counts too
                 if answered_at is not None and time.monotonic() - answered_at > self.wedged_after_s:
@@ -134,6 +125,10 @@ class EngineChild:
                               "again", proc.pid, time.monotonic() - answered_at)
                     proc.kill()
                     return
+            except EveryCycleError:  # an error in answer is an answer: not wedged
+                answered_at = time.monotonic()
+            except Exception:  # noqa: BLE001 - a check that fails says nothing of the engine; the watchdog goes on
+                log.exception("the engine watchdog's check failed; checking again")
             time.sleep(WATCH_EVERY_S)
 
     def stop(self) -> None:
