@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the prefill call's size costs at a long context (prints JSON): a conversation's next turn (APPEND new
 tokens after CONTEXT cached ones, an agent's later turn) computed in calls of 128 tokens (the engine's chunk) and
-of 512 (its chunk past a long context, step_plan.Chunking, and llama-server's ubatch), at each context asked,
+of 512 (llama-server's ubatch), at each context asked,
 --repeats times in alternating order, each 512 run's time paired with its repeat's 128 run as a ratio (median and
 range), and its result compared with the 128-token calls': the last token's logits and the sequence's KV, byte
 for byte.
@@ -21,7 +21,6 @@ import ctypes
 import hashlib
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serving import cpu_flags, cpu_name  # noqa: E402
+from serving import cpu_flags, cpu_name, spread  # noqa: E402
 
 
 def main() -> int:
@@ -80,7 +79,6 @@ def main() -> int:
             raise SystemExit(f"llama_decode returned {rc}")
 
     def append(context: int, call: int) -> dict:
-        llama_cpp.llama_memory_seq_rm(memory, 0, context, -1)
         started = time.perf_counter()
         for at in range(context, context + args.append, call):
             decode(prompt[at:at + call], at, at + call >= context + args.append)
@@ -89,7 +87,7 @@ def main() -> int:
         size = llama_cpp.llama_state_seq_get_size(ctx, 0)
         state = (ctypes.c_uint8 * size)()
         llama_cpp.llama_state_seq_get_data(ctx, state, size, 0)
-        llama_cpp.llama_memory_seq_rm(memory, 0, context, -1)
+        llama_cpp.llama_memory_seq_rm(memory, 0, context, -1)  # the context alone again, for the next run or fill
         return {"call_tokens": call, "seconds": round(seconds, 3),
                 "logits_sha1": hashlib.sha1(logits).hexdigest(), "kv_sha1": hashlib.sha1(bytes(state)).hexdigest()}
 
@@ -110,10 +108,8 @@ def main() -> int:
                          **{f"seconds_{call}": pair[call]["seconds"] for call in (128, 512)},
                          "identical": pair[512]["logits_sha1"] == pair[128]["logits_sha1"]
                          and pair[512]["kv_sha1"] == pair[128]["kv_sha1"]})
-        ratios = sorted(r["ratio_512_vs_128"] for r in runs)
-        points.append({"context_tokens": context, "ratio_512_vs_128": {
-            "median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1], "n": len(ratios)},
-            "identical": all(r["identical"] for r in runs), "runs": runs})
+        points.append({"context_tokens": context, "ratio_512_vs_128": spread([r["ratio_512_vs_128"] for r in runs]),
+                       "identical": all(r["identical"] for r in runs), "runs": runs})
         print(f"bench: {context} tokens of context: 512-token calls {points[-1]['ratio_512_vs_128']} of the "
               f"128-token calls' time", file=sys.stderr)
     print(json.dumps({

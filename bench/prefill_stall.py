@@ -18,10 +18,11 @@ tokens a step in 512-token calls), all with 2 sequences of --ctx-size tokens and
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
-import statistics
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serving import (PARAGRAPH, Server, cpu_flags, cpu_name, end_of_generation_ids, free_port,  # noqa: E402
-                     paired_ratio, spread, stream_chat)
+                     paired_ratio, percentile, spread, stream_chat)
 
 from host_runtime.engine.model import default_model_path  # noqa: E402
 
@@ -61,12 +62,9 @@ def one_run(server: Server, model_id: str, bias: dict, prompt_tokens: int) -> di
                  "stream_options": {"include_usage": True},
                  "messages": [{"role": "user", "content": f"[{uuid.uuid4().hex[:12]}] {document} Summarise."}]}
     times: list[float] = []
-    out: dict = {}
     stop = threading.Event()
 
     def answer() -> None:
-        import http.client
-
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
         conn.request("POST", "/v1/chat/completions", body=json.dumps(answer_body),
                      headers={"Content-Type": "application/json"})
@@ -86,22 +84,20 @@ def one_run(server: Server, model_id: str, bias: dict, prompt_tokens: int) -> di
         time.sleep(0.01)
     if len(times) < ANSWER_LEAD:
         raise SystemExit(f"{server.name}: the answer sent {len(times)} tokens in 120 s; log: {server.log.name}")
-    sent = time.perf_counter()
     long = stream_chat(server.port, long_body)
     if "error" in long:
         raise SystemExit(f"{server.name}: the long prompt failed: {long['error']}; log: {server.log.name}")
-    first = sent + long["ttft"]
+    sent, first = long["start"], long["start"] + long["ttft"]
     time.sleep(1.0)  # the gap that spans the prompt's end closes after it
     stop.set()
-    # the answer's gaps that ended while the long prompt was computed (or just after: the one spanning its end)
-    gaps = sorted(b - a for a, b in zip(times, times[1:]) if sent < b <= first + 0.5)
-    out.update({"long_ttft_s": round(long["ttft"], 3), "long_prompt_tokens": long.get("prompt_tokens"),
-                "answer_tokens_during": len(gaps),
-                "answer_gap_max_s": round(gaps[-1], 3) if gaps else None,
-                "answer_gap_p95_s": round(gaps[min(len(gaps) - 1, int(0.95 * len(gaps)))], 3) if gaps else None,
-                "answer_gap_p50_s": round(statistics.median(gaps), 3) if gaps else None})
     reader.join(timeout=30)
-    return out
+    # the answer's gaps that ended while the long prompt was computed (or just after: the one spanning its end)
+    gaps = [b - a for a, b in zip(times, times[1:]) if sent < b <= first + 0.5]
+    return {"long_ttft_s": round(long["ttft"], 3), "long_prompt_tokens": long.get("prompt_tokens"),
+            "answer_tokens_during": len(gaps),
+            **{f"answer_gap_{name}_s": round(value, 3) if value is not None else None
+               for name, value in (("max", percentile(gaps, 1.0)), ("p95", percentile(gaps, 0.95)),
+                                   ("p50", percentile(gaps, 0.5)))}}
 
 
 def main() -> int:
@@ -123,8 +119,6 @@ def main() -> int:
         p.error("--llama-server: needed for llama-server (make bench-ref builds it)")
     model = str(Path(args.model).resolve()) if args.model else str(default_model_path())
     bias = {str(t): -100 for t in end_of_generation_ids(model)}
-    import tempfile
-
     runs: dict[str, list[dict]] = {name: [] for name in wanted}
     with tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
         servers = [start(name, args, model, Path(tmp)) for name in wanted]
