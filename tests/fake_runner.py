@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from host_runtime.engine.runner import DecodeFailed
 from host_runtime.engine.sampling import GrammarRejected
 from host_runtime.engine.wire import TokenLogprob
+from host_runtime.placement.matmul_rows import NO_BOUNDS, RowBounds
+
 
 EOG = 0  # the fake vocabulary: token t is the byte t, except 0, the end of generation
 
@@ -37,6 +39,7 @@ class FakeModel:
     boundary_tokens: frozenset = frozenset({EOG})
     cache_fingerprint: str = "fake-model"
     n_batch: int = 64          # the most tokens one call holds
+    row_bounds: RowBounds = NO_BOUNDS  # where the matrix products change kernels (placement/matmul_rows.py)
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
         return list(text.encode())

@@ -76,6 +76,17 @@ def test_no_draft_past_what_a_sequence_may_still_generate_or_hold():
     assert opted_out.draft == []
 
 
+def test_no_draft_longer_than_the_rows_a_call_may_hold_beside_its_token():
+    # placement/matmul_rows.RowBounds.decode_rows: K-quants compute 8 rows or more otherwise, so a draft verified
+    # beside its token keeps to 6; with F16 matrices none goes out.
+    capped = Seq(0, REPEATING)
+    _drafter(max_draft=2).draft([capped])
+    assert capped.draft == [3, 4]
+    none = Seq(0, REPEATING)
+    _drafter(max_draft=0).draft([none])
+    assert none.draft == []
+
+
 def test_a_draft_model_drafts_and_its_cost_is_measured_per_position():
     class DraftModel:
         asked: dict = {}

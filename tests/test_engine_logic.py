@@ -13,6 +13,7 @@ import pytest
 from host_runtime.engine.metrics import EngineMetrics, Histogram
 from host_runtime.engine.sampling import token_logprobs
 from host_runtime.engine.step_plan import last_cut, next_cut, plan_step
+from host_runtime.placement.matmul_rows import RowBounds
 from host_runtime.engine.stop_matcher import StopMatcher
 
 
@@ -100,6 +101,26 @@ def test_a_step_always_advances_one_prompt_and_never_overtakes():
     # With room after a's prompt, b's first chunk shares the first round's call (equal lengths).
     calls = plan_step([a, b, c], prefill_budget=48)
     assert [flat([call]) for call in calls] == [[(0, 16, 0, False), (1, 16, 0, False)], [(0, 14, 16, True)]]
+
+
+def test_calls_stay_below_the_row_count_where_the_models_kernels_change():
+    # K-quants: llama.cpp's tiled kernels from 8 rows (placement/matmul_rows.py). Ten decoding sequences: calls of
+    # 7 and 3 rows, each token computed as a lone token is; prompt chunks of 3 tokens: two a call (6 rows), of 16:
+    # any number (a chunk alone is already past the bound).
+    tiled = RowBounds(bounds=(8,))
+    decoding = [FakeSeq(i, [1, 2], n_past=2, next_token=9) for i in range(10)]
+    assert [len(call) for call in plan_step(decoding, prefill_budget=16, rows=tiled)] == [7, 3]
+    assert [len(call) for call in plan_step(decoding, prefill_budget=16)] == [10]
+    drafted = [FakeSeq(i, [1, 2], n_past=2, next_token=9, draft=(5, 6)) for i in range(4)]  # 3 rows each
+    assert [len(call) for call in plan_step(drafted, prefill_budget=16, rows=tiled)] == [2, 2]
+    short = [FakeSeq(i, [1, 2, 3]) for i in range(5)]
+    assert [len(call) for call in plan_step(short, prefill_budget=64, rows=tiled)] == [2, 2, 1]
+    long = [FakeSeq(i, list(range(16))) for i in range(3)]
+    assert [len(call) for call in plan_step(long, prefill_budget=64, rows=tiled)] == [3]
+    # F16 matrices (tinyBLAS, its tiles by the call's shape): a call a sequence
+    alone = RowBounds(alone=True)
+    assert [len(call) for call in plan_step(decoding[:3], prefill_budget=16, rows=alone)] == [1, 1, 1]
+    assert [len(call) for call in plan_step(short, prefill_budget=64, rows=alone)] == [1] * 5
 
 
 def test_calls_hold_equal_token_counts_per_sequence():

@@ -395,3 +395,22 @@ def wav(seconds: float, frequency: float, rate: int = 16000) -> bytes:
         f.writeframes(b"".join(struct.pack("<h", int(12000 * math.sin(2 * math.pi * frequency * i / rate)))
                                for i in range(int(seconds * rate))))
     return out.getvalue()
+
+
+# llama.cpp's file types (llama.h's LLAMA_FTYPE_MOSTLY_*) by the names llama-quantize takes
+QUANTIZE_FTYPES = {"f16": 1, "q4_0": 2, "q8_0": 7, "q2_k": 10, "q4_k_m": 15, "q6_k": 18, "bf16": 32}
+
+
+def quantized(src: Path, dst: Path, ftype: str) -> Path:
+    """`src` (an F32 GGUF) requantized by llama.cpp itself (llama_model_quantize, as llama-quantize does): the
+    types and the block layouts real downloads have. K-quants need rows whose length is a multiple of 256."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = QUANTIZE_FTYPES[ftype]
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {src} to {ftype}")
+    return dst

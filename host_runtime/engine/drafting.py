@@ -13,9 +13,11 @@ from host_runtime.engine.speculation import AcceptanceCurve, CallCost, Speculati
 
 class StepDrafter:
     def __init__(self, config: SpeculationConfig, *, step_room: int, batch_invariant: bool, n_ctx_per_seq: int,
-                 draft_model=None):
+                 draft_model=None, max_draft: int | None = None):
         """step_room: the decode tokens a call holds (with mixed batches the prompt budget takes the rest);
-        draft_model: draft_model.DraftModel, for config.kind "draft"."""
+        draft_model: draft_model.DraftModel, for config.kind "draft"; max_draft: the longest draft whose rows,
+        verified in one call with the sequence's token, compute as that token alone does (None: any; 0: none;
+        placement/matmul_rows.RowBounds.decode_rows)."""
         if config.enabled and config.kind == "draft" and draft_model is None:
             raise ValueError("speculation with a draft model needs the DraftModel (drafter)")
         self.config = config
@@ -23,6 +25,7 @@ class StepDrafter:
         self.step_tokens = min(config.step_tokens, step_room)
         self.batch_invariant = batch_invariant
         self.n_ctx_per_seq = n_ctx_per_seq
+        self.max_draft = max_draft
         # What decode calls cost here, and what a draft model's drafting costs per position drafted: drafts go out
         # only where they are expected to raise the step's tokens per second (share_drafts).
         self.call_cost = CallCost() if config.enabled and config.cost_aware else None
@@ -39,6 +42,8 @@ class StepDrafter:
             if not seq.speculating:
                 continue
             room = min(seq.request.max_tokens - seq.generated - 1, self.n_ctx_per_seq - seq.n_past - 2)
+            if self.max_draft is not None:
+                room = min(room, self.max_draft)
             k = min(seq.draft_length.next_k() if self.call_cost is None else self.config.k_max, room)
             if k > 0:
                 wanted[seq.seq_id] = k

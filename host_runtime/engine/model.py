@@ -16,6 +16,7 @@ from host_runtime.engine.limits import DEFAULT_CTX, DEFAULT_KV_BUDGET_MIB, GPU_M
 from host_runtime.engine.pooling import pooling_name
 from host_runtime.placement.gguf_split import set_stem
 from host_runtime.placement.kv_types import DEFAULT_KV
+from host_runtime.placement.matmul_rows import matrix_types, row_bounds
 from host_runtime.placement.llama_params import DeviceMissing, attention_for, call_tokens, context_params, model_params
 from host_runtime.placement.model_table import ModelTableError, read_table
 from host_runtime.placement.planner import PlacementError, PlanRequest
@@ -200,6 +201,14 @@ class LoadedModel:
         self.weights_repacked = "CPU_REPACK" in "".join(text)
         log.info("%s: weights %s for this CPU", self.path.name,
                  "repacked" if self.weights_repacked else "not repacked")
+        # Where this model's matrix products compute a call's rows otherwise (more rows, other kernels): the
+        # invariant mode keeps its calls within it (placement/matmul_rows.py).
+        try:
+            types = matrix_types(read_table(self.path))
+        except ModelTableError as exc:
+            raise ModelLoadError(str(exc)) from None
+        self.row_bounds = row_bounds(types, invariant=config.batch_invariant, cpu_only=p.n_gpu_layers == 0,
+                                     repacked=self.weights_repacked)
         self.n_vocab = self.model.n_vocab()
         # End-of-generation tokens: they end a generated answer, and a prompt is always cut just
         # after one (chat message ends; see step_plan).

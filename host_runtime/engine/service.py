@@ -171,6 +171,11 @@ class EngineService:
         a = self.model.attention
         log.info("batching %s, flash attention %s, KV cache K %s V %s: %s", a.mode, a.flash, a.type_k, a.type_v,
                  a.reason)
+        rows = self.model.row_bounds
+        if rows.reason:  # the invariant mode's price with this model's weight types (placement/matmul_rows.py)
+            (log.warning if rows.alone else log.info)(
+                "batch invariance with this model's weights: %s%s", rows.reason,
+                " (serve --mixed-batches decodes sequences together, without the guarantee)" if rows.alone else "")
         log.info("placement:\n%s", render_table(p, proven=True, proof_note="compute buffers from llama.cpp's dry run"))
         for s in p.gpu_shares:
             real = sum(allocated.by_device.get(s.device, {}).values())

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AbstractSet, Protocol, Sequence
 
+from host_runtime.placement.matmul_rows import NO_BOUNDS, RowBounds
+
 
 def next_cut(tokens: Sequence[int], pos: int, chunk: int, boundary_tokens: AbstractSet[int],
              media_from: int | None = None) -> int:
@@ -105,10 +107,13 @@ class BatchSlice:
     wants_logits: bool  # True when this slice ends where the sequence samples its next token
 
 
-def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: bool = True) -> list[list[BatchSlice]]:
+def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: bool = True,
+              rows: RowBounds = NO_BOUNDS) -> list[list[BatchSlice]]:
     """The decode calls for one step: first the decoding sequences' tokens (a draft verified in the same call),
     then prompt chunks, round by round (a sequence's k-th chunk of the step in the k-th round, so its chunks run
-    in order); each group split by length.
+    in order); each group split by length, and further where the model's matrix products would compute a call of
+    more rows otherwise (`rows`, placement/matmul_rows.py): a decoding token as in a lone token's call, a
+    prompt chunk as in its own.
 
     At least one prompt chunk is planned whenever a sequence is prefilling, so prompts always progress.
     Not `invariant`: everything in one call (as llama-server batches), a sequence's chunks of the step as one
@@ -141,7 +146,8 @@ def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: boo
     if not invariant:
         prefills = _joined([part for r in rounds for part in r])
         return [decodes + prefills] if decodes or prefills else []
-    return _by_length(decodes) + [call for r in rounds for call in _by_length(r)]
+    return (_by_length(decodes, lambda n: rows.decode_rows())
+            + [call for r in rounds for call in _by_length(r, rows.most_rows)])
 
 
 def _joined(parts: list[BatchSlice]) -> list[BatchSlice]:
@@ -153,9 +159,15 @@ def _joined(parts: list[BatchSlice]) -> list[BatchSlice]:
             for run in by_seq.values()]
 
 
-def _by_length(parts: list[BatchSlice]) -> list[list[BatchSlice]]:
-    """Calls of equal-length slices, in the order each length first appears."""
+def _by_length(parts: list[BatchSlice], most_rows=lambda n: None) -> list[list[BatchSlice]]:
+    """Calls of equal-length slices, in the order each length first appears, each of at most most_rows(length)
+    rows (None: any number; one slice a call at least)."""
     by_length: dict[int, list[BatchSlice]] = {}
     for part in parts:
         by_length.setdefault(len(part.tokens), []).append(part)
-    return list(by_length.values())
+    calls = []
+    for length, group in by_length.items():
+        limit = most_rows(length)
+        per_call = len(group) if limit is None else max(1, limit // length)
+        calls += [group[i:i + per_call] for i in range(0, len(group), per_call)]
+    return calls
