@@ -82,57 +82,7 @@ def test_batched_equals_alone_through_the_api(client):
     assert [results[i] for i in range(len(QUESTIONS))] == alone
 
 
-def logprobs_of(model, prompts, texts: list[str], max_tokens: int = 12) -> list[list[float]]:
-    """The chosen tokens' logprobs of requests run together (each alone when given one text)."""
-    engine = Engine(model)
-    sinks = []
-    for text in texts:
-        sink: queue.Queue = queue.Queue()
-        tokens, _ = prompts.chat_tokens([{"role": "user", "content": text}])
-        engine.submit(GenerationRequest(prompt_tokens=tokens, max_tokens=max_tokens, sink=sink.put,
-                                        sampling=SamplingParams(temperature=0.0, top_logprobs=0, ignore_eos=True)))
-        sinks.append(sink)
-    engine.start()
-    out = []
-    for sink in sinks:
-        values = []
-        while (event := sink.get(timeout=120)).type != "done":
-            if event.type == "token" and event.logprob:
-                values.append(event.logprob.logprob)
-        out.append(values)
-    engine.stop()
-    return out
-
-
-def test_a_long_context_gives_the_same_logits_alone_or_batched(small_steps):
-    # Past 256 tokens a sequence sees 512 KV cells or more: there llama.cpp's CPU flash attention with F16 K and V
-    # takes another path for a call's only sequence than for several (a split over the cells, summed in another
-    # order), and a request's logprobs differed alone and batched. The invariant mode never runs that pair.
-    model, prompts = small_steps
-    long_text = "Summarise this: " + "The river valley was settled by farmers who grew barley. " * 26
-    assert len(prompts.chat_tokens([{"role": "user", "content": long_text}])[0]) > 300
-    alone = logprobs_of(model, prompts, [long_text])[0]
-    together = logprobs_of(model, prompts, [long_text, QUESTIONS[1]])[0]
-    assert len(alone) == 12 and together == alone
-
-
-# Weight types whose CPU kernels change with a call's row count (placement/matmul_rows.py): a K-quant's tiled
-# kernels from 8 rows (and Q4_K's repacked gemm from 4), F16's tinyBLAS from 2. Without the bounds all ten
-# sequences' logprobs differed from their own alone, on both models. A small random-weight llama
-# (256 wide: K-quant rows are 256 long) quantized by llama.cpp itself; its byte vocabulary and large logits make
-# a greedy answer wander, so rows computed otherwise change the answers' logprobs at once.
-@pytest.fixture(scope="module", params=["q4_k_m", "f16"])
-def model_with_row_kernels(request, tmp_path_factory):
-    from tests.tiny_gguf import quantized, write_tiny_llama
-
-    d = tmp_path_factory.mktemp("rows")
-    source = write_tiny_llama(d / "f32.gguf", n_ctx=512, n_embd=256, n_layer=2, n_head=4, n_ff=512)
-    path = quantized(source, d / f"{request.param}.gguf", request.param)
-    config = ContextConfig(n_ctx_per_seq=256, n_parallel=10, n_batch=96, prefill_chunk=32, n_threads=2)
-    return request.param, LoadedModel(path, config)
-
-
-def raw_logprobs(model, prompts: list[list[int]], max_tokens: int = 16) -> list[list[float]]:
+def logprobs_of(model, prompts: list[list[int]], max_tokens: int = 12) -> list[list[float]]:
     """The chosen tokens' logprobs of these token prompts run together (one: alone)."""
     engine = Engine(model)
     sinks = []
@@ -153,18 +103,50 @@ def raw_logprobs(model, prompts: list[list[int]], max_tokens: int = 16) -> list[
     return out
 
 
+def chat(prompts, text: str) -> list[int]:
+    return prompts.chat_tokens([{"role": "user", "content": text}])[0]
+
+
+def test_a_long_context_gives_the_same_logits_alone_or_batched(small_steps):
+    # Past 256 tokens a sequence sees 512 KV cells or more: there llama.cpp's CPU flash attention with F16 K and V
+    # takes another path for a call's only sequence than for several (a split over the cells, summed in another
+    # order), and a request's logprobs differed alone and batched. The invariant mode never runs that pair.
+    model, prompts = small_steps
+    long_text = "Summarise this: " + "The river valley was settled by farmers who grew barley. " * 26
+    assert len(prompts.chat_tokens([{"role": "user", "content": long_text}])[0]) > 300
+    alone = logprobs_of(model, [chat(prompts, long_text)])[0]
+    together = logprobs_of(model, [chat(prompts, long_text), chat(prompts, QUESTIONS[1])])[0]
+    assert len(alone) == 12 and together == alone
+
+
+# Weight types whose CPU kernels change with a call's row count (placement/matmul_rows.py): a K-quant's tiled
+# kernels from 8 rows (and Q4_K's repacked gemm from 4), F16's tinyBLAS from 2. Without the bounds all ten
+# sequences' logprobs differed from their own alone, on both models. A small random-weight llama
+# (256 wide: K-quant rows are 256 long) quantized by llama.cpp itself; its byte vocabulary and large logits make
+# a greedy answer wander, so rows computed otherwise change the answers' logprobs at once.
+@pytest.fixture(scope="module", params=["q4_k_m", "f16"])
+def model_with_row_kernels(request, tmp_path_factory):
+    from tests.tiny_gguf import quantized, write_tiny_llama
+
+    d = tmp_path_factory.mktemp("rows")
+    source = write_tiny_llama(d / "f32.gguf", n_ctx=512, n_embd=256, n_layer=2, n_head=4, n_ff=512)
+    path = quantized(source, d / f"{request.param}.gguf", request.param)
+    config = ContextConfig(n_ctx_per_seq=256, n_parallel=10, n_batch=96, prefill_chunk=32, n_threads=2)
+    return request.param, LoadedModel(path, config)
+
+
 def test_ten_sequences_decode_as_each_alone_whatever_the_weight_types(model_with_row_kernels):
     ftype, model = model_with_row_kernels
     # the rule the engine keeps for these types: 3 rows a decode call (Q4_K repacked for this CPU, else 7 for the
     # tiled kernels), or 1 (F16)
     assert model.row_bounds.decode_rows() == {"q4_k_m": 3 if model.weights_repacked else 7, "f16": 1}[ftype]
     prompts = [[1] + [3 + (7 * s + 11 * i) % 256 for i in range(5 + 3 * s)] for s in range(10)]
-    alone = [raw_logprobs(model, [p])[0] for p in prompts]
-    together = raw_logprobs(model, prompts)
+    alone = [logprobs_of(model, [p], 16)[0] for p in prompts]
+    together = logprobs_of(model, prompts, 16)
     assert all(len(a) == 16 for a in alone)
     assert together == alone
     # Prompts of one length (37: a 32-token chunk, then 5) prefill together: their chunks join where each keeps
     # its own chunk's kernels (the 32s, 128 rows), and not where it would not (the 5s: a repacked gemm's group
     # and a row apart alone, all in the gemm joined)
     same_length = [[1] + [3 + (13 * s + 5 * i) % 256 for i in range(36)] for s in range(8)]
-    assert raw_logprobs(model, same_length) == [raw_logprobs(model, [p])[0] for p in same_length]
+    assert logprobs_of(model, same_length) == [logprobs_of(model, [p])[0] for p in same_length]
