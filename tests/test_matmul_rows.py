@@ -55,3 +55,22 @@ def test_the_matrices_are_the_layers_and_output_and_a_tied_embedding():
     head = TensorInfo("output.weight", Q6_K, (256, 1000), 210000)
     assert matrix_types(_Table(((norm, q),), (head,), (embd,), tied=False)) == {Q4_K, Q6_K}
     assert matrix_types(_Table(((norm, q),), (), (embd,), tied=True)) == {Q4_K, Q8_0}
+
+
+def test_a_q4_k_m_llama_keeps_three_rows_a_decode_call_and_its_metrics_say_why():
+    from host_runtime.placement.model_table import synthetic_table
+    from host_runtime.placement.planner import GIB, Host, PlanRequest, plan
+    from host_runtime.placement.render import prometheus_lines
+
+    q4_k_m = {"attn_q": Q4_K, "attn_k": Q4_K, "attn_v": Q6_K, "attn_output": Q4_K, "ffn_gate": Q4_K, "ffn_up": Q4_K,
+              "ffn_down": Q6_K, "token_embd": Q4_K, "output": Q6_K, "norm": F32}
+    table = synthetic_table(name="Llama-3.1-8B-Instruct-Q4_K_M", n_layer=32, n_embd=4096, n_ff=14336, n_head=32,
+                            n_head_kv=8, n_vocab=128256, n_ctx_train=131072, types=q4_k_m)
+    assert matrix_types(table) == {Q4_K, Q6_K}  # not the F32 norms, not the embedding (an untied head)
+    rule = row_bounds(matrix_types(table), invariant=True, cpu_only=True, repacked=True)
+    placement = plan(table, [], Host(available_bytes=30 * GIB, total_bytes=32 * GIB), PlanRequest(n_ctx_per_seq=4096))
+    line = next(x for x in prometheus_lines(placement, {}, None, rows=rule)
+                if x.startswith("everycycle_batching_decode_rows{"))
+    assert line.endswith(" 3.0") and "Q4_K repacked compute rows in groups of 4 otherwise" in line
+    assert not any(x.startswith("everycycle_batching_decode_rows{")
+                   for x in prometheus_lines(placement, {}, None, rows=NO_BOUNDS))

@@ -182,7 +182,7 @@ class EngineService:
             if real > s.used_bytes + tolerance(s.used_bytes):
                 log.warning("%s: llama.cpp allocated %.0f MiB, the plan said %.0f MiB", s.device, real / 2**20,
                             s.used_bytes / 2**20)
-        lines = prometheus_lines(p, allocated.by_device, self.backend, attention=a)
+        lines = prometheus_lines(p, allocated.by_device, self.backend, attention=a, rows=self.model.row_bounds)
         drafter = self.engine.drafter
         if drafter is not None:  # the draft model's own layers and bytes, beside the target's
             log.info("draft model placement:\n%s", render_table(drafter.model.placement, proven=True,

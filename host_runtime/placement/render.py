@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from host_runtime.placement.kv_types import AttentionLayout
+from host_runtime.placement.matmul_rows import RowBounds
 from host_runtime.placement.planner import Placement
 
 MIB = 1 << 20
@@ -72,10 +73,12 @@ def _backend_choice(p: Placement, compiled: list[str], seen: list[str], forced_c
 
 
 def prometheus_lines(p: Placement, allocated: dict[str, dict[str, int]], backend: tuple[str, str, str] | None,
-                     prefix: str = "", attention: AttentionLayout | None = None) -> list[str]:
+                     prefix: str = "", attention: AttentionLayout | None = None,
+                     rows: RowBounds | None = None) -> list[str]:
     """The placement as gauges: layers and bytes per device (planned, and what llama.cpp allocated). prefix:
     "draft_" for a draft model's (everycycle_draft_model_layers, ...), which has no backend line of its own.
-    attention: the batching mode, the attention it runs with and why, as a line of its own."""
+    attention: the batching mode, the attention it runs with and why, as a line of its own; rows: where the
+    invariant mode bounds a decode call's rows (matmul_rows.py), a line where it does."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     registry = CollectorRegistry()
@@ -90,6 +93,9 @@ def prometheus_lines(p: Placement, allocated: dict[str, dict[str, int]], backend
         gauge("batching_info", "The batching mode, the attention it runs with and why (1).",
               ["mode", "flash_attention", "cache_type_k", "cache_type_v", "reason"]) \
             .labels(attention.mode, attention.flash, attention.type_k, attention.type_v, attention.reason).set(1)
+    if rows is not None and rows.decode_rows() is not None:
+        gauge("batching_decode_rows", "The most rows (sequences and their drafts) a decode call holds so that each "
+              "computes as it would alone, and why.", ["reason"]).labels(rows.reason).set(rows.decode_rows())
     layers = gauge("model_layers", "Model layers placed on each device (the output layer counts on its device).",
                    ["device"])
     planned = gauge("device_memory_bytes", "Bytes the placement planned on each device.", ["device", "kind"])
