@@ -45,6 +45,10 @@ def main() -> int:
                     help="bench/serving.py's servers besides llama-server (default: both batching modes)")
     ap.add_argument("--governor-seconds", type=float, default=60.0, help="how long the governor observes (default 60)")
     ap.add_argument("--out", metavar="DIR", help="also write the JSON and the NVML fixture here")
+    ap.add_argument("--row-probe-types", default="q4_0,q4_k_m,f16",
+                    help="bench/row_probe.py's weight types on the GPU: where a decode token beside others computes as "
+                         "alone (the invariant mode's question; empty: skipped)")
+    ap.add_argument("--row-probe-rows", type=int, default=16)
     args = ap.parse_args()
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -78,6 +82,13 @@ def main() -> int:
     plan, err = run_json([py, "-m", "host_runtime.cli", "plan", *model, "--gpu-layers", "999", "--ctx-size", "1024",
                           "--parallel", "16", "--json"], env, 300)
     doc["plan"] = plan or {"error": err}
+
+    # How the GPU's kernels compute a decode token beside others, per weight type (placement/matmul_rows.py covers
+    # the CPU's alone). Lavapipe, 2026-12-07: Q4_K_M rows 4e-5 apart from 2 rows, 1.4-4.2 from 9.
+    if args.row_probe_types:
+        probe, err = run_json([py, "bench/row_probe.py", "--gpu-layers", "999", "--types", args.row_probe_types,
+                               "--rows", str(args.row_probe_rows)], env, 900)
+        doc["row_probe"] = probe or {"error": err}
 
     # NVML's readings, in discovery's raw form: a fixture for the translation tests.
     fixture, err = run_json([py, "-c", "import json; from host_runtime.gpu import nvml; raw, status = nvml.snapshot(); "

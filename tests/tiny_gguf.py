@@ -398,7 +398,8 @@ def wav(seconds: float, frequency: float, rate: int = 16000) -> bytes:
 
 
 # llama.cpp's file types (llama.h's LLAMA_FTYPE_MOSTLY_*) by the names llama-quantize takes
-QUANTIZE_FTYPES = {"f16": 1, "q4_0": 2, "q8_0": 7, "q2_k": 10, "q4_k_m": 15, "q6_k": 18, "bf16": 32}
+QUANTIZE_FTYPES = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q2_k": 10, "q3_k_m": 12, "q4_k_m": 15,
+                   "q5_k_m": 17, "q6_k": 18, "iq4_nl": 25, "bf16": 32}
 
 
 def quantized(src: Path, dst: Path, ftype: str) -> Path:

@@ -173,7 +173,7 @@ class EngineService:
                  a.reason)
         rows = self.model.row_bounds
         if rows.reason:  # the invariant mode's price with this model's weight types (placement/matmul_rows.py)
-            (log.warning if rows.alone else log.info)(
+            (log.warning if rows.alone or not rows.held else log.info)(
                 "batch invariance with this model's weights: %s%s", rows.reason,
                 " (serve --mixed-batches decodes sequences together, without the guarantee)" if rows.alone else "")
         log.info("placement:\n%s", render_table(p, proven=True, proof_note="compute buffers from llama.cpp's dry run"))

@@ -19,7 +19,7 @@ random llama at Q4_K_M (2 cores, in-process, per call): 16 decoding sequences in
 25 ms in one call (before the bound) and 49 ms in calls of 7 with the weights not repacked, which would make
 one-token calls 4.0-4.9 ms against 3.6-4.4 ms (prompts 1.2x faster: ggml's tiled kernels outrun the repacked gemm
 there). The repacked weights stay: a lone user's decoding is the box's first case. Calls on GPUs (their own kernels)
-are not covered here.
+are not covered: measured on Vulkan, they do not keep the promise at any bound worth keeping (GPU_NOT_HELD).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class RowBounds:
     repack_group: int = 0
     alone: bool = False
     reason: str = ""
+    held: bool = True  # False: the invariant mode cannot keep its promise here (layers on a GPU), as `reason` says
 
     def most_rows(self, slice_tokens: int) -> int | None:
         """The most rows a call of slices `slice_tokens` long may hold so that each computes as it would alone
@@ -74,7 +75,13 @@ class RowBounds:
         return self.most_rows(1)
 
 
-NO_BOUNDS = RowBounds()  # mixed batches, GPU placements, and models whose kernels compute a row alike at any count
+NO_BOUNDS = RowBounds()  # mixed batches, and models whose kernels compute a row alike at any count
+# With layers on a GPU: measured on Mesa's lavapipe (Vulkan; bench/row_probe.py --gpu-layers 999, 2026-12-07), a decode
+# token beside others came out 4e-5 apart from 2 rows (Q4_K_M) or 4 (F16) or 6 (Q4_0), and 1.4-4.2 apart from 9
+# (another matrix kernel); CUDA is not measured yet (the device check runs the probe). No bound is kept there.
+GPU_NOT_HELD = ("with layers on a GPU its kernels compute a row otherwise beside others (Vulkan on lavapipe: logits "
+                "4e-5 apart from 2 rows, 1.4-4.2 from 9), so a request's temperature-0 output may differ alone and "
+                "batched")
 
 
 def matrix_types(table) -> set[int]:
@@ -90,8 +97,10 @@ def row_bounds(types: Iterable[int], *, invariant: bool, cpu_only: bool, repacke
     """What the invariant mode keeps for a model with these matrix types (see the module's text); repacked:
     llama.cpp repacked weights for this CPU (its CPU_REPACK buffer)."""
     types = set(types)
-    if not (invariant and cpu_only):
+    if not invariant:
         return NO_BOUNDS
+    if not cpu_only:
+        return RowBounds(held=False, reason=GPU_NOT_HELD)
     bounds, why = [], []
     unmeasured = types - TINYBLAS_DIFFERS - TILED - SAME_AT_EVERY_COUNT
     if found := types & TINYBLAS_DIFFERS:
