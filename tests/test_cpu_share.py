@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from host_runtime.engine.cpu_share import PROBE_FIRST_S, PROBE_MAX_S, WINDOW, ThreadShare as _ThreadShare
+from host_runtime.engine.cpu_share import FIRST_CALLS_S, PROBE_FIRST_S, PROBE_MAX_S, WINDOW, ThreadShare as _ThreadShare
 
 
 def ThreadShare(most: int) -> _ThreadShare:
-    return _ThreadShare(most, rng=lambda: 0.5)  # no jitter: the waits as set
+    # no jitter: the waits as set; the first calls judged too (FIRST_CALLS_S is tested apart)
+    return _ThreadShare(most, rng=lambda: 0.5, _judge_from=0.0)
 
 
 def feed(share: ThreadShare, now: float, calls: int, cpu_per_wall: float, wall_s: float = 0.02) -> list[int]:
@@ -83,7 +84,7 @@ def test_a_probe_whose_first_call_gets_half_its_cores_fails_at_once():
 def test_probe_waits_are_drawn_around_their_value():
     waits = set()
     for r in (0.0, 0.5, 1.0):
-        share = _ThreadShare(2, rng=lambda r=r: r)
+        share = _ThreadShare(2, rng=lambda r=r: r, _judge_from=0.0)
         feed(share, 0.0, WINDOW, cpu_per_wall=1.0)
         waits.add(round(share._next_probe_at - 0.14, 2))
     assert waits == {1.5, 2.0, 2.5}
@@ -97,3 +98,28 @@ def test_once_a_probe_shows_the_cores_are_free_small_dips_no_longer_take_a_threa
     assert feed(share, PROBE_FIRST_S + 0.3, WINDOW, cpu_per_wall=1.9) == []  # the probe got its cores: settled
     assert feed(share, PROBE_FIRST_S + 1.0, 10 * WINDOW, cpu_per_wall=1.6) == [] and share.threads == 2
     assert feed(share, PROBE_FIRST_S + 5.0, WINDOW, cpu_per_wall=1.3) == [1]  # 0.65: a neighbour
+
+
+def test_a_probe_call_at_half_its_cores_but_not_slow_waits_for_the_window():
+    """An engine alone has some calls at half its cores (a thread woken late); one of them is not a collapse."""
+    share = ThreadShare(2)
+    feed(share, 0.0, WINDOW, cpu_per_wall=1.0)  # down to one thread, its calls 20 ms
+    assert feed(share, 3.0, 1, cpu_per_wall=1.0) == [2]
+    assert feed(share, 3.1, 1, cpu_per_wall=1.0, wall_s=0.015) == []  # half the cores, no slower: not judged alone
+    assert feed(share, 3.2, WINDOW, cpu_per_wall=1.95, wall_s=0.015) == [] and share.threads == 2  # the window: kept
+
+
+def test_a_probe_whose_calls_got_faster_is_kept_whatever_its_share():
+    share = ThreadShare(2)
+    feed(share, 0.0, WINDOW, cpu_per_wall=1.0)  # a window read at half the cores: one thread, its calls 20 ms
+    assert feed(share, 0.3, WINDOW, cpu_per_wall=1.0) == []  # one thread's calls, 20 ms each
+    assert feed(share, 3.0, 1, cpu_per_wall=1.0) == [2]
+    # the probe's calls read 0.8 of 2 cores (under CONTENDED) and take 14 ms: faster than one thread's, so the
+    # thread stays, settled (0.8 is above SETTLED)
+    assert feed(share, 3.1, 2 * WINDOW, cpu_per_wall=1.6, wall_s=0.014) == [] and share.threads == 2
+
+
+def test_an_engines_first_calls_are_not_judged():
+    share = _ThreadShare(2, rng=lambda: 0.5)
+    assert feed(share, 0.0, 10 * WINDOW, cpu_per_wall=1.0) == []  # its warm-up, 1.6 s at half the cores
+    assert feed(share, FIRST_CALLS_S, WINDOW, cpu_per_wall=1.0) == [1]  # then judged as ever
