@@ -14,8 +14,8 @@ a window of calls, as their CPU time over their wall time, never call by call: t
 on another core with its CPU time at its scheduler ticks, so a call shorter than a tick, while the other thread
 spins through it, reads as half its cores or as much more (a 150M model's 4 ms calls: the median call 0.52, the
 engine alone, and it went to 1 thread for a whole c=1 benchmark at 0.80x llama-server's tok/s). Below CONTENDED,
-one thread fewer; now and then one more is tried again (a probe), kept only where it gets its cores, so
-a neighbour that goes away gives the threads back; once a probe has shown a count gets its cores, only a share below
+one thread fewer; now and then one more is tried again (a probe), kept only where it gets its cores or makes
+the calls faster, so a neighbour that goes away gives the threads back; once a probe has shown a count gets its cores, only a share below
 SETTLED takes it down again. Probes that fail are spaced further apart, up to PROBE_MAX_S.
 """
 
