@@ -17,7 +17,7 @@ class StepDrafter:
         """step_room: the decode tokens a call holds (with mixed batches the prompt budget takes the rest);
         draft_model: draft_model.DraftModel, for config.kind "draft"; max_draft: the longest draft whose rows,
         verified in one call with the sequence's token, compute as that token alone does (None: any; 0: none;
-        placement/matmul_rows.RowBounds.decode_rows)."""
+        placement/matmul_rows.RowBounds.max_draft)."""
         if config.enabled and config.kind == "draft" and draft_model is None:
             raise ValueError("speculation with a draft model needs the DraftModel (drafter)")
         self.config = config

@@ -155,11 +155,6 @@ class Sequence:
         return [self.next_token] + self.draft if self.next_token is not None else []
 
 
-def _max_draft(decode_rows: int | None) -> int | None:
-    """The longest draft a decode call may verify beside its sequence's token (None: any)."""
-    return None if decode_rows is None else decode_rows - 1
-
-
 class Engine:
     def __init__(self, model, *, max_waiting: int = 64, prefix_cache: PrefixCacheConfig = PrefixCacheConfig(),
                  governor_state: str | None = None, speculation: SpeculationConfig = SpeculationConfig(),
@@ -185,7 +180,7 @@ class Engine:
         self.drafting = StepDrafter(speculation, step_room=model.n_batch - (0 if model.batch_invariant
                                                                             else model.prefill_budget),
                                     batch_invariant=model.batch_invariant, n_ctx_per_seq=model.n_ctx_per_seq,
-                                    draft_model=drafter, max_draft=_max_draft(model.row_bounds.decode_rows()))
+                                    draft_model=drafter, max_draft=model.row_bounds.max_draft())
         self.prefill_budget = PrefillBudget(model.prefill_budget, step_prefill_s)
         self.throttle = ThrottleReader(governor_state)
         self.progress = DecodeProgress()

@@ -24,18 +24,15 @@ are not covered: measured on Vulkan, they do not keep the promise at any bound w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
-# ggml's type ids (ggml.h)
+# ggml's type ids (ggml.h; gguf.GGMLQuantizationType's numbers, written here because placement imports gguf only
+# where it reads a file: 0.12 s and numpy, which the serving API's processes do not load)
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M, BF16 = 16, 17, 18, 19, 20, 21, 22, 23, 29, 30
 MXFP4 = 39
-
-TYPE_NAMES = {F32: "F32", F16: "F16", BF16: "BF16", Q2_K: "Q2_K", Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K",
-              Q6_K: "Q6_K", IQ2_XXS: "IQ2_XXS", IQ2_XS: "IQ2_XS", IQ3_XXS: "IQ3_XXS", IQ1_S: "IQ1_S",
-              IQ3_S: "IQ3_S", IQ2_S: "IQ2_S", IQ4_XS: "IQ4_XS", IQ1_M: "IQ1_M"}
 
 TINYBLAS_DIFFERS = frozenset({F32, F16, BF16})  # vec_dot for one row, tinyBLAS from two, its tiles by the call's shape
 TILED = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M})
@@ -73,6 +70,11 @@ class RowBounds:
         """The most rows a decode call may hold: a decoding sequence's token (and a draft's, verified with it)
         must compute as a lone token does in its own call."""
         return self.most_rows(1)
+
+    def max_draft(self) -> int | None:
+        """The longest draft a decode call may verify beside its sequence's token (None: any; 0: none)."""
+        rows = self.decode_rows()
+        return None if rows is None else rows - 1
 
 
 NO_BOUNDS = RowBounds()  # mixed batches, and models whose kernels compute a row alike at any count
@@ -119,8 +121,16 @@ def row_bounds(types: Iterable[int], *, invariant: bool, cpu_only: bool, repacke
         return rule
     say = ("one sequence a call, no speculative drafts" if alone else
            f"decode calls of at most {rule.decode_rows()} rows (sequences, and drafts verified beside them)")
-    return RowBounds(rule.bounds, group, alone, f"{'; '.join(why)}: {say}")
+    return replace(rule, reason=f"{'; '.join(why)}: {say}")
 
 
 def _names(types: set[int]) -> str:
-    return ", ".join(sorted(TYPE_NAMES.get(t, str(t)) for t in types))
+    import gguf
+
+    def name(t: int) -> str:
+        try:
+            return gguf.GGMLQuantizationType(t).name
+        except ValueError:  # a type newer than this gguf
+            return str(t)
+
+    return ", ".join(sorted(name(t) for t in types))

@@ -93,8 +93,7 @@ def prometheus_lines(p: Placement, allocated: dict[str, dict[str, int]], backend
         gauge("batching_info", "The batching mode, the attention it runs with and why (1).",
               ["mode", "flash_attention", "cache_type_k", "cache_type_v", "reason"]) \
             .labels(attention.mode, attention.flash, attention.type_k, attention.type_v, attention.reason).set(1)
-    decode_rows = rows.decode_rows() if rows is not None else None
-    if rows is not None and decode_rows is not None:
+    if rows is not None and (decode_rows := rows.decode_rows()) is not None:
         gauge("batching_decode_rows", "The most rows (sequences and their drafts) a decode call holds so that each "
               "computes as it would alone, and why.", ["reason"]).labels(rows.reason).set(decode_rows)
     layers = gauge("model_layers", "Model layers placed on each device (the output layer counts on its device).",
