@@ -81,7 +81,7 @@ def measure(model_path: str, names: list[str], ctx: int, parallel: int, n_batch:
         placement, runs = prove(model_path, table, devs, host, request, n_batch=n_batch, n_threads=2)
         config = ContextConfig(n_ctx_per_seq=ctx, n_parallel=parallel, n_batch=n_batch, n_threads=2)
         started = time.monotonic()
-        model = LoadedModel(model_path, config, placement=placement)
+        model = LoadedModel(model_path, config, placement=placement, table=table)
         load_s = time.monotonic() - started
         devices_out = []
         for s in placement.shares:

@@ -119,8 +119,8 @@ class ContextConfig:
 
 
 def place(path: str | os.PathLike, config: ContextConfig, say=lambda phase, fraction=None: None):
-    """The proven placement for this model and these settings (see host_runtime/placement); say(phase) is told
-    each step, as each can take a while on a slow box."""
+    """The proven placement for this model and these settings (see host_runtime/placement), and the GGUF's tensor
+    table it was planned from; say(phase) is told each step, as each can take a while on a slow box."""
     request = config.plan_request()
     try:
         say("planning: reading the GGUF's tensor table")
@@ -134,16 +134,18 @@ def place(path: str | os.PathLike, config: ContextConfig, say=lambda phase, frac
                              speculation=config.speculation)
     except (ModelTableError, PlacementError, ProofFailed) as exc:
         raise ModelLoadError(str(exc)) from None
-    return placement
+    return placement, table
 
 
 class LoadedModel:
     """The one copy of the weights, placed over the devices as the planner proved, a generation context sized
     for the placement's sequences, and (made on first use) an embeddings context sharing the same weights."""
 
-    def __init__(self, path: str | os.PathLike, config: ContextConfig, placement=None, on_progress=None):
+    def __init__(self, path: str | os.PathLike, config: ContextConfig, placement=None, on_progress=None,
+                 table=None):
         """on_progress(phase, fraction) is told where loading is: "planning", "loading weights" (0..1 from
-        llama.cpp's own progress callback), "creating the context"."""
+        llama.cpp's own progress callback), "creating the context". placement (and the tensor table it was
+        planned from, `table`): already proven (bench/placement.py); else planned here."""
         import llama_cpp
         from llama_cpp._internals import LlamaContext, LlamaModel
 
@@ -152,8 +154,9 @@ class LoadedModel:
         llama_cpp.llama_backend_init()
         llama_log.install()  # llama.cpp's warnings reach our log; its buffer reports reach the proof
         say = on_progress or (lambda phase, fraction=None: None)
-        self.placement = placement or place(self.path, config, say)
-        p = self.placement
+        if placement is None:
+            placement, table = place(self.path, config, say)
+        self.placement = p = placement
         try:
             mp = model_params(p)
         except DeviceMissing as exc:
@@ -204,7 +207,7 @@ class LoadedModel:
         # Where this model's matrix products compute a call's rows otherwise (more rows, other kernels): the
         # invariant mode keeps its calls within it (placement/matmul_rows.py).
         try:
-            types = matrix_types(read_table(self.path))
+            types = matrix_types(table if table is not None else read_table(self.path))
         except ModelTableError as exc:
             raise ModelLoadError(str(exc)) from None
         self.row_bounds = row_bounds(types, invariant=config.batch_invariant, cpu_only=p.n_gpu_layers == 0,
