@@ -3,8 +3,8 @@
 host_runtime/placement/matmul_rows.py, to run again when llama.cpp changes, and on a GPU (the device check runs it
 there: those kernels are not covered by the rule yet).
 
-For each type, a small random llama (256 wide, 2 layers, byte vocabulary) quantized by llama.cpp itself; the
-invariant mode's context (a KV stream per sequence, its attention for the placement); each of N sequences' next
+For each type, a small random llama (256 wide, 2 layers, byte vocabulary) quantized by llama.cpp itself, loaded
+and decoded as the engine does (engine/model.py's LoadedModel in the invariant mode, engine/runner.py); each of N sequences' next
 token decoded alone, then sequences 0..k-1 together for k = 2..N; per k, the largest logit difference of any row
 from its own alone. Prints one JSON document: per type, the largest k whose rows all matched, the first that did
 not, and what matmul_rows predicts for a decode call (its most rows; null: no bound).
@@ -26,9 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.serving import cpu_flags  # noqa: E402
-from host_runtime.gpu import llama_log  # noqa: E402
-from host_runtime.placement.kv_types import DEFAULT_KV, attention_layout  # noqa: E402
-from host_runtime.placement.llama_params import context_params  # noqa: E402
+from host_runtime.engine.model import ContextConfig, LoadedModel  # noqa: E402
+from host_runtime.engine.runner import LlamaRunner  # noqa: E402
 from host_runtime.placement.matmul_rows import matrix_types, row_bounds  # noqa: E402
 from host_runtime.placement.model_table import read_table  # noqa: E402
 from tests.tiny_gguf import QUANTIZE_FTYPES, quantized, write_tiny_llama  # noqa: E402
@@ -37,39 +36,24 @@ PROMPT_TOKENS = 20
 
 
 def probe(path: Path, gpu_layers: int, rows: int) -> dict:
+    """The engine's own model and runner (its invariant mode's context, its repacking, its rule)."""
     import llama_cpp
 
-    mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = gpu_layers
-    with llama_log.capture() as text:
-        model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
-    repacked = "CPU_REPACK" in "".join(text)  # as engine/model.py reads it
-    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
-    attention = attention_layout(DEFAULT_KV, batch_invariant=True, cpu_only=gpu_layers == 0, n_ctx_per_seq=256,
-                                 n_parallel=rows)
-    cparams = context_params(n_ctx_per_seq=256, n_parallel=rows, n_batch=256, n_threads=0, batch_invariant=True,
-                             attention=attention)
-    ctx = llama_cpp.llama_init_from_model(model, cparams)
-    memory = llama_cpp.llama_get_memory(ctx)
-    batch = llama_cpp.llama_batch_init(256, 0, 1)
-
-    def decode(items: list[tuple[int, int, int, bool]]) -> None:
-        batch.n_tokens = len(items)
-        for i, (seq, pos, token, logits) in enumerate(items):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, logits
-            batch.seq_id[i][0] = seq
-        if llama_cpp.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
-
+    config = ContextConfig(n_ctx_per_seq=256, n_parallel=rows, n_batch=256, n_threads=2,
+                           placement="cpu" if gpu_layers == 0 else "auto",
+                           n_gpu_layers=gpu_layers if gpu_layers else None)
+    model = LoadedModel(path, config)
+    runner = LlamaRunner(model)
+    n_vocab = model.n_vocab
     for seq in range(rows):
-        decode([(seq, i, 3 + (seq * 53 + i * 7) % (n_vocab - 3), False) for i in range(PROMPT_TOKENS)])
+        runner.decode([(seq, 0, [3 + (seq * 53 + i * 7) % (n_vocab - 3) for i in range(PROMPT_TOKENS)], None)])
 
     def step(seqs: list[int]) -> list[np.ndarray]:
-        decode([(seq, PROMPT_TOKENS, 5 + seq, True) for seq in seqs])
-        out = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, j), shape=(n_vocab,)).copy()
+        runner.decode([(seq, PROMPT_TOKENS, [5 + seq], 0) for seq in seqs])
+        out = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(model.ctx.ctx, j), shape=(n_vocab,)).copy()
                for j in range(len(seqs))]
         for seq in seqs:
-            llama_cpp.llama_memory_seq_rm(memory, seq, PROMPT_TOKENS, -1)
+            runner.forget(seq, PROMPT_TOKENS)
         return out
 
     alone = [step([seq])[0] for seq in range(rows)]
@@ -77,18 +61,15 @@ def probe(path: Path, gpu_layers: int, rows: int) -> dict:
     for k in range(2, rows + 1):
         together = step(list(range(k)))
         apart[k] = max(float(np.abs(together[j] - alone[j]).max()) for j in range(k))
-    llama_cpp.llama_batch_free(batch)
-    llama_cpp.llama_free(ctx)
-    llama_cpp.llama_model_free(model)
     differing = [k for k, v in apart.items() if v > 0]
-    types = matrix_types(read_table(path))
+    a = model.attention
+    # the rule as it would be in the invariant mode with every layer on the CPU (the GPU's: none kept)
+    rule = row_bounds(matrix_types(read_table(path)), invariant=True, cpu_only=True, repacked=model.weights_repacked)
     return {"gpu_layers": gpu_layers, "max_abs_logit_difference_by_rows": apart,
             "largest_exact_rows": (differing[0] - 1) if differing else rows,
             "first_differing_rows": differing[0] if differing else None,
-            "attention": f"flash {attention.flash}, K {attention.type_k}, V {attention.type_v}",
-            "repacked": repacked,
-            "rule_decode_rows": row_bounds(types, invariant=True, cpu_only=gpu_layers == 0,
-                                           repacked=repacked).decode_rows()}
+            "attention": f"flash {a.flash}, K {a.type_k}, V {a.type_v}", "repacked": model.weights_repacked,
+            "rule_decode_rows": rule.decode_rows(), "engine_note": model.row_bounds.reason or None}
 
 
 def main() -> int:
@@ -101,8 +82,6 @@ def main() -> int:
     args = ap.parse_args()
     import llama_cpp
 
-    llama_cpp.llama_backend_init()
-    llama_log.install()
     work = Path(tempfile.mkdtemp(prefix="row-probe-"))
     source = write_tiny_llama(work / "f32.gguf", n_ctx=512, n_embd=256, n_layer=2, n_head=4, n_ff=512)
     doc: dict = {"bench": "row_probe", "gpu_layers": args.gpu_layers, "rows": args.rows,
