@@ -123,6 +123,19 @@ def test_calls_stay_below_the_row_count_where_the_models_kernels_change():
     assert [len(call) for call in plan_step(short, prefill_budget=64, rows=alone)] == [1] * 5
 
 
+def test_a_calls_sequences_are_in_ascending_ids_whatever_order_they_came_in():
+    # Slots are reused, so the running order drifts from the ids; llama.cpp splits a call with a KV stream per
+    # sequence at every id out of ascending order (another pass over the weights each): bench/serving.py c=16 saw
+    # its 16-sequence decode calls take 1.2x their time in order.
+    decoding = [FakeSeq(i, [1, 2], n_past=2, next_token=9) for i in (5, 0, 3, 1, 2)]
+    assert [[p.seq.seq_id for p in call] for call in plan_step(decoding, prefill_budget=16)] == [[0, 1, 2, 3, 5]]
+    tiled = RowBounds(bounds=(4,))  # three rows a call: the lowest ids together
+    assert [[p.seq.seq_id for p in call] for call in plan_step(decoding, prefill_budget=16, rows=tiled)] == \
+        [[0, 1, 2], [3, 5]]
+    prompts = [FakeSeq(i, list(range(16))) for i in (4, 2, 3)]
+    assert [[p.seq.seq_id for p in call] for call in plan_step(prompts, prefill_budget=64)] == [[2, 3, 4]]
+
+
 def test_calls_hold_equal_token_counts_per_sequence():
     a, b = FakeSeq(0, list(range(20)), n_past=16), FakeSeq(1, list(range(40)))
     calls = plan_step([a, b], prefill_budget=64)

@@ -108,7 +108,7 @@ class BatchSlice:
 
 
 def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: bool = True,
-              rows: RowBounds = NO_BOUNDS) -> list[list[BatchSlice]]:
+              rows: RowBounds = NO_BOUNDS, shape_blind: bool = False) -> list[list[BatchSlice]]:
     """The decode calls for one step: first the decoding sequences' tokens (a draft verified in the same call),
     then prompt chunks, round by round (a sequence's k-th chunk of the step in the k-th round, so its chunks run
     in order); each group split by length, and further where the model's matrix products would compute a call of
@@ -118,7 +118,10 @@ def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: boo
     At least one prompt chunk is planned whenever a sequence is prefilling, so prompts always progress.
     Not `invariant`: everything in one call (as llama-server batches), a sequence's chunks of the step as one
     slice, one pass over the weights per step instead of one per call; a sequence's results then depend on what
-    else shares its call.
+    else shares its call. `shape_blind` (invariant, and the model computes every row alike in any call: its
+    matrix types at every row count, its attention a query row at a time): the same one call, each row still as
+    it would be alone; not while a sequence verifies a draft (its calls stay as planned above). A call's
+    sequences go in ascending ids (see _by_length).
     """
     decodes: list[BatchSlice] = []
     for seq in active:
@@ -143,9 +146,9 @@ def plan_step(active: Sequence[Schedulable], prefill_budget: int, invariant: boo
             used, pos, offset, k = used + take, pos + take, offset + take, k + 1
         if offset < len(pending):
             break
-    if not invariant:
-        prefills = _joined([part for r in rounds for part in r])
-        return [decodes + prefills] if decodes or prefills else []
+    if not invariant or (shape_blind and all(len(part.tokens) == 1 for part in decodes)):
+        joined = decodes + _joined([part for r in rounds for part in r])
+        return [sorted(joined, key=lambda part: part.seq.seq_id)] if joined else []
     return (_by_length(decodes, lambda n: rows.decode_rows())
             + [call for r in rounds for call in _by_length(r, rows.most_rows)])
 
@@ -167,6 +170,10 @@ def _by_length(parts: list[BatchSlice], most_rows=lambda n: None) -> list[list[B
         by_length.setdefault(len(part.tokens), []).append(part)
     calls = []
     for length, group in by_length.items():
+        # In ascending sequence ids: with a KV stream per sequence llama.cpp computes a call as one pass only over
+        # consecutive ids in ascending order, and splits it into another pass at every id out of that order
+        # (llama_batch_allocr::split_equal, sequential) — each pass a read of all the weights.
+        group.sort(key=lambda part: part.seq.seq_id)
         limit = most_rows(length)
         per_call = len(group) if limit is None else max(1, limit // length)
         calls += [group[i:i + per_call] for i in range(0, len(group), per_call)]
