@@ -40,6 +40,7 @@ class FakeModel:
     cache_fingerprint: str = "fake-model"
     n_batch: int = 64          # the most tokens one call holds
     row_bounds: RowBounds = NO_BOUNDS  # where the matrix products change kernels (placement/matmul_rows.py)
+    shape_blind: bool = False  # one call a step in the invariant mode (engine/model.py)
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
         return list(text.encode())

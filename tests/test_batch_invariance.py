@@ -82,9 +82,13 @@ def test_batched_equals_alone_through_the_api(client):
     assert [results[i] for i in range(len(QUESTIONS))] == alone
 
 
-def logprobs_of(model, prompts: list[list[int]], max_tokens: int = 12) -> list[list[float]]:
-    """The chosen tokens' logprobs of these token prompts run together (one: alone)."""
+def logprobs_of(model, prompts: list[list[int]], max_tokens: int = 12, calls: list | None = None) -> list[list[float]]:
+    """The chosen tokens' logprobs of these token prompts run together (one: alone); `calls` gets each decode
+    call's parts as (sequence, tokens)."""
     engine = Engine(model)
+    if calls is not None:
+        decode = engine.runner.decode
+        engine.runner.decode = lambda parts: (calls.append([(p[0], len(p[2])) for p in parts]), decode(parts))[1]
     sinks = []
     for tokens in prompts:
         sink: queue.Queue = queue.Queue()
@@ -117,6 +121,25 @@ def test_a_long_context_gives_the_same_logits_alone_or_batched(small_steps):
     alone = logprobs_of(model, [chat(prompts, long_text)])[0]
     together = logprobs_of(model, [chat(prompts, long_text), chat(prompts, QUESTIONS[1])])[0]
     assert len(alone) == 12 and together == alone
+
+
+def test_decode_tokens_and_prompt_chunks_share_a_call_where_every_row_computes_alike():
+    # The default model's matrices (Q4_1, Q8_0) compute a row alike at any row count and its attention is per
+    # row here: a step is one call, as llama-server's (one pass over the weights, where separate decode and
+    # prompt calls were two or three: bench/serving.py at 32 clients), and every row still as alone.
+    config = ContextConfig(n_ctx_per_seq=1024, n_parallel=4, n_batch=96, prefill_chunk=32, n_threads=2)
+    model = LoadedModel(default_model_path(), config)
+    assert model.shape_blind and model.attention.per_row
+    builder = PromptBuilder(model)
+    prompts = [chat(builder, q) for q in QUESTIONS]  # the last over the 96-token budget: several steps
+    alone = [logprobs_of(model, [p], 24)[0] for p in prompts]
+    calls: list = []
+    together = logprobs_of(model, prompts, 24, calls)
+    assert all(len(a) == 24 for a in alone)
+    assert together == alone
+    joined = [c for c in calls if any(n == 1 for _, n in c) and any(n > 1 for _, n in c)]
+    assert joined, calls  # decode tokens and a prompt's chunk in one call
+    assert all([s for s, _ in c] == sorted(s for s, _ in c) for c in calls)
 
 
 # Weight types whose CPU kernels change with a call's row count (placement/matmul_rows.py): a K-quant's tiled

@@ -16,6 +16,10 @@ def bounds(*types, invariant=True, cpu_only=True, repacked=True):
 def test_types_computed_alike_at_any_row_count_keep_no_bound():
     assert bounds(Q4_1, Q8_0) == NO_BOUNDS  # the default model's
     assert bounds(Q4_0, IQ4_NL).decode_rows() is None
+    # what lets the invariant mode put a step in one call (with per-row attention: engine/model.py)
+    assert bounds(Q4_1, Q8_0).any_count and bounds(Q4_0, IQ4_NL).any_count
+    assert not any(b.any_count for b in (bounds(Q4_K, Q6_K), bounds(Q6_K, repacked=False), bounds(F16),
+                                         bounds(Q4_1, cpu_only=False)))
 
 
 def test_k_quants_keep_decode_calls_below_the_tiled_kernels_and_the_repacked_gemm():

@@ -100,16 +100,28 @@ def stream_beside_a_long_prompt(model) -> dict:
             "stream_tokens": sum(1 for n, t in order[submitted_at:first_long] if n == "stream" and t == "token")}
 
 
-def test_a_long_prompt_does_not_stop_running_streams(model):
-    seen = stream_beside_a_long_prompt(model)
-    # Between the long request's arrival and its first token, the stream got a token in every
-    # step: one per prefill chunk (the chunk is the most it ever waits).
-    n_chunks = seen["n_chunks"]
-    tokens_during_prefill = seen["stream_tokens"]
-    assert n_chunks >= 10
-    assert tokens_during_prefill >= n_chunks - 1
-    # Invariant: the stream's tokens and the prompt's chunks go in separate calls, two a step (see the mixed test).
-    assert seen["calls"] > tokens_during_prefill + 2
+@pytest.fixture(scope="module")
+def plain_attention():
+    """Past PER_ROW_MAX_CTX tokens a sequence the invariant mode takes plain attention, whose rows move with the
+    call's shape: its steps keep decode tokens and prompt chunks in separate calls."""
+    return LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=2304, n_parallel=2, n_batch=32,
+                                                           prefill_chunk=32, n_threads=2))
+
+
+def test_a_long_prompt_does_not_stop_running_streams(model, plain_attention):
+    for loaded, one_call_a_step in ((model, True), (plain_attention, False)):
+        assert loaded.shape_blind is one_call_a_step
+        seen = stream_beside_a_long_prompt(loaded)
+        # Between the long request's arrival and its first token, the stream got a token in every
+        # step: one per prefill chunk (the chunk is the most it ever waits).
+        n_chunks = seen["n_chunks"]
+        tokens_during_prefill = seen["stream_tokens"]
+        assert n_chunks >= 10
+        assert tokens_during_prefill >= n_chunks - 1
+        if one_call_a_step:  # every row computes alike in any call: the stream's token and a chunk share one
+            assert seen["calls"] <= tokens_during_prefill + 2
+        else:  # the stream's tokens and the prompt's chunks in separate calls, two a step (see the mixed test)
+            assert seen["calls"] > tokens_during_prefill + 2
 
 
 def test_queue_full_is_503_with_retry_after_over_http(tmp_path):

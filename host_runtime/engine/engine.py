@@ -173,6 +173,9 @@ class Engine:
         # Token ids from here up are an image's places (projector.placeholder_tokens): never cut, decoded through
         # the projector
         self.media_from: int | None = model.n_vocab if projector is not None else None
+        # One call a step where the model computes a row alike in any call (model.shape_blind); not with images,
+        # whose chunks the step decodes apart from the text (_step).
+        self.shape_blind = model.shape_blind and self.media_from is None
         self.speculation = speculation
         self.drafter = drafter  # draft_model.DraftModel, for speculation.kind "draft"
         # A decode call holds the decoding sequences' tokens and drafts; with mixed batches the prompt budget
@@ -625,7 +628,7 @@ class Engine:
             self.drafting.draft([s for s in self._active if not s.is_prefilling() and s.next_token is not None])
         decoding = any(not s.is_prefilling() for s in self._active)
         for call in plan_step(self._active, self.prefill_budget.tokens(decoding), self.model.batch_invariant,
-                              self.model.row_bounds):
+                              self.model.row_bounds, self.shape_blind):
             if self.media_from is None:  # a text model: no call is looked through (the loop's hot path)
                 self._decode_call(call)
                 continue

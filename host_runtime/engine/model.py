@@ -176,7 +176,7 @@ class LoadedModel:
         self.prefill_chunk = min(config.prefill_chunk, config.n_batch)
         self.prefill_budget = config.n_batch
         self.batch_invariant = config.batch_invariant
-        self.n_batch = call_tokens(config.n_batch, self.n_parallel, config.batch_invariant)
+        self.n_batch = call_tokens(config.n_batch, self.n_parallel)
         self.n_threads = config.n_threads or os.cpu_count() or 1
         # attention.per_row: a draft's rows verified in one call compute exactly as one row at a time
         self.attention = attention_for(p, config.batch_invariant, config.speculation)
@@ -212,6 +212,10 @@ class LoadedModel:
             raise ModelLoadError(str(exc)) from None
         self.row_bounds = row_bounds(types, invariant=config.batch_invariant, cpu_only=p.n_gpu_layers == 0,
                                      repacked=self.weights_repacked)
+        # Invariant, and every row computes alike in any call (matrix types exact at every row count, attention a
+        # query row at a time): a step's decode tokens and prompt chunks share one call, as in the mixed mode, and
+        # each row still comes out as it would alone (step_plan's shape_blind).
+        self.shape_blind = config.batch_invariant and self.attention.per_row and self.row_bounds.any_count
         self.n_vocab = self.model.n_vocab()
         # End-of-generation tokens: they end a generated answer, and a prompt is always cut just
         # after one (chat message ends; see step_plan).

@@ -79,10 +79,11 @@ def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams
     return ModelParams(mparams, keep)
 
 
-def call_tokens(n_batch: int, n_parallel: int, batch_invariant: bool) -> int:
-    """The most tokens one decode call carries (engine/step_plan.py): invariant, a decode token per sequence or
-    prompt chunks within the n_batch budget; otherwise both in one call."""
-    return max(n_batch, n_parallel) if batch_invariant else n_batch + n_parallel
+def call_tokens(n_batch: int, n_parallel: int) -> int:
+    """The most tokens one decode call carries (engine/step_plan.py): a decode token per sequence and prompt chunks
+    within the n_batch budget, in one call (the mixed mode, and the invariant mode where a row computes alike in
+    any call: step_plan's shape_blind)."""
+    return n_batch + n_parallel
 
 
 def attention_for(placement: Placement, batch_invariant: bool, speculation: bool = False) -> AttentionLayout:
@@ -107,7 +108,7 @@ def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threa
 
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = n_ctx_per_seq * n_parallel
-    cparams.n_batch = cparams.n_ubatch = call_tokens(n_batch, n_parallel, batch_invariant)
+    cparams.n_batch = cparams.n_ubatch = call_tokens(n_batch, n_parallel)
     cparams.n_seq_max = n_parallel
     cparams.n_threads_batch = n_threads or os.cpu_count() or 1
     # One-token calls on every thread too. An earlier split (one fewer for them) answered a slowdown at c=1 in

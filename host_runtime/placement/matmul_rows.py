@@ -66,6 +66,11 @@ class RowBounds:
             limits.append(max(slice_tokens, self.repack_group - 1))
         return min(limits) if limits else None
 
+    @property
+    def any_count(self) -> bool:
+        """Every row computes alike in a call of any number of rows: a row's result does not depend on the call."""
+        return not (self.bounds or self.repack_group or self.alone) and self.held
+
     def decode_rows(self) -> int | None:
         """The most rows a decode call may hold: a decoding sequence's token (and a draft's, verified with it)
         must compute as a lone token does in its own call."""
