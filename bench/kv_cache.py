@@ -12,7 +12,13 @@ sequences or speculation (placement/kv_types.attention_layout: F16 stored as K B
 F16 with plain attention (the invariant mode's other layout, and the quality baseline every row is compared
 with). A type is a name for both K and V (`q8_0`) or a K/V pair (`bf16/f16`).
 
+`--mode mixed` runs each type with the attention the mixed-batches mode gives it instead (llama.cpp's own choice,
+as llama-server's: for F16 K and V its tiled kernel for prompts and its split over the cells for one query row at
+512 cells or more; for a quantized type the same one-row-at-a-time kernel as the invariant mode, the only one this
+llama.cpp's CPU backend has for it), with the time ratios also against that mode's `f16`.
+
   bench/kv_cache.py [--model PATH] [--tokens 2048] [--decode 64] [--types f16,q8_0,q4_0] [--threads N]
+                    [--mode invariant|mixed]
 """
 
 from __future__ import annotations
@@ -45,28 +51,29 @@ def log_softmax(row):
 REFERENCE = "f16 plain"  # F16 K and V, no flash attention
 
 
-def layout_of(kv: str):
-    """The attention and stored types a type (`q8_0`, `bf16/f16`, or REFERENCE) runs with here."""
+def layout_of(kv: str, mode: str = "invariant"):
+    """The attention and stored types a type (`q8_0`, `bf16/f16`, or REFERENCE) runs with here, in this batching
+    mode."""
     from host_runtime.placement.kv_types import AttentionLayout, attention_layout
 
     if kv == REFERENCE:
         return AttentionLayout("invariant", "off", "f16", "f16", "the reference")
     k, _, v = kv.partition("/")
-    return attention_layout((k, v or k), batch_invariant=True, cpu_only=True, speculation=True)
+    return attention_layout((k, v or k), batch_invariant=mode == "invariant", cpu_only=True, speculation=True)
 
 
-def run_type(model_path: str, tokens: list[int], kv: str, n_decode: int, threads: int):
+def run_type(model_path: str, tokens: list[int], kv: str, n_decode: int, threads: int, mode: str = "invariant"):
     import llama_cpp
     import numpy as np
 
     from host_runtime.placement.kv_types import kv_type
 
-    layout = layout_of(kv)
+    layout = layout_of(kv, mode)
     n_ctx = len(tokens) + n_decode + 16
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
                           n_threads_batch=threads, logits_all=True, verbose=False,
                           type_k=kv_type(layout.type_k).ggml_type, type_v=kv_type(layout.type_v).ggml_type,
-                          flash_attn=layout.flash == "on")
+                          flash_attn=layout.flash in ("on", "auto"))  # auto: llama.cpp takes it on the CPU
     started = time.perf_counter()
     llm.eval(tokens)
     prompt_s = time.perf_counter() - started
@@ -88,6 +95,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--types", default="f16,q8_0,q4_0")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--mode", choices=("invariant", "mixed"), default="invariant",
+                    help="the batching mode whose attention each type runs with (the reference is the same)")
     args = ap.parse_args(argv)
 
     import llama_cpp
@@ -105,11 +114,12 @@ def main(argv: list[str]) -> int:
     results: dict = {}
     reference = None
     for kv in types:
-        layout, logits, prompt_s, decode_s = run_type(model_path, tokens, kv, args.decode, args.threads)
+        layout, logits, prompt_s, decode_s = run_type(model_path, tokens, kv, args.decode, args.threads, args.mode)
         logp = np.stack([log_softmax(row) for row in logits[:-1]])
         targets = np.array(tokens[1:])
         nll = -logp[np.arange(len(targets)), targets].mean()
-        entry = {"kv_bytes_per_token": table.kv_bytes_per_token((layout.type_k, layout.type_v)),
+        entry = {"attention": f"flash {layout.flash}, K {layout.type_k}, V {layout.type_v}",
+                 "kv_bytes_per_token": table.kv_bytes_per_token((layout.type_k, layout.type_v)),
                  "perplexity": round(float(math.exp(nll)), 4),
                  "prompt_s": round(prompt_s, 3), "decode_ms_per_token": round(decode_s / args.decode * 1000, 3)}
         if reference is None:
@@ -124,8 +134,14 @@ def main(argv: list[str]) -> int:
                    "prompt_time_vs_reference": round(r["prompt_s"] / base["prompt_s"], 3),
                    "decode_time_vs_reference": round(r["decode_ms_per_token"] / base["decode_ms_per_token"], 3)}
               for kv, r in results.items() if kv != REFERENCE}
+    f16 = results.get("f16")
+    if f16:  # against the same mode's F16 too: what choosing the type costs there
+        for kv, r in results.items():
+            if kv not in (REFERENCE, "f16"):
+                ratios[kv] |= {"prompt_time_vs_f16": round(r["prompt_s"] / f16["prompt_s"], 3),
+                               "decode_time_vs_f16": round(r["decode_ms_per_token"] / f16["decode_ms_per_token"], 3)}
     print(json.dumps({"model": Path(model_path).name, "text": "pydoc_data.topics", "tokens": len(tokens),
-                      "decode_tokens": args.decode, "threads": args.threads, "reference": "F16 K and V, plain attention",
+                      "decode_tokens": args.decode, "threads": args.threads, "mode": args.mode, "reference": "F16 K and V, plain attention",
                       "types": results, "ratios": ratios},
                      indent=2))
     return 0
