@@ -235,3 +235,21 @@ def test_with_every_other_slot_holding_more_the_least_recent_is_saved_and_takes_
     assert b.slot_id == c.slot_id and b.reuse == 12
     assert b.actions == [Spill(c.slot_id, tuple(c1[:8])), Trim(c.slot_id, 0), Copy(a.slot_id, c.slot_id),
                          Trim(c.slot_id, 12)]
+
+
+def test_while_others_run_a_new_sequence_takes_a_slot_beside_a_running_one():
+    # Running slots in few runs of consecutive ids: llama.cpp computes a call over per-sequence KV streams in a
+    # pass per run (step_plan._by_length). Slots 0-4 each held a conversation; 2 runs, 0 and 4 least recent.
+    cache = PrefixCache(5, C, 10**9, 0)
+    slots = [cache.admit([50 + i] * 9).slot_id for i in range(5)]
+    assert slots == [0, 1, 2, 3, 4]
+    for i in (0, 4, 1, 3):
+        cache.release(i, [50 + i] * 9, cacheable=True)
+    # with slot 2 running, a miss goes beside it (1, the less recent of 1 and 3), not to 0, the least recent;
+    # what 1 held is saved first
+    b = cache.admit([7] * 9)
+    assert b.slot_id == 1 and b.actions[0] == Spill(1, tuple([51] * 8))
+    # with nothing running, the least recent as before
+    for i in (1, 2):
+        cache.release(i, [60 + i] * 9, cacheable=True)
+    assert cache.admit([8] * 9).slot_id == 0
