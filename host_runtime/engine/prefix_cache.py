@@ -216,8 +216,8 @@ class PrefixCache:
         in_context = in_slot(best_slot)
         in_store = self._stored_match(prompt, scope)
         in_running, source = self._running_match(prompt, scope, running)
-        # The slot whose content is least worth keeping (empty first, then least recent): where a miss, a tier's
-        # or a running sequence's prefix, or a copy of an idle slot's goes.
+        # The slot whose content is least worth keeping (_least_worth): where a miss, a tier's or a running
+        # sequence's prefix, or a copy of an idle slot's goes.
         slot = min(idle, key=self._least_worth)
         if in_context and in_context >= max(in_store[0], in_running):
             self.hits["context"] += 1

@@ -102,7 +102,7 @@ def prove(model_path: str, table: ModelTable, devices: list[Device], host: Host,
     placement = plan(table, devices, host, request)
     runs: list[Allocation] = []
     for _ in range(MAX_ROUNDS):
-        allocation = dry_run(model_path, placement, n_batch=max(n_batch, placement.n_parallel), n_threads=n_threads,
+        allocation = dry_run(model_path, placement, n_batch=n_batch, n_threads=n_threads,
                              batch_invariant=batch_invariant, speculation=speculation)
         runs.append(allocation)
         measured = {s.device: allocation.get(s.device, "compute") for s in placement.shares}
