@@ -27,11 +27,11 @@ def pairs(decision) -> set[tuple[str, str]]:
     return {(w.box, w.model_id) for w in decision.workers.values()}
 
 
-def test_a_model_loaded_on_one_box_goes_only_there_and_a_model_only_in_stores_goes_everywhere_it_is():
+def test_a_model_loaded_on_one_box_goes_only_there_and_a_model_only_in_stores_to_one_box_that_has_it():
     d = decide([Report(A, caps(("smol", "loaded"), ("big", "available"))),
                 Report(B, caps(("smol", "available"), ("big", "available"))),
                 Report(C, caps(("solo", "loaded")))], BoxHealth())
-    assert pairs(d) == {(A, "smol"), (A, "big"), (B, "big"), (C, "solo")}
+    assert pairs(d) == {(A, "smol"), (A, "big"), (C, "solo")}  # nothing tells A and B apart: the first by name
     assert d.workers[f"{A}/fleet/smol"] == Worker.of(A, "smol")
 
 
@@ -238,9 +238,45 @@ def test_a_box_much_slower_than_the_fastest_gets_the_model_only_while_the_faster
     quiet = [Report(A, fast), Report(B, busy("m", None)), Report(C, close)]
     assert (B, "m") not in pairs(decide(quiet, health, None, speeds, last + SPEED_MEMORY_S - 1))
     assert (B, "m") in pairs(decide(quiet, health, None, speeds, last + SPEED_MEMORY_S + 1))
-    # a model only in stores is not judged by speed: every box that has it
+    # a model only in stores is not judged by speed but by where it loads soonest (the next test)
     cold = [Report(A, caps(("c", "available"))), Report(B, caps(("c", "available")))]
-    assert pairs(decide(cold, health, None, speeds, 100.0)) == {(A, "c"), (B, "c")}
+    assert pairs(decide(cold, health, None, speeds, 100.0)) == {(A, "c")}
+
+
+def stored(room: str | None, *, loaded_bytes: int = 0, load_s: float = 0.0, governor: str = "normal",
+           size: int = 4 * 10**9) -> Capabilities:
+    """A box with model "big" in its store only (loading it would find `room`), beside a loaded model of
+    loaded_bytes that took load_s to load."""
+    models = (ModelCapability("big", "available", room=room, size_bytes=size),
+              ModelCapability("own", "loaded", size_bytes=loaded_bytes or None, load_s=load_s or None))
+    level = {"normal": 0, "throttled": 1}[governor]
+    return Capabilities("box", "v1", GovernorView(governor, level, ""), models)
+
+
+def test_a_model_only_in_stores_goes_to_the_one_box_that_loads_it_soonest():
+    """#62: its first requests load it once, where room is readiest and loads are fastest, not on every box."""
+    def goes_to(*reports: Report) -> set[str]:
+        return {box for box, model in pairs(decide(list(reports), BoxHealth())) if model == "big"}
+
+    gb = 10**9
+    # room beside what is loaded before room made by unloading an idle model, before room busy ones hold
+    assert goes_to(Report(A, stored("unloads")), Report(B, stored("free"))) == {B}
+    assert goes_to(Report(A, stored("waits")), Report(B, stored("unloads"))) == {B}
+    # the same room: the box that loads faster (1 GB in 10 s against 1 GB in 2 s: 40 s against 8 s for 4 GB)
+    assert goes_to(Report(A, stored("free", loaded_bytes=gb, load_s=10.0)),
+                   Report(B, stored("free", loaded_bytes=gb, load_s=2.0))) == {B}
+    # a box whose load rate is unknown comes after one whose rate is known
+    assert goes_to(Report(A, stored("free")), Report(B, stored("free", loaded_bytes=gb, load_s=10.0))) == {B}
+    # never fitting is left out however fast; where it fits nowhere, every box (each says why: 507)
+    assert goes_to(Report(A, stored("free", loaded_bytes=gb, load_s=10.0)),
+                   Report(B, stored("never", loaded_bytes=gb, load_s=1.0))) == {A}
+    assert goes_to(Report(A, stored("never")), Report(B, stored("never"))) == {A, B}
+    # a throttled box is left out while another has the model (as for warm ones)
+    assert goes_to(Report(A, stored("unloads", loaded_bytes=gb, load_s=10.0)),
+                   Report(B, stored("free", loaded_bytes=gb, load_s=1.0, governor="throttled"))) == {A}
+    # once it loads there, it is warm there: only that box, whatever the others' room
+    loading = Capabilities("box", "v1", GovernorView("normal", 0, ""), (ModelCapability("big", "loading"),))
+    assert goes_to(Report(A, loading), Report(B, stored("free", loaded_bytes=gb, load_s=1.0))) == {A}
 
 
 def test_an_engines_busy_speed_counts_only_the_time_it_had_work():

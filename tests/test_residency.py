@@ -2,7 +2,7 @@
 
 import pytest
 
-from host_runtime.pool.residency import LoadPlan, Resident, expired, parse_keep_alive, plan_load
+from host_runtime.pool.residency import LoadPlan, Resident, expired, load_room, parse_keep_alive, plan_load
 
 GIB = 1 << 30
 
@@ -34,6 +34,12 @@ def test_busy_and_pinned_models_stay_and_the_load_waits_when_only_they_hold_the_
 def test_a_model_larger_than_the_whole_budget_says_by_how_much():
     plan = plan_load(12 * GIB, 10 * GIB, [])
     assert plan.shortfall == 2 * GIB and not plan.fits
+
+
+def test_each_plan_as_the_capability_map_says_it():
+    residents = [r("busy", 4, 1.0, busy=True), r("pinned", 4, 2.0, pinned=True), r("idle", 1, 9.0)]
+    assert [load_room(plan_load(n * GIB, 10 * GIB, residents)) for n in (1, 2, 5, 7, 11)] == [
+        "free", "unloads", "waits", "never", "never"]
 
 
 def test_keep_alive_unloads_idle_models_only():

@@ -102,8 +102,19 @@ def test_a_pinned_model_stays_and_what_cannot_fit_beside_it_is_refused(box):
             ask(client, "tiny-b")
         assert err.value.status_code == 507 and "pinned models hold" in err.value.message
         assert states(base)["tiny-a"] == "loaded"
+        # the capability map says so to a fleet's gateway, which then loads tiny-b on another box (#62)
+        assert rooms(base)["tiny-b"] == ("never", store.path_of(store.get("tiny-b")).stat().st_size)
     finally:
         store.set_pinned("tiny-a", False)
+    assert rooms(base)["tiny-b"][0] == "unloads"  # tiny-a, idle and no longer pinned, would make way
+
+
+def rooms(base: str) -> dict[str, tuple]:
+    """Each model not loaded: what loading it would take now, and its file's size (the capability map)."""
+    from host_runtime.fleet.capabilities import Capabilities
+
+    caps = Capabilities.from_wire(json.loads(http_get(base + "/v1/everycycle/capabilities", timeout=30)[1]))
+    return {m.id: (m.room, m.size_bytes) for m in caps.models if m.state == "available"}
 
 
 def test_an_unknown_model_and_a_bad_keep_alive_are_clear_errors(box):
@@ -209,6 +220,7 @@ def test_a_reranker_scores_documents_for_a_query_best_first(box, tmp_path):
 
 
 def test_the_capability_map_says_what_each_model_can_take_now(box):
+    from host_runtime.engine.model import default_model_path
     from host_runtime.fleet.capabilities import Capabilities
 
     base, _, client, _ = box
@@ -220,6 +232,7 @@ def test_the_capability_map_says_what_each_model_can_take_now(box):
     assert default.state == "loaded" and default.slots_total == 1 and default.slots_free == 1
     assert default.queue_depth == 0 and default.tokens_per_s > 0 and 0 < default.ttft_p50_s < 30
     assert sum(default.placement.values()) > 0 and set(default.prefix_cache_bytes) >= {"ram", "disk"}
+    assert default.size_bytes == default_model_path().stat().st_size and 0 < default.load_s < 120
     assert by_id["tiny-b"].state in ("available", "loaded")
     assert caps.governor.state == "unavailable" and "--governor-state" in caps.governor.reason
     assert not caps.draining and caps.accepts_new_work() == (True, "") and caps.routable(MODEL_ID)

@@ -65,6 +65,7 @@ class EngineService:
         self.engine: Engine | None = None
         self.prompts: PromptBuilder | None = None
         self.load_progress: float | None = None
+        self.load_s: float | None = None  # start to ready, once ready (the fleet's estimate of this box's loads)
         # One canary at a time; every probe shares its result (guarded by _canary_lock).
         self._canary_lock = threading.Lock()
         self._canary_started: float | None = None
@@ -112,13 +113,14 @@ class EngineService:
             self.state, self.state_reason = "failed", str(exc)
             log.error("%s", exc)
             return
+        self.load_s = time.monotonic() - started
         self.state, self.state_reason = "ready", "model loaded"
         self.load_progress = 1.0
         log.info("warm-up decode: %.3fs", warm)
         cap = self.model.capacity
         self._publish_placement()
         log.info("loaded %s in %.1fs: context %d tokens per sequence, %d sequences (KV %.0f MiB), "
-                 "queue %d, %d threads (%d for one-token calls)", self.model_id, time.monotonic() - started,
+                 "queue %d, %d threads (%d for one-token calls)", self.model_id, self.load_s,
                  self.model.n_ctx_per_seq, cap.n_parallel, cap.kv_bytes_total / 2**20, cap.max_waiting,
                  self.model.n_threads, self.model.n_threads_decode)
 
@@ -206,7 +208,7 @@ class EngineService:
             max_waiting=m.capacity.max_waiting if m else None, placement=m.placement.to_json() if m else None,
             pooling=m.pooling if m else None, recent=self.engine.metrics.recent() if self.engine else None,
             media=self.prompts.media if self.prompts else None,
-            shards=self.shards.describe() if self.shards else None)
+            shards=self.shards.describe() if self.shards else None, load_s=self.load_s)
 
     def metrics_text(self, _request: wire.Metrics | None = None) -> wire.MetricsText:
         if self.engine is None:

@@ -394,6 +394,7 @@ class EngineInfo:
     placement: dict | None = None
     recent: dict | None = None
     shards: list | None = None      # other boxes lending devices: [{host, devices, round_trip_ms, mbytes_per_s}]
+    load_s: float | None = None     # seconds from the engine's start to ready (its model loaded and warmed up)
 
     @property
     def ready(self) -> bool:

@@ -35,6 +35,12 @@ class ModelCapability:
     # Other boxes lending it devices (one model across boxes, host_runtime/shard): [{host, devices (here),
     # round_trip_ms, mbytes_per_s}], the link as measured when its engine joined them.
     shard_hosts: list = field(default_factory=list)
+    # What loading it here would take (a model only in the store), as the box's memory budget says now: "free"
+    # (room beside what is loaded), "unloads" (room once idle models unload), "waits" (busy models hold the room),
+    # "never" (more than the budget, or than pinned models leave); None: loaded, or a box that does not say.
+    room: str | None = None
+    size_bytes: int | None = None       # its file
+    load_s: float | None = None         # a loaded model: seconds its engine took from start to ready
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ given and keeps its own prefix tree per worker; what it cannot know comes from h
   has no workers;
 - a model loaded (or loading) on some boxes goes only to those, so that a request does not make another box
   load it; among those, boxes whose governor throttles are left out while an unthrottled one has it;
-- a model only in stores (available) goes to every box that has it: the first request loads it there;
+- a model only in stores (available) goes to the one box that loads it soonest, so that its first requests do
+  not load it on several boxes at once: room beside what is loaded before room made by unloading idle models
+  before room that busy ones hold (a box it can never fit is left out), then the shortest estimated load (its
+  file's size over the fastest rate the box loaded its own models at, start to ready), then the box's name;
 - among the boxes warm with a model, one whose measured speed (its tokens per second while busy, from its map)
   is under SLOW_SHARE of the fastest's takes that model's requests only while every faster one is full (no free
   sequence, or a queue), and for SPILL_HOLD_S after (route_by_speed; the router's cache_aware balances by request
@@ -27,6 +30,7 @@ FAILURES_TO_REMOVE = 2  # a box missing this many polls in a row loses its worke
 SLOW_SHARE = 0.5        # a box under half the fastest box's speed for a model spills over rather than shares
 SPILL_HOLD_S = 5.0      # a slow box let in stays in this long once the faster ones have room (no flapping)
 SPEED_MEMORY_S = 60.0   # a speed not measured again for this long is forgotten: the box is tried (and measured)
+ROOM_ORDER = {"free": 0, None: 1, "unloads": 1, "waits": 2}  # a cold model's load: soonest first ("never": out)
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,29 @@ class Speeds:
             for b in slow:
                 self.spill_until[(b, model)] = now + SPILL_HOLD_S
         return fast + [b for b in slow if self.spill_until.get((b, model), 0.0) > now]
+
+
+def load_rate(caps: Capabilities) -> float | None:
+    """Bytes a second this box loaded its models at, start to ready (the fastest of its loaded models' loads: a
+    small model's fixed costs make it look slower than the box is); None where it says none."""
+    return max((m.size_bytes / m.load_s for m in caps.models
+                if m.state == "loaded" and m.size_bytes and m.load_s), default=None)
+
+
+def loads_soonest(model: str, boxes: list[str], usable: dict[str, Capabilities]) -> list[str]:
+    """Of the boxes with `model` only in their stores, the one to load it on (all of them where it fits none:
+    each answers its own 507 with the amounts)."""
+    def row(box: str):
+        return next(m for m in usable[box].models if m.id == model)
+
+    def seconds(box: str) -> float:
+        rate, size = load_rate(usable[box]), row(box).size_bytes
+        return size / rate if rate and size else float("inf")
+
+    fits = [b for b in boxes if row(b).room != "never"]
+    if not fits:
+        return boxes
+    return [min(fits, key=lambda b: (ROOM_ORDER.get(row(b).room, 1), seconds(b), b))]
 
 
 def _full(caps: Capabilities, model: str) -> bool:
@@ -169,7 +196,9 @@ def decide(reports: list[Report], health: BoxHealth, last: Decision | None = Non
     for model_id, where in holders.items():
         boxes = where["warm"] or where["cold"]
         cool = [b for b in boxes if not _throttled(usable[b])] or boxes
-        if speeds is not None and where["warm"]:
+        if not where["warm"]:
+            cool = loads_soonest(model_id, cool, usable)
+        elif speeds is not None:
             cool = speeds.choose(model_id, cool, usable, now)
         for box in cool:
             w = Worker.of(box, model_id)

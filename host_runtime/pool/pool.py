@@ -27,7 +27,7 @@ from host_runtime.models.store import Store
 from host_runtime.pool.engine_child import EngineChild
 from host_runtime.pool.protocol import (DEFAULT_KEEP_ALIVE, Acquire, Acquired, Download, ListModels, PoolModel,
                                         Unload, refusal_to_wire, request_from_wire)
-from host_runtime.pool.residency import Resident, expired, expires_in, plan_load
+from host_runtime.pool.residency import Resident, expired, expires_in, load_room, plan_load
 
 log = logging.getLogger("everycycle.serve")
 JANITOR_S = 2.0
@@ -110,20 +110,28 @@ class EnginePool:
     def listing(self) -> list[PoolModel]:
         with self._lock:
             loaded = dict(self._loaded)
+            room_now = self.budget - self._stopping_bytes
         now = time.monotonic()
         rows = []
-        for name, info in self.available().items():
-            state, served, trained = "available", None, info["context_length"]
+        available = self.available()
+        residents = None  # asked of the engines once, and only where a model is not loaded
+        for name, info in available.items():
+            state, served, trained, room = "available", None, info["context_length"], None
             if name in loaded:
                 state, served, n_ctx_train = _engine_state(loaded[name].socket)
                 trained = trained or n_ctx_train
+            else:
+                if residents is None:
+                    residents = self._residents(loaded.values(), available)
+                room = load_room(plan_load(self._need(info["path"]), room_now, residents))
             if served is None and trained and name != self.default_name:
                 served = self._served_context(info["path"], trained)
             pinned = bool(info["pinned"]) or name == self.default_name
             rows.append(PoolModel(name, state, pinned, served, loaded[name].socket if name in loaded else None,
                                   trained_context_length=trained,
                                   expires_in_s=None if pinned or name not in loaded
-                                  else expires_in(loaded[name].keep_alive_s, loaded[name].last_used, now)))
+                                  else expires_in(loaded[name].keep_alive_s, loaded[name].last_used, now),
+                                  room=room, size_bytes=_file_size(info["path"])))
         pulling = self.provisioned.status if self.provisioned is not None else None
         if pulling is not None and pulling.state != "pulled" and all(r.id != pulling.name for r in rows):
             rows.append(PoolModel(pulling.name, "downloading" if pulling.state != "failed" else "failed",
@@ -245,12 +253,12 @@ class EnginePool:
             finally:
                 done.set()
 
-    def _residents(self) -> list[Resident]:
+    def _residents(self, entries=None, available=None) -> list[Resident]:
         # Pinning is read from the store each time: `models pin` applies to a model already loaded too.
-        available = self.available()
+        available = self.available() if available is None else available
         return [Resident(e.name, self._need(e.path), e.last_used, _engine_busy(e.socket),
                          e.pinned or bool(available.get(e.name, {}).get("pinned")), e.keep_alive_s)
-                for e in self._loaded.values()]
+                for e in (self._loaded.values() if entries is None else entries)]
 
     def _take_out_locked(self, name: str, why: str, reason: str) -> tuple[Loaded, int]:
         """Take an engine out of the pool (under the lock); _finish_stopping stops it after the lock is released.
@@ -402,6 +410,13 @@ def _engine_reason(socket_path: str) -> str:
         return EngineClient(socket_path).info(timeout=1.0).reason or "no reason given"
     except EngineUnavailable:
         return "its engine stopped answering"
+
+
+def _file_size(path: str) -> int | None:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
 
 
 def _file_signature(path: str) -> tuple[int, int] | None:

@@ -34,6 +34,9 @@ class PoolModel:
     # A loaded model's seconds until its keep-alive unloads it, counted from its last use (None: it stays: pinned,
     # the server's own, or keep_alive forever); Ollama's /api/ps says it as expires_at
     expires_in_s: float | None = None
+    # A model not loaded: what loading it would take now (fleet/capabilities.ModelCapability.room says the values)
+    room: str | None = None
+    size_bytes: int | None = None  # its file
 
     def to_wire(self) -> dict:
         return asdict(self)
@@ -43,7 +46,7 @@ class PoolModel:
         download = doc.get("download")
         return cls(str(doc["id"]), str(doc["state"]), bool(doc.get("pinned")), doc.get("context_length"),
                    doc.get("socket"), Download(**download) if download else None, doc.get("trained_context_length"),
-                   doc.get("expires_in_s"))
+                   doc.get("expires_in_s"), doc.get("room"), doc.get("size_bytes"))
 
 
 # ---- requests ----------------------------------------------------------------------------------------------

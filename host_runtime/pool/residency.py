@@ -49,6 +49,13 @@ def plan_load(need: int, budget: int, residents: list[Resident]) -> LoadPlan:
     return LoadPlan(pinned_hold=sum(r.bytes for r in residents if r.pinned))
 
 
+def load_room(plan: LoadPlan) -> str:
+    """A plan as the capability map says it (fleet/capabilities.ModelCapability.room)."""
+    if plan.shortfall or plan.pinned_hold:
+        return "never"
+    return "waits" if plan.wait else "unloads" if plan.evict else "free"
+
+
 def expired(residents: list[Resident], now: float) -> list[str]:
     """Idle, unpinned models whose keep-alive has run out since they were last used."""
     return [r.name for r in residents

@@ -23,7 +23,8 @@ def _model(row, info: EngineInfo | None) -> ModelCapability:
     """row: the pool's PoolModel; info: its engine's answer to `info`, when it has a ready one."""
     if info is None or not info.ready:
         return ModelCapability(row.id, row.state, row.context_length, row.pinned,
-                               trained_context_length=row.trained_context_length)
+                               trained_context_length=row.trained_context_length, room=row.room,
+                               size_bytes=row.size_bytes)
     recent = info.recent or {}
     placement = {d["device"]: d["n_layers"] for d in (info.placement or {}).get("devices", [])}
     total = info.n_parallel or 0
@@ -36,7 +37,8 @@ def _model(row, info: EngineInfo | None) -> ModelCapability:
         busy_tokens_per_s=recent.get("busy_tokens_per_s"),
         ttft_p50_s=recent.get("ttft_p50_s"), prefix_cache_bytes=dict(recent.get("prefix_cache_bytes") or {}),
         kv_bytes_per_token=(info.placement or {}).get("kv_bytes_per_token"),
-        trained_context_length=row.trained_context_length or info.n_ctx_train, shard_hosts=list(info.shards or []))
+        trained_context_length=row.trained_context_length or info.n_ctx_train, shard_hosts=list(info.shards or []),
+        size_bytes=row.size_bytes, load_s=info.load_s)
 
 
 def hardware(infos: list[EngineInfo]) -> dict:
