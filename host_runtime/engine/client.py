@@ -18,19 +18,33 @@ def _decode(doc: dict):
         raise EngineUnavailable(f"the engine answered something this worker cannot read: {exc}") from None
 
 
+class Quiet:
+    """A generation's stream had no event for its quiet_s (the engine busy with a long prompt, or stalled): a
+    streaming handler says it is alive (an SSE comment), so that no client's or proxy's read timeout drops it."""
+
+
+QUIET = Quiet()
+
+
 class GenerationStream:
-    """One generation's events after `Accepted`: Token and Finish, ending with Done or Error. `close()` (or
-    leaving the `with`) cancels the generation at the engine."""
+    """One generation's events after `Accepted`: Token and Finish, ending with Done or Error; with `quiet_s` set,
+    QUIET between them wherever the engine sent nothing for that long. `close()` (or leaving the `with`) cancels
+    the generation at the engine."""
 
     def __init__(self, lines: LineStream, accepted: wire.Accepted):
         self._lines = lines
         self.prompt_tokens = accepted.prompt_tokens
         self.thinking = accepted.thinking  # how the answer starts (engine/reasoning.py MODES)
         self.on_event: Callable[[object], None] | None = None  # sees each event first (serving/tracing.py)
+        self.quiet_s: float | None = None
 
-    def __iter__(self) -> Iterator[wire.Token | wire.Finish | wire.Done | wire.Error]:
+    def __iter__(self) -> Iterator[wire.Token | wire.Finish | wire.Done | wire.Error | Quiet]:
         while True:
-            event = _decode(self._lines.next_line())
+            line = self._lines.next_line_or_quiet(self.quiet_s)
+            if line is None:
+                yield QUIET
+                continue
+            event = _decode(line)
             if self.on_event is not None:
                 self.on_event(event)
             yield event

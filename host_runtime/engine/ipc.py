@@ -102,6 +102,10 @@ class LineClient:
         return LineStream(sock, first_event_timeout, idle_timeout, client_gone)
 
 
+class _Quiet(Exception):
+    """_read_line's quiet_s passed without a line (the wait for it goes on at the next call)."""
+
+
 class LineStream:
     """The lines answering one call (a generation's events). `close()` (or leaving the `with`) cancels it at the engine.
 
@@ -117,9 +121,13 @@ class LineStream:
         self._first_timeout = first_event_timeout
         self._client_gone = client_gone
         self._next_client_check = 0.0
+        self._waiting_since: float | None = None  # when the wait for the next line began (kept across QUIET)
 
-    def _read_line(self, timeout: float) -> bytes | None:
-        deadline = time.monotonic() + timeout
+    def _read_line(self, timeout: float, quiet_s: float | None = None) -> bytes | None:
+        if self._waiting_since is None:
+            self._waiting_since = time.monotonic()
+        deadline = self._waiting_since + timeout
+        quiet_at = time.monotonic() + quiet_s if quiet_s is not None else None
         while True:
             # Asked on a clock, not only when the engine is quiet: a busy generation sends events all the time.
             if self._client_gone is not None and time.monotonic() >= self._next_client_check:
@@ -131,11 +139,17 @@ class LineStream:
             if end >= 0:
                 line = bytes(self._buffer[:end])
                 del self._buffer[:end + 1]
+                self._waiting_since = None
                 return line
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 raise EngineUnavailable(f"the engine sent nothing for {timeout:g}s")
+            if quiet_at is not None and now >= quiet_at:
+                raise _Quiet()
             wait = min(left, CLIENT_POLL_S) if self._client_gone else left
+            if quiet_at is not None:
+                wait = min(wait, quiet_at - now)
             readable, _, _ = select.select([self._sock], [], [], wait)
             if not readable:
                 continue
@@ -148,14 +162,23 @@ class LineStream:
                 raise EngineUnavailable(f"the engine sent a line of over {MAX_EVENT_LINE_BYTES} bytes")
 
     def next_line(self) -> dict:
+        line = self.next_line_or_quiet(None)
+        assert line is not None  # no quiet_s, no quiet answer
+        return line
+
+    def next_line_or_quiet(self, quiet_s: float | None) -> dict | None:
+        """The next line's object, or None when none came for quiet_s (the time waited still counts towards the
+        idle timeout: asked again, the wait goes on)."""
         timeout = self._first_timeout if self._first else self._idle_timeout
-        self._first = False
         try:
-            line = self._read_line(timeout)
+            line = self._read_line(timeout, quiet_s)
+        except _Quiet:
+            return None
         except OSError as exc:
             raise EngineUnavailable(f"lost the engine connection: {exc}") from None
         if line is None:
             raise EngineUnavailable("the engine closed the connection before answering")
+        self._first = False
         return json.loads(line)
 
     def close(self) -> None:

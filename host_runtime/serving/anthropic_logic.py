@@ -7,12 +7,13 @@ import json
 from typing import Iterator
 
 from host_runtime.engine import wire as engine_wire
-from host_runtime.engine.client import GenerationStream
+from host_runtime.engine.client import QUIET, GenerationStream
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.serving import anthropic_protocol as wire
 from host_runtime.serving.errors import anthropic_body
 from host_runtime.serving.handlers import Choices, ServingLogic, call_engine, engine_down
 from host_runtime.serving.protocol import GenerationCall
+from host_runtime.serving.sse_keepalive import KEEPALIVE_COMMENT, KEEPALIVE_S
 from host_runtime.engine.reasoning import ReasoningSplit
 
 
@@ -43,7 +44,7 @@ class MessagesLogic:
 
     def stream(self, call: GenerationCall, model_id: str) -> Iterator[bytes]:
         """Open the generation now (so refusals are real HTTP errors), then stream the events."""
-        return self._events(self.logic.open_generation(call), call, model_id)
+        return self._events(self.logic.open_generation(call, quiet_s=KEEPALIVE_S), call, model_id)
 
     def _events(self, stream: GenerationStream, call: GenerationCall, model_id: str) -> Iterator[bytes]:
         prompt_tokens = stream.prompt_tokens
@@ -92,7 +93,9 @@ class MessagesLogic:
             yield wire.sse("ping", {"type": "ping"})
             finish, stop_string, output_tokens, calls = None, None, 0, []
             for event in stream:
-                if isinstance(event, engine_wire.Token):
+                if event is QUIET:
+                    yield KEEPALIVE_COMMENT
+                elif isinstance(event, engine_wire.Token):
                     text = event.text
                     if reasoner:
                         reasoning, text = reasoner.feed(text)

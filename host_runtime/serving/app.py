@@ -46,7 +46,6 @@ from host_runtime.serving.model_pull import PullJob
 from host_runtime.serving.ollama_logic import OllamaLogic
 from host_runtime.serving.ready_stamp import READY_MARGIN_S, ReadyStamp
 from host_runtime.serving.responses_logic import ResponsesLogic
-from host_runtime.serving.sse_keepalive import with_keepalive
 from host_runtime.serving.routing import Router
 from host_runtime.serving.tracing import TraceMiddleware, Tracing
 from host_runtime.update.system import status
@@ -351,7 +350,7 @@ def event_stream(resp: falcon.Response, events) -> None:
     resp.content_type = "text/event-stream"
     resp.set_header("Cache-Control", "no-cache")
     resp.set_header("X-Accel-Buffering", "no")
-    resp.stream = with_keepalive(events)  # a comment while the engine is quiet: no read timeout drops the stream
+    resp.stream = events  # each says it is alive while the engine is quiet (serving/sse_keepalive.py)
 
 
 def _json(resp: falcon.Response, doc: dict, status: int = 200) -> None:

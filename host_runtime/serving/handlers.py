@@ -10,10 +10,11 @@ import uuid
 from typing import Iterator
 
 from host_runtime.engine import wire
-from host_runtime.engine.client import EngineClient, GenerationStream
+from host_runtime.engine.client import QUIET, EngineClient, GenerationStream
 from host_runtime.engine.ipc import ClientGone, EngineUnavailable, MessageTooLarge
 from host_runtime.serving.errors import APIError, body_of
 from host_runtime.serving.protocol import EmbeddingCall, GenerationCall, RerankCall
+from host_runtime.serving.sse_keepalive import KEEPALIVE_COMMENT, KEEPALIVE_S
 from host_runtime.engine.reasoning import ReasoningSplit
 
 FIRST_EVENT_TIMEOUT_S = 15.0
@@ -123,8 +124,9 @@ class ServingLogic:
     def __init__(self, client: EngineClient):
         self.client = client
 
-    def open_generation(self, call: GenerationCall, client_gone=None) -> GenerationStream:
-        """Start the generation and wait for the engine to accept it (its refusal raised as the API's error)."""
+    def open_generation(self, call: GenerationCall, client_gone=None, quiet_s: float | None = None) -> GenerationStream:
+        """Start the generation and wait for the engine to accept it (its refusal raised as the API's error).
+        quiet_s: a stream's QUIET after that long without an event (SSE handlers send a comment for it)."""
         sent = time.time_ns()
         try:
             stream = self.client.generate(call.request, FIRST_EVENT_TIMEOUT_S, IDLE_EVENT_TIMEOUT_S, client_gone)
@@ -134,6 +136,7 @@ class ServingLogic:
             raise engine_down(exc) from None
         if call.trace is not None:
             call.trace.watch(stream, sent)
+        stream.quiet_s = quiet_s
         return stream
 
     def complete(self, call: GenerationCall, kind: str, model_id: str, client_gone=None) -> dict:
@@ -165,7 +168,7 @@ class ServingLogic:
         When the client goes away the WSGI server closes this generator; closing the
         engine stream in `finally` is what cancels the generation.
         """
-        return self._sse(self.open_generation(call), call, kind, model_id)
+        return self._sse(self.open_generation(call, quiet_s=KEEPALIVE_S), call, kind, model_id)
 
     def _sse(self, stream: GenerationStream, call: GenerationCall, kind: str, model_id: str) -> Iterator[bytes]:
         created = int(time.time())
@@ -187,7 +190,9 @@ class ServingLogic:
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None} for i in range(call.n)])
             for event in stream:
-                if isinstance(event, wire.Token):
+                if event is QUIET:
+                    yield KEEPALIVE_COMMENT
+                elif isinstance(event, wire.Token):
                     i = event.index
                     lp = [event.logprob] if event.logprob is not None else []
                     text = event.text

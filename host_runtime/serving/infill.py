@@ -8,11 +8,13 @@ import time
 from typing import Iterator
 
 from host_runtime.engine import wire
+from host_runtime.engine.client import QUIET
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.serving import protocol, request_models
 from host_runtime.serving.errors import body_of
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
+from host_runtime.serving.sse_keepalive import KEEPALIVE_COMMENT, KEEPALIVE_S
 
 # llama-server's /infill fields that are the completion's own.
 _KEPT = ("model", "temperature", "top_p", "seed", "stop", "stream", "input_extra", "presence_penalty",
@@ -57,7 +59,7 @@ class InfillLogic:
 
     def stream(self, call: GenerationCall, model: str) -> Iterator[bytes]:
         """Open the generation now (so refusals are real HTTP errors), then stream llama-server's SSE lines."""
-        return self._lines(self.logic.open_generation(call), model, time.monotonic())
+        return self._lines(self.logic.open_generation(call, quiet_s=KEEPALIVE_S), model, time.monotonic())
 
     def _lines(self, stream, model: str, started: float) -> Iterator[bytes]:
         def line(doc: dict) -> bytes:
@@ -66,7 +68,9 @@ class InfillLogic:
         finish, completion_tokens = None, 0
         try:
             for event in stream:
-                if isinstance(event, wire.Token):
+                if event is QUIET:
+                    yield KEEPALIVE_COMMENT
+                elif isinstance(event, wire.Token):
                     yield line({"content": event.text, "stop": False})
                 elif isinstance(event, wire.Finish):
                     finish, completion_tokens = event.finish_reason, event.completion_tokens

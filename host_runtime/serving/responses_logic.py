@@ -8,12 +8,13 @@ import json
 from typing import Iterator
 
 from host_runtime.engine import wire
-from host_runtime.engine.client import GenerationStream
+from host_runtime.engine.client import QUIET, GenerationStream
 from host_runtime.engine.ipc import EngineUnavailable
 from host_runtime.serving import responses_protocol as shape
 from host_runtime.serving.errors import body_of
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
+from host_runtime.serving.sse_keepalive import KEEPALIVE_COMMENT, KEEPALIVE_S
 from host_runtime.engine.reasoning import ReasoningSplit
 
 
@@ -41,7 +42,7 @@ class ResponsesLogic:
 
     def stream(self, call: GenerationCall, body: dict, model: str) -> Iterator[bytes]:
         """Open the generation now (so refusals are real HTTP errors), then stream the events."""
-        return self._events(self.logic.open_generation(call), call, body, model)
+        return self._events(self.logic.open_generation(call, quiet_s=KEEPALIVE_S), call, body, model)
 
     def _events(self, stream: GenerationStream, call: GenerationCall, body: dict, model: str) -> Iterator[bytes]:
         response_id, created = shape.new_id("resp"), shape.now()
@@ -117,7 +118,9 @@ class ResponsesLogic:
             yield event("response.in_progress", response=start)
             finish, calls, usage, completion_tokens = None, [], None, 0
             for ev in stream:
-                if isinstance(ev, wire.Token):
+                if ev is QUIET:
+                    yield KEEPALIVE_COMMENT
+                elif isinstance(ev, wire.Token):
                     piece = ev.text
                     if reasoner:
                         thought, piece = reasoner.feed(piece)
