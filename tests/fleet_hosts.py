@@ -7,6 +7,7 @@ others expose `serve` on plain HTTP. Everything is removed at the end, processes
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -24,6 +25,9 @@ from tests.servers import Proc, everycycle, wait_for
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 
 
+_NET_TAGS = itertools.count(random.randrange(100))
+
+
 def _ip(*args: str, ns: str | None = None) -> None:
     cmd = ["ip", *(("netns", "exec", ns, "ip") if ns else ()), *args]
     subprocess.run(cmd, check=True, capture_output=True)
@@ -33,7 +37,10 @@ class Net:
     """A bridge and `count` namespaces on it: host i has address PREFIX.(i+2); the root namespace PREFIX.1."""
 
     def __init__(self, count: int):
-        tag = f"{os.getpid() % 1000}{random.randrange(100)}"
+        # Names not reused within a process: a namespace's veth goes away after `ip netns del` returns (the kernel
+        # cleans namespaces up in the background), and a Net drawing the same random tag as the one before it
+        # met its host end still there ("RTNETLINK answers: File exists", seen once in make test).
+        tag = f"{os.getpid() % 1000}{next(_NET_TAGS) % 100:02d}"
         self.prefix = f"10.{random.randrange(200, 250)}.{random.randrange(1, 250)}"
         self.bridge = f"ecbr{tag}"
         self.names = [f"ecfl{tag}-{i}" for i in range(count)]

@@ -20,7 +20,7 @@ from host_runtime.common.errors import EveryCycleError, InputError, UnavailableE
 from host_runtime.serving.errors import handle_api_error, handle_box_error, handle_unexpected
 
 # Raised and caught inside one module to steer its control flow, never shown to anyone.
-CONTROL_FLOW = {"EmbeddingCancelled", "ClientGone", "CorruptEntry", "_Stopped"}
+CONTROL_FLOW = {"EmbeddingCancelled", "ClientGone", "CorruptEntry", "_Stopped", "_Quiet"}
 SKIP_MODULES = ("host_runtime.console", "host_runtime.cli")  # textual's UI and the entry point: no classes of ours
 
 
