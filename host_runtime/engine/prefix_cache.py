@@ -205,7 +205,7 @@ class PrefixCache:
         if not idle:
             raise RuntimeError("admit() called with no free slot")
         if prompt is None or not self.enabled:
-            slot = min(idle, key=self._least_worth)
+            slot = min(idle, key=self._least_worth())
             return self._take(slot, Admission(slot.slot_id, 0, "miss", self._evict_slot(slot, keep=0)))
         self.lookups += 1
 
@@ -218,7 +218,7 @@ class PrefixCache:
         in_running, source = self._running_match(prompt, scope, running)
         # The slot whose content is least worth keeping (_least_worth): where a miss, a tier's or a running
         # sequence's prefix, or a copy of an idle slot's goes.
-        slot = min(idle, key=self._least_worth)
+        slot = min(idle, key=self._least_worth())
         if in_context and in_context >= max(in_store[0], in_running):
             self.hits["context"] += 1
             self.tokens_reused += in_context
@@ -248,15 +248,18 @@ class PrefixCache:
             return self._take(slot, Admission(slot.slot_id, match, tier, actions))
         return self._take(slot, Admission(slot.slot_id, 0, "miss", actions))
 
-    def _least_worth(self, slot: Slot) -> tuple:
-        """How little an idle slot's content is worth keeping (least first): empty first; then, while others run,
-        one beside a running slot; then the least recent. The running slots' ids stay in few runs: llama.cpp
+    def _least_worth(self):
+        """A key for min() over idle slots, how little a slot's content is worth keeping (least first): empty
+        first; then, while others run, one beside a running slot; then the least recent. The running slots' ids stay in few runs: llama.cpp
         computes a call over per-sequence KV streams in a pass per run of consecutive ids (in-process, 8 sequences:
         33.2 ms a decode call as ids 0-7, 40.2 as two runs of 4, 55.5 as four runs; step_plan._by_length). What a
         slot beside a running one held goes to the RAM tier first (_evict_slot), so its next turn restores it."""
-        busy = {s.slot_id for s in self.slots if s.busy}
-        apart = bool(busy) and not ({slot.slot_id - 1, slot.slot_id + 1} & busy)
-        return bool(slot.prefix), apart, slot.last_used
+        busy = {s.slot_id for s in self.slots if s.busy}  # once per choice, not once per slot weighed
+
+        def key(slot: Slot) -> tuple:
+            apart = bool(busy) and not ({slot.slot_id - 1, slot.slot_id + 1} & busy)
+            return bool(slot.prefix), apart, slot.last_used
+        return key
 
     def _take(self, slot: Slot, admission: Admission) -> Admission:
         slot.busy = True

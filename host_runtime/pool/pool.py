@@ -114,15 +114,18 @@ class EnginePool:
         now = time.monotonic()
         rows = []
         available = self.available()
-        residents = None  # asked of the engines once, and only where a model is not loaded
+        # Each loaded engine asked once: its state for its row, whether it is busy for the others' room.
+        answers = {name: _engine_info(entry.socket) for name, entry in loaded.items()}
+        residents = None  # only where a model is not loaded
         for name, info in available.items():
             state, served, trained, room = "available", None, info["context_length"], None
             if name in loaded:
-                state, served, n_ctx_train = _engine_state(loaded[name].socket)
+                state, served, n_ctx_train = _state_of(answers[name])
                 trained = trained or n_ctx_train
             else:
                 if residents is None:
-                    residents = self._residents(loaded.values(), available)
+                    residents = self._residents(loaded.values(), available,
+                                                busy=lambda e: _busy_of(answers[e.name]))
                 room = load_room(plan_load(self._need(info["path"]), room_now, residents))
             if served is None and trained and name != self.default_name:
                 served = self._served_context(info["path"], trained)
@@ -205,7 +208,7 @@ class EnginePool:
         """Under the lock: the engine serving `name`. One whose load failed is taken out (its process stopped)
         and the failure kept against its file, so the next request after the file changes loads it afresh."""
         entry = self._loaded[name]
-        state = _engine_state(entry.socket)[0]
+        state = _state_of(_engine_info(entry.socket))[0]
         if state == "failed" and name != self.default_name:
             reason = _engine_reason(entry.socket)
             self._failed[name] = (_file_signature(entry.path), reason)
@@ -253,10 +256,12 @@ class EnginePool:
             finally:
                 done.set()
 
-    def _residents(self, entries=None, available=None) -> list[Resident]:
+    def _residents(self, entries=None, available=None, busy=None) -> list[Resident]:
+        """busy(entry): whether its engine has work (default: asked of it now)."""
         # Pinning is read from the store each time: `models pin` applies to a model already loaded too.
         available = self.available() if available is None else available
-        return [Resident(e.name, self._need(e.path), e.last_used, _engine_busy(e.socket),
+        busy = busy or (lambda e: _busy_of(_engine_info(e.socket)))
+        return [Resident(e.name, self._need(e.path), e.last_used, busy(e),
                          e.pinned or bool(available.get(e.name, {}).get("pinned")), e.keep_alive_s)
                 for e in (self._loaded.values() if entries is None else entries)]
 
@@ -395,14 +400,21 @@ def longer_keep_alive(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else max(a, b)
 
 
-def _engine_state(socket_path: str) -> tuple[str, int | None, int | None]:
-    """(loaded, loading or failed, as the engine says; the context it serves at; the one it was trained for)."""
+def _engine_info(socket_path: str):
+    """The engine's answer to `info`, or None where it does not answer (starting, or stuck)."""
     try:
-        info = EngineClient(socket_path).info(timeout=1.0)
+        return EngineClient(socket_path).info(timeout=1.0)
     except EngineUnavailable:
+        return None
+
+
+def _state_of(info) -> tuple[str, int | None, int | None]:
+    """(loaded, loading or failed, as the engine says; the context it serves at; the one it was trained for)."""
+    if info is None:
         return "loading", None, None
     return {"ready": "loaded", "loading": "loading"}.get(info.state, info.state or "loading"), info.n_ctx, \
         info.n_ctx_train
+
 
 
 def _engine_reason(socket_path: str) -> str:
@@ -443,8 +455,5 @@ def _rss(proc) -> int | None:
         return None
 
 
-def _engine_busy(socket_path: str) -> bool:
-    try:
-        return EngineClient(socket_path).info(timeout=1.0).busy
-    except EngineUnavailable:
-        return True  # starting or stuck: not a candidate to unload now
+def _busy_of(info) -> bool:
+    return True if info is None else info.busy  # starting or stuck: not a candidate to unload now

@@ -13,7 +13,7 @@ from host_runtime.serving import anthropic_protocol as wire
 from host_runtime.serving.errors import anthropic_body
 from host_runtime.serving.handlers import Choices, ServingLogic, call_engine, engine_down
 from host_runtime.serving.protocol import GenerationCall
-from host_runtime.serving.sse_keepalive import KEEPALIVE_COMMENT, KEEPALIVE_S
+from host_runtime.serving.sse_keepalive import KEEPALIVE_COMMENT
 from host_runtime.engine.reasoning import ReasoningSplit
 
 
@@ -44,7 +44,7 @@ class MessagesLogic:
 
     def stream(self, call: GenerationCall, model_id: str) -> Iterator[bytes]:
         """Open the generation now (so refusals are real HTTP errors), then stream the events."""
-        return self._events(self.logic.open_generation(call, quiet_s=KEEPALIVE_S), call, model_id)
+        return self._events(self.logic.open_stream(call), call, model_id)
 
     def _events(self, stream: GenerationStream, call: GenerationCall, model_id: str) -> Iterator[bytes]:
         prompt_tokens = stream.prompt_tokens

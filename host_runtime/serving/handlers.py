@@ -139,6 +139,11 @@ class ServingLogic:
         stream.quiet_s = quiet_s
         return stream
 
+    def open_stream(self, call: GenerationCall) -> GenerationStream:
+        """open_generation for a streamed answer: QUIET after KEEPALIVE_S without an event, which each SSE
+        producer sends as KEEPALIVE_COMMENT."""
+        return self.open_generation(call, quiet_s=KEEPALIVE_S)
+
     def complete(self, call: GenerationCall, kind: str, model_id: str, client_gone=None) -> dict:
         """The whole answer at once. `client_gone` is polled while waiting: a client that hangs up cancels the
         generation at the engine, as closing a stream does."""
@@ -168,7 +173,7 @@ class ServingLogic:
         When the client goes away the WSGI server closes this generator; closing the
         engine stream in `finally` is what cancels the generation.
         """
-        return self._sse(self.open_generation(call, quiet_s=KEEPALIVE_S), call, kind, model_id)
+        return self._sse(self.open_stream(call), call, kind, model_id)
 
     def _sse(self, stream: GenerationStream, call: GenerationCall, kind: str, model_id: str) -> Iterator[bytes]:
         created = int(time.time())

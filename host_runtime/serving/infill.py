@@ -14,7 +14,7 @@ from host_runtime.serving import protocol, request_models
 from host_runtime.serving.errors import body_of
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
-from host_runtime.serving.sse_keepalive import KEEPALIVE_COMMENT, KEEPALIVE_S
+from host_runtime.serving.sse_keepalive import KEEPALIVE_COMMENT
 
 # llama-server's /infill fields that are the completion's own.
 _KEPT = ("model", "temperature", "top_p", "seed", "stop", "stream", "input_extra", "presence_penalty",
@@ -59,7 +59,7 @@ class InfillLogic:
 
     def stream(self, call: GenerationCall, model: str) -> Iterator[bytes]:
         """Open the generation now (so refusals are real HTTP errors), then stream llama-server's SSE lines."""
-        return self._lines(self.logic.open_generation(call, quiet_s=KEEPALIVE_S), model, time.monotonic())
+        return self._lines(self.logic.open_stream(call), model, time.monotonic())
 
     def _lines(self, stream, model: str, started: float) -> Iterator[bytes]:
         def line(doc: dict) -> bytes:

@@ -14,7 +14,7 @@ from host_runtime.serving import responses_protocol as shape
 from host_runtime.serving.errors import body_of
 from host_runtime.serving.handlers import Choices, ServingLogic, engine_down
 from host_runtime.serving.protocol import GenerationCall
-from host_runtime.serving.sse_keepalive import KEEPALIVE_COMMENT, KEEPALIVE_S
+from host_runtime.serving.sse_keepalive import KEEPALIVE_COMMENT
 from host_runtime.engine.reasoning import ReasoningSplit
 
 
@@ -42,7 +42,7 @@ class ResponsesLogic:
 
     def stream(self, call: GenerationCall, body: dict, model: str) -> Iterator[bytes]:
         """Open the generation now (so refusals are real HTTP errors), then stream the events."""
-        return self._events(self.logic.open_generation(call, quiet_s=KEEPALIVE_S), call, body, model)
+        return self._events(self.logic.open_stream(call), call, body, model)
 
     def _events(self, stream: GenerationStream, call: GenerationCall, body: dict, model: str) -> Iterator[bytes]:
         response_id, created = shape.new_id("resp"), shape.now()
