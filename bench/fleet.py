@@ -3,8 +3,8 @@ boxes: a multi-turn workload with shared prefixes, each policy run --repeats tim
 
 Three boxes (network namespaces, `everycycle serve` on 1 thread each, the built-in model) behind the gateway
 (tests/fleet_hosts.py), each run on fresh boxes: "gateway" (the router's cache_aware fed by our controller routing
-by each box's measured speed, fleet.toml's route_by_speed), "cache_aware" (the router's policy alone: the gateway
-as shipped), "round_robin" (the reference), and with --litellm LiteLLM's Router (least-busy). Several conversations run at
+by each box's measured speed: fleet.toml's route_by_speed, on by default), "cache_aware" (the router's policy
+alone), "round_robin" (the reference), and with --litellm LiteLLM's Router (least-busy). Several conversations run at
 once, each turn extending the last (a long system prompt of its own, then user and assistant turns).
 `--fleet hetero`: boxes that are not equal (HETERO: CPU quotas make box 1 several times faster than the others,
 box 2 holds another model, which only it serves) and a mixed workload (fleet_workload.mixed_session: chats, one-shot
@@ -78,7 +78,7 @@ def counters(fleet) -> tuple[float, float, list[float]]:
 
 
 # The policies compared, by name: (the router's policy, whether the controller routes by speed). "gateway" routes
-# by speed too (route_by_speed); "cache_aware", the router's policy alone, is the gateway as shipped.
+# by speed too (route_by_speed, fleet.toml's default); "cache_aware" is the router's policy alone.
 GATEWAY_POLICIES = {"gateway": ("cache_aware", True), "cache_aware": ("cache_aware", False),
                     "round_robin": ("round_robin", False)}
 
@@ -204,14 +204,14 @@ def goals(ratio_table: dict) -> list[dict]:
     return out
 
 
-def shipped_ratios(runs: dict[str, list[dict]], order: list[str]) -> dict:
-    """The router's cache_aware alone (the gateway as shipped) over round robin and LiteLLM, and #62's goals on
+def router_alone_ratios(runs: dict[str, list[dict]], order: list[str]) -> dict:
+    """The router's cache_aware alone (route_by_speed = false) over round robin and LiteLLM, and #62's goals on
     those spreads."""
     table = {}
     for reference in ("round_robin", "litellm"):
         if reference in order and "cache_aware" in order:
             table.update(ratios(runs, "cache_aware", reference))
-    return {"ratios_as_shipped": table, "goals_as_shipped": goals(table)}
+    return {"ratios_router_alone": table, "goals_router_alone": goals(table)}
 
 
 def summary(runs: list[dict]) -> dict:
@@ -220,7 +220,8 @@ def summary(runs: list[dict]) -> dict:
 
 
 def measure_doc(bench_json: Path, out_dir: Path) -> None:
-    """`everycycle measure --fleet` on a fresh fleet (the gateway as shipped), citing this run's JSON."""
+    """`everycycle measure --fleet` on a fresh fleet (the gateway as shipped: routing by speed), citing this run's
+    JSON."""
     from tests.servers import everycycle
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -229,7 +230,8 @@ def measure_doc(bench_json: Path, out_dir: Path) -> None:
         box_toml.write_text("[requirement]\nttft_p50_s = 3.0\ntime_per_token_s = 0.25\nconcurrent_users = 3\n"
                             "prompt_tokens = 256\nanswer_tokens = 32\n")
     with tempfile.TemporaryDirectory(prefix="bench-fleet-measure-") as tmp:
-        fleet = start_fleet(Path(tmp), [None, None, None], parallel=4, max_queue=256, ctx_size=2048)
+        fleet = start_fleet(Path(tmp), [None, None, None], parallel=4, max_queue=256, ctx_size=2048,
+                            route_by_speed=True)
         try:
             subprocess.run(fleet.net.run_in(0, everycycle(
                 "measure", "--fleet", "--fleet-settings", str(fleet.workdir / "fleet.toml"), "--url", fleet.url,
@@ -280,7 +282,7 @@ def main() -> int:
                             "sessions": "chat, one-shot long prompts, chat with the other model (by n mod 3)"}
                            if hetero else {})},
            "policies": {name: summary(r) for name, r in runs.items()},
-           "ratios": ratio_table, "goals": goals(ratio_table), **shipped_ratios(runs, order), "runs": runs,
+           "ratios": ratio_table, "goals": goals(ratio_table), **router_alone_ratios(runs, order), "runs": runs,
            # each policy's medians under its own name, as `everycycle measure --fleet-bench` reads them
            **{name: {"policy": r[0]["policy"], **{k: v["median"] for k, v in summary(r).items() if v}}
               for name, r in runs.items()}}

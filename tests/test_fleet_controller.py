@@ -212,7 +212,7 @@ def test_the_unroutable_answer_survives_any_body_the_router_refused():
 
 def busy(model: str, speed: float | None, *, free: int = 2, queue: int = 0) -> Capabilities:
     return Capabilities("box", "v1", GovernorView("normal", 0, ""), (ModelCapability(
-        model, "loaded", slots_total=4, slots_free=free, queue_depth=queue, busy_tokens_per_s=speed),))
+        model, "loaded", slots_total=4, slots_free=free, queue_depth=queue, prefill_tokens_per_s=speed),))
 
 
 def test_a_box_much_slower_than_the_fastest_gets_the_model_only_while_the_faster_ones_are_full():
@@ -279,18 +279,25 @@ def test_a_model_only_in_stores_goes_to_the_one_box_that_loads_it_soonest():
     assert goes_to(Report(A, loading), Report(B, stored("free", loaded_bytes=gb, load_s=1.0))) == {A}
 
 
-def test_an_engines_busy_speed_counts_only_the_time_it_had_work():
-    """The capability map's busy_tokens_per_s: tokens per second of the time a request was running in the last
-    SPEED_WINDOW_S, so an idle stretch does not read as a slow box (tokens_per_s, demand's figure, falls)."""
-    from host_runtime.engine.metrics import EngineMetrics
+def test_an_engines_speed_is_its_prompt_rate_whatever_the_mix():
+    """The capability map's prefill_tokens_per_s: prompt tokens computed per second of the calls that computed
+    them over the last SPEED_WINDOW_S: neither an idle stretch nor a stretch of decoding reads as a slow box
+    (tokens_per_s, demand's figure, falls in both)."""
+    from host_runtime.engine.metrics import SPEED_WINDOW_S, EngineMetrics
 
     m = EngineMetrics()
-    m.set_queue(1, 0, 0, 100, now=100.0)
-    for i in range(41):  # 40 tokens in 2 s of work
+
+    def at(when: float, **counts: float) -> None:
         with m._lock:
-            m.counters["tokens_predicted_total"] += 1
-            m._sample_tokens_locked(100.0 + i * 0.05)
-    m.set_queue(0, 0, 0, 100, now=102.0)  # then 5 s idle
-    recent = m.recent(now=107.0)
-    assert recent["busy_tokens_per_s"] == 20.0 and recent["tokens_per_s"] < 10
-    assert m.recent(now=200.0)["busy_tokens_per_s"] is None  # nothing lately: unknown, not zero
+            for name, value in counts.items():
+                m.counters[name] += value
+            m._sample_tokens_locked(when)
+
+    at(100.0, prompt_seconds_total=2.0, prompt_tokens_total=400)   # a 400-token prompt in 2 s of calls
+    for i in range(40):  # then 40 tokens generated over 8 s: no prompt work
+        at(101.0 + i * 0.2, predicted_seconds_total=0.2, tokens_predicted_total=1)
+    at(110.0, prompt_seconds_total=1.0, prompt_tokens_total=200)   # another prompt: 200 tokens in 1 s
+    recent = m.recent(now=120.0)  # 10 s idle since
+    # (400 + 200 - 400) / (3 - 2): the window's first sample is its start; generated tokens change nothing
+    assert recent["prefill_tokens_per_s"] == 200.0 and recent["tokens_per_s"] < 10
+    assert m.recent(now=111.0 + SPEED_WINDOW_S)["prefill_tokens_per_s"] is None  # nothing lately: unknown, not 0

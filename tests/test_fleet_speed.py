@@ -1,7 +1,7 @@
 """The gateway routes by each box's measured speed (#62), for real: two boxes in network namespaces holding the same
 model, box 1 held to a sixth of a CPU by a cgroup quota. The router's cache_aware alone sends a new prompt to
-whichever box's prefix tree is smaller; the controller reads each box's tokens per second while busy from its
-capability map, leaves the slow box out of the model's workers while the fast one has room, lets it in while the
+whichever box's prefix tree is smaller; the controller reads each box's prompt tokens per second computing from
+its capability map, leaves the slow box out of the model's workers while the fast one has room, lets it in while the
 fast one is full, and `fleet status` shows what it measured and where the model goes."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_a_slow_box_gets_the_model_only_while_the_fast_one_is_full_and_status_sa
         status = subprocess.run(everycycle("fleet", "status", "--state", str(fleet.state_file)),
                                 capture_output=True, text=True, timeout=30)
         assert status.returncode == 0, status.stderr
-        assert "(cache_aware, by speed)" in status.stdout and "busy speed:" in status.stdout, status.stdout
+        assert "(cache_aware, by speed)" in status.stdout and "prefill speed:" in status.stdout, status.stdout
         assert f"{SMOL} -> http://127.0.0.1:8081" in status.stdout, status.stdout
     finally:
         fleet.stop()

@@ -13,7 +13,7 @@ A, B, C = "https://10.0.0.3:8443", "https://10.0.0.4:8443", "http://127.0.0.1:80
 
 def caps(name: str, version: str, *, draining: bool = False) -> Capabilities:
     return Capabilities(box=name, version=version, governor=GovernorView("normal", 0),
-                        models=(ModelCapability("m", "loaded", busy_tokens_per_s=12.5, shard_hosts=[
+                        models=(ModelCapability("m", "loaded", prefill_tokens_per_s=12.5, shard_hosts=[
                                     {"host": "10.0.0.5:50052", "devices": ["RPC0"], "round_trip_ms": 0.19,
                                      "mbytes_per_s": 283.0}]),
                                 ModelCapability("big", "downloading")),
@@ -37,7 +37,7 @@ def test_the_state_round_trips_and_says_each_boxs_version_slot_and_state():
     assert lines[0] == "fleet gateway (cache_aware), polled 4 s ago: 1 of 3 boxes serving, 1 workers in the router"
     assert "box-b  2026.12.04  slot B  left out: draining" in lines[2]
     assert lines[3].startswith(f"  {B}  ?  ?  slot ?  not answering")
-    assert lines[1].endswith("models: m  busy speed: m 12.5 tok/s  m across 10.0.0.5:50052 (0.19 ms, 283 MB/s)")
+    assert lines[1].endswith("models: m  prefill speed: m 12.5 tok/s  m across 10.0.0.5:50052 (0.19 ms, 283 MB/s)")
     assert lines[4] == f"  m -> {C}"
 
 

@@ -19,9 +19,13 @@ from host_runtime.common.prometheus_text import exposition
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RECENT_S = 30  # the window of the capability map's recent tok/s
-# The window of its busy speed (tokens per second of the time the engine had work): short, so that the fleet's
-# controller sees a box slow down (a thermal cap, another model loading) within seconds.
-SPEED_WINDOW_S = 10
+# The window of its speed (prompt tokens computed per second of the calls that computed them): what the fleet's
+# controller routes by. Generated tokens per busy second, the figure before, read 0.5 to 34 on the fast box of the
+# hetero fleet bench and 0.16 to 21 on a 0.3-CPU one within a run (a window spent on a long prompt read as a slow
+# box), prompt and generated tokens together still 57 to 292 (a decode step costs several prompt tokens' time): the
+# controller took the fast box out and let the slow one in. The prompt's rate, over 30 s (several of a 0.3-CPU
+# box's prompt chunks): 103 to 142 and 28 to 52 over a run, what their CPU quotas say.
+SPEED_WINDOW_S = 30
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 
@@ -93,10 +97,8 @@ class EngineMetrics:
         # at most once a second (the rate over the last RECENT_S).
         self._recent_ttft: deque[float] = deque(maxlen=64)
         self.spec: dict[str, list[int]] = {}  # drafting kind -> [drafted, accepted]
-        # (when, tokens generated, seconds busy) at most once a second; busy: at least one request running
-        self._token_samples: deque[tuple[float, float, float]] = deque(maxlen=RECENT_S + 2)
-        self._busy_s = 0.0                    # seconds with a request running, before _busy_from
-        self._busy_from: float | None = None  # since when one is running now (None: idle)
+        # (when, tokens generated, prompt tokens computed, seconds computing them) at most once a second
+        self._token_samples: deque[tuple[float, float, float, float]] = deque(maxlen=max(RECENT_S, SPEED_WINDOW_S) + 2)
 
     KEY_USAGE = {
         "key_requests_total": "Generation requests answered or ended, per API key name.",
@@ -130,33 +132,32 @@ class EngineMetrics:
     def add(self, name: str, value: float = 1.0) -> None:
         with self._lock:
             self.counters[name] += value
-            if name == "tokens_predicted_total":
+            if name in ("tokens_predicted_total", "prompt_tokens_total"):  # a call's seconds are added before
                 self._sample_tokens_locked(time.monotonic())
 
     def _sample_tokens_locked(self, now: float) -> None:
         if not self._token_samples or now - self._token_samples[-1][0] >= 1.0:
-            self._token_samples.append((now, self.counters["tokens_predicted_total"], self._busy_locked(now)))
-
-    def _busy_locked(self, now: float) -> float:
-        return self._busy_s + (now - self._busy_from if self._busy_from is not None else 0.0)
+            c = self.counters
+            self._token_samples.append((now, c["tokens_predicted_total"], c["prompt_tokens_total"],
+                                        c["prompt_seconds_total"]))
 
     def recent(self, now: float | None = None) -> dict:
         """Generated tokens per second over the last RECENT_S, and the median of the last 64 TTFTs (None before
         the first request)."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            first = next(((t, n) for t, n, _ in self._token_samples if now - t <= RECENT_S), None)
-            lately = next(((n, b) for t, n, b in self._token_samples if now - t <= SPEED_WINDOW_S), None)
+            first = next(((t, n) for t, n, _, _ in self._token_samples if now - t <= RECENT_S), None)
+            lately = next(((p, s) for t, _, p, s in self._token_samples if now - t <= SPEED_WINDOW_S), None)
             tokens = self.counters["tokens_predicted_total"]
-            busy = self._busy_locked(now)
+            prompt, prompt_s = self.counters["prompt_tokens_total"], self.counters["prompt_seconds_total"]
             ttfts = list(self._recent_ttft)
         rate = 0.0
         if first is not None:  # over at least a second: a burst just now is not an instant rate
             rate = (tokens - first[1]) / max(now - first[0], 1.0)
-        speed = None  # unknown until a second of work in the window: an idle box's speed is not zero
-        if lately is not None and busy - lately[1] >= 1.0:
-            speed = round((tokens - lately[0]) / (busy - lately[1]), 2)
-        return {"tokens_per_s": round(rate, 2), "busy_tokens_per_s": speed,
+        speed = None  # unknown until a second of prompt work in the window: an idle box's speed is not zero
+        if lately is not None and prompt_s - lately[1] >= 1.0:
+            speed = round((prompt - lately[0]) / (prompt_s - lately[1]), 2)
+        return {"tokens_per_s": round(rate, 2), "prefill_tokens_per_s": speed,
                 "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
                 "running": self.requests_processing, "waiting": self.requests_deferred,
                 "throttle_level": self.throttle_level, "sequences_allowed": self.sequences_allowed,
@@ -168,15 +169,8 @@ class EngineMetrics:
             counts[0] += drafted
             counts[1] += accepted
 
-    def set_queue(self, processing: int, deferred: int, kv_used: int, kv_total: int,
-                  now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
+    def set_queue(self, processing: int, deferred: int, kv_used: int, kv_total: int) -> None:
         with self._lock:
-            if processing and self._busy_from is None:
-                self._busy_from = now
-            elif not processing and self._busy_from is not None:
-                self._busy_s += now - self._busy_from
-                self._busy_from = None
             self.requests_processing = processing
             self.requests_deferred = deferred
             self.kv_cells_used = kv_used

@@ -25,9 +25,9 @@ class ModelCapability:
     slots_free: int | None = None       # of those, free now (the governor's hint lowers the total)
     queue_depth: int | None = None      # requests waiting for a slot
     tokens_per_s: float | None = None   # generated over the last 30 s: what demand asked of it
-    # generated per second of the time it had a request running, over the last 10 s: its speed when busy, what
-    # the controller routes by (None: not a second of work lately)
-    busy_tokens_per_s: float | None = None
+    # prompt tokens computed per second of the calls that computed them, over the last 30 s: its speed, what the
+    # controller routes by (None: not a second of prompt work lately)
+    prefill_tokens_per_s: float | None = None
     ttft_p50_s: float | None = None     # median of the last 64 requests' time to first token
     prefix_cache_bytes: dict[str, int] = field(default_factory=dict)  # tier -> bytes held
     kv_bytes_per_token: int | None = None   # one token's K and V over all layers (the planner's figure)

@@ -12,7 +12,7 @@ given and keeps its own prefix tree per worker; what it cannot know comes from h
   not load it on several boxes at once: room beside what is loaded before room made by unloading idle models
   before room that busy ones hold (a box it can never fit is left out), then the shortest estimated load (its
   file's size over the fastest rate the box loaded its own models at, start to ready), then the box's name;
-- among the boxes warm with a model, one whose measured speed (its tokens per second while busy, from its map)
+- among the boxes warm with a model, one whose measured speed (prompt tokens per second computing, from its map)
   is under SLOW_SHARE of the fastest's takes that model's requests only while every faster one is full (no free
   sequence, or a queue), and for SPILL_HOLD_S after (route_by_speed; the router's cache_aware balances by request
   counts and prefixes, blind to speed: with a 0.3-CPU box beside a 1-CPU one it sent the slow box 13 of the 32
@@ -76,8 +76,8 @@ class Speeds:
 
     def note(self, box: str, caps: Capabilities, now: float) -> None:
         for m in caps.models:
-            if m.busy_tokens_per_s:
-                self.measured[(box, m.id)] = (m.busy_tokens_per_s, now)
+            if m.prefill_tokens_per_s:
+                self.measured[(box, m.id)] = (m.prefill_tokens_per_s, now)
 
     def speed(self, box: str, model: str, now: float) -> float | None:
         found = self.measured.get((box, model))

@@ -47,7 +47,7 @@ VrrpRouterId = Annotated[int, Field(ge=1, le=255, description="gateway with virt
                                                               "gateways, unique on the LAN (default 51)")]
 RouteBySpeed = Annotated[bool, Field(description="gateway: a box much slower than the fastest holding a model gets "
                                                  "that model's requests only while the faster ones are full "
-                                                 "(default false: the router's policy alone, as measured no worse)")]
+                                                 "(default true; false: the router's policy alone)")]
 ShardListen = Annotated[str, Field(description="member or gateway: lend this box's devices (its GPUs, else its CPU) "
                                                "to a model another box holds, on this ADDR:PORT of the LAN "
                                                "(like 10.0.0.3:50052); TLS keyed from the fleet key, nothing "
@@ -70,10 +70,12 @@ class FleetSettings:
     metrics_port: int = 8091         # the router's Prometheus exporter, loopback
     poll_interval_s: float = 1.0     # how often each box's capability map is read
     # A box much slower than the fastest warm with a model gets that model's requests only while the faster ones
-    # are full (fleet/controller.py Speeds). Off by default: over three repeats of bench/fleet.py --fleet hetero it
-    # gave 1.01x (0.84-1.05) the tokens/s of the router's cache_aware alone and 0.94x its prefix hit ratio
-    # (bench/results-2026-12-06-fleet-hetero-repeats-2core.json)
-    route_by_speed: RouteBySpeed = False
+    # are full (fleet/controller.py Speeds). On by default since its speed is the prompt rate (engine/metrics.py):
+    # over three repeats of bench/fleet.py --fleet hetero, 1.08x (0.98-1.20) the tokens/s of the router's
+    # cache_aware alone and a tighter spread (5.55-5.74 tok/s against 4.61-5.71: cache_aware once split the common
+    # model 16/16 over a 0.3-CPU box and a full one), TTFT p50 0.83x, p95 1.22x (0.90-1.50)
+    # (bench/results-2026-12-07-fleet-hetero-prefill-speed-2core.json)
+    route_by_speed: RouteBySpeed = True
     key_file: str = BOX_KEY_FILE     # the fleet key: the gateway's credential at every box (0600)
     # PEM certificates the router trusts for https:// peers (their fronts' self-signed certificates, or a CA's)
     peer_certificates: tuple[str, ...] = ()

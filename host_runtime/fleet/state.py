@@ -21,7 +21,7 @@ class BoxState:
     slot: str = ""                  # the A/B slot it booted from
     draining: bool = False
     models: tuple[str, ...] = ()    # the models it holds loaded or in its store
-    speeds: dict = field(default_factory=dict)  # model -> its tokens/s while busy, where measured lately
+    speeds: dict = field(default_factory=dict)  # model -> its prompt tokens/s computing, where measured lately
     shards: dict = field(default_factory=dict)  # model -> the boxes lending it devices: [[host, round trip ms, MB/s]]
 
     def summary(self) -> str:
@@ -80,7 +80,7 @@ def box_state(report, left_out: str) -> BoxState:
         return BoxState(report.box, False, error=report.error)
     return BoxState(report.box, True, left_out=left_out, name=caps.box, version=caps.version, slot=caps.slot,
                     draining=caps.draining, models=tuple(m.id for m in caps.models if m.state in ROUTABLE_STATES),
-                    speeds={m.id: m.busy_tokens_per_s for m in caps.models if m.busy_tokens_per_s},
+                    speeds={m.id: m.prefill_tokens_per_s for m in caps.models if m.prefill_tokens_per_s},
                     shards={m.id: [[s.get("host"), s.get("round_trip_ms"), s.get("mbytes_per_s")] for s in m.shard_hosts]
                             for m in caps.models if m.shard_hosts})
 
@@ -93,7 +93,7 @@ def render(state: GatewayState, now: float) -> list[str]:
     for b in state.boxes:
         lines.append(f"  {b.box}  {b.name or '?'}  {_short(b.version)}  slot {_short(b.slot)}  {b.summary()}"
                      + (f"  models: {', '.join(b.models)}" if b.models else "")
-                     + (f"  busy speed: {', '.join(f'{m} {v:.1f} tok/s' for m, v in sorted(b.speeds.items()))}"
+                     + (f"  prefill speed: {', '.join(f'{m} {v:.1f} tok/s' for m, v in sorted(b.speeds.items()))}"
                         if b.speeds else "")
                      + "".join(f"  {m} across {', '.join(f'{h} ({rtt:g} ms, {mbps:g} MB/s)' for h, rtt, mbps in hosts)}"
                                for m, hosts in sorted(b.shards.items())))

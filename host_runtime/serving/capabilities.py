@@ -34,7 +34,7 @@ def _model(row, info: EngineInfo | None) -> ModelCapability:
         row.id, "loaded", info.n_ctx or row.context_length, row.pinned, placement,
         slots_total=total, slots_free=max(0, min(total, allowed) - running),
         queue_depth=int(recent.get("waiting") or 0), tokens_per_s=recent.get("tokens_per_s"),
-        busy_tokens_per_s=recent.get("busy_tokens_per_s"),
+        prefill_tokens_per_s=recent.get("prefill_tokens_per_s"),
         ttft_p50_s=recent.get("ttft_p50_s"), prefix_cache_bytes=dict(recent.get("prefix_cache_bytes") or {}),
         kv_bytes_per_token=(info.placement or {}).get("kv_bytes_per_token"),
         trained_context_length=row.trained_context_length or info.n_ctx_train, shard_hosts=list(info.shards or []),
