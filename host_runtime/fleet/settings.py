@@ -74,7 +74,8 @@ class FleetSettings:
     # over three repeats of bench/fleet.py --fleet hetero, 1.08x (0.98-1.20) the tokens/s of the router's
     # cache_aware alone and a tighter spread (5.55-5.74 tok/s against 4.61-5.71: cache_aware once split the common
     # model 16/16 over a 0.3-CPU box and a full one), TTFT p50 0.83x, p95 1.22x (0.90-1.50)
-    # (bench/results-2026-12-07-fleet-hetero-prefill-speed-2core.json)
+    # (bench/results-2026-12-07-fleet-hetero-prefill-speed-2core.json); on equal boxes 0.97x (0.93-1.02x), two
+    # repeats (bench/results-2026-12-07-fleet-equal-prefill-speed-2core.json)
     route_by_speed: RouteBySpeed = True
     key_file: str = BOX_KEY_FILE     # the fleet key: the gateway's credential at every box (0600)
     # PEM certificates the router trusts for https:// peers (their fronts' self-signed certificates, or a CA's)
