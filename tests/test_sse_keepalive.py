@@ -78,13 +78,14 @@ def test_every_sse_endpoint_sends_comments_while_the_engine_is_slow(tmp_path):
                        "the server", env=env) as (base, _):
         host, port = base.removeprefix("http://").split(":")
         # each with what its stream's last event says (it ended as it should, the comments skipped)
-        bodies = {"/v1/chat/completions": ({"messages": [{"role": "user", "content": "Hi"}]}, "data: [DONE]"),
-                  "/v1/completions": ({"prompt": "Hi"}, "data: [DONE]"),
-                  "/v1/messages": ({"messages": [{"role": "user", "content": "Hi"}]}, '"message_stop"}'),
+        # each path's body and the last event's possible endings
+        bodies = {"/v1/chat/completions": ({"messages": [{"role": "user", "content": "Hi"}]}, ("data: [DONE]",)),
+                  "/v1/completions": ({"prompt": "Hi"}, ("data: [DONE]",)),
+                  "/v1/messages": ({"messages": [{"role": "user", "content": "Hi"}]}, ('"message_stop"}',)),
                   # the Responses API's own limit (it reads no max_tokens): it ends incomplete at 3 tokens
                   "/v1/responses": ({"input": "Hi", "max_output_tokens": 3},
                                     ('"response.completed"', '"response.incomplete"'))}
-        for path, (body, last) in bodies.items():
+        for path, (body, ends) in bodies.items():
             conn = http.client.HTTPConnection(host, int(port), timeout=60)
             conn.request("POST", path, json.dumps({"model": MODEL_ID, "stream": True, "max_tokens": 3,
                                                    "n_predict": 3, **body}),
@@ -94,7 +95,6 @@ def test_every_sse_endpoint_sends_comments_while_the_engine_is_slow(tmp_path):
             conn.close()
             assert resp.status == 200, (path, text[:300])
             events = [e for e in text.split("\n\n") if e]
-            ends = last if isinstance(last, tuple) else (last,)
             assert KEEPALIVE_COMMENT.decode().strip() in events and any(e in events[-1] for e in ends), \
                 (path, text[-400:])
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)

@@ -142,8 +142,9 @@ class EngineMetrics:
                                         c["prompt_seconds_total"]))
 
     def recent(self, now: float | None = None) -> dict:
-        """Generated tokens per second over the last RECENT_S, and the median of the last 64 TTFTs (None before
-        the first request)."""
+        """Generated tokens per second over the last RECENT_S, the prompt rate over the last SPEED_WINDOW_S (None
+        without a second of prompt calls in it), and the median of the last 64 TTFTs (None before the first
+        request)."""
         now = time.monotonic() if now is None else now
         with self._lock:
             first = next(((t, n) for t, n, _, _ in self._token_samples if now - t <= RECENT_S), None)

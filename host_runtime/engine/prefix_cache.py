@@ -250,10 +250,11 @@ class PrefixCache:
 
     def _least_worth(self):
         """A key for min() over idle slots, how little a slot's content is worth keeping (least first): empty
-        first; then, while others run, one beside a running slot; then the least recent. The running slots' ids stay in few runs: llama.cpp
-        computes a call over per-sequence KV streams in a pass per run of consecutive ids (in-process, 8 sequences:
-        33.2 ms a decode call as ids 0-7, 40.2 as two runs of 4, 55.5 as four runs; step_plan._by_length). What a
-        slot beside a running one held goes to the RAM tier first (_evict_slot), so its next turn restores it."""
+        first; then, while others run, one beside a running slot; then the least recent. The running slots' ids
+        stay in few runs: llama.cpp computes a call over per-sequence KV streams in a pass per run of consecutive
+        ids (in-process, 8 sequences: 33.2 ms a decode call as ids 0-7, 40.2 as two runs of 4, 55.5 as four runs;
+        step_plan._by_length). What a slot beside a running one held goes to the RAM tier first (_evict_slot), so
+        its next turn restores it."""
         busy = {s.slot_id for s in self.slots if s.busy}  # once per choice, not once per slot weighed
 
         def key(slot: Slot) -> tuple:

@@ -124,8 +124,7 @@ class EnginePool:
                 trained = trained or n_ctx_train
             else:
                 if residents is None:
-                    residents = self._residents(loaded.values(), available,
-                                                busy=lambda e: _busy_of(answers[e.name]))
+                    residents = self._residents(loaded.values(), available, answers)
                 room = load_room(plan_load(self._need(info["path"]), room_now, residents))
             if served is None and trained and name != self.default_name:
                 served = self._served_context(info["path"], trained)
@@ -208,9 +207,10 @@ class EnginePool:
         """Under the lock: the engine serving `name`. One whose load failed is taken out (its process stopped)
         and the failure kept against its file, so the next request after the file changes loads it afresh."""
         entry = self._loaded[name]
-        state = _state_of(_engine_info(entry.socket))[0]
+        info = _engine_info(entry.socket)
+        state = _state_of(info)[0]
         if state == "failed" and name != self.default_name:
-            reason = _engine_reason(entry.socket)
+            reason = _reason_of(info)
             self._failed[name] = (_file_signature(entry.path), reason)
             taken = self._take_out_locked(name, "its load failed", "failed")
             threading.Thread(target=self._finish_stopping, args=([taken],), daemon=True).start()
@@ -256,12 +256,12 @@ class EnginePool:
             finally:
                 done.set()
 
-    def _residents(self, entries=None, available=None, busy=None) -> list[Resident]:
-        """busy(entry): whether its engine has work (default: asked of it now)."""
+    def _residents(self, entries=None, available=None, answers=None) -> list[Resident]:
+        """answers: each engine's `info` by model name, where the caller asked already (else asked now)."""
         # Pinning is read from the store each time: `models pin` applies to a model already loaded too.
         available = self.available() if available is None else available
-        busy = busy or (lambda e: _busy_of(_engine_info(e.socket)))
-        return [Resident(e.name, self._need(e.path), e.last_used, busy(e),
+        return [Resident(e.name, self._need(e.path), e.last_used,
+                         _busy_of(answers[e.name] if answers is not None else _engine_info(e.socket)),
                          e.pinned or bool(available.get(e.name, {}).get("pinned")), e.keep_alive_s)
                 for e in (self._loaded.values() if entries is None else entries)]
 
@@ -416,12 +416,8 @@ def _state_of(info) -> tuple[str, int | None, int | None]:
         info.n_ctx_train
 
 
-
-def _engine_reason(socket_path: str) -> str:
-    try:
-        return EngineClient(socket_path).info(timeout=1.0).reason or "no reason given"
-    except EngineUnavailable:
-        return "its engine stopped answering"
+def _reason_of(info) -> str:
+    return "its engine stopped answering" if info is None else info.reason or "no reason given"
 
 
 def _file_size(path: str) -> int | None:
