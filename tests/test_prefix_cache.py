@@ -62,6 +62,31 @@ def test_context_hit_gives_the_miss_output(model, miss_answer):
         engine.stop()
 
 
+def test_a_next_turn_quoting_the_answer_reuses_it_and_gives_the_miss_output():
+    """With more than one slot the default model computes a row alike in any call (shape_blind: per-row flash
+    attention), so a slot keeps the answer it generated: the next turn, which quotes it, computes only what
+    follows, and answers as a miss does. (One slot runs plain attention: cut points, as above.)"""
+    model = LoadedModel(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_parallel=2, n_batch=32,
+                                                            prefill_chunk=32, n_threads=2))
+    engine = make_engine(model)
+    try:
+        assert engine.shape_blind and engine.cache.any_position
+        first = model.tokenize(SYSTEM + QUESTION, add_bos=False, special=False)
+        answer = ask(engine, model, SYSTEM + QUESTION)
+        follow = SYSTEM + QUESTION + answer + " Question: and on Mondays? Answer:"
+        cached = engine.metrics.snapshot()["prompt_tokens_cached_total"]
+        again = ask(engine, model, follow)
+        reused = engine.metrics.snapshot()["prompt_tokens_cached_total"] - cached
+        assert len(first) + 10 < reused < len(model.tokenize(follow, add_bos=False, special=False))
+    finally:
+        engine.stop()
+    fresh = make_engine(model, enabled=False)
+    try:
+        assert ask(fresh, model, follow) == again
+    finally:
+        fresh.stop()
+
+
 def test_ram_hit_gives_the_miss_output(model, miss_answer):
     engine = make_engine(model)
     try:

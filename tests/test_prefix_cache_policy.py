@@ -30,6 +30,22 @@ def test_first_request_misses_then_a_shared_prefix_hits_in_context():
     assert cache.hits["context"] == 1 and cache.tokens_reused == 12
 
 
+def test_where_a_row_is_computed_alike_in_any_call_a_prefix_ends_anywhere_and_keeps_the_answer():
+    """any_position (a shape-blind model): no cut to keep, so a slot keeps every token in its KV (the prompt and
+    the answer it generated) and a hit resumes where the prompts part."""
+    cache = PrefixCache(1, C, 10**9, 0, any_position=True)
+    assert cache.cacheable_length(list(range(13))) == 12 and cache.cacheable_length(list(range(14))) == 13
+    a = cache.admit(prompt(1, 2, 3))
+    answer = [50, 51, 52]
+    assert cache.release(a.slot_id, prompt(1, 2, 3) + answer, cacheable=True) == Trim(a.slot_id, 18)
+    b = cache.admit(prompt(1, 2, 3) + answer + [9, 9])  # the next turn quotes the answer
+    assert (b.source, b.reuse) == ("context", 18)
+    cache.release(b.slot_id, prompt(1, 2, 3) + answer + [9, 9], cacheable=True)
+    c = cache.admit(SYSTEM[:10] + [0, 0, 0])  # shares 10 tokens, not a whole chunk: all 10 reused
+    assert c.reuse == 10
+    assert PrefixCache(1, C, 10**9, 0).aligned_match(tuple(SYSTEM), SYSTEM[:10] + [0, 0, 0]) == 8  # cut points
+
+
 def test_a_partial_match_is_cut_to_the_chunk_boundary():
     cache = PrefixCache(1, C, 10**9, 0)
     a = cache.admit(prompt(1, 2, 3, 4, 5))

@@ -125,6 +125,9 @@ class Sequence:
         self.n_past = n_past  # prompt tokens already in the KV cache (a prefix cache hit)
         self.next_token: int | None = None
         self.generated = 0
+        # Every token it sampled, in order: the KV holds the prompt, then the first n_past - len(prompt) of these
+        # (the last one sampled is never in it); the prefix cache keeps them where any_position
+        self.sampled: list[int] = []
         self.output = ChoiceOutput(request.stops, request.harmony)  # its text: engine/output.py
         self.sampler = engine.runner.sampler(request.sampling, index, request.grammar)
         self.model = engine.model
@@ -208,10 +211,15 @@ class Engine:
                             free / 2**30)
         self.cache = PrefixCache(model.n_parallel, model.prefill_chunk, prefix_cache.ram_bytes, disk,
                                  prefix_cache.enabled, boundary_tokens=model.boundary_tokens,
-                                 media_from=self.media_from)
+                                 media_from=self.media_from, any_position=self.shape_blind)
         for key, nbytes in found:
             if not self.cache.found_on_disk(key, nbytes):
                 self.store.drop_disk(key)  # past today's budget: not left behind as an orphan
+        # The slots start empty, as this cache's do: an engine before this one on the same context left its slots'
+        # KV there (a slot keeps its last conversation), which the warm-up's and the first requests' positions
+        # would not follow.
+        for slot_id in range(model.n_parallel):
+            self.runner.forget(slot_id)
         self._publish_cache()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -616,8 +624,11 @@ class Engine:
             return
         self._active.remove(seq)
         request = seq.request
-        prefilled = min(seq.n_past, len(request.prompt_tokens))
-        trim = self.cache.release(seq.seq_id, request.prompt_tokens[:prefilled], cacheable=request.n == 1,
+        prompt = request.prompt_tokens
+        in_kv = prompt[:seq.n_past]
+        if self.cache.any_position and seq.n_past > len(prompt):  # and its answer: a chat's next turn quotes it
+            in_kv = [*prompt, *seq.sampled[:seq.n_past - len(prompt)]]
+        trim = self.cache.release(seq.seq_id, in_kv, cacheable=request.n == 1,
                                   scope=request.cache_scope)
         self.runner.forget(seq.seq_id, trim.keep)
         seq.sampler.close()
@@ -729,6 +740,7 @@ class Engine:
         request = seq.request
         runner = self.runner
         token = runner.sample(seq.sampler, batch_index)
+        seq.sampled.append(token)
         if seq.ngrams is not None:
             seq.ngrams.extend((token,))
         elif seq.history is not None:

@@ -10,7 +10,10 @@
 
 Only *prompt* tokens up to a cut point are cached (a multiple of the chunk, or just after an
 end-of-generation token, see step_plan): a hit then resumes prefill exactly where a miss
-would cut, so a hit's output is identical to a miss's.
+would cut, so a hit's output is identical to a miss's. Where the model computes a row alike in any call
+(`any_position`: model.shape_blind) there is no cut to keep: a hit resumes at any token, and a slot keeps the
+answer it generated too, so a chat's next turn, which quotes that answer, computes only its new message (as
+llama-server's slots do).
 The policy returns actions; the engine carries them out and reports sizes back.
 
 Scopes: an entry is found only by requests of its own scope (an API key, by default), so that whether a prompt
@@ -133,9 +136,10 @@ def common_prefix(a, b) -> int:
 
 class PrefixCache:
     def __init__(self, n_slots: int, chunk: int, ram_budget: int, disk_budget: int, enabled: bool = True,
-                 boundary_tokens: frozenset[int] = frozenset(), media_from: int | None = None):
+                 boundary_tokens: frozenset[int] = frozenset(), media_from: int | None = None,
+                 any_position: bool = False):
         """media_from: token ids from here up are an image's places (engine/projector.py): a prefix never ends
-        inside an image's run."""
+        inside an image's run. any_position: a prefix may end at any token (no cut points)."""
         self.slots = [Slot(i) for i in range(n_slots)]
         self.chunk = chunk
         self.boundary_tokens = boundary_tokens
@@ -143,6 +147,7 @@ class PrefixCache:
         self.ram_budget = ram_budget
         self.disk_budget = disk_budget
         self.enabled = enabled
+        self.any_position = any_position
         self.ram: collections.OrderedDict[Key, Entry] = collections.OrderedDict()
         self.disk: collections.OrderedDict[Key, Entry] = collections.OrderedDict()
         self._clock = itertools.count(1)
@@ -155,15 +160,20 @@ class PrefixCache:
     def free_slots(self) -> int:
         return sum(1 for s in self.slots if not s.busy)
 
+    def _cut(self, tokens, upto: int) -> int:
+        """The last cut point of `tokens` at or before `upto` (any position where any_position)."""
+        if self.any_position:
+            return upto
+        return last_cut(tokens, upto, self.chunk, self.boundary_tokens, self.media_from)
+
     def cacheable_length(self, prompt) -> int:
         """The longest prefix of `prompt` ending at a cut point that still leaves a token to compute logits from."""
-        return last_cut(prompt, len(prompt) - 1, self.chunk, self.boundary_tokens, self.media_from) if prompt else 0
+        return self._cut(prompt, len(prompt) - 1) if prompt else 0
 
     def aligned_match(self, key: Key, prompt) -> int:
         if not prompt:
             return 0
-        shared = min(common_prefix(key, prompt), len(prompt) - 1)
-        return last_cut(prompt, shared, self.chunk, self.boundary_tokens, self.media_from)
+        return self._cut(prompt, min(common_prefix(key, prompt), len(prompt) - 1))
 
     def bytes_in(self, tier: str) -> int:
         return sum(e.nbytes for e in (self.ram if tier == "ram" else self.disk).values())
@@ -285,15 +295,15 @@ class PrefixCache:
         (self.ram if tier == "ram" else self.disk).pop(key, None)
         self.hits[tier] -= 1
 
-    def release(self, slot_id: int, prefilled, cacheable: bool, scope: Scope = None) -> Trim:
-        """A sequence left: its slot keeps the whole chunks of prompt it had prefilled (or nothing), as `scope`'s."""
+    def release(self, slot_id: int, in_kv, cacheable: bool, scope: Scope = None) -> Trim:
+        """A sequence left: its slot keeps the tokens in its KV (`in_kv`: the prompt it had prefilled, and where
+        any_position the tokens it generated after it) up to their last cut point (or nothing), as `scope`'s."""
         slot = self.slots[slot_id]
         slot.busy = False
         slot.scope = scope
         slot.last_used = next(self._clock)
-        keep = last_cut(prefilled, len(prefilled), self.chunk, self.boundary_tokens, self.media_from) \
-            if (cacheable and self.enabled) else 0
-        slot.prefix = tuple(prefilled[:keep])
+        keep = self._cut(in_kv, len(in_kv)) if (cacheable and self.enabled) else 0
+        slot.prefix = tuple(in_kv[:keep])
         return Trim(slot_id, keep)
 
     def stored_in_ram(self, key: Key, nbytes: int) -> list:
