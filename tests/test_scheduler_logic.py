@@ -663,10 +663,14 @@ def test_a_parked_state_past_the_ram_bound_waits_on_disk_and_comes_back_whole(ma
 
     def watch():  # while the chat runs, the batch's state is a file
         while not any(isinstance(e, wire.Done) for e in events.of("chat")):
-            files = list(parked_dir.iterdir())
-            if files:
-                seen.append((engine.metrics.snapshot()["parked_bytes_disk"], [oct(os.stat(f).st_mode & 0o777)
-                                                                               for f in files]))
+            modes = []
+            for f in parked_dir.iterdir():
+                try:
+                    modes.append(oct(os.stat(f).st_mode & 0o777))
+                except FileNotFoundError:  # resumed between the listing and the look: its file taken back
+                    pass
+            if modes:
+                seen.append((engine.metrics.snapshot()["parked_bytes_disk"], modes))
             threading.Event().wait(0.0005)
     watcher = threading.Thread(target=watch)
     ask(engine, events, "chat", "xyz", max_tokens=100, priority="interactive")  # 100 ms at least, parked meanwhile
