@@ -124,7 +124,6 @@ class Sequence:
         self.seq_id = seq_id
         self.n_past = n_past  # prompt tokens already in the KV cache (a prefix cache hit)
         self.next_token: int | None = None
-        self.generated = 0
         # Every token it sampled, in order: the KV holds the prompt, then the first n_past - len(prompt) of these
         # (the last one sampled is never in it); the prefix cache keeps them where any_position
         self.sampled: list[int] = []
@@ -143,6 +142,11 @@ class Sequence:
         self.history = list(request.prompt_tokens) if self.speculating and spec.kind == "draft" else None
         self.draft_length = DraftLength(k_max=spec.k_max)
         self.draft: list[int] = []
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated for this choice."""
+        return len(self.sampled)
 
     def is_prefilling(self) -> bool:
         return self.n_past < len(self.request.prompt_tokens)
@@ -746,7 +750,6 @@ class Engine:
         elif seq.history is not None:
             seq.history.append(token)
         now = time.monotonic()
-        seq.generated += 1
         request.generated += 1
         self.metrics.add("tokens_predicted_total")
         if request.first_token_at is None:
