@@ -13,7 +13,9 @@ long prompts, chats with the other model). Measured:
   cached_total and everycycle_prompt_tokens_total, summed over the boxes, before and after);
 - TTFT p50 and p95 (client side, streaming), and generated tokens per second over the run;
 - the common model's tokens per second until its last answer (the other model's requests go to its one box
-  whatever the policy: it is the common model's that routing decides).
+  whatever the policy: it is the common model's that routing decides);
+- hetero: the other model's span (its box's fixed work, a floor under the wall) and tok_s_bound, everything generated
+  over that span: the most tokens/s any routing of the common model reaches in that run.
 Prints one JSON document (and writes it with --json PATH): `policies` (each figure's median and range over the
 repeats), `ratios` (the gateway's over each other policy, repeat by repeat), `goals` (#62's lines, met where the
 spread does not cross them) and every run.
@@ -156,6 +158,10 @@ def run(policy: str, conversations: int, turns: int, max_tokens: int, hetero: bo
     # its tokens over the time until its last answer ended.
     common = [r for r in results if r.get("kind") != "other-model"]
     common_span = max(r["ended"] for r in common) - start if common else wall
+    # The other model's one box ends its sessions when it ends them, whatever the policy does with the common
+    # model: the run's wall is at least that long, so generated / that span is the most tok/s any routing reaches.
+    other = [r for r in results if r.get("kind") == "other-model"]
+    other_span = max(r["ended"] for r in other) - start if other else None
     common_generated = sum(per_box_generated[i] for i in holders[SMOL])
     ttfts = sorted(r["ttft_s"] for r in results if r["ttft_s"] is not None)
     by_kind = {}
@@ -167,6 +173,8 @@ def run(policy: str, conversations: int, turns: int, max_tokens: int, hetero: bo
             "requests": len(results), "wall_s": round(wall, 2),
             "common_model_tok_s": round(common_generated / common_span, 2) if common_span > 0 else None,
             "common_model_span_s": round(common_span, 2),
+            **({"other_model_span_s": round(other_span, 2), "tok_s_bound": round(generated / other_span, 2)}
+               if other_span else {}),
             **({"ttft_p50_s_by_kind": by_kind} if by_kind else {}),
             "prefix_hit_ratio": round(cached / (cached + computed), 4) if cached + computed else 0.0,
             "prompt_tokens_cached": int(cached), "prompt_tokens_computed": int(computed),
@@ -204,6 +212,14 @@ def goals(ratio_table: dict) -> list[dict]:
     return out
 
 
+def bound_ratio(runs: list[dict], reference: list[dict]) -> dict | None:
+    """The most `runs`' policy could reach over `reference`'s tok/s, repeat by repeat: its tok_s_bound (the other
+    model's box's fixed work bounds the wall) over the reference's tok_s. Where this spread is under one of GOALS'
+    lines, no routing of the common model meets that line on this workload."""
+    return spread([r["tok_s_bound"] / ref["tok_s"] for r, ref in zip(runs, reference)
+                   if r.get("tok_s_bound") and ref.get("tok_s")])
+
+
 def router_alone_ratios(runs: dict[str, list[dict]], order: list[str]) -> dict:
     """The router's cache_aware alone (route_by_speed = false) over round robin and LiteLLM, and #62's goals on
     those spreads."""
@@ -216,7 +232,8 @@ def router_alone_ratios(runs: dict[str, list[dict]], order: list[str]) -> dict:
 
 def summary(runs: list[dict]) -> dict:
     return {key: spread([r.get(key) for r in runs]) for key in ("tok_s", "common_model_tok_s", "ttft_p50_s",
-                                                                 "ttft_p95_s", "prefix_hit_ratio", "wall_s")}
+                                                                 "ttft_p95_s", "prefix_hit_ratio", "wall_s",
+                                                                 "other_model_span_s", "tok_s_bound")}
 
 
 def measure_doc(bench_json: Path, out_dir: Path) -> None:
@@ -286,6 +303,8 @@ def main() -> int:
            # each policy's medians under its own name, as `everycycle measure --fleet-bench` reads them
            **{name: {"policy": r[0]["policy"], **{k: v["median"] for k, v in summary(r).items() if v}}
               for name, r in runs.items()}}
+    if hetero and "litellm" in order:
+        doc["ratios"]["tok_s_bound_vs_litellm"] = bound_ratio(runs["gateway"], runs["litellm"])
     if args.sticky:  # how close each router comes to the hit ratio this workload allows
         doc["ratios"]["prefix_hit_ratio_of_ceiling"] = {
             name: paired_ratio(runs[name], runs["sticky"], "prefix_hit_ratio") for name in order if name != "sticky"}

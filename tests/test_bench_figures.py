@@ -91,6 +91,12 @@ def test_the_fleet_benchs_goals_are_met_only_where_the_spread_over_repeats_does_
     met = {g["ratio"]: g["met"] for g in fleet.goals(table)}
     # 2.0-2.2x round robin: met; p95 0.33-0.6x: crosses 0.5; 1.1-1.24x LiteLLM: crosses 1.2
     assert met == {"tok_s_vs_round_robin": True, "ttft_p95_s_vs_round_robin": False, "tok_s_vs_litellm": False}
+    # The other model's box bounds the wall: the gateway's runs could have reached at most these tok/s
+    for r, bound in zip(runs["gateway"], (6.5, 7.0, 5.5)):
+        r["tok_s_bound"] = bound
+    assert fleet.bound_ratio(runs["gateway"], runs["litellm"]) == {"median": 1.1667, "min": 1.1, "max": 1.3, "n": 3}
+    assert fleet.bound_ratio(runs["gateway"], runs["litellm"][:1]) == {"median": 1.3, "min": 1.3, "max": 1.3, "n": 1}
+    assert fleet.bound_ratio(runs["round_robin"], runs["litellm"]) is None  # no bound recorded (an equal fleet)
 
 
 def test_the_cpu_per_token_is_split_by_process_and_by_the_decode_calls():
