@@ -8,7 +8,8 @@ the KV bytes per token of context, by the planner's arithmetic (placement/kv_typ
 prompt's evaluation, and greedy decoding of DECODE tokens after it, per token, as ratios to F16's.
 
 Each type runs with the per-row flash attention the engine's invariant mode takes on the CPU with several short
-sequences or speculation (placement/kv_types.attention_layout: F16 stored as K BF16 and V F16); the reference is
+sequences or speculation (placement/kv_types.attention_layout: F16 stored as K BF16 and V F16, or K F16 and V BF16
+where ggml's F16 vectors are AVX512-FP16's); the reference is
 F16 with plain attention (the invariant mode's other layout, and the quality baseline every row is compared
 with). A type is a name for both K and V (`q8_0`) or a K/V pair (`bf16/f16`).
 
@@ -55,11 +56,31 @@ def layout_of(kv: str, mode: str = "invariant"):
     """The attention and stored types a type (`q8_0`, `bf16/f16`, or REFERENCE) runs with here, in this batching
     mode."""
     from host_runtime.placement.kv_types import AttentionLayout, attention_layout
+    from host_runtime.placement.llama_params import f16_wide_vectors
 
     if kv == REFERENCE:
         return AttentionLayout("invariant", "off", "f16", "f16", "the reference")
     k, _, v = kv.partition("/")
-    return attention_layout((k, v or k), batch_invariant=mode == "invariant", cpu_only=True, speculation=True)
+    return attention_layout((k, v or k), batch_invariant=mode == "invariant", cpu_only=True, speculation=True,
+                            f16_wide_vectors=f16_wide_vectors())
+
+
+def _weights_as_the_engine_loads_them() -> None:
+    """llama_cpp.Llama takes no use_extra_bufts: its model parameters get the engine's (placement/llama_params.py),
+    without which a native build with AMX segfaulted here in the first batched decode (seen on a 2-core Xeon)."""
+    import llama_cpp.llama_cpp as low
+
+    from host_runtime.placement.llama_params import extra_buffers_safe
+
+    default = getattr(low, "_llama_model_default_params", low.llama_model_default_params)
+    low._llama_model_default_params = default
+
+    def engine_params():
+        params = default()
+        params.use_extra_bufts = extra_buffers_safe()
+        return params
+
+    low.llama_model_default_params = engine_params
 
 
 def run_type(model_path: str, tokens: list[int], kv: str, n_decode: int, threads: int, mode: str = "invariant"):
@@ -70,6 +91,7 @@ def run_type(model_path: str, tokens: list[int], kv: str, n_decode: int, threads
 
     layout = layout_of(kv, mode)
     n_ctx = len(tokens) + n_decode + 16
+    _weights_as_the_engine_loads_them()
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
                           n_threads_batch=threads, logits_all=True, verbose=False,
                           type_k=kv_type(layout.type_k).ggml_type, type_v=kv_type(layout.type_v).ggml_type,

@@ -7,6 +7,7 @@ import pytest
 
 from host_runtime.placement.kv_types import (KV_TYPES, PER_ROW_MAX_CTX, attention_layout, kv_type,
                                              per_row_attention)
+from host_runtime.placement.llama_params import native_build
 
 
 def layout(types=("f16", "f16"), **given):
@@ -20,6 +21,25 @@ def test_several_short_sequences_on_the_cpu_get_per_row_flash_attention_with_k_a
     assert "16 sequences of 1024 tokens" in a.reason
     # the same bytes a value: the planner's figures hold for what is allocated
     assert kv_type(a.type_k).row_bytes(64) == kv_type("f16").row_bytes(64)
+
+
+def test_where_f16_vectors_are_avx512_fp16s_k_and_v_are_both_stored_as_bf16():
+    """ggml's AVX512-FP16 loops go 128 values a step and leave a 64-wide head's F16 dot and sum to a scalar loop:
+    per-row attention there stores K and V as BF16 (V summed in F32)."""
+    a = layout(f16_wide_vectors=True)
+    assert (a.flash, a.type_k, a.type_v, a.per_row) == ("on", "bf16", "bf16", True)
+    assert per_row_attention((a.type_k, a.type_v)) and "AVX512-FP16" in a.reason
+    assert kv_type(a.type_v).row_bytes(64) == kv_type("f16").row_bytes(64)  # the plan's memory holds
+    assert "AVX512-FP16" not in layout().reason
+    assert layout(n_parallel=1, f16_wide_vectors=True).type_v == "f16"  # plain attention: nothing is per row
+    assert layout(("q8_0", "q8_0"), f16_wide_vectors=True).type_v == "q8_0"  # asked-for types that are per row
+    assert layout(f16_wide_vectors=True, speculation=True, n_parallel=1).type_v == "bf16"
+
+
+def test_whether_llama_cpp_was_built_for_this_cpu_is_read_from_the_images_record():
+    assert native_build(None)  # no record: make run's build, for the machine it runs on
+    assert native_build("-DGGML_RPC=ON -DGGML_NATIVE=ON")
+    assert not native_build("-DGGML_NATIVE=OFF -DGGML_AVX2=ON") and not native_build("-DGGML_NATIVE=off")
 
 
 @pytest.mark.parametrize("given", [{"n_ctx_per_seq": PER_ROW_MAX_CTX + 1}, {"n_parallel": 1}])

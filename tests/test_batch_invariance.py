@@ -11,6 +11,7 @@ from host_runtime.engine.engine import Engine, GenerationRequest
 from host_runtime.engine.model import ContextConfig, LoadedModel, default_model_path
 from host_runtime.engine.prompt import PromptBuilder
 from host_runtime.engine.sampling import SamplingParams
+from host_runtime.placement.llama_params import f16_wide_vectors
 from tests.conftest import MODEL_ID
 
 pytestmark = pytest.mark.system  # every test here starts processes or loads the model
@@ -20,9 +21,10 @@ QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Explain gr
 
 
 # Each attention the invariant mode runs on the CPU (placement/kv_types.attention_layout): F16 asked for with short
-# contexts, flash attention's per-row kernel (K stored as BF16); F16 with contexts over PER_ROW_MAX_CTX, plain
-# attention; Q8_0, the per-row kernel (a quantized K).
-LAYOUTS = {"f16-short": ("f16", 1024, ("on", "bf16", "f16")), "f16-long": ("f16", 2304, ("off", "f16", "f16")),
+# contexts, flash attention's per-row kernel (K stored as BF16; V too where ggml's F16 vectors are AVX512-FP16's);
+# F16 with contexts over PER_ROW_MAX_CTX, plain attention; Q8_0, the per-row kernel (a quantized K).
+PER_ROW_F16 = ("on", "bf16", "bf16") if f16_wide_vectors() else ("on", "bf16", "f16")
+LAYOUTS = {"f16-short": ("f16", 1024, PER_ROW_F16), "f16-long": ("f16", 2304, ("off", "f16", "f16")),
            "q8_0": ("q8_0", 1024, ("on", "q8_0", "q8_0"))}
 
 

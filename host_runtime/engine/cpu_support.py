@@ -13,20 +13,21 @@ import re
 import sys
 from pathlib import Path
 
+from host_runtime.placement.llama_params import BUILD_RECORD, native_build
+
 # What ggml enables on x86-64 when it is not built natively, and each option's /proc/cpuinfo flag.
 DEFAULT_X86_OPTIONS = {"GGML_SSE42": "sse4_2", "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma",
                        "GGML_F16C": "f16c", "GGML_BMI2": "bmi2"}
 EXTRA_X86_OPTIONS = {"GGML_AVX512": "avx512f", "GGML_AVX512_VBMI": "avx512_vbmi", "GGML_AVX512_VNNI": "avx512_vnni",
                      "GGML_AVX512_BF16": "avx512_bf16", "GGML_AVX_VNNI": "avx_vnni", "GGML_AMX_TILE": "amx_tile",
                      "GGML_AMX_INT8": "amx_int8"}
-BUILD_RECORD = "llama-cmake-args"
 
 
 def required_cpu_flags(cmake_args: str) -> list[str]:
     """The /proc/cpuinfo flags a build with these CMake arguments executes unconditionally."""
-    options = dict(re.findall(r"-D(GGML_[A-Z0-9_]+)=(\S+)", cmake_args))
-    if options.get("GGML_NATIVE", "ON").upper() not in ("OFF", "0", "FALSE", "NO"):
+    if native_build(cmake_args):
         return []  # tuned to the machine that built it: nothing to say about another
+    options = dict(re.findall(r"-D(GGML_[A-Z0-9_]+)=(\S+)", cmake_args))
     on = lambda v: v.upper() in ("ON", "1", "TRUE", "YES")  # noqa: E731
     flags = [flag for opt, flag in DEFAULT_X86_OPTIONS.items() if on(options.get(opt, "ON"))]
     flags += [flag for opt, flag in EXTRA_X86_OPTIONS.items() if on(options.get(opt, "OFF"))]

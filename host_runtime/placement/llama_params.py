@@ -6,7 +6,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from host_runtime.common.errors import UnavailableError
 from host_runtime.gpu.llama_devices import cpu_buffer_type, device_handles, list_devices
@@ -40,6 +43,33 @@ def extra_buffers_safe() -> bool:
     import llama_cpp
 
     return b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info()
+
+
+# The record of the CMake arguments the image's llama.cpp was built with (image/mkosi.postinst.chroot writes it
+# beside the venv); `make run`'s build, for the machine it runs on, has none.
+BUILD_RECORD = "llama-cmake-args"
+
+
+def native_build(cmake_args: str | None) -> bool:
+    """Whether llama.cpp was compiled for this very CPU (-march=native): no record, or one without
+    GGML_NATIVE=OFF."""
+    return cmake_args is None or re.search(r"-DGGML_NATIVE=(OFF|0|FALSE|NO)\b", cmake_args, re.IGNORECASE) is None
+
+
+@functools.cache
+def f16_wide_vectors() -> bool:
+    """Whether ggml's F16 vector arithmetic is AVX512-FP16's, 128 values a step (kv_types.attention_layout: a
+    shorter row goes a value at a time): a native build on a CPU with avx512_fp16."""
+    try:
+        cmake_args: str | None = (Path(sys.prefix) / BUILD_RECORD).read_text()
+    except OSError:
+        cmake_args = None
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return native_build(cmake_args) and "avx512_fp16" in flags
 
 
 def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams:
@@ -91,7 +121,8 @@ def attention_for(placement: Placement, batch_invariant: bool, speculation: bool
     return attention_layout(placement.kv_types, batch_invariant=batch_invariant,
                             cpu_only=placement.n_gpu_layers == 0, speculation=speculation,
                             n_ctx_per_seq=placement.n_ctx_per_seq, n_parallel=placement.n_parallel,
-                            remote=any(is_remote(name) for name in placement.device_order))
+                            remote=any(is_remote(name) for name in placement.device_order),
+                            f16_wide_vectors=f16_wide_vectors())
 
 
 def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threads: int, batch_invariant: bool,
@@ -104,7 +135,8 @@ def context_params(*, n_ctx_per_seq: int, n_parallel: int, n_batch: int, n_threa
 
     if attention is None:
         attention = attention_layout(DEFAULT_KV, batch_invariant=batch_invariant, cpu_only=True,
-                                     n_ctx_per_seq=n_ctx_per_seq, n_parallel=n_parallel)
+                                     n_ctx_per_seq=n_ctx_per_seq, n_parallel=n_parallel,
+                                     f16_wide_vectors=f16_wide_vectors())
 
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = n_ctx_per_seq * n_parallel
