@@ -283,13 +283,16 @@ def test_a_moe_model_serves_with_its_experts_in_host_ram_and_answers_as_on_the_c
     keys_file, key = api_key
     moe = write_tiny_moe(tmp_path / "tiny-moe.gguf")
     answers = {}
-    for name, flags, env in (("cpu", ["--placement", "cpu"], os.environ),
-                             ("split", ["--gpu-layers", "5", "--cpu-moe"], vulkan_env())):
+    # The CPU's run has one slot, so that its attention is the split's (plain, F16 K and V: layers on a GPU): two
+    # slots on the CPU would get per-row flash attention with a BF16 cache (kv_types.attention_layout), whose
+    # rounding moved this random model's greedy tokens where K and V were both BF16 (a Xeon with AVX512-FP16).
+    for name, flags, env in (("cpu", ["--placement", "cpu", "--parallel", "1"], os.environ),
+                             ("split", ["--gpu-layers", "5", "--cpu-moe", "--parallel", "2"], vulkan_env())):
         port = free_port()
         run = tmp_path / name
         run.mkdir()
         proc = Proc(everycycle("serve", "--model", str(moe), "--port", str(port), "--keys", keys_file,
-                               "--metrics-access", "open", "--threads", "2", "--ctx-size", "1024", "--parallel", "2",
+                               "--metrics-access", "open", "--threads", "2", "--ctx-size", "1024",
                                "--run-dir", str(run), *flags), run / "serve.log", env=env)
         base = f"http://127.0.0.1:{port}"
         try:
