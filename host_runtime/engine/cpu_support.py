@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from host_runtime.placement.llama_params import BUILD_RECORD, native_build
+from host_runtime.placement.llama_params import BUILD_RECORD, cpu_flags, native_build
 
 # What ggml enables on x86-64 when it is not built natively, and each option's /proc/cpuinfo flag.
 DEFAULT_X86_OPTIONS = {"GGML_SSE42": "sse4_2", "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma",
@@ -32,13 +32,6 @@ def required_cpu_flags(cmake_args: str) -> list[str]:
     flags = [flag for opt, flag in DEFAULT_X86_OPTIONS.items() if on(options.get(opt, "ON"))]
     flags += [flag for opt, flag in EXTRA_X86_OPTIONS.items() if on(options.get(opt, "OFF"))]
     return flags
-
-
-def cpu_flags(cpuinfo_text: str) -> set[str]:
-    for line in cpuinfo_text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def unsupported_reason(cmake_args: str, cpuinfo_text: str) -> str | None:

@@ -56,6 +56,14 @@ def native_build(cmake_args: str | None) -> bool:
     return cmake_args is None or re.search(r"-DGGML_NATIVE=(OFF|0|FALSE|NO)\b", cmake_args, re.IGNORECASE) is None
 
 
+def cpu_flags(cpuinfo_text: str) -> set[str]:
+    """The flags /proc/cpuinfo's first processor lists (empty: none, as on a CPU that is not x86)."""
+    for line in cpuinfo_text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
 @functools.cache
 def f16_wide_vectors() -> bool:
     """Whether ggml's F16 vector arithmetic is AVX512-FP16's, 128 values a step (kv_types.attention_layout: a
@@ -68,8 +76,7 @@ def f16_wide_vectors() -> bool:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
-    return native_build(cmake_args) and "avx512_fp16" in flags
+    return native_build(cmake_args) and "avx512_fp16" in cpu_flags(cpuinfo)
 
 
 def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams:
