@@ -8,8 +8,8 @@ the KV bytes per token of context, by the planner's arithmetic (placement/kv_typ
 prompt's evaluation, and greedy decoding of DECODE tokens after it, per token, as ratios to F16's.
 
 Each type runs with the per-row flash attention the engine's invariant mode takes on the CPU with several short
-sequences or speculation (placement/kv_types.attention_layout: F16 stored as K BF16 and V F16, or K F16 and V BF16
-where ggml's F16 vectors are AVX512-FP16's); the reference is
+sequences or speculation (placement/kv_types.attention_layout: F16 stored as K BF16 and V F16, or both BF16 where
+ggml's F16 vectors are AVX512-FP16's); the reference is
 F16 with plain attention (the invariant mode's other layout, and the quality baseline every row is compared
 with). A type is a name for both K and V (`q8_0`) or a K/V pair (`bf16/f16`).
 
@@ -72,8 +72,7 @@ def _weights_as_the_engine_loads_them() -> None:
 
     from host_runtime.placement.llama_params import extra_buffers_safe
 
-    default = getattr(low, "_llama_model_default_params", low.llama_model_default_params)
-    low._llama_model_default_params = default
+    default = low.llama_model_default_params
 
     def engine_params():
         params = default()
@@ -91,7 +90,6 @@ def run_type(model_path: str, tokens: list[int], kv: str, n_decode: int, threads
 
     layout = layout_of(kv, mode)
     n_ctx = len(tokens) + n_decode + 16
-    _weights_as_the_engine_loads_them()
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
                           n_threads_batch=threads, logits_all=True, verbose=False,
                           type_k=kv_type(layout.type_k).ggml_type, type_v=kv_type(layout.type_v).ggml_type,
@@ -120,6 +118,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--mode", choices=("invariant", "mixed"), default="invariant",
                     help="the batching mode whose attention each type runs with (the reference is the same)")
     args = ap.parse_args(argv)
+    _weights_as_the_engine_loads_them()  # once: every model this run loads
 
     import llama_cpp
     import numpy as np

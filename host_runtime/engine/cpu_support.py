@@ -10,10 +10,9 @@ build without that record (`make run` compiles natively, for the machine it runs
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
-from host_runtime.placement.llama_params import BUILD_RECORD, cpu_flags, native_build
+from host_runtime.placement.llama_params import build_record, cpu_flags, native_build
 
 # What ggml enables on x86-64 when it is not built natively, and each option's /proc/cpuinfo flag.
 DEFAULT_X86_OPTIONS = {"GGML_SSE42": "sse4_2", "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma",
@@ -49,9 +48,10 @@ def unsupported_reason(cmake_args: str, cpuinfo_text: str) -> str | None:
 
 def check_this_machine(prefix: Path | None = None, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """The reason this machine cannot run the installed build, or None."""
-    record = (prefix or Path(sys.prefix)) / BUILD_RECORD
+    cmake_args = build_record(prefix)
+    if cmake_args is None:
+        return None  # make run's native build: made for this machine
     try:
-        cmake_args = record.read_text()
         text = cpuinfo.read_text()
     except OSError:
         return None

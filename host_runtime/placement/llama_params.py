@@ -64,14 +64,20 @@ def cpu_flags(cpuinfo_text: str) -> set[str]:
     return set()
 
 
+def build_record(prefix: Path | None = None) -> str | None:
+    """The CMake arguments the installed llama.cpp was built with (the image's record beside the venv), or None
+    where there is none (`make run`'s native build)."""
+    try:
+        return ((prefix or Path(sys.prefix)) / BUILD_RECORD).read_text()
+    except OSError:
+        return None
+
+
 @functools.cache
 def f16_wide_vectors() -> bool:
     """Whether ggml's F16 vector arithmetic is AVX512-FP16's, 128 values a step (kv_types.attention_layout: a
     shorter row goes a value at a time): a native build on a CPU with avx512_fp16."""
-    try:
-        cmake_args: str | None = (Path(sys.prefix) / BUILD_RECORD).read_text()
-    except OSError:
-        cmake_args = None
+    cmake_args = build_record()
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
