@@ -20,6 +20,7 @@ Prints one JSON document (and writes it with --json PATH): `policies` (each figu
 repeats), `ratios` (the gateway's over each other policy, repeat by repeat), `goals` (#62's lines, met where the
 spread does not cross them) and every run.
 Needs root (namespaces). Usage: sudo .venv/bin/python bench/fleet.py [--fleet hetero] [--repeats 3] [--litellm]
+       [--without cache_aware,round_robin]
 [--json F]"""
 
 from __future__ import annotations
@@ -270,6 +271,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="each policy this many times, alternated (default 3)")
     p.add_argument("--json", type=Path, help="write the result here too")
     p.add_argument("--litellm", action="store_true", help=f"also LiteLLM's Router ({LITELLM}, least-busy)")
+    p.add_argument("--without", default="", metavar="POLICY,...",
+                   help="leave out these of the router's own references (cache_aware, round_robin): a shorter run "
+                        "when only the gateway against LiteLLM is asked")
     p.add_argument("--sticky", action="store_true",
                    help="also the workload's ceiling: each conversation pinned to one box, no router")
     p.add_argument("--doc", type=Path, metavar="DIR",
@@ -279,7 +283,11 @@ def main() -> int:
     if args.doc and not args.json:
         p.error("--doc: needs --json (the document cites that file)")
     hetero = args.fleet == "hetero"
-    order = [*GATEWAY_POLICIES, *(["litellm"] if args.litellm else []), *(["sticky"] if args.sticky else [])]
+    left_out = {name for name in args.without.split(",") if name}
+    if unknown := left_out - (set(GATEWAY_POLICIES) - {"gateway"}):
+        p.error(f"--without: cache_aware or round_robin, not {', '.join(sorted(unknown))}")
+    order = [*(name for name in GATEWAY_POLICIES if name not in left_out), *(["litellm"] if args.litellm else []),
+             *(["sticky"] if args.sticky else [])]
     runs: dict[str, list[dict]] = {name: [] for name in order}
     for repeat in range(args.repeats):  # every policy once a repeat, the order reversed every other repeat
         for name in (order if repeat % 2 == 0 else order[::-1]):
