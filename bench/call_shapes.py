@@ -7,11 +7,12 @@ alternated round by round, per layout:
 - prompt84: an 84-token prompt after 25 cached tokens (the serving bench's chat turn);
 - step: 15 sequences' next tokens and that prompt in one call (a step that admits a request), beside
   decode15 (the 15 tokens alone): with a KV stream per sequence llama.cpp splits such a call into a pass of one
-  token a sequence and a pass of the prompt's rest; with one unified cache (llama-server's) it is one pass.
+  token a sequence and a pass of the prompt's rest; with one unified cache it is one pass.
 
 Layouts: the invariant mode's per-row flash attention with K as BF16 (V F16, or both BF16), each sequence its
-own KV stream; and llama.cpp's own choice over one unified cache (the mixed-batches mode: for F16 K and V its
-tiled and split kernels, as llama-server runs), with F16 K and V or with the per-row layout's types.
+own KV stream; and llama.cpp's own choice of kernels over one unified cache (the mixed-batches mode: for F16 K
+and V its tiled and split kernels), with F16 K and V or with the per-row layout's types. (llama-server keeps a
+unified cache only where --parallel is left to auto; with -np N, as bench/serving.py starts it, a stream a slot.)
 Medians over --rounds, and each layout's ratio to the first one's, round by round (median, min, max).
 
   bench/call_shapes.py [--rounds 9] [--threads N] [--model PATH]
@@ -60,6 +61,13 @@ def prompt_of(seq: int) -> list[int]:
     return [100 + (seq * 31 + i * 7) % 20000 for i in range(PROMPT)]
 
 
+def trim(runner) -> None:
+    """Every sequence back to its PROMPT tokens, the last to its CACHED ones (where its next turn starts)."""
+    for seq in range(N_SEQ - 1):
+        runner.forget(seq, PROMPT)
+    runner.forget(N_SEQ - 1, CACHED)
+
+
 def timed(runner, parts) -> float:
     """One decode call's milliseconds."""
     started = time.perf_counter()
@@ -79,16 +87,12 @@ def one_round(runner) -> dict[str, float]:
     out["decode1"] = statistics.median(steps)
     last = N_SEQ - 1
     for what in ("decode15", "prompt84", "step"):
-        for seq in range(last):
-            runner.forget(seq, PROMPT)
-        runner.forget(last, CACHED)
+        trim(runner)
         parts = [] if what == "prompt84" else [(s, PROMPT, [600 + s], 0) for s in range(last)]
         if what != "decode15":
             parts.append((last, CACHED, TURN, len(TURN) - 1))
         out[what] = timed(runner, parts)
-    for seq in range(N_SEQ):  # back to the 100 tokens each that every round starts from
-        runner.forget(seq, PROMPT)
-    runner.forget(last, CACHED)
+    trim(runner)  # and the last's turn again: the PROMPT tokens each that every round starts from
     runner.decode([(last, CACHED, prompt_of(last)[CACHED:], None)])
     return out
 

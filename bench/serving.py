@@ -309,8 +309,9 @@ def cpu_flags(cpuinfo: str | None = None) -> list[str]:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             return []
-    m = re.search(r"^(?:flags|Features)\s*:\s*(.+)$", cpuinfo, re.M)
-    have = set(m.group(1).split()) if m else set()
+    from host_runtime.discovery.cpu import cpuinfo_flags
+
+    have = cpuinfo_flags(cpuinfo)
     return [f for f in CPU_FLAGS if f in have]
 
 

@@ -15,9 +15,19 @@ FLAGS_OF_INTEREST = {"avx2": "avx2", "avx512f": "avx512f", "avx512_vnni": "avx51
                      "fma": "fma"}
 
 
+def cpuinfo_flags(text: str) -> set[str]:
+    """Every flag /proc/cpuinfo lists (x86's "flags", ARM's "Features"; empty where it lists none) (pure)."""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return flags
+
+
 def parse_cpuinfo(text: str) -> dict:
     """Model name, socket ids and flags from /proc/cpuinfo (pure)."""
-    model, sockets, flags = None, set(), set()
+    model, sockets = None, set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key, value = key.strip(), value.strip()
@@ -25,8 +35,7 @@ def parse_cpuinfo(text: str) -> dict:
             model = value
         elif key == "physical id":
             sockets.add(value)
-        elif key in ("flags", "Features"):
-            flags.update(value.split())
+    flags = cpuinfo_flags(text)
     wanted = sorted({ours for theirs, ours in FLAGS_OF_INTEREST.items() if theirs in flags})
     return {"model": model, "sockets": len(sockets) or 1, "flags": wanted}
 

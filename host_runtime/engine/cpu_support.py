@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from host_runtime.placement.llama_params import build_record, cpu_flags, native_build
+from host_runtime.discovery.cpu import cpuinfo_flags
+from host_runtime.placement.llama_params import build_record, native_build
 
 # What ggml enables on x86-64 when it is not built natively, and each option's /proc/cpuinfo flag.
 DEFAULT_X86_OPTIONS = {"GGML_SSE42": "sse4_2", "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma",
@@ -34,7 +35,7 @@ def required_cpu_flags(cmake_args: str) -> list[str]:
 
 
 def unsupported_reason(cmake_args: str, cpuinfo_text: str) -> str | None:
-    have = cpu_flags(cpuinfo_text)
+    have = cpuinfo_flags(cpuinfo_text)
     if not have:
         return None  # not x86 /proc/cpuinfo, or unreadable: no grounds to refuse
     missing = [f for f in required_cpu_flags(cmake_args) if f not in have]

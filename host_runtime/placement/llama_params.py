@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from host_runtime.common.errors import UnavailableError
+from host_runtime.discovery.cpu import cpuinfo_flags
 from host_runtime.gpu.llama_devices import cpu_buffer_type, device_handles, list_devices
 from host_runtime.gpu.rpc_devices import is_remote
 from host_runtime.placement.kv_types import DEFAULT_KV, AttentionLayout, attention_layout, kv_type
@@ -56,14 +57,6 @@ def native_build(cmake_args: str | None) -> bool:
     return cmake_args is None or re.search(r"-DGGML_NATIVE=(OFF|0|FALSE|NO)\b", cmake_args, re.IGNORECASE) is None
 
 
-def cpu_flags(cpuinfo_text: str) -> set[str]:
-    """The flags /proc/cpuinfo's first processor lists (empty: none, as on a CPU that is not x86)."""
-    for line in cpuinfo_text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def build_record(prefix: Path | None = None) -> str | None:
     """The CMake arguments the installed llama.cpp was built with (the image's record beside the venv), or None
     where there is none (`make run`'s native build)."""
@@ -82,7 +75,7 @@ def f16_wide_vectors() -> bool:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return native_build(cmake_args) and "avx512_fp16" in cpu_flags(cpuinfo)
+    return native_build(cmake_args) and "avx512_fp16" in cpuinfo_flags(cpuinfo)
 
 
 def model_params(placement: Placement, *, no_alloc: bool = False) -> ModelParams:
